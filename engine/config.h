@@ -1,0 +1,50 @@
+// The typed configuration of inferd: one struct per YAML section, parsed and validated in one place.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace inferd {
+
+struct ModelSection {
+  std::string path;           // Hugging Face directory (config.json + *.safetensors + tokenizer.json)
+  std::string name;           // name reported by GetModelInfo; default: the path's last component
+  int32_t max_model_len = 0;  // 0 = the model's max_position_embeddings
+};
+
+struct EngineSection {
+  std::string backend = "auto";         // auto | cpu | cuda
+  int32_t block_size = 16;              // tokens per KV block: 1..256
+  int32_t num_blocks = 0;               // 0 = from the memory plan
+  double gpu_memory_utilization = 0.9;  // share of device memory inferd may use: (0, 1]
+  double cpu_kv_cache_gib = 1.0;        // KV pool size of the cpu backend: (0, 1024]
+  int32_t num_threads = 0;              // cpu backend threads; 0 = all cores
+};
+
+struct SchedulerSection {
+  int32_t max_num_seqs = 64;              // requests in one step: 1..4096
+  int32_t max_num_batched_tokens = 2048;  // tokens in one step: 1..1048576, >= max_num_seqs
+  int32_t max_queue = 256;                // waiting requests before RESOURCE_EXHAUSTED: 0..1000000
+};
+
+struct ServerSection {
+  std::string listen = "0.0.0.0:50051";
+  double drain_timeout_s = 30;  // graceful shutdown: how long running requests may finish
+};
+
+struct Config {
+  ModelSection model;
+  EngineSection engine;
+  SchedulerSection scheduler;
+  ServerSection server;
+};
+
+// Parses YAML text; unknown keys and out-of-range values are errors that name the key.
+absl::StatusOr<Config> ParseConfig(const std::string& yaml_text);
+absl::StatusOr<Config> LoadConfigFile(const std::string& path);
+// The effective config as YAML, for the start-up log.
+std::string ConfigToYaml(const Config& config);
+
+}  // namespace inferd

@@ -1,0 +1,20 @@
+// The reference backend: fp32 forward pass on the CPU (OpenBLAS GEMMs, OpenMP attention) over the paged
+// KV pool. It is the CI path and the way to run without a GPU.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/config.h"
+#include "engine/model.h"
+
+namespace inferd {
+
+// KV layout, per layer: K and V each [num_blocks, block_size, num_kv_heads, head_dim] fp32.
+absl::StatusOr<MemoryPlan> PlanCpuMemory(const Model& model, const EngineSection& engine,
+                                         const SchedulerSection& scheduler);
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const Model& model, const EngineSection& engine,
+                                                          const MemoryPlan& plan);
+
+}  // namespace inferd

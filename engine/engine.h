@@ -1,0 +1,92 @@
+// The engine: one thread that owns the scheduler, the block pool and the backend and runs the step loop
+// (schedule → forward → sample → update). Submit and Abort are thread-safe and return at once.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/block_pool.h"
+#include "engine/config.h"
+#include "engine/model.h"
+#include "engine/scheduler.h"
+
+namespace inferd {
+
+struct EngineStats {
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int32_t total_blocks = 0;
+  int32_t free_blocks = 0;
+  int64_t steps = 0;
+};
+
+class Engine {
+ public:
+  // Loads the model, makes the memory plan and the backend, warms up and starts the step loop.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const Config& config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request; fails with RESOURCE_EXHAUSTED when the waiting queue is full, UNAVAILABLE while
+  // draining, ALREADY_EXISTS when its id is in use. Outputs go to request.sink.
+  absl::Status Submit(Request request);
+  // Aborts a waiting or running request at the next step boundary; false if the id is unknown.
+  bool Abort(const std::string& request_id);
+  // New requests are refused from now on; running ones go on.
+  void StartDraining() { draining_ = true; }
+  bool draining() const { return draining_; }
+
+  EngineStats Stats() const;
+  const Model& model() const { return *model_; }
+  const MemoryPlan& memory_plan() const { return backend_->memory_plan(); }
+  const std::string& backend_name() const { return backend_name_; }
+  // Longest prompt + output a request may have: the model's limit, the config's and the pool's.
+  int32_t max_model_len() const { return max_model_len_; }
+  int32_t block_size() const { return config_.engine.block_size; }
+
+ private:
+  Engine() = default;
+  void Loop();
+  void TakeQueued();
+  void FinishSequence(Sequence* seq, FinishReason reason, absl::Status error, RequestOutput out = {});
+  void RunStep(const StepPlan& plan);
+  void PublishStats();
+
+  struct SequenceState;
+
+  Config config_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Backend> backend_;
+  std::string backend_name_;
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<Scheduler> scheduler_;
+  int32_t max_model_len_ = 0;
+  uint64_t next_seq_id_ = 1;
+
+  // Owned by the engine thread.
+  std::unordered_map<std::string, std::unique_ptr<SequenceState>> active_;
+
+  // Shared with callers of Submit/Abort.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Request> submitted_;
+  std::vector<std::string> aborts_;
+  std::unordered_map<std::string, char> known_ids_;  // ids submitted and not yet finished
+  bool stop_ = false;
+  EngineStats stats_;
+
+  std::atomic<bool> draining_{false};
+  std::thread thread_;
+};
+
+}  // namespace inferd

@@ -1,0 +1,28 @@
+// A loaded model: architecture, fp32 weights, tokenizer and the ids that end a generation.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model_config.h"
+#include "engine/model_weights.h"
+#include "engine/tokenizer.h"
+
+namespace inferd {
+
+struct Model {
+  std::string name;
+  ModelConfig config;
+  ModelWeights weights;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::vector<int32_t> eos_token_ids;  // config.json ∪ generation_config.json ∪ tokenizer_config.json
+  std::optional<int32_t> bos_token_id;
+};
+
+// Loads a Hugging Face model directory; every problem is an error that names the file and the field.
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path);
+
+}  // namespace inferd

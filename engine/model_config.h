@@ -1,0 +1,46 @@
+// The architecture of a Llama-family decoder, read from a Hugging Face config.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace inferd {
+
+struct RopeConfig {
+  double theta = 10000.0;
+  std::string type = "default";  // default | llama3 | linear
+  double factor = 1.0;
+  double low_freq_factor = 1.0;                  // llama3
+  double high_freq_factor = 4.0;                 // llama3
+  int32_t original_max_position_embeddings = 8192;  // llama3
+};
+
+struct ModelConfig {
+  std::string architecture;  // LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM
+  int32_t vocab_size = 0;
+  int32_t hidden_size = 0;
+  int32_t intermediate_size = 0;
+  int32_t num_layers = 0;
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;  // Qwen2
+  RopeConfig rope;
+  std::string torch_dtype;  // as stated in config.json, informational
+  std::vector<int32_t> eos_token_ids;
+  int32_t bos_token_id = -1;
+};
+
+// Parses config.json text; a missing or inconsistent field is an error naming it.
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text);
+
+// The inverse frequencies of the rotary embedding, [head_dim / 2], with rope scaling applied.
+std::vector<float> RopeInverseFrequencies(const ModelConfig& config);
+
+}  // namespace inferd

@@ -1,0 +1,90 @@
+// What a client asks of the engine and what the engine sends back, free of any transport type.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace inferd {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy
+  int32_t top_k = 0;         // 0 = off
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::optional<uint64_t> seed;  // unset = random
+};
+
+struct StoppingParams {
+  int32_t max_tokens = 16;
+  int32_t min_tokens = 0;
+  std::vector<std::string> stop;  // stop strings
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool include_stop_str_in_output = false;
+};
+
+enum class FinishReason { kNone, kLength, kEos, kStopString, kStopToken, kAborted };
+const char* FinishReasonName(FinishReason reason);
+
+struct TopLogprob {
+  int32_t token_id = 0;
+  float logprob = 0;
+};
+
+struct TokenLogprob {
+  int32_t token_id = 0;
+  float logprob = 0;
+  std::vector<TopLogprob> top;
+};
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_prompt_tokens = 0;
+};
+
+struct Timing {
+  double queue_s = 0;
+  double time_to_first_token_s = 0;
+  double total_s = 0;
+};
+
+// One increment of a request's output. The last one has finish != kNone (or a non-OK error).
+struct RequestOutput {
+  std::vector<int32_t> token_ids;
+  std::string text;  // whole UTF-8 characters only
+  std::vector<TokenLogprob> logprobs;
+  FinishReason finish = FinishReason::kNone;
+  absl::Status error;  // set when the engine could not serve the request (it is finished then)
+  Usage usage;
+  Timing timing;
+};
+
+// Receives a request's outputs on the engine thread. Push must not block.
+class OutputSink {
+ public:
+  virtual ~OutputSink() = default;
+  virtual void Push(RequestOutput output) = 0;
+};
+
+struct Request {
+  std::string id;
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  StoppingParams stopping;
+  int32_t top_logprobs = 0;
+  bool skip_special_tokens = true;
+  absl::Time deadline = absl::InfiniteFuture();
+  std::shared_ptr<OutputSink> sink;
+};
+
+}  // namespace inferd

@@ -1,0 +1,29 @@
+// The engine's state of one request between arrival and finish.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "engine/request.h"
+
+namespace inferd {
+
+struct Sequence {
+  uint64_t seq_id = 0;
+  Request request;
+  std::vector<int32_t> tokens;    // prompt followed by generated tokens
+  int32_t num_prompt_tokens = 0;
+  int32_t num_computed = 0;       // tokens whose K/V are in the cache
+  std::vector<int32_t> block_table;  // block ids; token i lives in block_table[i / block_size]
+  int32_t num_preemptions = 0;
+
+  absl::Time arrival;
+  absl::Time first_scheduled = absl::InfinitePast();
+  absl::Time first_token = absl::InfinitePast();
+
+  int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+};
+
+}  // namespace inferd

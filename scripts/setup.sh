@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs everything inferd needs to build, test and serve on Debian 12. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config ccache
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libopenblas-dev libpcre2-dev libutf8proc-dev
+  python3-venv
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Python environment for the black-box tests and tools (real gRPC client, fixtures).
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import grpc, grpc_tools, pytest, tokenizers, jinja2, numpy" 2>/dev/null; then
+  .venv/bin/pip install -q --disable-pip-version-check -r tools/requirements.txt
+fi
+echo "setup: ok"

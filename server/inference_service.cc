@@ -1,0 +1,317 @@
+#include "server/inference_service.h"
+
+#include <deque>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "engine/utf8.h"
+#include "server/request_builder.h"
+#include "server/status_mapping.h"
+
+namespace inferd {
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+absl::Status NotReady() { return absl::UnavailableError("the model is still loading"); }
+
+template <typename Chunk>
+void AppendOutput(const RequestOutput& out, Chunk* chunk) {
+  for (int32_t id : out.token_ids) chunk->add_token_ids(id);
+  chunk->mutable_text()->append(out.text);
+  for (const TokenLogprob& lp : out.logprobs) {
+    v1::TokenLogprob* p = chunk->add_logprobs();
+    p->set_token_id(lp.token_id);
+    p->set_logprob(lp.logprob);
+    for (const TopLogprob& t : lp.top) {
+      v1::TopLogprob* tp = p->add_top();
+      tp->set_token_id(t.token_id);
+      tp->set_logprob(t.logprob);
+    }
+  }
+  if (out.finish != FinishReason::kNone) {
+    chunk->set_finish_reason(ToProto(out.finish));
+    chunk->mutable_usage()->set_prompt_tokens(out.usage.prompt_tokens);
+    chunk->mutable_usage()->set_completion_tokens(out.usage.completion_tokens);
+    chunk->mutable_usage()->set_cached_prompt_tokens(out.usage.cached_prompt_tokens);
+    chunk->mutable_timing()->set_queue_s(out.timing.queue_s);
+    chunk->mutable_timing()->set_time_to_first_token_s(out.timing.time_to_first_token_s);
+    chunk->mutable_timing()->set_total_s(out.timing.total_s);
+  }
+}
+
+absl::StatusOr<Request> Prepare(Engine* engine, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& proto,
+                                std::atomic<uint64_t>* next_id) {
+  if (!engine) return NotReady();
+  if (engine->draining()) return absl::UnavailableError("the server is draining and takes no new requests");
+  const Model& m = engine->model();
+  auto request = BuildRequest(proto, {m.tokenizer.get(), m.config.vocab_size, engine->max_model_len()});
+  if (!request.ok()) return request.status();
+  if (request->id.empty()) request->id = absl::StrCat("req-", next_id->fetch_add(1));
+  const auto deadline = ctx->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) request->deadline = absl::FromChrono(deadline);
+  return request;
+}
+
+// Streams a request's outputs: one write in flight at a time, the rest queued; ends with Finish.
+class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
+ public:
+  class Sink final : public OutputSink {
+   public:
+    explicit Sink(StreamReactor* r) : reactor_(r) {}
+    void Push(RequestOutput output) override {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!reactor_) return;
+      queue_.push_back(std::move(output));
+      if (!writing_) reactor_->WriteNextLocked(this);
+    }
+    void Detach() {
+      std::lock_guard<std::mutex> lock(mu_);
+      reactor_ = nullptr;
+    }
+
+   private:
+    friend class StreamReactor;
+    std::mutex mu_;
+    StreamReactor* reactor_;
+    std::deque<RequestOutput> queue_;
+    bool writing_ = false;
+    bool finished_ = false;
+  };
+
+  StreamReactor(Engine* engine, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* proto,
+                std::atomic<uint64_t>* next_id)
+      : engine_(engine), sink_(std::make_shared<Sink>(this)) {
+    auto request = Prepare(engine, ctx, *proto, next_id);
+    if (!request.ok()) {
+      FinishOnce(ToGrpcStatus(request.status()));
+      return;
+    }
+    id_ = request->id;
+    request->sink = sink_;
+    if (absl::Status st = engine->Submit(*std::move(request)); !st.ok()) {
+      FinishOnce(ToGrpcStatus(st));
+      return;
+    }
+    submitted_ = true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(sink_->mu_);
+    sink_->writing_ = false;
+    if (!ok) {  // the client is gone; the engine is told by OnCancel
+      sink_->queue_.clear();
+      FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+      return;
+    }
+    if (last_written_) {
+      FinishOnceLocked(grpc::Status::OK);
+      return;
+    }
+    WriteNextLocked(sink_.get());
+  }
+
+  void OnCancel() override {
+    if (submitted_) engine_->Abort(id_);
+  }
+
+  void OnDone() override {
+    sink_->Detach();
+    delete this;
+  }
+
+ private:
+  // Called with sink->mu_ held.
+  void WriteNextLocked(Sink* sink) {
+    if (sink->finished_ || sink->queue_.empty()) return;
+    // Merge everything queued into one chunk: fewer writes when the client reads slower than we step.
+    chunk_.Clear();
+    chunk_.set_request_id(id_);
+    absl::Status error;
+    while (!sink->queue_.empty()) {
+      RequestOutput out = std::move(sink->queue_.front());
+      sink->queue_.pop_front();
+      AppendOutput(out, &chunk_);
+      if (out.finish != FinishReason::kNone) {
+        last_written_ = true;
+        error = out.error;
+        break;
+      }
+    }
+    if (!error.ok()) {
+      FinishOnceLocked(ToGrpcStatus(error));
+      return;
+    }
+    sink->writing_ = true;
+    StartWrite(&chunk_);
+  }
+
+  void FinishOnce(const grpc::Status& status) {
+    std::lock_guard<std::mutex> lock(sink_->mu_);
+    FinishOnceLocked(status);
+  }
+  void FinishOnceLocked(const grpc::Status& status) {
+    if (sink_->finished_) return;
+    sink_->finished_ = true;
+    Finish(status);
+  }
+
+  Engine* engine_;
+  std::shared_ptr<Sink> sink_;
+  std::string id_;
+  bool submitted_ = false;
+  bool last_written_ = false;
+  v1::GenerateChunk chunk_;
+};
+
+// Collects a request's outputs and answers once with the whole result.
+class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
+ public:
+  class Sink final : public OutputSink {
+   public:
+    Sink(UnaryGenerateReactor* r, v1::GenerateResult* result) : reactor_(r), result_(result) {}
+    void Push(RequestOutput output) override {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!reactor_) return;
+      AppendOutput(output, result_);
+      if (output.finish != FinishReason::kNone) {
+        UnaryGenerateReactor* r = reactor_;
+        reactor_ = nullptr;
+        r->Finish(ToGrpcStatus(output.error));
+      }
+    }
+    void Detach() {
+      std::lock_guard<std::mutex> lock(mu_);
+      reactor_ = nullptr;
+    }
+
+   private:
+    std::mutex mu_;
+    UnaryGenerateReactor* reactor_;
+    v1::GenerateResult* result_;
+  };
+
+  UnaryGenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* proto,
+                       v1::GenerateResult* result, std::atomic<uint64_t>* next_id)
+      : engine_(engine), sink_(std::make_shared<Sink>(this, result)) {
+    auto request = Prepare(engine, ctx, *proto, next_id);
+    if (!request.ok()) {
+      sink_->Detach();
+      Finish(ToGrpcStatus(request.status()));
+      return;
+    }
+    id_ = request->id;
+    result->set_request_id(id_);
+    request->sink = sink_;
+    if (absl::Status st = engine->Submit(*std::move(request)); !st.ok()) {
+      sink_->Detach();
+      Finish(ToGrpcStatus(st));
+      return;
+    }
+    submitted_ = true;
+  }
+  void OnCancel() override {
+    if (submitted_) engine_->Abort(id_);
+  }
+  void OnDone() override {
+    sink_->Detach();
+    delete this;
+  }
+
+ private:
+  Engine* engine_;
+  std::shared_ptr<Sink> sink_;
+  std::string id_;
+  bool submitted_ = false;
+};
+
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(ToGrpcStatus(status));
+  return r;
+}
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::GenerateChunk>* InferenceService::GenerateStream(grpc::CallbackServerContext* ctx,
+                                                                              const v1::GenerateRequest* request) {
+  return new StreamReactor(engine_.load(), ctx, request, &next_id_);
+}
+
+grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* ctx,
+                                                     const v1::GenerateRequest* request, v1::GenerateResult* result) {
+  return new UnaryGenerateReactor(engine_.load(), ctx, request, result, &next_id_);
+}
+
+grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx,
+                                                     const v1::TokenizeRequest* request,
+                                                     v1::TokenizeResponse* response) {
+  Engine* engine = engine_.load();
+  if (!engine) return Answer(ctx, NotReady());
+  if (!IsValidUtf8(request->text())) {
+    return Answer(ctx, absl::InvalidArgumentError("text = (invalid UTF-8) is not allowed; allowed: valid UTF-8"));
+  }
+  const bool add_special = !request->has_add_special_tokens() || request->add_special_tokens();
+  for (int32_t id : engine->model().tokenizer->Encode(request->text(), add_special)) response->add_token_ids(id);
+  return Answer(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerContext* ctx,
+                                                       const v1::DetokenizeRequest* request,
+                                                       v1::DetokenizeResponse* response) {
+  Engine* engine = engine_.load();
+  if (!engine) return Answer(ctx, NotReady());
+  const int32_t vocab = engine->model().tokenizer->vocab_size();
+  std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return Answer(ctx, absl::InvalidArgumentError(absl::StrCat("token_ids[", i, "] = ", ids[i],
+                                                                 " is not allowed; allowed: [0, ", vocab, ")")));
+    }
+  }
+  const bool skip = !request->has_skip_special_tokens() || request->skip_special_tokens();
+  response->set_text(engine->model().tokenizer->Decode(ids, skip));
+  return Answer(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* ctx,
+                                                         const v1::GetModelInfoRequest*, v1::ModelInfo* info) {
+  Engine* engine = engine_.load();
+  if (!engine) return Answer(ctx, NotReady());
+  const Model& m = engine->model();
+  info->set_name(m.name);
+  info->set_architecture(m.config.architecture);
+  info->set_vocab_size(m.config.vocab_size);
+  info->set_max_model_len(engine->max_model_len());
+  for (int32_t id : m.eos_token_ids) info->add_eos_token_ids(id);
+  if (m.bos_token_id) info->set_bos_token_id(*m.bos_token_id);
+  info->set_dtype(m.weights.stored_dtype);
+  info->set_block_size(engine->block_size());
+  return Answer(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* InferenceService::GetServerInfo(grpc::CallbackServerContext* ctx,
+                                                          const v1::GetServerInfoRequest*, v1::ServerInfo* info) {
+  info->set_version(kVersion);
+  Engine* engine = engine_.load();
+  if (engine) {
+    const EngineStats s = engine->Stats();
+    info->set_running_requests(s.running);
+    info->set_waiting_requests(s.waiting);
+    info->set_total_kv_blocks(s.total_blocks);
+    info->set_free_kv_blocks(s.free_blocks);
+    info->set_draining(engine->draining());
+    info->set_backend(engine->backend_name());
+  }
+  return Answer(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* InferenceService::Abort(grpc::CallbackServerContext* ctx, const v1::AbortRequest* request,
+                                                  v1::AbortResponse* response) {
+  Engine* engine = engine_.load();
+  if (!engine) return Answer(ctx, NotReady());
+  response->set_found(engine->Abort(request->request_id()));
+  return Answer(ctx, absl::OkStatus());
+}
+
+}  // namespace inferd

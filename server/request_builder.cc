@@ -1,0 +1,121 @@
+#include "server/request_builder.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "engine/utf8.h"
+
+namespace inferd {
+namespace {
+
+absl::Status Bad(const std::string& field, const std::string& value, const std::string& allowed) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, " is not allowed; allowed: ", allowed));
+}
+
+absl::Status FloatIn(const char* field, float v, float lo, float hi, bool lo_open, float* out) {
+  if (!std::isfinite(v) || v > hi || v < lo || (lo_open && v == lo)) {
+    return Bad(field, std::isnan(v) ? "nan" : absl::StrCat(v), absl::StrCat(lo_open ? "(" : "[", lo, ", ", hi, "]"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLimits& limits) {
+  Request r;
+  r.id = p.request_id();
+  if (!IsValidUtf8(r.id)) return Bad("request_id", "(invalid UTF-8)", "valid UTF-8");
+  if (r.id.size() > 256) return Bad("request_id", absl::StrCat("(", r.id.size(), " bytes)"), "at most 256 bytes");
+
+  const bool add_special = !p.output().has_add_special_tokens() || p.output().add_special_tokens();
+  switch (p.prompt_case()) {
+    case v1::GenerateRequest::kText:
+      if (!IsValidUtf8(p.text())) return Bad("text", "(invalid UTF-8)", "valid UTF-8");
+      r.prompt = limits.tokenizer->Encode(p.text(), add_special);
+      break;
+    case v1::GenerateRequest::kTokenIds:
+      for (int i = 0; i < p.token_ids().ids_size(); ++i) {
+        const int32_t id = p.token_ids().ids(i);
+        if (id < 0 || id >= limits.vocab_size) {
+          return Bad(absl::StrCat("token_ids.ids[", i, "]"), absl::StrCat(id), absl::StrCat("[0, ", limits.vocab_size, ")"));
+        }
+        r.prompt.push_back(id);
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError("prompt is missing: set text or token_ids");
+  }
+  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt is empty: it must have at least one token");
+
+  const v1::SamplingParams& s = p.sampling();
+  SamplingParams& sp = r.sampling;
+  absl::Status st;
+  if (s.has_temperature() && !(st = FloatIn("sampling.temperature", s.temperature(), 0, 100, false, &sp.temperature)).ok()) return st;
+  if (s.has_top_p() && !(st = FloatIn("sampling.top_p", s.top_p(), 0, 1, true, &sp.top_p)).ok()) return st;
+  if (s.has_min_p() && !(st = FloatIn("sampling.min_p", s.min_p(), 0, 1, false, &sp.min_p)).ok()) return st;
+  if (s.has_repetition_penalty() &&
+      !(st = FloatIn("sampling.repetition_penalty", s.repetition_penalty(), 0, 10, true, &sp.repetition_penalty)).ok()) return st;
+  if (s.has_presence_penalty() &&
+      !(st = FloatIn("sampling.presence_penalty", s.presence_penalty(), -2, 2, false, &sp.presence_penalty)).ok()) return st;
+  if (s.has_frequency_penalty() &&
+      !(st = FloatIn("sampling.frequency_penalty", s.frequency_penalty(), -2, 2, false, &sp.frequency_penalty)).ok()) return st;
+  if (s.has_top_k()) {
+    if (s.top_k() < 0 || s.top_k() > limits.vocab_size) {
+      return Bad("sampling.top_k", absl::StrCat(s.top_k()), absl::StrCat("[0, ", limits.vocab_size, "]"));
+    }
+    sp.top_k = s.top_k();
+  }
+  if (s.has_seed()) sp.seed = s.seed();
+
+  const int32_t prompt_len = static_cast<int32_t>(r.prompt.size());
+  if (prompt_len >= limits.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt has ", prompt_len, " tokens; allowed: fewer than max_model_len = ",
+                                                   limits.max_model_len, " so that one token can be generated"));
+  }
+  const v1::StoppingParams& t = p.stopping();
+  StoppingParams& stop = r.stopping;
+  stop.max_tokens = limits.max_model_len - prompt_len;
+  if (t.has_max_tokens()) {
+    if (t.max_tokens() < 1) return Bad("stopping.max_tokens", absl::StrCat(t.max_tokens()), ">= 1");
+    if (t.max_tokens() > limits.max_model_len - prompt_len) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stopping.max_tokens = ", t.max_tokens(), " plus the prompt's ", prompt_len,
+          " tokens exceeds max_model_len = ", limits.max_model_len, "; allowed: max_tokens <= ",
+          limits.max_model_len - prompt_len));
+    }
+    stop.max_tokens = t.max_tokens();
+  }
+  if (t.has_min_tokens()) {
+    if (t.min_tokens() < 0 || t.min_tokens() > stop.max_tokens) {
+      return Bad("stopping.min_tokens", absl::StrCat(t.min_tokens()), absl::StrCat("[0, max_tokens = ", stop.max_tokens, "]"));
+    }
+    stop.min_tokens = t.min_tokens();
+  }
+  for (int i = 0; i < t.stop_size(); ++i) {
+    const std::string& s = t.stop(i);
+    if (s.empty()) return Bad(absl::StrCat("stopping.stop[", i, "]"), "\"\"", "a non-empty string");
+    if (!IsValidUtf8(s)) return Bad(absl::StrCat("stopping.stop[", i, "]"), "(invalid UTF-8)", "valid UTF-8");
+    stop.stop.push_back(s);
+  }
+  for (int i = 0; i < t.stop_token_ids_size(); ++i) {
+    const int32_t id = t.stop_token_ids(i);
+    if (id < 0 || id >= limits.vocab_size) {
+      return Bad(absl::StrCat("stopping.stop_token_ids[", i, "]"), absl::StrCat(id), absl::StrCat("[0, ", limits.vocab_size, ")"));
+    }
+    stop.stop_token_ids.push_back(id);
+  }
+  stop.ignore_eos = t.ignore_eos();
+  stop.include_stop_str_in_output = t.include_stop_str_in_output();
+
+  if (p.output().has_top_logprobs()) {
+    if (p.output().top_logprobs() < 0 || p.output().top_logprobs() > 20) {
+      return Bad("output.top_logprobs", absl::StrCat(p.output().top_logprobs()), "[0, 20]");
+    }
+    r.top_logprobs = p.output().top_logprobs();
+  }
+  r.skip_special_tokens = !p.output().has_skip_special_tokens() || p.output().skip_special_tokens();
+  return r;
+}
+
+}  // namespace inferd

@@ -1,0 +1,20 @@
+// Validates a GenerateRequest against the model and turns it into an engine Request. Every refusal is
+// INVALID_ARGUMENT naming the field, the value and the allowed range.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "engine/request.h"
+#include "engine/tokenizer.h"
+#include "inferd/v1/inferd.pb.h"
+
+namespace inferd {
+
+struct ModelLimits {
+  const Tokenizer* tokenizer = nullptr;
+  int32_t vocab_size = 0;
+  int32_t max_model_len = 0;
+};
+
+absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& proto, const ModelLimits& limits);
+
+}  // namespace inferd
