@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Records Hugging Face transformers' greedy tokens and top logprobs for the test models.
+
+Runs where torch + transformers are installed (the GPU machine; it computes on the CPU in fp32, eager
+attention, so the reference is exact fp32 math rather than TF32):
+
+    python3 tools/make_reference_fixtures.py tests/fixtures/models tests/fixtures/reference
+
+Each file holds, per prompt: the prompt ids, 32 greedy tokens, and for every step the top-5 (id, logprob)
+and the margin between the two largest logits (tests skip positions where it is below 1e-2).
+"""
+import json
+import os
+import sys
+
+import torch
+import transformers
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
+
+PROMPTS = [
+    "The scheduler batches tokens",
+    "Hello world",
+    "def forward(self, x):\n    return",
+    "日本語のテキスト 😀",
+    " ".join(["the model serves requests over a paged cache of blocks"] * 8),  # > 64 tokens: several blocks
+]
+NEW_TOKENS = 32
+TOP = 5
+
+
+@torch.no_grad()
+def greedy(model, prompt_ids):
+    ids = torch.tensor([prompt_ids], dtype=torch.long)
+    steps = []
+    for _ in range(NEW_TOKENS):
+        logits = model(ids).logits[0, -1].to(torch.float32)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        top = torch.topk(logits, TOP)
+        token = int(top.indices[0])
+        steps.append({
+            "token": token,
+            "top": [[int(i), float(logprobs[i])] for i in top.indices],
+            "margin": float(top.values[0] - top.values[1]),
+        })
+        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return steps
+
+
+def main():
+    models_dir, out_dir = sys.argv[1], sys.argv[2]
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(0)
+    for name in sorted(os.listdir(models_dir)):
+        d = os.path.join(models_dir, name)
+        if not os.path.exists(os.path.join(d, "config.json")):
+            continue
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+        model.eval()
+        tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+        cases = []
+        for text in PROMPTS:
+            prompt_ids = tok.encode(text, add_special_tokens=True).ids
+            steps = greedy(model, prompt_ids)
+            cases.append({"text": text, "prompt_ids": prompt_ids, "steps": steps})
+        with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+            json.dump({"model": name, "transformers": transformers.__version__, "torch": torch.__version__,
+                       "command": "python3 tools/make_reference_fixtures.py tests/fixtures/models "
+                                  "tests/fixtures/reference", "cases": cases}, f, indent=1, ensure_ascii=False)
+        small = sum(s["margin"] < 1e-2 for c in cases for s in c["steps"])
+        print(f"{name}: {len(cases)} prompts, {small} steps with margin < 1e-2", flush=True)
+
+
+if __name__ == "__main__":
+    main()

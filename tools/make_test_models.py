@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Makes the random-weight test models (Hugging Face layout) and their tokenizers.
+
+    .venv/bin/python tools/make_test_models.py tests/fixtures/models
+
+Deterministic (fixed seeds): running it again rewrites byte-identical files. Tokenizers are trained with
+Hugging Face `tokenizers` on text built here, in the styles of the families they stand for:
+  byte-level BPE with the Llama 3 split regex (llama3-tiny), byte-level BPE with the Qwen2 regex and NFC
+  (qwen2-tiny), SentencePiece-style BPE with Prepend+Replace and byte fallback (llama2-tiny), and with a
+  Metaspace pre-tokenizer (mistral-tiny).
+"""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers, Regex
+
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def corpus():
+    """Training text: English prose and code in the repository's own words, plus some other scripts."""
+    words = ("the model serves requests over a paged cache of blocks while the scheduler batches tokens "
+             "every step and the engine samples the next token with temperature top k and top p "
+             "inference server kernels attention layers norm rotary embedding weights tensor shape "
+             "hello world it's we're they'll I'm don't can't you've she'd").split()
+    rng = np.random.default_rng(7)
+    lines = []
+    for _ in range(3000):
+        n = int(rng.integers(4, 16))
+        line = " ".join(words[int(i)] for i in rng.integers(0, len(words), n))
+        if rng.random() < 0.3:
+            line = line.capitalize() + "."
+        if rng.random() < 0.2:
+            line += f" {int(rng.integers(0, 100000))}"
+        lines.append(line)
+    code = ["def forward(self, x):\n    return self.norm(x) * 2\n", "for (int i = 0; i < n; ++i) {\n  sum += a[i];\n}\n",
+            "    if value is None:\n        raise ValueError('bad value')\n", "x = [1, 2, 3]  # list\n"]
+    other = ["日本語のテキストです。東京は日本の首都です。", "中文文本，北京是中国的首都。", "Ünïcödé façade naïve café",
+             "Привет, мир! Как дела?", "مرحبا بالعالم", "emoji 😀 🚀 👍🏽 ❤️"]
+    return lines + code * 50 + other * 30
+
+
+def byte_level(pattern, specials, nfc, template_bos, vocab_size):
+    tok = Tokenizer(models.BPE(ignore_merges=template_bos is not None))
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus(), trainer)
+    if template_bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{template_bos} $A", pair=f"{template_bos} $A {template_bos} $B",
+            special_tokens=[(template_bos, tok.token_to_id(template_bos))])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
+def sentencepiece_like(metaspace, vocab_size):
+    """BPE over '▁'-joined words with <unk>, <s>, </s> and 256 byte-fallback tokens, as Llama 2 lays them out."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    if metaspace:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    else:
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 256, special_tokens=["<unk>", "<s>", "</s>"],
+                                  limit_alphabet=120, show_progress=False)
+    tok.train_from_iterator(corpus(), trainer)
+    spec = json.loads(tok.to_str())
+    old = spec["model"]["vocab"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = 3 + b
+    for piece, _ in sorted(old.items(), key=lambda kv: kv[1]):
+        if piece not in vocab:
+            vocab[piece] = len(vocab)
+    spec["model"]["vocab"] = vocab
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}},
+    }
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def to_bf16_bits(a):
+    bits = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even
+    return rounded.astype(np.uint16)
+
+
+def save_safetensors(path, tensors, dtype):
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        a = tensors[name]
+        if dtype == "BF16":
+            raw = to_bf16_bits(a).tobytes()
+        elif dtype == "F16":
+            raw = a.astype(np.float16).tobytes()
+        else:
+            raw = a.astype(np.float32).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    header["__metadata__"] = {"format": "pt"}
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def make_weights(cfg, seed):
+    rng = np.random.default_rng(seed)
+    h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim", h // nh)
+    w = {}
+
+    def normal(*shape, std):
+        return rng.normal(0.0, std, size=shape).astype(np.float32)
+
+    w["model.embed_tokens.weight"] = normal(v, h, std=1.0)
+    w["model.norm.weight"] = 1.0 + normal(h, std=0.1)
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = normal(v, h, std=0.4)
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        w[p + "input_layernorm.weight"] = 1.0 + normal(h, std=0.1)
+        w[p + "post_attention_layernorm.weight"] = 1.0 + normal(h, std=0.1)
+        w[p + "self_attn.q_proj.weight"] = normal(nh * hd, h, std=0.25)
+        w[p + "self_attn.k_proj.weight"] = normal(nkv * hd, h, std=0.25)
+        w[p + "self_attn.v_proj.weight"] = normal(nkv * hd, h, std=0.15)
+        w[p + "self_attn.o_proj.weight"] = normal(h, nh * hd, std=0.15)
+        if cfg["model_type"] == "qwen2":
+            w[p + "self_attn.q_proj.bias"] = normal(nh * hd, std=0.2)
+            w[p + "self_attn.k_proj.bias"] = normal(nkv * hd, std=0.2)
+            w[p + "self_attn.v_proj.bias"] = normal(nkv * hd, std=0.2)
+        w[p + "mlp.gate_proj.weight"] = normal(inter, h, std=0.15)
+        w[p + "mlp.up_proj.weight"] = normal(inter, h, std=0.15)
+        w[p + "mlp.down_proj.weight"] = normal(h, inter, std=0.15)
+    return w
+
+
+def write_model(out_dir, name, cfg, tok, tok_config, dtype, seed, shards=1, generation_config=None):
+    d = os.path.join(out_dir, name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(tok_config, f, indent=2, sort_keys=True)
+    if generation_config:
+        with open(os.path.join(d, "generation_config.json"), "w") as f:
+            json.dump(generation_config, f, indent=2, sort_keys=True)
+    w = make_weights(cfg, seed)
+    if shards == 1:
+        save_safetensors(os.path.join(d, "model.safetensors"), w, dtype)
+        return
+    names = sorted(w)
+    weight_map = {}
+    for s in range(shards):
+        part = {n: w[n] for n in names[s::shards]}
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        save_safetensors(os.path.join(d, fname), part, dtype)
+        weight_map.update({n: fname for n in part})
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+
+
+def base_config(arch, model_type, vocab, **kw):
+    cfg = {"architectures": [arch], "model_type": model_type, "vocab_size": vocab, "hidden_size": 64,
+           "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+           "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
+           "torch_dtype": "float32"}
+    cfg.update(kw)
+    return cfg
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/models"
+    # Llama 2: SentencePiece-style tokenizer (Prepend+Replace), MHA, untied, fp32, transformers 4 rope fields.
+    tok = sentencepiece_like(metaspace=False, vocab_size=700)
+    cfg = base_config("LlamaForCausalLM", "llama", 704, rope_theta=10000.0, bos_token_id=1, eos_token_id=2)
+    write_model(out, "llama2-tiny", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+                "F32", seed=1)
+    # Llama 3: byte-level BPE with the Llama 3 regex, GQA, llama3 rope scaling in transformers 5 style, bf16.
+    tok = byte_level(LLAMA3_PATTERN, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], nfc=False,
+                     template_bos="<|begin_of_text|>", vocab_size=640)
+    bos, eos, eot = (tok.token_to_id(t) for t in ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"])
+    cfg = base_config("LlamaForCausalLM", "llama", 640, num_key_value_heads=2, bos_token_id=bos, eos_token_id=eos,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 64},
+                      torch_dtype="bfloat16")
+    write_model(out, "llama3-tiny", cfg, tok, {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"},
+                "BF16", seed=2, generation_config={"bos_token_id": bos, "eos_token_id": [eos, eot]})
+    # Mistral: Metaspace tokenizer, GQA with an explicit head_dim, fp16, two shards.
+    tok = sentencepiece_like(metaspace=True, vocab_size=720)
+    cfg = base_config("MistralForCausalLM", "mistral", 720, num_key_value_heads=2, head_dim=32, rope_theta=1e6,
+                      sliding_window=None, bos_token_id=1, eos_token_id=2, torch_dtype="float16")
+    write_model(out, "mistral-tiny", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>"}, "F16", seed=3, shards=2)
+    # Qwen2: byte-level BPE with the Qwen2 regex and NFC, QKV bias, tied embeddings, bf16.
+    tok = byte_level(QWEN2_PATTERN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], nfc=True, template_bos=None,
+                     vocab_size=600)
+    eos = tok.token_to_id("<|endoftext|>")
+    cfg = base_config("Qwen2ForCausalLM", "qwen2", 608, num_key_value_heads=1, rope_theta=1e6,
+                      tie_word_embeddings=True, eos_token_id=eos, bos_token_id=eos, torch_dtype="bfloat16",
+                      use_sliding_window=False, sliding_window=512)
+    write_model(out, "qwen2-tiny", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=4,
+                generation_config={"eos_token_id": [tok.token_to_id("<|im_end|>"), eos]})
+
+
+if __name__ == "__main__":
+    main()
