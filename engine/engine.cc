@@ -192,6 +192,7 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status err
     std::lock_guard<std::mutex> lock(mu_);
     known_ids_.erase(id);
   }
+  PublishStats();  // a client that saw its request finish sees its blocks free
   sink->Push(std::move(out));
 }
 

@@ -116,10 +116,13 @@ class UnicodeNormalizer : public Normalizer {
  public:
   bool compat = false;  // NFKC instead of NFC
   std::string Apply(std::string text) const override {
-    utf8proc_uint8_t* out = compat ? utf8proc_NFKC(reinterpret_cast<const utf8proc_uint8_t*>(text.c_str()))
-                                   : utf8proc_NFC(reinterpret_cast<const utf8proc_uint8_t*>(text.c_str()));
-    if (!out) return text;
-    std::string r(reinterpret_cast<char*>(out));
+    utf8proc_uint8_t* out = nullptr;
+    const int options = UTF8PROC_STABLE | UTF8PROC_COMPOSE | (compat ? UTF8PROC_COMPAT : 0);
+    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                            static_cast<utf8proc_ssize_t>(text.size()), &out,
+                                            static_cast<utf8proc_option_t>(options));
+    if (n < 0) return text;  // invalid UTF-8 cannot reach here: requests are validated first
+    std::string r(reinterpret_cast<char*>(out), static_cast<size_t>(n));
     free(out);
     return r;
   }

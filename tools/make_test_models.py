@@ -72,11 +72,10 @@ def sentencepiece_like(metaspace, vocab_size):
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     if metaspace:
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first", split=False)
     else:
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - 256, special_tokens=["<unk>", "<s>", "</s>"],
                                   limit_alphabet=120, show_progress=False)
     tok.train_from_iterator(corpus(), trainer)
