@@ -50,8 +50,11 @@ class CpuBackend : public Backend {
     }
     inv_freq_ = RopeInverseFrequencies(cfg_);
     const size_t per_layer = size_t(plan.num_blocks) * block_size_ * cfg_.num_kv_heads * cfg_.head_dim;
-    k_cache_.assign(cfg_.num_layers, std::vector<float>(per_layer));
-    v_cache_.assign(cfg_.num_layers, std::vector<float>(per_layer));
+    // Not zeroed: every slot is written before it is read, and untouched pages cost nothing.
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      k_cache_.emplace_back(new float[per_layer]);
+      v_cache_.emplace_back(new float[per_layer]);
+    }
   }
 
   std::string name() const override { return "cpu"; }
@@ -67,8 +70,8 @@ class CpuBackend : public Backend {
   MemoryPlan plan_;
   int32_t block_size_;
   std::vector<float> inv_freq_;                // [head_dim / 2]
-  std::vector<std::vector<float>> k_cache_;    // [layers][num_blocks, block_size, num_kv_heads, head_dim]
-  std::vector<std::vector<float>> v_cache_;    // same layout as k_cache_
+  std::vector<std::unique_ptr<float[]>> k_cache_;  // [layers][num_blocks, block_size, num_kv_heads, head_dim]
+  std::vector<std::unique_ptr<float[]>> v_cache_;  // same layout as k_cache_
 };
 
 absl::Status CpuBackend::Forward(const StepInput& in, std::vector<float>* logits) {
@@ -112,8 +115,8 @@ absl::Status CpuBackend::Forward(const StepInput& in, std::vector<float>* logits
         }
       }
       const int64_t slot = in.slot_mapping[t];
-      std::copy_n(row + q_dim, kv_dim, k_cache_[layer].data() + slot * kv_dim);
-      std::copy_n(row + q_dim + kv_dim, kv_dim, v_cache_[layer].data() + slot * kv_dim);
+      std::copy_n(row + q_dim, kv_dim, k_cache_[layer].get() + slot * kv_dim);
+      std::copy_n(row + q_dim + kv_dim, kv_dim, v_cache_[layer].get() + slot * kv_dim);
     }
     Attention(in, layer, qkv.data(), attn.data());
     MatMulT(attn.data(), L.o, x.data(), T, 1.0f);  // x += attn · Woᵀ
@@ -140,8 +143,8 @@ void CpuBackend::Attention(const StepInput& in, int layer, const float* qkv, flo
   const int64_t qkv_dim = q_dim + 2 * kv_dim;
   const int64_t group = cfg_.num_heads / cfg_.num_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const float* kc = k_cache_[layer].data();
-  const float* vc = v_cache_[layer].data();
+  const float* kc = k_cache_[layer].get();
+  const float* vc = v_cache_[layer].get();
   for (int32_t s = 0; s < in.num_seqs(); ++s) {
     const int32_t begin = in.query_start[s], end = in.query_start[s + 1];
     const int32_t* table = in.block_tables.data() + int64_t{s} * in.max_blocks_per_seq;

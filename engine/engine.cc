@@ -77,9 +77,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
   return e;
 }
 
-Engine::~Engine() {
+Engine::~Engine() { Stop(); }
+
+void Engine::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
     stop_ = true;
   }
   cv_.notify_all();
@@ -91,7 +94,13 @@ Engine::~Engine() {
     out.error = absl::UnavailableError("the server is shutting down");
     state->seq.request.sink->Push(std::move(out));
   }
-  for (Request& r : submitted_) {
+  active_.clear();
+  std::deque<Request> submitted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    submitted.swap(submitted_);
+  }
+  for (Request& r : submitted) {
     RequestOutput out;
     out.finish = FinishReason::kAborted;
     out.error = absl::UnavailableError("the server is shutting down");

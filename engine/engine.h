@@ -44,6 +44,8 @@ class Engine {
   bool Abort(const std::string& request_id);
   // New requests are refused from now on; running ones go on.
   void StartDraining() { draining_ = true; }
+  // Stops the step loop; requests still waiting or running end with UNAVAILABLE. Idempotent.
+  void Stop();
   bool draining() const { return draining_; }
 
   EngineStats Stats() const;

@@ -26,7 +26,9 @@ fi
 if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import grpc, grpc_tools, pytest, tokenizers, jinja2, numpy" 2>/dev/null; then
+want=$(sha256sum tools/requirements.txt | cut -d' ' -f1)
+if [[ "$(cat .venv/.requirements.sha256 2>/dev/null)" != "$want" ]]; then
   .venv/bin/pip install -q --disable-pip-version-check -r tools/requirements.txt
+  echo "$want" > .venv/.requirements.sha256
 fi
 echo "setup: ok"

@@ -15,6 +15,24 @@ constexpr const char* kVersion = "0.1.0";
 
 absl::Status NotReady() { return absl::UnavailableError("the model is still loading"); }
 
+absl::Status ParseRequest(const grpc::ByteBuffer& buffer, v1::GenerateRequest* request) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok()) return absl::InvalidArgumentError("GenerateRequest could not be read");
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  if (!request->ParseFromString(bytes)) {
+    return absl::InvalidArgumentError(
+        "GenerateRequest does not parse: a string field (text, stop, request_id) holds invalid UTF-8, or the "
+        "message is malformed; allowed: valid UTF-8 in every string field");
+  }
+  return absl::OkStatus();
+}
+
+void Serialize(const google::protobuf::Message& message, grpc::ByteBuffer* out) {
+  grpc::Slice slice(message.SerializeAsString());
+  *out = grpc::ByteBuffer(&slice, 1);
+}
+
 template <typename Chunk>
 void AppendOutput(const RequestOutput& out, Chunk* chunk) {
   for (int32_t id : out.token_ids) chunk->add_token_ids(id);
@@ -40,9 +58,11 @@ void AppendOutput(const RequestOutput& out, Chunk* chunk) {
   }
 }
 
-absl::StatusOr<Request> Prepare(Engine* engine, grpc::CallbackServerContext* ctx, const v1::GenerateRequest& proto,
-                                std::atomic<uint64_t>* next_id) {
+absl::StatusOr<Request> Prepare(const std::shared_ptr<Engine>& engine, grpc::CallbackServerContext* ctx,
+                                const grpc::ByteBuffer& wire, std::atomic<uint64_t>* next_id) {
   if (!engine) return NotReady();
+  v1::GenerateRequest proto;
+  if (absl::Status st = ParseRequest(wire, &proto); !st.ok()) return st;
   if (engine->draining()) return absl::UnavailableError("the server is draining and takes no new requests");
   const Model& m = engine->model();
   auto request = BuildRequest(proto, {m.tokenizer.get(), m.config.vocab_size, engine->max_model_len()});
@@ -54,7 +74,7 @@ absl::StatusOr<Request> Prepare(Engine* engine, grpc::CallbackServerContext* ctx
 }
 
 // Streams a request's outputs: one write in flight at a time, the rest queued; ends with Finish.
-class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
+class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   class Sink final : public OutputSink {
    public:
@@ -79,7 +99,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
     bool finished_ = false;
   };
 
-  StreamReactor(Engine* engine, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* proto,
+  StreamReactor(std::shared_ptr<Engine> engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* proto,
                 std::atomic<uint64_t>* next_id)
       : engine_(engine), sink_(std::make_shared<Sink>(this)) {
     auto request = Prepare(engine, ctx, *proto, next_id);
@@ -143,7 +163,8 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
       return;
     }
     sink->writing_ = true;
-    StartWrite(&chunk_);
+    Serialize(chunk_, &wire_);
+    StartWrite(&wire_);
   }
 
   void FinishOnce(const grpc::Status& status) {
@@ -156,12 +177,13 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
     Finish(status);
   }
 
-  Engine* engine_;
+  std::shared_ptr<Engine> engine_;
   std::shared_ptr<Sink> sink_;
   std::string id_;
   bool submitted_ = false;
   bool last_written_ = false;
   v1::GenerateChunk chunk_;
+  grpc::ByteBuffer wire_;  // chunk_ serialized; alive until OnWriteDone
 };
 
 // Collects a request's outputs and answers once with the whole result.
@@ -169,14 +191,15 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
  public:
   class Sink final : public OutputSink {
    public:
-    Sink(UnaryGenerateReactor* r, v1::GenerateResult* result) : reactor_(r), result_(result) {}
+    Sink(UnaryGenerateReactor* r, grpc::ByteBuffer* wire) : reactor_(r), wire_(wire) {}
     void Push(RequestOutput output) override {
       std::lock_guard<std::mutex> lock(mu_);
       if (!reactor_) return;
-      AppendOutput(output, result_);
+      AppendOutput(output, &result_);
       if (output.finish != FinishReason::kNone) {
         UnaryGenerateReactor* r = reactor_;
         reactor_ = nullptr;
+        if (output.error.ok()) Serialize(result_, wire_);
         r->Finish(ToGrpcStatus(output.error));
       }
     }
@@ -186,13 +209,15 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
     }
 
    private:
+    friend class UnaryGenerateReactor;
     std::mutex mu_;
     UnaryGenerateReactor* reactor_;
-    v1::GenerateResult* result_;
+    grpc::ByteBuffer* wire_;
+    v1::GenerateResult result_;
   };
 
-  UnaryGenerateReactor(Engine* engine, grpc::CallbackServerContext* ctx, const v1::GenerateRequest* proto,
-                       v1::GenerateResult* result, std::atomic<uint64_t>* next_id)
+  UnaryGenerateReactor(std::shared_ptr<Engine> engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* proto,
+                       grpc::ByteBuffer* result, std::atomic<uint64_t>* next_id)
       : engine_(engine), sink_(std::make_shared<Sink>(this, result)) {
     auto request = Prepare(engine, ctx, *proto, next_id);
     if (!request.ok()) {
@@ -201,7 +226,7 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
       return;
     }
     id_ = request->id;
-    result->set_request_id(id_);
+    sink_->result_.set_request_id(id_);
     request->sink = sink_;
     if (absl::Status st = engine->Submit(*std::move(request)); !st.ok()) {
       sink_->Detach();
@@ -219,7 +244,7 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
   }
 
  private:
-  Engine* engine_;
+  std::shared_ptr<Engine> engine_;
   std::shared_ptr<Sink> sink_;
   std::string id_;
   bool submitted_ = false;
@@ -233,20 +258,20 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::S
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::GenerateChunk>* InferenceService::GenerateStream(grpc::CallbackServerContext* ctx,
-                                                                              const v1::GenerateRequest* request) {
-  return new StreamReactor(engine_.load(), ctx, request, &next_id_);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::GenerateStream(grpc::CallbackServerContext* ctx,
+                                                                             const grpc::ByteBuffer* request) {
+  return new StreamReactor(engine(), ctx, request, &next_id_);
 }
 
-grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* ctx,
-                                                     const v1::GenerateRequest* request, v1::GenerateResult* result) {
-  return new UnaryGenerateReactor(engine_.load(), ctx, request, result, &next_id_);
+grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* result) {
+  return new UnaryGenerateReactor(engine(), ctx, request, result, &next_id_);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx,
                                                      const v1::TokenizeRequest* request,
                                                      v1::TokenizeResponse* response) {
-  Engine* engine = engine_.load();
+  const std::shared_ptr<Engine> engine = this->engine();
   if (!engine) return Answer(ctx, NotReady());
   if (!IsValidUtf8(request->text())) {
     return Answer(ctx, absl::InvalidArgumentError("text = (invalid UTF-8) is not allowed; allowed: valid UTF-8"));
@@ -259,7 +284,7 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerContext* ctx,
                                                        const v1::DetokenizeRequest* request,
                                                        v1::DetokenizeResponse* response) {
-  Engine* engine = engine_.load();
+  const std::shared_ptr<Engine> engine = this->engine();
   if (!engine) return Answer(ctx, NotReady());
   const int32_t vocab = engine->model().tokenizer->vocab_size();
   std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
@@ -276,7 +301,7 @@ grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerConte
 
 grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* ctx,
                                                          const v1::GetModelInfoRequest*, v1::ModelInfo* info) {
-  Engine* engine = engine_.load();
+  const std::shared_ptr<Engine> engine = this->engine();
   if (!engine) return Answer(ctx, NotReady());
   const Model& m = engine->model();
   info->set_name(m.name);
@@ -293,7 +318,7 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* InferenceService::GetServerInfo(grpc::CallbackServerContext* ctx,
                                                           const v1::GetServerInfoRequest*, v1::ServerInfo* info) {
   info->set_version(kVersion);
-  Engine* engine = engine_.load();
+  const std::shared_ptr<Engine> engine = this->engine();
   if (engine) {
     const EngineStats s = engine->Stats();
     info->set_running_requests(s.running);
@@ -308,7 +333,7 @@ grpc::ServerUnaryReactor* InferenceService::GetServerInfo(grpc::CallbackServerCo
 
 grpc::ServerUnaryReactor* InferenceService::Abort(grpc::CallbackServerContext* ctx, const v1::AbortRequest* request,
                                                   v1::AbortResponse* response) {
-  Engine* engine = engine_.load();
+  const std::shared_ptr<Engine> engine = this->engine();
   if (!engine) return Answer(ctx, NotReady());
   response->set_found(engine->Abort(request->request_id()));
   return Answer(ctx, absl::OkStatus());

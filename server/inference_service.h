@@ -3,21 +3,31 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
+#include <mutex>
 
 #include "engine/engine.h"
 #include "inferd/v1/inferd.grpc.pb.h"
 
 namespace inferd {
 
-class InferenceService final : public v1::Inference::CallbackService {
+// Generate and GenerateStream take raw bytes so that a request the protobuf parser refuses (invalid
+// UTF-8 in a string field) is answered INVALID_ARGUMENT rather than a transport error.
+using InferenceServiceBase = v1::Inference::WithRawCallbackMethod_GenerateStream<
+    v1::Inference::WithRawCallbackMethod_Generate<v1::Inference::CallbackService>>;
+
+class InferenceService final : public InferenceServiceBase {
  public:
   // Until an engine is set (model loading), generation RPCs answer UNAVAILABLE.
-  void SetEngine(Engine* engine) { engine_.store(engine); }
+  void SetEngine(std::shared_ptr<Engine> engine) {
+    std::lock_guard<std::mutex> lock(mu_);
+    engine_ = std::move(engine);
+  }
 
-  grpc::ServerWriteReactor<v1::GenerateChunk>* GenerateStream(grpc::CallbackServerContext* ctx,
-                                                              const v1::GenerateRequest* request) override;
-  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request,
-                                     v1::GenerateResult* result) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateStream(grpc::CallbackServerContext* ctx,
+                                                             const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* result) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest* request,
                                      v1::TokenizeResponse* response) override;
   grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* ctx, const v1::DetokenizeRequest* request,
@@ -30,7 +40,13 @@ class InferenceService final : public v1::Inference::CallbackService {
                                   v1::AbortResponse* response) override;
 
  private:
-  std::atomic<Engine*> engine_{nullptr};
+  // Reactors keep their own reference, so the engine outlives every call that uses it.
+  std::shared_ptr<Engine> engine() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return engine_;
+  }
+  mutable std::mutex mu_;
+  std::shared_ptr<Engine> engine_;
   std::atomic<uint64_t> next_id_{1};
 };
 

@@ -81,27 +81,29 @@ int Run(int argc, char** argv) {
     server->Shutdown(std::chrono::system_clock::now());
     return 1;
   }
-  service.SetEngine(engine->get());
+  std::shared_ptr<inferd::Engine> live = std::move(*engine);
+  service.SetEngine(live);
   health->SetServingStatus(true);
-  spdlog::info("ready: model '{}' on the {} backend, max_model_len {}", (*engine)->model().name,
-               (*engine)->backend_name(), (*engine)->max_model_len());
+  spdlog::info("ready: model '{}' on the {} backend, max_model_len {}", live->model().name, live->backend_name(),
+               live->max_model_len());
 
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: draining (up to {} s)", sig, config->server.drain_timeout_s);
   health->SetServingStatus(false);
-  (*engine)->StartDraining();
+  live->StartDraining();
   const auto drain_end = std::chrono::steady_clock::now() +
                          std::chrono::milliseconds(static_cast<int64_t>(config->server.drain_timeout_s * 1000));
   while (std::chrono::steady_clock::now() < drain_end) {
-    const inferd::EngineStats s = (*engine)->Stats();
+    const inferd::EngineStats s = live->Stats();
     if (s.running == 0 && s.waiting == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // Requests still running end as aborted when the engine goes; then the server closes its streams.
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // What still runs ends with UNAVAILABLE; then the server closes once those last writes are out.
+  live->Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   service.SetEngine(nullptr);
-  engine->reset();
+  live.reset();
   server->Wait();
   spdlog::info("stopped");
   return 0;

@@ -1,0 +1,104 @@
+"""Every bad input ends the RPC with the right status code and a message naming the field."""
+import threading
+import time
+
+import grpc
+import pytest
+
+from conftest import Server, inferd_pb2 as pb
+
+
+def req(**kw):
+    r = pb.GenerateRequest(text=kw.pop("text", "Hello"))
+    for k, v in kw.items():
+        section, field = k.split("__")
+        setattr(getattr(r, section), field, v)
+    return r
+
+
+BAD = [
+    (req(sampling__temperature=float("nan")), "sampling.temperature"),
+    (req(sampling__temperature=float("inf")), "sampling.temperature"),
+    (req(sampling__temperature=-0.5), "sampling.temperature"),
+    (req(sampling__top_p=0.0), "sampling.top_p"),
+    (req(sampling__top_p=1.5), "sampling.top_p"),
+    (req(sampling__top_k=-1), "sampling.top_k"),
+    (req(sampling__min_p=2.0), "sampling.min_p"),
+    (req(sampling__repetition_penalty=0.0), "sampling.repetition_penalty"),
+    (req(sampling__presence_penalty=3.0), "sampling.presence_penalty"),
+    (req(sampling__frequency_penalty=float("-inf")), "sampling.frequency_penalty"),
+    (req(stopping__max_tokens=0), "stopping.max_tokens"),
+    (req(stopping__max_tokens=5, stopping__min_tokens=6), "stopping.min_tokens"),
+    (req(stopping__max_tokens=100000), "max_model_len"),
+    (req(text="x " * 600), "max_model_len"),
+    (req(output__top_logprobs=21), "output.top_logprobs"),
+    (pb.GenerateRequest(), "prompt"),
+    (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[])), "prompt"),
+    (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 640])), "token_ids.ids[1]"),
+    (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[-3])), "token_ids.ids[0]"),
+]
+
+
+@pytest.mark.parametrize("request_, field", BAD, ids=[f for _, f in BAD])
+def test_bad_request_is_invalid_argument_naming_the_field(server, request_, field):
+    for call in (server.stub.Generate, lambda r: list(server.stub.GenerateStream(r))):
+        with pytest.raises(grpc.RpcError) as e:
+            call(request_)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert field in e.value.details()
+
+
+def test_empty_stop_string_and_bad_stop_token(server):
+    r = pb.GenerateRequest(text="Hi", stopping=pb.StoppingParams(stop=["ok", ""]))
+    with pytest.raises(grpc.RpcError) as e:
+        server.stub.Generate(r)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "stopping.stop[1]" in e.value.details()
+    r = pb.GenerateRequest(text="Hi", stopping=pb.StoppingParams(stop_token_ids=[99999]))
+    with pytest.raises(grpc.RpcError) as e:
+        server.stub.Generate(r)
+    assert "stopping.stop_token_ids[0]" in e.value.details()
+
+
+def test_invalid_utf8_text_is_invalid_argument(server):
+    # Python clients cannot build invalid UTF-8 strings, so the request is serialized by hand.
+    raw = pb.GenerateRequest(text="XYZ").SerializeToString().replace(b"XYZ", b"\xff\xfeZ")
+    call = server.channel.unary_unary("/inferd.v1.Inference/Generate", request_serializer=lambda b: b,
+                                      response_deserializer=pb.GenerateResult.FromString)
+    with pytest.raises(grpc.RpcError) as e:
+        call(raw)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "UTF-8" in e.value.details()
+
+
+def test_deadline_aborts_and_frees_blocks(server):
+    r = pb.GenerateRequest(text="Hello", sampling=pb.SamplingParams(temperature=0),
+                           stopping=pb.StoppingParams(max_tokens=500, ignore_eos=True))
+    with pytest.raises(grpc.RpcError) as e:
+        list(server.stub.GenerateStream(r, timeout=0.05))
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    end = time.time() + 5
+    while time.time() < end:
+        info = server.stub.GetServerInfo(pb.GetServerInfoRequest())
+        if info.running_requests == 0 and info.free_kv_blocks == info.total_kv_blocks:
+            break
+        time.sleep(0.05)
+    assert info.running_requests == 0 and info.free_kv_blocks == info.total_kv_blocks
+
+
+def test_full_queue_is_resource_exhausted():
+    s = Server(scheduler={"max_num_seqs": 1, "max_num_batched_tokens": 64, "max_queue": 1})
+    try:
+        long = pb.GenerateRequest(text="Hello", sampling=pb.SamplingParams(temperature=0),
+                                  stopping=pb.StoppingParams(max_tokens=450, ignore_eos=True))
+        running = s.stub.GenerateStream(long)
+        next(running)  # it is running now and holds the only seat
+        waiting = s.stub.GenerateStream(long)
+        time.sleep(0.2)
+        with pytest.raises(grpc.RpcError) as e:
+            s.stub.Generate(long)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_queue" in e.value.details()
+        running.cancel()
+        waiting.cancel()
+    finally:
+        assert s.stop() == 0

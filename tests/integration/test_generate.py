@@ -1,0 +1,198 @@
+"""Generation through the real server: streaming, unary, tokenize, batching, cancellation."""
+import json
+import os
+import threading
+import time
+
+import grpc
+import pytest
+from tokenizers import Tokenizer
+
+from conftest import MODELS, SOURCE_DIR, inferd_pb2 as pb
+
+PROMPTS = ["The scheduler batches tokens", "Hello world", "def forward(self, x):", "日本語のテキスト 😀",
+           "the model serves requests", "paged cache of blocks", "I'm here, you're there", "1234 5678"]
+
+
+def greedy(text=None, ids=None, max_tokens=16, **kw):
+    req = pb.GenerateRequest(sampling=pb.SamplingParams(temperature=0),
+                             stopping=pb.StoppingParams(max_tokens=max_tokens, ignore_eos=True), **kw)
+    if text is not None:
+        req.text = text
+    else:
+        req.token_ids.ids.extend(ids)
+    return req
+
+
+def collect(stream):
+    ids, text, chunks = [], "", list(stream)
+    for c in chunks:
+        ids.extend(c.token_ids)
+        text += c.text
+    return ids, text, chunks
+
+
+def test_stream_and_unary_agree_and_text_is_the_detokenized_ids(server):
+    ids, text, chunks = collect(server.stub.GenerateStream(greedy("Hello world", max_tokens=20)))
+    assert len(ids) == 20
+    assert chunks[-1].finish_reason == pb.LENGTH
+    assert all(c.finish_reason == pb.FINISH_REASON_UNSPECIFIED for c in chunks[:-1]), "finish only on the last"
+    assert chunks[-1].usage.completion_tokens == 20
+    assert chunks[-1].usage.prompt_tokens == len(server.stub.Tokenize(pb.TokenizeRequest(text="Hello world")).token_ids)
+    assert chunks[-1].timing.total_s >= chunks[-1].timing.time_to_first_token_s > 0
+    unary = server.stub.Generate(greedy("Hello world", max_tokens=20))
+    assert list(unary.token_ids) == ids and unary.text == text and unary.finish_reason == pb.LENGTH
+    # The streamed text is exactly what detokenizing the generated ids in context gives.
+    prompt = list(server.stub.Tokenize(pb.TokenizeRequest(text="Hello world")).token_ids)
+    whole = server.stub.Detokenize(pb.DetokenizeRequest(token_ids=prompt + ids)).text
+    assert whole.endswith(text)
+
+
+def test_request_id_is_echoed_or_assigned(server):
+    chunks = list(server.stub.GenerateStream(greedy("Hi", max_tokens=2, request_id="my-id-1")))
+    assert all(c.request_id == "my-id-1" for c in chunks)
+    chunks = list(server.stub.GenerateStream(greedy("Hi", max_tokens=2)))
+    assert chunks[0].request_id and all(c.request_id == chunks[0].request_id for c in chunks)
+
+
+def test_greedy_tokens_match_transformers_reference(server):
+    ref = json.load(open(os.path.join(SOURCE_DIR, "tests/fixtures/reference/llama3-tiny.json")))
+    for case in ref["cases"]:
+        want = [s["token"] for s in case["steps"]]
+        got = list(server.stub.Generate(greedy(ids=case["prompt_ids"], max_tokens=len(want))).token_ids)
+        for i, (g, w) in enumerate(zip(got, want)):
+            if g != w:
+                assert case["steps"][i]["margin"] < 1e-2, f"step {i}: {g} != {w}"
+                break
+
+
+def test_tokenize_matches_hugging_face_and_round_trips(server):
+    hf = Tokenizer.from_file(os.path.join(MODELS, "llama3-tiny", "tokenizer.json"))
+    for text in PROMPTS + ["  spaces  and\ttabs\n\n", "emoji 👍🏽 ❤️"]:
+        ids = list(server.stub.Tokenize(pb.TokenizeRequest(text=text)).token_ids)
+        assert ids == hf.encode(text).ids
+        no_bos = list(server.stub.Tokenize(pb.TokenizeRequest(text=text, add_special_tokens=False)).token_ids)
+        assert no_bos == hf.encode(text, add_special_tokens=False).ids
+        assert server.stub.Detokenize(pb.DetokenizeRequest(token_ids=ids)).text == text
+    with_special = server.stub.Detokenize(pb.DetokenizeRequest(token_ids=ids, skip_special_tokens=False)).text
+    assert with_special.startswith("<|begin_of_text|>")
+
+
+def test_logprobs_when_asked(server):
+    r = server.stub.Generate(greedy("Hello", max_tokens=4, output=pb.OutputOptions(top_logprobs=3)))
+    assert len(r.logprobs) == 4
+    for tok, lp in zip(r.token_ids, r.logprobs):
+        assert lp.token_id == tok and len(lp.top) == 3
+        assert lp.top[0].token_id == tok, "greedy picks the top token"
+        assert lp.top[0].logprob >= lp.top[1].logprob >= lp.top[2].logprob
+        assert lp.logprob <= 0
+    assert len(server.stub.Generate(greedy("Hello", max_tokens=2)).logprobs) == 0
+
+
+def test_seeded_sampling_is_reproducible(server):
+    def sample(seed):
+        return list(server.stub.Generate(pb.GenerateRequest(
+            text="Hello", sampling=pb.SamplingParams(temperature=1.0, top_p=0.9, seed=seed),
+            stopping=pb.StoppingParams(max_tokens=24, ignore_eos=True))).token_ids)
+    assert sample(5) == sample(5)
+    assert sample(5) != sample(6)
+
+
+def test_stop_string_and_stop_token(server):
+    full = server.stub.Generate(greedy("Hello world", max_tokens=24))
+    stop = full.text[len(full.text) // 2:len(full.text) // 2 + 3]
+    assert len(stop) == 3
+    r = server.stub.Generate(pb.GenerateRequest(
+        text="Hello world", sampling=pb.SamplingParams(temperature=0),
+        stopping=pb.StoppingParams(max_tokens=24, ignore_eos=True, stop=[stop])))
+    assert r.finish_reason == pb.STOP_STRING
+    assert r.text == full.text[:full.text.index(stop)]
+    r = server.stub.Generate(pb.GenerateRequest(
+        text="Hello world", sampling=pb.SamplingParams(temperature=0),
+        stopping=pb.StoppingParams(max_tokens=24, ignore_eos=True, stop=[stop], include_stop_str_in_output=True)))
+    assert r.text == full.text[:full.text.index(stop) + 3]
+    tok = full.token_ids[5]
+    r = server.stub.Generate(pb.GenerateRequest(
+        text="Hello world", sampling=pb.SamplingParams(temperature=0),
+        stopping=pb.StoppingParams(max_tokens=24, ignore_eos=True, stop_token_ids=[tok])))
+    assert r.finish_reason == pb.STOP_TOKEN
+    assert list(r.token_ids) == list(full.token_ids)[:list(full.token_ids).index(tok) + 1]
+
+
+def test_32_concurrent_streams_each_equal_their_solo_run(server):
+    solo = {p: server.stub.Generate(greedy(p, max_tokens=40)) for p in PROMPTS}
+    results, errors = {}, []
+
+    def run(i):
+        p = PROMPTS[i % len(PROMPTS)]
+        try:
+            results[i] = collect(server.stub.GenerateStream(greedy(p, max_tokens=40)))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert len(results) == 32
+    for i, (ids, text, chunks) in results.items():
+        want = solo[PROMPTS[i % len(PROMPTS)]]
+        assert ids == list(want.token_ids), f"stream {i}"
+        assert text == want.text
+        assert chunks[-1].finish_reason == pb.LENGTH
+
+
+def test_cancelling_half_of_32_streams_frees_every_block(server):
+    streams, done, errors = [], {}, []
+    for i in range(32):
+        streams.append(server.stub.GenerateStream(greedy(PROMPTS[i % len(PROMPTS)], max_tokens=300)))
+
+    def consume(i, s):
+        try:
+            n = 0
+            for chunk in s:
+                n += len(chunk.token_ids)
+                if i % 2 == 0 and n >= 3:
+                    s.cancel()
+            done[i] = n
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED or i % 2 == 1:
+                errors.append((i, e.code(), e.details()))
+            done[i] = "cancelled"
+
+    threads = [threading.Thread(target=consume, args=(i, s)) for i, s in enumerate(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert all(done[i] == "cancelled" for i in range(0, 32, 2))
+    assert all(done[i] == 300 for i in range(1, 32, 2))
+    deadline = time.time() + 5
+    while True:
+        info = server.stub.GetServerInfo(pb.GetServerInfoRequest())
+        if info.free_kv_blocks == info.total_kv_blocks or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    assert info.running_requests == 0 and info.waiting_requests == 0
+    assert info.free_kv_blocks == info.total_kv_blocks > 0
+
+
+def test_abort_rpc_ends_the_stream_with_aborted(server):
+    stream = server.stub.GenerateStream(greedy("Hello", max_tokens=400, request_id="to-abort"))
+    first = next(stream)
+    assert first.request_id == "to-abort"
+    assert server.stub.Abort(pb.AbortRequest(request_id="to-abort")).found
+    rest = list(stream)
+    assert rest[-1].finish_reason == pb.ABORTED
+    assert not server.stub.Abort(pb.AbortRequest(request_id="to-abort")).found
+
+
+def test_model_and_server_info(server):
+    m = server.stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert m.architecture == "LlamaForCausalLM" and m.vocab_size == 640 and m.block_size == 16
+    assert m.max_model_len == 512 and len(m.eos_token_ids) == 2 and m.dtype == "bfloat16"
+    s = server.stub.GetServerInfo(pb.GetServerInfoRequest())
+    assert s.version and s.backend == "cpu" and not s.draining and s.total_kv_blocks > 0

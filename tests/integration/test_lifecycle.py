@@ -1,0 +1,79 @@
+"""Start-up, health, reflection, bad configs and models, graceful drain."""
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from conftest import INFERD_BIN, MODELS, Server, inferd_pb2 as pb
+
+
+def test_health_serving_and_reflection_lists_the_service(server):
+    health = health_pb2_grpc.HealthStub(server.channel)
+    assert health.Check(health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+    refl = reflection_pb2_grpc.ServerReflectionStub(server.channel)
+    responses = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+    names = {s.name for s in responses[0].list_services_response.service}
+    assert "inferd.v1.Inference" in names and "grpc.health.v1.Health" in names
+
+
+def run_inferd(config_text):
+    fd, path = tempfile.mkstemp(suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(config_text)
+    return subprocess.run([INFERD_BIN, "--config", path, "--listen", "127.0.0.1:0"], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("config, rc, message", [
+    ("model: {path: /m}\nengine: {blocksize: 4}\n", 2, "engine.blocksize"),
+    ("model: {path: /m}\nscheduler: {max_num_seqs: 0}\n", 2, "scheduler.max_num_seqs = 0"),
+    ("model: {path: /nonexistent/model}\n", 1, "/nonexistent/model"),
+    (f"model: {{path: {MODELS}/llama3-tiny}}\nengine: {{backend: cuda}}\n", 1, "engine.backend"),
+])
+def test_bad_config_or_model_stops_with_a_message(config, rc, message):
+    r = run_inferd(config)
+    assert r.returncode == rc, r.stderr
+    assert message in r.stderr
+
+
+def test_unsupported_or_truncated_model_is_refused_at_start(tmp_path):
+    import json
+    import shutil
+    bad_arch = tmp_path / "bad-arch"
+    shutil.copytree(os.path.join(MODELS, "llama2-tiny"), bad_arch)
+    cfg = json.loads((bad_arch / "config.json").read_text())
+    cfg["architectures"] = ["GPTNeoXForCausalLM"]
+    (bad_arch / "config.json").write_text(json.dumps(cfg))
+    r = run_inferd(f"model: {{path: {bad_arch}}}\n")
+    assert r.returncode == 1 and "GPTNeoXForCausalLM" in r.stderr
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(os.path.join(MODELS, "llama2-tiny"), truncated)
+    w = truncated / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:-4096])
+    r = run_inferd(f"model: {{path: {truncated}}}\n")
+    assert r.returncode == 1 and "truncated" in r.stderr
+
+
+def test_drain_finishes_running_requests_refuses_new_ones_and_exits_zero():
+    s = Server(server={"listen": "127.0.0.1:1", "drain_timeout_s": 20})
+    req = pb.GenerateRequest(text="Hello", sampling=pb.SamplingParams(temperature=0),
+                             stopping=pb.StoppingParams(max_tokens=400, ignore_eos=True))
+    stream = s.stub.GenerateStream(req)
+    first = next(stream)
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    with pytest.raises(grpc.RpcError) as e:
+        s.stub.Generate(req, timeout=5)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    rest = list(stream)
+    assert sum(len(c.token_ids) for c in [first] + rest) == 400
+    assert rest[-1].finish_reason == pb.LENGTH
+    assert s.proc.wait(timeout=30) == 0, s.logs()
