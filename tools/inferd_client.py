@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""A small command-line client for inferd (Python grpcio, stubs generated from the proto on the fly).
+
+    .venv/bin/python tools/inferd_client.py generate "The capital of France is" --max-tokens 32
+    .venv/bin/python tools/inferd_client.py info
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+import grpc
+from grpc_tools import protoc
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+
+def stubs():
+    out = tempfile.mkdtemp(prefix="inferd-client-")
+    if protoc.main(["protoc", f"-I{ROOT}/proto", f"--python_out={out}", f"--grpc_python_out={out}",
+                    f"{ROOT}/proto/inferd/v1/inferd.proto"]) != 0:
+        sys.exit("protoc failed")
+    sys.path.insert(0, out)
+    from inferd.v1 import inferd_pb2, inferd_pb2_grpc
+    return inferd_pb2, inferd_pb2_grpc
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--address", default="127.0.0.1:50051")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate")
+    g.add_argument("text")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--stop", action="append", default=[])
+    sub.add_parser("info")
+    args = p.parse_args()
+    pb, pb_grpc = stubs()
+    stub = pb_grpc.InferenceStub(grpc.insecure_channel(args.address))
+    if args.cmd == "info":
+        print(stub.GetModelInfo(pb.GetModelInfoRequest()))
+        print(stub.GetServerInfo(pb.GetServerInfoRequest()))
+        return
+    sampling = pb.SamplingParams(temperature=args.temperature)
+    if args.seed is not None:
+        sampling.seed = args.seed
+    req = pb.GenerateRequest(text=args.text, sampling=sampling,
+                             stopping=pb.StoppingParams(max_tokens=args.max_tokens, stop=args.stop))
+    last = None
+    for chunk in stub.GenerateStream(req):
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        last = chunk
+    print(f"\n[{pb.FinishReason.Name(last.finish_reason)}; {last.usage.prompt_tokens} prompt + "
+          f"{last.usage.completion_tokens} tokens; ttft {last.timing.time_to_first_token_s * 1000:.1f} ms, "
+          f"total {last.timing.total_s * 1000:.1f} ms]", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
