@@ -194,7 +194,20 @@ def base_config(arch, model_type, vocab, **kw):
     return cfg
 
 
+def smollm2_shaped(out_dir):
+    """A random-weight model with SmolLM2-135M's shape (not committed): for CPU speed measurements."""
+    tok = byte_level(LLAMA3_PATTERN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], nfc=False, template_bos=None,
+                     vocab_size=600)
+    cfg = base_config("LlamaForCausalLM", "llama", 49152, hidden_size=576, intermediate_size=1536,
+                      num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                      rope_theta=100000.0, tie_word_embeddings=True, eos_token_id=0, torch_dtype="bfloat16")
+    write_model(out_dir, "smollm2-shape-random", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=5)
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--smollm2-shape":
+        smollm2_shaped(sys.argv[2])
+        return
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/models"
     # Llama 2: SentencePiece-style tokenizer (Prepend+Replace), MHA, untied, fp32, transformers 4 rope fields.
     tok = sentencepiece_like(metaspace=False, vocab_size=700)

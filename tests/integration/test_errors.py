@@ -89,11 +89,16 @@ def test_full_queue_is_resource_exhausted():
     s = Server(scheduler={"max_num_seqs": 1, "max_num_batched_tokens": 64, "max_queue": 1})
     try:
         long = pb.GenerateRequest(text="Hello", sampling=pb.SamplingParams(temperature=0),
-                                  stopping=pb.StoppingParams(max_tokens=450, ignore_eos=True))
+                                  stopping=pb.StoppingParams(max_tokens=480, ignore_eos=True))
         running = s.stub.GenerateStream(long)
         next(running)  # it is running now and holds the only seat
         waiting = s.stub.GenerateStream(long)
-        time.sleep(0.2)
+        end = time.time() + 5
+        while time.time() < end:  # until the second one sits in the queue
+            info = s.stub.GetServerInfo(pb.GetServerInfoRequest())
+            if info.running_requests == 1 and info.waiting_requests == 1:
+                break
+        assert info.waiting_requests == 1
         with pytest.raises(grpc.RpcError) as e:
             s.stub.Generate(long)
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -50,7 +50,8 @@ INSTANTIATE_TEST_SUITE_P(
                               "max_num_batched_tokens = 8"},
                       BadCase{"model: {path: /m}\nscheduler: {max_queue: -1}\n", "scheduler.max_queue = -1"},
                       BadCase{"model: {path: /m}\nserver: {listen: nowhere}\n", "server.listen = 'nowhere'"},
-                      BadCase{"model: [1, 2\n", "not valid YAML"}));
+                      BadCase{"model: [1, 2\n", "not valid YAML"}),
+    [](const auto& info) { return "case" + std::to_string(info.index); });
 
 }  // namespace
 }  // namespace inferd
