@@ -5,14 +5,16 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/.bundle/lib:${LD_LIBRARY_PATH:-}"
+BUNDLE=/tmp/inferd-bundle
+rm -rf "$BUNDLE" && mkdir -p "$BUNDLE" && tar -C "$BUNDLE" -xJf .bundle/bundle.tar.xz
+export LD_LIBRARY_PATH="$BUNDLE/lib:${LD_LIBRARY_PATH:-}"
 export INFERD_SOURCE_DIR="$PWD"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/device.txt"
 status=0
 for t in gpu_tests core_tests engine_tests; do
   echo "== $t"
-  .bundle/bin/$t --gtest_output="xml:$OUT/$t.xml" 2>&1 | tail -n 4 || status=1
+  "$BUNDLE/bin/$t" --gtest_output="xml:$OUT/$t.xml" 2>&1 | tail -n 4 || status=1
 done
 echo "== benchmarks"
-.bundle/bin/bench_rms_norm 2>&1 | tee "$OUT/bench_rms_norm.txt" || status=1
+"$BUNDLE/bin/bench_rms_norm" 2>&1 | tee "$OUT/bench_rms_norm.txt" || status=1
 exit $status

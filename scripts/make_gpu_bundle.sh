@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the GPU-machine bundle here (sm_90a, Release) into .bundle/: binaries in bin/, and the non-system
+# Builds the GPU-machine bundle here (sm_90a, Release) as .bundle/bundle.tar.xz: binaries in bin/, the non-system
 # shared libraries they need in lib/ (gRPC, protobuf, abseil, spdlog, yaml-cpp, openblas, ...). The GPU
 # machine has CUDA, cuBLAS and libstdc++ but none of Debian's C++ libraries.
 #   bash scripts/make_gpu_bundle.sh    then, on the device:  bash scripts/gpu_run.sh
@@ -8,16 +8,20 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DINFERD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a >/dev/null
 cmake --build build-gpu --target inferd core_tests engine_tests gpu_tests bench_rms_norm
-rm -rf .bundle && mkdir -p .bundle/bin .bundle/lib
+B=build-gpu/bundle
+rm -rf "$B" && mkdir -p "$B/bin" "$B/lib"
 cp build-gpu/server/inferd build-gpu/tests/core_tests build-gpu/tests/engine_tests build-gpu/tests/gpu_tests \
-   build-gpu/tools/bench_rms_norm .bundle/bin/
-strip .bundle/bin/*
+   build-gpu/tools/bench_rms_norm "$B/bin/"
+strip "$B"/bin/*
 # System and CUDA libraries are on the device already; everything else travels.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libnvidia|libnccl)'
-for bin in .bundle/bin/*; do
+for bin in "$B"/bin/*; do
   ldd "$bin" | awk '/=>/ {print $1, $3}' | while read -r name path; do
     [[ "$name" =~ $skip ]] && continue
-    [[ -f ".bundle/lib/$name" ]] || cp -L "$path" ".bundle/lib/$name"
+    [[ -f "$B/lib/$name" ]] || cp -L "$path" "$B/lib/$name"
   done
 done
-du -sh .bundle
+# Compressed, it travels well under the device tool's 64 MiB limit (OpenBLAS alone is 36 MB).
+rm -rf .bundle && mkdir -p .bundle
+tar -C "$B" -cJf .bundle/bundle.tar.xz bin lib
+du -sh .bundle/bundle.tar.xz
