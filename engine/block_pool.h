@@ -33,6 +33,8 @@ class BlockPool {
 };
 
 // Blocks needed to hold num_tokens tokens.
-inline int32_t BlocksFor(int32_t num_tokens, int32_t block_size) { return (num_tokens + block_size - 1) / block_size; }
+inline int32_t BlocksFor(int32_t num_tokens, int32_t block_size) {
+  return (num_tokens + block_size - 1) / block_size;
+}
 
 }  // namespace inferd

@@ -4,10 +4,10 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define INFERD_CHECK(cond, what)                                                                 \
-  do {                                                                                           \
-    if (!(cond)) [[unlikely]] {                                                                  \
+#define INFERD_CHECK(cond, what)                                                                   \
+  do {                                                                                             \
+    if (!(cond)) [[unlikely]] {                                                                    \
       std::fprintf(stderr, "%s:%d: invariant broken: %s (%s)\n", __FILE__, __LINE__, what, #cond); \
-      std::abort();                                                                              \
-    }                                                                                            \
+      std::abort();                                                                                \
+    }                                                                                              \
   } while (0)

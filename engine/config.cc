@@ -18,8 +18,8 @@ absl::Status CheckKeys(const YAML::Node& node, const std::string& section, const
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
     if (!allowed.count(key)) {
-      return absl::InvalidArgumentError(absl::StrCat("config: unknown key '", section.empty() ? "" : section + ".",
-                                                     key, "'; allowed: ", absl::StrJoin(allowed, ", ")));
+      return absl::InvalidArgumentError(absl::StrCat("config: unknown key '", section.empty() ? "" : section + ".", key,
+                                                     "'; allowed: ", absl::StrJoin(allowed, ", ")));
     }
   }
   return absl::OkStatus();
@@ -47,7 +47,6 @@ absl::Status InRange(const std::string& key, T value, T lo, T hi) {
   return absl::OkStatus();
 }
 
-
 absl::Status Validate(const Config& c) {
   if (c.model.path.empty()) return absl::InvalidArgumentError("config: model.path is required (a model directory)");
   INFERD_RETURN_IF_ERROR(InRange("model.max_model_len", c.model.max_model_len, 0, 1 << 24));
@@ -58,8 +57,9 @@ absl::Status Validate(const Config& c) {
   INFERD_RETURN_IF_ERROR(InRange("engine.block_size", c.engine.block_size, 1, 256));
   INFERD_RETURN_IF_ERROR(InRange("engine.num_blocks", c.engine.num_blocks, 0, 1 << 24));
   if (!(c.engine.gpu_memory_utilization > 0 && c.engine.gpu_memory_utilization <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("config: engine.gpu_memory_utilization = ",
-                                                   c.engine.gpu_memory_utilization, " is out of range; allowed: (0, 1]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: engine.gpu_memory_utilization = ", c.engine.gpu_memory_utilization,
+                     " is out of range; allowed: (0, 1]"));
   }
   if (!(c.engine.cpu_kv_cache_gib > 0 && c.engine.cpu_kv_cache_gib <= 1024)) {
     return absl::InvalidArgumentError(absl::StrCat("config: engine.cpu_kv_cache_gib = ", c.engine.cpu_kv_cache_gib,
@@ -68,7 +68,7 @@ absl::Status Validate(const Config& c) {
   INFERD_RETURN_IF_ERROR(InRange("engine.num_threads", c.engine.num_threads, 0, 1024));
   INFERD_RETURN_IF_ERROR(InRange("scheduler.max_num_seqs", c.scheduler.max_num_seqs, 1, 4096));
   INFERD_RETURN_IF_ERROR(InRange("scheduler.max_num_batched_tokens", c.scheduler.max_num_batched_tokens,
-                          c.scheduler.max_num_seqs, 1 << 20));
+                                 c.scheduler.max_num_seqs, 1 << 20));
   INFERD_RETURN_IF_ERROR(InRange("scheduler.max_queue", c.scheduler.max_queue, 0, 1000000));
   if (c.server.listen.find(':') == std::string::npos) {
     return absl::InvalidArgumentError(
@@ -100,8 +100,9 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml_text) {
     INFERD_RETURN_IF_ERROR(Read(n, "model", "max_model_len", &c.model.max_model_len));
   }
   if (const auto n = root["engine"]) {
-    INFERD_RETURN_IF_ERROR(CheckKeys(n, "engine", {"backend", "block_size", "num_blocks", "gpu_memory_utilization",
-                                            "cpu_kv_cache_gib", "num_threads"}));
+    INFERD_RETURN_IF_ERROR(CheckKeys(
+        n, "engine",
+        {"backend", "block_size", "num_blocks", "gpu_memory_utilization", "cpu_kv_cache_gib", "num_threads"}));
     INFERD_RETURN_IF_ERROR(Read(n, "engine", "backend", &c.engine.backend));
     INFERD_RETURN_IF_ERROR(Read(n, "engine", "block_size", &c.engine.block_size));
     INFERD_RETURN_IF_ERROR(Read(n, "engine", "num_blocks", &c.engine.num_blocks));
@@ -141,16 +142,14 @@ std::string ConfigToYaml(const Config& c) {
   out << YAML::Key << "engine" << YAML::Value << YAML::BeginMap << YAML::Key << "backend" << YAML::Value
       << c.engine.backend << YAML::Key << "block_size" << YAML::Value << c.engine.block_size << YAML::Key
       << "num_blocks" << YAML::Value << c.engine.num_blocks << YAML::Key << "gpu_memory_utilization" << YAML::Value
-      << c.engine.gpu_memory_utilization << YAML::Key << "cpu_kv_cache_gib" << YAML::Value
-      << c.engine.cpu_kv_cache_gib << YAML::Key << "num_threads" << YAML::Value << c.engine.num_threads
-      << YAML::EndMap;
+      << c.engine.gpu_memory_utilization << YAML::Key << "cpu_kv_cache_gib" << YAML::Value << c.engine.cpu_kv_cache_gib
+      << YAML::Key << "num_threads" << YAML::Value << c.engine.num_threads << YAML::EndMap;
   out << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap << YAML::Key << "max_num_seqs" << YAML::Value
       << c.scheduler.max_num_seqs << YAML::Key << "max_num_batched_tokens" << YAML::Value
       << c.scheduler.max_num_batched_tokens << YAML::Key << "max_queue" << YAML::Value << c.scheduler.max_queue
       << YAML::EndMap;
   out << YAML::Key << "server" << YAML::Value << YAML::BeginMap << YAML::Key << "listen" << YAML::Value
-      << c.server.listen << YAML::Key << "drain_timeout_s" << YAML::Value << c.server.drain_timeout_s
-      << YAML::EndMap;
+      << c.server.listen << YAML::Key << "drain_timeout_s" << YAML::Value << c.server.drain_timeout_s << YAML::EndMap;
   out << YAML::EndMap;
   return out.c_str();
 }

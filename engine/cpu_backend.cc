@@ -24,8 +24,8 @@ namespace {
 
 // C[m, n] = A[m, k] · W[n, k]ᵀ + beta · C
 void MatMulT(const float* a, const Matrix& w, float* c, int64_t m, float beta) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, w.rows, w.cols, 1.0f, a, w.cols, w.data.data(), w.cols,
-              beta, c, w.rows);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, w.rows, w.cols, 1.0f, a, w.cols, w.data.data(), w.cols, beta,
+              c, w.rows);
 }
 
 void RmsNorm(const float* x, const Matrix& weight, float eps, float* out, int64_t rows) {
@@ -69,7 +69,7 @@ class CpuBackend : public Backend {
   const ModelConfig& cfg_;
   MemoryPlan plan_;
   int32_t block_size_;
-  std::vector<float> inv_freq_;                // [head_dim / 2]
+  std::vector<float> inv_freq_;                    // [head_dim / 2]
   std::vector<std::unique_ptr<float[]>> k_cache_;  // [layers][num_blocks, block_size, num_kv_heads, head_dim]
   std::vector<std::unique_ptr<float[]>> v_cache_;  // same layout as k_cache_
 };
@@ -198,13 +198,14 @@ absl::StatusOr<MemoryPlan> PlanCpuMemory(const Model& model, const EngineSection
   plan.weight_bytes = WeightBytes(model.weights);
   const int64_t T = scheduler.max_num_batched_tokens;
   const int64_t qkv_dim = int64_t{c.num_heads + 2 * c.num_kv_heads} * c.head_dim;
-  plan.activation_bytes =
-      4 * (T * (2 * int64_t{c.hidden_size} + qkv_dim + int64_t{c.num_heads} * c.head_dim + 3 * int64_t{c.intermediate_size}) +
-           int64_t{scheduler.max_num_seqs} * (2 * c.hidden_size + c.vocab_size));
+  plan.activation_bytes = 4 * (T * (2 * int64_t{c.hidden_size} + qkv_dim + int64_t{c.num_heads} * c.head_dim +
+                                    3 * int64_t{c.intermediate_size}) +
+                               int64_t{scheduler.max_num_seqs} * (2 * c.hidden_size + c.vocab_size));
   plan.kv_bytes_per_block = 2 * int64_t{c.num_layers} * engine.block_size * c.num_kv_heads * c.head_dim * 4;
   const int64_t kv_budget = static_cast<int64_t>(engine.cpu_kv_cache_gib * (1ll << 30));
-  plan.num_blocks = engine.num_blocks > 0 ? engine.num_blocks
-                                          : static_cast<int32_t>(std::min<int64_t>(kv_budget / plan.kv_bytes_per_block, 1 << 24));
+  plan.num_blocks = engine.num_blocks > 0
+                        ? engine.num_blocks
+                        : static_cast<int32_t>(std::min<int64_t>(kv_budget / plan.kv_bytes_per_block, 1 << 24));
   if (plan.num_blocks < 1) {
     return absl::InvalidArgumentError(absl::StrCat("engine.cpu_kv_cache_gib = ", engine.cpu_kv_cache_gib,
                                                    " holds no KV block of ", plan.kv_bytes_per_block, " bytes"));

@@ -27,10 +27,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
   INFERD_ASSIGN_OR_RETURN(e->model_, LoadModel(config.model.path));
   if (!config.model.name.empty()) e->model_->name = config.model.name;
   const ModelConfig& mc = e->model_->config;
-  spdlog::info("model '{}' loaded in {:.2f} s: {} with {} layers, hidden {}, heads {}/{} (q/kv), head_dim {}, vocab {}, "
-               "weights {}",
-               e->model_->name, absl::ToDoubleSeconds(absl::Now() - t0), mc.architecture, mc.num_layers,
-               mc.hidden_size, mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size, e->model_->weights.stored_dtype);
+  spdlog::info(
+      "model '{}' loaded in {:.2f} s: {} with {} layers, hidden {}, heads {}/{} (q/kv), head_dim {}, vocab {}, "
+      "weights {}",
+      e->model_->name, absl::ToDoubleSeconds(absl::Now() - t0), mc.architecture, mc.num_layers, mc.hidden_size,
+      mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size, e->model_->weights.stored_dtype);
 
   std::string backend = config.engine.backend;
   if (backend == "cuda") {
@@ -50,9 +51,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
   int64_t max_len = mc.max_position_embeddings;
   if (config.model.max_model_len > 0) {
     if (config.model.max_model_len > mc.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat("config: model.max_model_len = ", config.model.max_model_len,
-                                                     " exceeds the model's max_position_embeddings = ",
-                                                     mc.max_position_embeddings));
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: model.max_model_len = ", config.model.max_model_len,
+                       " exceeds the model's max_position_embeddings = ", mc.max_position_embeddings));
     }
     max_len = config.model.max_model_len;
   }
@@ -77,7 +78,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
   return e;
 }
 
-Engine::~Engine() { Stop(); }
+Engine::~Engine() {
+  Stop();
+}
 
 void Engine::Stop() {
   {
@@ -115,8 +118,8 @@ absl::Status Engine::Submit(Request request) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", request.id, "' is already in use"));
   }
   if (stats_.waiting + static_cast<int32_t>(submitted_.size()) >= config_.scheduler.max_queue) {
-    return absl::ResourceExhaustedError(absl::StrCat("the waiting queue is full (scheduler.max_queue = ",
-                                                     config_.scheduler.max_queue, "); retry later"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the waiting queue is full (scheduler.max_queue = ", config_.scheduler.max_queue, "); retry later"));
   }
   known_ids_.emplace(request.id, 0);
   submitted_.push_back(std::move(request));

@@ -56,8 +56,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path) {
   INFERD_ASSIGN_OR_RETURN(model->tokenizer, Tokenizer::FromFile((dir / "tokenizer.json").string()));
   if (model->tokenizer->vocab_size() > model->config.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer.json has ", model->tokenizer->vocab_size(),
-                                                   " tokens but config.json vocab_size is ",
-                                                   model->config.vocab_size));
+                                                   " tokens but config.json vocab_size is ", model->config.vocab_size));
   }
   INFERD_ASSIGN_OR_RETURN(model->weights, LoadHfWeights(path, model->config));
 

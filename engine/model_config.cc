@@ -41,8 +41,10 @@ absl::Status ParseRope(const json& j, RopeConfig* rope) {
   if (!scaling) return absl::OkStatus();
   const json& s = *scaling;
   std::string type = "default";
-  if (s.contains("rope_type")) type = s["rope_type"].get<std::string>();
-  else if (s.contains("type")) type = s["type"].get<std::string>();
+  if (s.contains("rope_type"))
+    type = s["rope_type"].get<std::string>();
+  else if (s.contains("type"))
+    type = s["type"].get<std::string>();
   rope->type = type;
   if (type == "default") return absl::OkStatus();
   if (type != "llama3" && type != "linear") {
@@ -112,7 +114,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   }
   c.head_dim = c.hidden_size / c.num_heads;
   if (!(s = Field(j, "head_dim", &c.head_dim, false, 2, 1024)).ok()) return s;
-  if (c.head_dim % 2 != 0) return absl::InvalidArgumentError("config.json: head_dim must be even for rotary embeddings");
+  if (c.head_dim % 2 != 0)
+    return absl::InvalidArgumentError("config.json: head_dim must be even for rotary embeddings");
   if (!j.contains("head_dim") && c.hidden_size % c.num_heads != 0) {
     return absl::InvalidArgumentError("config.json: hidden_size is not a multiple of num_attention_heads");
   }
@@ -135,7 +138,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   }
   if (j.contains("sliding_window") && j["sliding_window"].is_number_integer() &&
       j["sliding_window"].get<int64_t>() < c.max_position_embeddings &&
-      !(j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() && !j["use_sliding_window"].get<bool>())) {
+      !(j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() &&
+        !j["use_sliding_window"].get<bool>())) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window = ", j["sliding_window"].dump(),
                                                    " is shorter than max_position_embeddings; sliding-window "
                                                    "attention is not supported"));
@@ -163,8 +167,8 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& c) {
       if (wavelen > low_wavelen) {
         f /= c.rope.factor;
       } else if (wavelen >= high_wavelen) {
-        const double smooth = (old_len / wavelen - c.rope.low_freq_factor) /
-                              (c.rope.high_freq_factor - c.rope.low_freq_factor);
+        const double smooth =
+            (old_len / wavelen - c.rope.low_freq_factor) / (c.rope.high_freq_factor - c.rope.low_freq_factor);
         f = (1 - smooth) * f / c.rope.factor + smooth * f;
       }
     }

@@ -13,8 +13,8 @@ struct RopeConfig {
   double theta = 10000.0;
   std::string type = "default";  // default | llama3 | linear
   double factor = 1.0;
-  double low_freq_factor = 1.0;                  // llama3
-  double high_freq_factor = 4.0;                 // llama3
+  double low_freq_factor = 1.0;                     // llama3
+  double high_freq_factor = 4.0;                    // llama3
   int32_t original_max_position_embeddings = 8192;  // llama3
 };
 

@@ -47,7 +47,8 @@ class TensorSource {
       }
     } else if (fs::exists(single)) {
       INFERD_ASSIGN_OR_RETURN(files_["model.safetensors"], SafetensorsFile::Open(single.string()));
-      for (const auto& [name, info] : files_["model.safetensors"]->tensors()) where_[name] = files_["model.safetensors"].get();
+      for (const auto& [name, info] : files_["model.safetensors"]->tensors())
+        where_[name] = files_["model.safetensors"].get();
     } else {
       return absl::NotFoundError(
           absl::StrCat("model directory '", dir, "' has neither model.safetensors nor model.safetensors.index.json"));
@@ -113,7 +114,8 @@ absl::StatusOr<ModelWeights> LoadHfWeights(const std::string& dir, const ModelCo
   TensorSource src;
   INFERD_RETURN_IF_ERROR(src.Open(dir));
   ModelWeights w;
-  const int64_t h = c.hidden_size, q_dim = int64_t{c.num_heads} * c.head_dim, kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  const int64_t h = c.hidden_size, q_dim = int64_t{c.num_heads} * c.head_dim,
+                kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   INFERD_RETURN_IF_ERROR(src.Read("model.embed_tokens.weight", {c.vocab_size, h}, &w.embed));
   INFERD_RETURN_IF_ERROR(src.Read("model.norm.weight", {h}, &w.final_norm));
   if (src.Has("lm_head.weight")) {

@@ -18,13 +18,13 @@ struct Matrix {
 };
 
 struct LayerWeights {
-  Matrix input_norm;     // [1, hidden]
-  Matrix qkv;            // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
-  Matrix qkv_bias;       // [1, (num_heads + 2 * num_kv_heads) * head_dim], empty without QKV bias
-  Matrix o;              // [hidden, num_heads * head_dim]
-  Matrix post_norm;      // [1, hidden]
-  Matrix gate_up;        // [2 * intermediate, hidden]: gate rows then up rows
-  Matrix down;           // [hidden, intermediate]
+  Matrix input_norm;  // [1, hidden]
+  Matrix qkv;         // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
+  Matrix qkv_bias;    // [1, (num_heads + 2 * num_kv_heads) * head_dim], empty without QKV bias
+  Matrix o;           // [hidden, num_heads * head_dim]
+  Matrix post_norm;   // [1, hidden]
+  Matrix gate_up;     // [2 * intermediate, hidden]: gate rows then up rows
+  Matrix down;        // [hidden, intermediate]
 };
 
 struct ModelWeights {

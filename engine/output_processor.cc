@@ -6,8 +6,7 @@
 
 namespace inferd {
 
-OutputProcessor::OutputProcessor(const Tokenizer* tokenizer, const Request* request,
-                                 std::span<const int32_t> eos_ids)
+OutputProcessor::OutputProcessor(const Tokenizer* tokenizer, const Request* request, std::span<const int32_t> eos_ids)
     : tokenizer_(tokenizer), request_(request), eos_ids_(eos_ids.begin(), eos_ids.end()) {}
 
 std::string OutputProcessor::Add(int32_t token, int32_t num_output, FinishReason* finish) {

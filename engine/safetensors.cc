@@ -15,14 +15,19 @@ namespace inferd {
 
 const char* DTypeName(DType d) {
   switch (d) {
-    case DType::kF32: return "float32";
-    case DType::kF16: return "float16";
-    case DType::kBF16: return "bfloat16";
+    case DType::kF32:
+      return "float32";
+    case DType::kF16:
+      return "float16";
+    case DType::kBF16:
+      return "bfloat16";
   }
   return "?";
 }
 
-size_t DTypeSize(DType d) { return d == DType::kF32 ? 4 : 2; }
+size_t DTypeSize(DType d) {
+  return d == DType::kF32 ? 4 : 2;
+}
 
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
@@ -50,13 +55,18 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensorsHeader(std::st
     }
     TensorInfo info;
     const std::string dtype = t["dtype"].get<std::string>();
-    if (dtype == "F32") info.dtype = DType::kF32;
-    else if (dtype == "F16") info.dtype = DType::kF16;
-    else if (dtype == "BF16") info.dtype = DType::kBF16;
-    else return bad(absl::StrCat("dtype '", dtype, "' is not supported; supported: F32, F16, BF16"));
+    if (dtype == "F32")
+      info.dtype = DType::kF32;
+    else if (dtype == "F16")
+      info.dtype = DType::kF16;
+    else if (dtype == "BF16")
+      info.dtype = DType::kBF16;
+    else
+      return bad(absl::StrCat("dtype '", dtype, "' is not supported; supported: F32, F16, BF16"));
     uint64_t numel = 1;
     for (const auto& d : t["shape"]) {
-      if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0)) return bad("shape has a non-integer or negative dimension");
+      if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
+        return bad("shape has a non-integer or negative dimension");
       const uint64_t dim = d.get<uint64_t>();
       if (dim > (1ull << 40) || (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim / 4)) {
         return bad("shape overflows");
@@ -65,7 +75,8 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensorsHeader(std::st
       info.shape.push_back(static_cast<int64_t>(dim));
     }
     for (const auto& o : t["data_offsets"]) {
-      if (!o.is_number_unsigned() && !(o.is_number_integer() && o.get<int64_t>() >= 0)) return bad("data_offsets are not non-negative integers");
+      if (!o.is_number_unsigned() && !(o.is_number_integer() && o.get<int64_t>() >= 0))
+        return bad("data_offsets are not non-negative integers");
     }
     info.begin = t["data_offsets"][0].get<uint64_t>();
     info.end = t["data_offsets"][1].get<uint64_t>();
@@ -108,8 +119,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     return absl::InvalidArgumentError(absl::StrCat("'", path, "': header length ", header_len,
                                                    " exceeds the file size or the ", kMaxHeaderBytes, "-byte limit"));
   }
-  auto tensors = ParseSafetensorsHeader(
-      std::string_view(reinterpret_cast<const char*>(f->map_ + 8), header_len), size - 8 - header_len);
+  auto tensors = ParseSafetensorsHeader(std::string_view(reinterpret_cast<const char*>(f->map_ + 8), header_len),
+                                        size - 8 - header_len);
   if (!tensors.ok()) return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", tensors.status().message()));
   f->tensors_ = std::move(*tensors);
   f->data_ = f->map_ + 8 + header_len;

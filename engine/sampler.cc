@@ -60,7 +60,8 @@ SampleResult Sample(std::span<float> logits, const SampleContext& ctx, std::mt19
     result.has_logprob = true;
     result.logprob = RawLogprobs(logits, ctx.top_logprobs, &log_z);
   }
-  const std::vector<float> raw = ctx.top_logprobs > 0 ? std::vector<float>(logits.begin(), logits.end()) : std::vector<float>();
+  const std::vector<float> raw =
+      ctx.top_logprobs > 0 ? std::vector<float>(logits.begin(), logits.end()) : std::vector<float>();
 
   ApplyPenalties(logits, ctx);
   for (int32_t b : ctx.banned) {
@@ -74,8 +75,8 @@ SampleResult Sample(std::span<float> logits, const SampleContext& ctx, std::mt19
     // Candidates sorted by logit, cut by top-k, then softmax at the temperature, then top-p and min-p.
     std::vector<int32_t> idx(logits.size());
     std::iota(idx.begin(), idx.end(), 0);
-    const int32_t k = p.top_k > 0 ? std::min<int32_t>(p.top_k, static_cast<int32_t>(idx.size()))
-                                  : static_cast<int32_t>(idx.size());
+    const int32_t k =
+        p.top_k > 0 ? std::min<int32_t>(p.top_k, static_cast<int32_t>(idx.size())) : static_cast<int32_t>(idx.size());
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
                       [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
     idx.resize(k);

@@ -13,10 +13,10 @@ namespace inferd {
 
 struct SampleContext {
   const SamplingParams* params = nullptr;
-  std::span<const int32_t> tokens;     // prompt followed by output so far
+  std::span<const int32_t> tokens;  // prompt followed by output so far
   int32_t num_prompt_tokens = 0;
-  std::span<const int32_t> banned;     // ids that may not be sampled now (eos/stop ids before min_tokens)
-  int32_t top_logprobs = 0;            // how many alternatives to report; 0 = no logprobs
+  std::span<const int32_t> banned;  // ids that may not be sampled now (eos/stop ids before min_tokens)
+  int32_t top_logprobs = 0;         // how many alternatives to report; 0 = no logprobs
 };
 
 struct SampleResult {

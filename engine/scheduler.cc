@@ -10,7 +10,9 @@ Scheduler::Scheduler(SchedulerLimits limits, BlockPool* pool) : limits_(limits),
   INFERD_CHECK(limits_.max_num_batched_tokens >= limits_.max_num_seqs, "the token budget covers one decode per seq");
 }
 
-void Scheduler::Add(Sequence* seq) { waiting_.push_back(seq); }
+void Scheduler::Add(Sequence* seq) {
+  waiting_.push_back(seq);
+}
 
 bool Scheduler::AllocateFor(Sequence* seq, int32_t num_tokens) {
   const int32_t need = BlocksFor(num_tokens, limits_.block_size) - static_cast<int32_t>(seq->block_table.size());

@@ -19,15 +19,15 @@ struct SchedulerLimits {
 
 struct ScheduledSeq {
   Sequence* seq = nullptr;
-  int32_t start = 0;          // first position computed this step (= num_computed before the step)
-  int32_t num_new = 0;        // tokens computed this step: 1 for decode, a chunk for prefill
-  bool wants_token = false;   // this step reaches the sequence's last token, so it samples the next one
+  int32_t start = 0;         // first position computed this step (= num_computed before the step)
+  int32_t num_new = 0;       // tokens computed this step: 1 for decode, a chunk for prefill
+  bool wants_token = false;  // this step reaches the sequence's last token, so it samples the next one
 };
 
 struct StepPlan {
-  std::vector<ScheduledSeq> seqs;   // running sequences first, then newly admitted ones
-  std::vector<Sequence*> preempted; // sent back to waiting this step; their blocks are free
-  int32_t num_tokens = 0;           // sum of num_new
+  std::vector<ScheduledSeq> seqs;    // running sequences first, then newly admitted ones
+  std::vector<Sequence*> preempted;  // sent back to waiting this step; their blocks are free
+  int32_t num_tokens = 0;            // sum of num_new
   bool empty() const { return seqs.empty(); }
 };
 

@@ -12,9 +12,9 @@ namespace inferd {
 struct Sequence {
   uint64_t seq_id = 0;
   Request request;
-  std::vector<int32_t> tokens;    // prompt followed by generated tokens
+  std::vector<int32_t> tokens;  // prompt followed by generated tokens
   int32_t num_prompt_tokens = 0;
-  int32_t num_computed = 0;       // tokens whose K/V are in the cache
+  int32_t num_computed = 0;          // tokens whose K/V are in the cache
   std::vector<int32_t> block_table;  // block ids; token i lives in block_table[i / block_size]
   int32_t num_preemptions = 0;
 

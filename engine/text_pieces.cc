@@ -18,8 +18,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr const char* kMetaspace = "\xe2\x96\x81";  // U+2581
 
 struct ByteMap {
@@ -118,9 +117,9 @@ class UnicodeNormalizer : public Normalizer {
   std::string Apply(std::string text) const override {
     utf8proc_uint8_t* out = nullptr;
     const int options = UTF8PROC_STABLE | UTF8PROC_COMPOSE | (compat ? UTF8PROC_COMPAT : 0);
-    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                                            static_cast<utf8proc_ssize_t>(text.size()), &out,
-                                            static_cast<utf8proc_option_t>(options));
+    const utf8proc_ssize_t n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()), static_cast<utf8proc_ssize_t>(text.size()),
+                     &out, static_cast<utf8proc_option_t>(options));
     if (n < 0) return text;  // invalid UTF-8 cannot reach here: requests are validated first
     std::string r(reinterpret_cast<char*>(out), static_cast<size_t>(n));
     free(out);
@@ -232,10 +231,13 @@ class DigitsPreTokenizer : public PreTokenizer {
   }
 };
 
-std::string JsonType(const json& j) { return j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : ""; }
+std::string JsonType(const json& j) {
+  return j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "";
+}
 
 absl::StatusOr<std::string> SplitPattern(const json& j) {
-  if (!j.contains("pattern") || !j["pattern"].is_object()) return absl::InvalidArgumentError("tokenizer: Split needs a pattern");
+  if (!j.contains("pattern") || !j["pattern"].is_object())
+    return absl::InvalidArgumentError("tokenizer: Split needs a pattern");
   const json& p = j["pattern"];
   if (p.contains("Regex")) return p["Regex"].get<std::string>();
   if (p.contains("String")) {
@@ -247,7 +249,9 @@ absl::StatusOr<std::string> SplitPattern(const json& j) {
 
 }  // namespace
 
-const std::string& ByteToUnicode(uint8_t byte) { return Bytes().to_char[byte]; }
+const std::string& ByteToUnicode(uint8_t byte) {
+  return Bytes().to_char[byte];
+}
 
 int UnicodeToByte(std::string_view c) {
   auto it = Bytes().to_byte.find(std::string(c));
@@ -271,7 +275,8 @@ absl::StatusOr<std::unique_ptr<Normalizer>> MakeNormalizer(const json& j) {
     return n;
   }
   if (type == "Replace") {
-    if (!j["pattern"].contains("String")) return absl::InvalidArgumentError("tokenizer: Replace normalizer supports String patterns only");
+    if (!j["pattern"].contains("String"))
+      return absl::InvalidArgumentError("tokenizer: Replace normalizer supports String patterns only");
     auto n = std::make_unique<ReplaceNormalizer>();
     n->from = j["pattern"]["String"].get<std::string>();
     n->to = j["content"].get<std::string>();
@@ -300,8 +305,8 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> MakePreTokenizer(const json& j) {
   if (type == "Split") {
     const std::string behavior = j.value("behavior", "Isolated");
     if (behavior != "Isolated" || j.value("invert", false)) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer: Split behavior '", behavior,
-                                                     "' (invert ", j.value("invert", false),
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer: Split behavior '", behavior, "' (invert ",
+                                                     j.value("invert", false),
                                                      ") is not supported; supported: Isolated"));
     }
     auto p = std::make_unique<SplitPreTokenizer>();

@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<Normalizer>> MakeNormalizer(const nlohmann::json&
 absl::StatusOr<std::unique_ptr<PreTokenizer>> MakePreTokenizer(const nlohmann::json& j);
 
 // GPT-2's reversible map of bytes to printable characters (byte-level BPE).
-const std::string& ByteToUnicode(uint8_t byte);     // UTF-8 of the character for this byte
-int UnicodeToByte(std::string_view utf8_char);      // -1 when the character is not in the map
+const std::string& ByteToUnicode(uint8_t byte);  // UTF-8 of the character for this byte
+int UnicodeToByte(std::string_view utf8_char);   // -1 when the character is not in the map
 
 }  // namespace inferd

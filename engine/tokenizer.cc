@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <climits>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -59,7 +59,9 @@ int ByteTokenValue(const std::string& tok) {
 
 }  // namespace
 
-Tokenizer::Tokenizer() { byte_token_ids_.fill(-1); }
+Tokenizer::Tokenizer() {
+  byte_token_ids_.fill(-1);
+}
 Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
@@ -83,9 +85,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string
           absl::StrCat("tokenizer: model type '", m.value("type", ""), "' is not supported; supported: BPE"));
     }
     if (!m.value("continuing_subword_prefix", json()).is_null() || !m.value("end_of_word_suffix", json()).is_null()) {
-      return absl::InvalidArgumentError("tokenizer: BPE continuing_subword_prefix/end_of_word_suffix are not supported");
+      return absl::InvalidArgumentError(
+          "tokenizer: BPE continuing_subword_prefix/end_of_word_suffix are not supported");
     }
-    for (auto it = m.at("vocab").begin(); it != m.at("vocab").end(); ++it) t->vocab_[it.key()] = it.value().get<int32_t>();
+    for (auto it = m.at("vocab").begin(); it != m.at("vocab").end(); ++it)
+      t->vocab_[it.key()] = it.value().get<int32_t>();
     int32_t rank = 0;
     for (const json& merge : m.at("merges")) {
       if (merge.is_string()) {
@@ -164,7 +168,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string
   return t;
 }
 
-bool Tokenizer::IsSpecial(int32_t id) const { return id >= 0 && id < vocab_size() && is_special_[id]; }
+bool Tokenizer::IsSpecial(int32_t id) const {
+  return id >= 0 && id < vocab_size() && is_special_[id];
+}
 
 std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
   auto it = vocab_.find(std::string(token));
@@ -192,11 +198,13 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_t
       continue;
     }
     size_t seg_end = pos;
-    if (hit->lstrip) while (seg_end > seg_start && is_space(text[seg_end - 1])) --seg_end;
+    if (hit->lstrip)
+      while (seg_end > seg_start && is_space(text[seg_end - 1])) --seg_end;
     EncodeSegment(std::string(text.substr(seg_start, seg_end - seg_start)), seg_start == 0, &out);
     out.push_back(hit->id);
     pos += hit->content.size();
-    if (hit->rstrip) while (pos < text.size() && is_space(text[pos])) ++pos;
+    if (hit->rstrip)
+      while (pos < text.size() && is_space(text[pos])) ++pos;
     seg_start = pos;
   }
   EncodeSegment(std::string(text.substr(seg_start)), seg_start == 0, &out);
@@ -270,12 +278,15 @@ std::string Tokenizer::TokenBytes(int32_t id, bool skip_special_tokens) const {
     std::string out;
     for (std::string_view c : Utf8Chars(tok)) {
       const int b = UnicodeToByte(c);
-      if (b >= 0) out.push_back(static_cast<char>(b));
-      else out.append(c);
+      if (b >= 0)
+        out.push_back(static_cast<char>(b));
+      else
+        out.append(c);
     }
     return out;
   }
-  if (const int b = ByteTokenValue(tok); b >= 0 && byte_token_ids_[b] == id) return std::string(1, static_cast<char>(b));
+  if (const int b = ByteTokenValue(tok); b >= 0 && byte_token_ids_[b] == id)
+    return std::string(1, static_cast<char>(b));
   return absl::StrReplaceAll(tok, {{metaspace_, " "}});
 }
 

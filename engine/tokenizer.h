@@ -61,7 +61,7 @@ class Tokenizer {
   bool strip_leading_space_ = false;  // SentencePiece decoders drop the space of the first token
   std::string metaspace_ = "\xe2\x96\x81";
   std::vector<int32_t> prefix_ids_, suffix_ids_;  // template post-processor, single sequence
-  std::array<int32_t, 256> byte_token_ids_;        // <0xXX> ids for byte fallback, -1 if absent
+  std::array<int32_t, 256> byte_token_ids_;       // <0xXX> ids for byte fallback, -1 if absent
 };
 
 }  // namespace inferd

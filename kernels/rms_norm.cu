@@ -5,14 +5,22 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ float ToFloat(float v) { return v; }
-__device__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ float ToFloat(float v) {
+  return v;
+}
+__device__ float ToFloat(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 template <typename T>
 __device__ T FromFloat(float v);
 template <>
-__device__ float FromFloat<float>(float v) { return v; }
+__device__ float FromFloat<float>(float v) {
+  return v;
+}
 template <>
-__device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+__device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
 
 // One block per row: sum of squares reduced in shared memory, then the scaled write.
 template <typename T>

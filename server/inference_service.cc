@@ -13,7 +13,9 @@ namespace {
 
 constexpr const char* kVersion = "0.1.0";
 
-absl::Status NotReady() { return absl::UnavailableError("the model is still loading"); }
+absl::Status NotReady() {
+  return absl::UnavailableError("the model is still loading");
+}
 
 absl::Status ParseRequest(const grpc::ByteBuffer& buffer, v1::GenerateRequest* request) {
   std::vector<grpc::Slice> slices;

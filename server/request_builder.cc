@@ -38,7 +38,8 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
       for (int i = 0; i < p.token_ids().ids_size(); ++i) {
         const int32_t id = p.token_ids().ids(i);
         if (id < 0 || id >= limits.vocab_size) {
-          return Bad(absl::StrCat("token_ids.ids[", i, "]"), absl::StrCat(id), absl::StrCat("[0, ", limits.vocab_size, ")"));
+          return Bad(absl::StrCat("token_ids.ids[", i, "]"), absl::StrCat(id),
+                     absl::StrCat("[0, ", limits.vocab_size, ")"));
         }
         r.prompt.push_back(id);
       }
@@ -51,15 +52,20 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
   const v1::SamplingParams& s = p.sampling();
   SamplingParams& sp = r.sampling;
   absl::Status st;
-  if (s.has_temperature() && !(st = FloatIn("sampling.temperature", s.temperature(), 0, 100, false, &sp.temperature)).ok()) return st;
+  if (s.has_temperature() &&
+      !(st = FloatIn("sampling.temperature", s.temperature(), 0, 100, false, &sp.temperature)).ok())
+    return st;
   if (s.has_top_p() && !(st = FloatIn("sampling.top_p", s.top_p(), 0, 1, true, &sp.top_p)).ok()) return st;
   if (s.has_min_p() && !(st = FloatIn("sampling.min_p", s.min_p(), 0, 1, false, &sp.min_p)).ok()) return st;
   if (s.has_repetition_penalty() &&
-      !(st = FloatIn("sampling.repetition_penalty", s.repetition_penalty(), 0, 10, true, &sp.repetition_penalty)).ok()) return st;
+      !(st = FloatIn("sampling.repetition_penalty", s.repetition_penalty(), 0, 10, true, &sp.repetition_penalty)).ok())
+    return st;
   if (s.has_presence_penalty() &&
-      !(st = FloatIn("sampling.presence_penalty", s.presence_penalty(), -2, 2, false, &sp.presence_penalty)).ok()) return st;
+      !(st = FloatIn("sampling.presence_penalty", s.presence_penalty(), -2, 2, false, &sp.presence_penalty)).ok())
+    return st;
   if (s.has_frequency_penalty() &&
-      !(st = FloatIn("sampling.frequency_penalty", s.frequency_penalty(), -2, 2, false, &sp.frequency_penalty)).ok()) return st;
+      !(st = FloatIn("sampling.frequency_penalty", s.frequency_penalty(), -2, 2, false, &sp.frequency_penalty)).ok())
+    return st;
   if (s.has_top_k()) {
     if (s.top_k() < 0 || s.top_k() > limits.vocab_size) {
       return Bad("sampling.top_k", absl::StrCat(s.top_k()), absl::StrCat("[0, ", limits.vocab_size, "]"));
@@ -70,8 +76,9 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
 
   const int32_t prompt_len = static_cast<int32_t>(r.prompt.size());
   if (prompt_len >= limits.max_model_len) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt has ", prompt_len, " tokens; allowed: fewer than max_model_len = ",
-                                                   limits.max_model_len, " so that one token can be generated"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt has ", prompt_len, " tokens; allowed: fewer than max_model_len = ", limits.max_model_len,
+                     " so that one token can be generated"));
   }
   const v1::StoppingParams& t = p.stopping();
   StoppingParams& stop = r.stopping;
@@ -79,16 +86,17 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
   if (t.has_max_tokens()) {
     if (t.max_tokens() < 1) return Bad("stopping.max_tokens", absl::StrCat(t.max_tokens()), ">= 1");
     if (t.max_tokens() > limits.max_model_len - prompt_len) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "stopping.max_tokens = ", t.max_tokens(), " plus the prompt's ", prompt_len,
-          " tokens exceeds max_model_len = ", limits.max_model_len, "; allowed: max_tokens <= ",
-          limits.max_model_len - prompt_len));
+      return absl::InvalidArgumentError(absl::StrCat("stopping.max_tokens = ", t.max_tokens(), " plus the prompt's ",
+                                                     prompt_len,
+                                                     " tokens exceeds max_model_len = ", limits.max_model_len,
+                                                     "; allowed: max_tokens <= ", limits.max_model_len - prompt_len));
     }
     stop.max_tokens = t.max_tokens();
   }
   if (t.has_min_tokens()) {
     if (t.min_tokens() < 0 || t.min_tokens() > stop.max_tokens) {
-      return Bad("stopping.min_tokens", absl::StrCat(t.min_tokens()), absl::StrCat("[0, max_tokens = ", stop.max_tokens, "]"));
+      return Bad("stopping.min_tokens", absl::StrCat(t.min_tokens()),
+                 absl::StrCat("[0, max_tokens = ", stop.max_tokens, "]"));
     }
     stop.min_tokens = t.min_tokens();
   }
@@ -101,7 +109,8 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
   for (int i = 0; i < t.stop_token_ids_size(); ++i) {
     const int32_t id = t.stop_token_ids(i);
     if (id < 0 || id >= limits.vocab_size) {
-      return Bad(absl::StrCat("stopping.stop_token_ids[", i, "]"), absl::StrCat(id), absl::StrCat("[0, ", limits.vocab_size, ")"));
+      return Bad(absl::StrCat("stopping.stop_token_ids[", i, "]"), absl::StrCat(id),
+                 absl::StrCat("[0, ", limits.vocab_size, ")"));
     }
     stop.stop_token_ids.push_back(id);
   }

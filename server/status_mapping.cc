@@ -10,12 +10,18 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 v1::FinishReason ToProto(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kNone: return v1::FINISH_REASON_UNSPECIFIED;
-    case FinishReason::kLength: return v1::LENGTH;
-    case FinishReason::kEos: return v1::EOS;
-    case FinishReason::kStopString: return v1::STOP_STRING;
-    case FinishReason::kStopToken: return v1::STOP_TOKEN;
-    case FinishReason::kAborted: return v1::ABORTED;
+    case FinishReason::kNone:
+      return v1::FINISH_REASON_UNSPECIFIED;
+    case FinishReason::kLength:
+      return v1::LENGTH;
+    case FinishReason::kEos:
+      return v1::EOS;
+    case FinishReason::kStopString:
+      return v1::STOP_STRING;
+    case FinishReason::kStopToken:
+      return v1::STOP_TOKEN;
+    case FinishReason::kAborted:
+      return v1::ABORTED;
   }
   return v1::FINISH_REASON_UNSPECIFIED;
 }

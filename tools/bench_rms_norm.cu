@@ -11,13 +11,13 @@
 
 #include "kernels/rms_norm.h"
 
-#define CHECK_CUDA(expr)                                                                   \
-  do {                                                                                     \
-    cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
+#define CHECK_CUDA(expr)                                                                          \
+  do {                                                                                            \
+    cudaError_t e_ = (expr);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
+      std::exit(1);                                                                               \
+    }                                                                                             \
   } while (0)
 
 template <typename F>
@@ -46,7 +46,8 @@ int main() {
   CHECK_CUDA(cudaMalloc(&src, copy_bytes));
   CHECK_CUDA(cudaMalloc(&dst, copy_bytes));
   CHECK_CUDA(cudaMemset(src, 1, copy_bytes));
-  const float copy_ms = MedianMs([&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 20);
+  const float copy_ms =
+      MedianMs([&] { CHECK_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 20);
   const double ceiling = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;  // read + write
   std::printf("copy ceiling: %.0f GB/s (1 GiB device-to-device, read+write)\n", ceiling);
   std::printf("%8s %8s %10s %10s %8s\n", "rows", "n", "time_us", "GB/s", "ratio");
@@ -64,7 +65,8 @@ int main() {
     CHECK_CUDA(cudaMalloc(&out, h.size() * 2));
     CHECK_CUDA(cudaMemcpy(x, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(wd, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
-    const float ms = MedianMs([&] { CHECK_CUDA(inferd::kernels::RmsNormBf16(x, wd, out, rows, n, 1e-5f, nullptr)); }, 50);
+    const float ms =
+        MedianMs([&] { CHECK_CUDA(inferd::kernels::RmsNormBf16(x, wd, out, rows, n, 1e-5f, nullptr)); }, 50);
     const double bytes = 2.0 * rows * n * 2 + n * 2;
     const double gbs = bytes / (ms * 1e-3) / 1e9;
     std::printf("%8ld %8ld %10.1f %10.0f %8.2f\n", rows, n, ms * 1e3, gbs, gbs / ceiling);

@@ -19,7 +19,8 @@ bool HaveGpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-std::vector<float> Reference(const std::vector<float>& x, const std::vector<float>& w, int64_t rows, int64_t n, float eps) {
+std::vector<float> Reference(const std::vector<float>& x, const std::vector<float>& w, int64_t rows, int64_t n,
+                             float eps) {
   std::vector<float> out(x.size());
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0;

@@ -40,8 +40,7 @@ TEST_P(ConfigErrors, NameTheKey) {
 INSTANTIATE_TEST_SUITE_P(
     All, ConfigErrors,
     ::testing::Values(BadCase{"model: {path: /m}\nengine: {blok_size: 4}\n", "engine.blok_size"},
-                      BadCase{"modle: {path: /m}\n", "modle"},
-                      BadCase{"engine: {block_size: 4}\n", "model.path"},
+                      BadCase{"modle: {path: /m}\n", "modle"}, BadCase{"engine: {block_size: 4}\n", "model.path"},
                       BadCase{"model: {path: /m}\nengine: {block_size: 0}\n", "engine.block_size = 0"},
                       BadCase{"model: {path: /m}\nengine: {block_size: many}\n", "engine.block_size"},
                       BadCase{"model: {path: /m}\nengine: {backend: tpu}\n", "engine.backend = 'tpu'"},

@@ -9,8 +9,12 @@
 
 namespace inferd::testing {
 
-inline std::string SourcePath(const std::string& relative) { return std::string(INFERD_SOURCE_DIR) + "/" + relative; }
-inline std::string ModelDir(const std::string& name) { return SourcePath("tests/fixtures/models/" + name); }
+inline std::string SourcePath(const std::string& relative) {
+  return std::string(INFERD_SOURCE_DIR) + "/" + relative;
+}
+inline std::string ModelDir(const std::string& name) {
+  return SourcePath("tests/fixtures/models/" + name);
+}
 
 inline nlohmann::json ReadJson(const std::string& path) {
   std::ifstream in(path);

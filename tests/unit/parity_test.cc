@@ -48,7 +48,8 @@ class Parity : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(Parity, GreedyTokensAndLogprobsMatchTransformers) {
   const ParityCase& pc = GetParam();
-  const nlohmann::json ref = testing::ReadJson(testing::SourcePath(std::string("tests/fixtures/reference/") + pc.model + ".json"));
+  const nlohmann::json ref =
+      testing::ReadJson(testing::SourcePath(std::string("tests/fixtures/reference/") + pc.model + ".json"));
   Config config;
   config.model.path = testing::ModelDir(pc.model);
   config.engine.backend = "cpu";
@@ -106,15 +107,16 @@ TEST_P(Parity, GreedyTokensAndLogprobsMatchTransformers) {
   EXPECT_EQ(stats.free_blocks, stats.total_blocks) << "every block is back once all requests finished";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, Parity,
-    ::testing::Values(ParityCase{"llama2-tiny", 16, 2048}, ParityCase{"llama3-tiny", 16, 2048},
-                      ParityCase{"mistral-tiny", 16, 2048}, ParityCase{"qwen2-tiny", 16, 2048},
-                      ParityCase{"llama3-tiny", 3, 13}, ParityCase{"qwen2-tiny", 1, 8}),
-    [](const auto& info) {
-      std::string n = std::string(info.param.model).substr(0, std::string(info.param.model).find('-'));
-      return n + "_bs" + std::to_string(info.param.block_size) + "_budget" + std::to_string(info.param.max_num_batched_tokens);
-    });
+INSTANTIATE_TEST_SUITE_P(Models, Parity,
+                         ::testing::Values(ParityCase{"llama2-tiny", 16, 2048}, ParityCase{"llama3-tiny", 16, 2048},
+                                           ParityCase{"mistral-tiny", 16, 2048}, ParityCase{"qwen2-tiny", 16, 2048},
+                                           ParityCase{"llama3-tiny", 3, 13}, ParityCase{"qwen2-tiny", 1, 8}),
+                         [](const auto& info) {
+                           std::string n =
+                               std::string(info.param.model).substr(0, std::string(info.param.model).find('-'));
+                           return n + "_bs" + std::to_string(info.param.block_size) + "_budget" +
+                                  std::to_string(info.param.max_num_batched_tokens);
+                         });
 
 }  // namespace
 }  // namespace inferd

@@ -19,8 +19,8 @@ std::string WriteFile(const std::string& name, const std::string& header, size_t
 }
 
 TEST(Safetensors, ReadsAValidFile) {
-  const auto path = WriteFile("ok.safetensors",
-                              R"({"a": {"dtype": "F16", "shape": [2, 3], "data_offsets": [0, 12]}, "__metadata__": {}})", 12);
+  const auto path = WriteFile(
+      "ok.safetensors", R"({"a": {"dtype": "F16", "shape": [2, 3], "data_offsets": [0, 12]}, "__metadata__": {}})", 12);
   auto f = SafetensorsFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.status();
   const TensorInfo& t = (*f)->tensors().at("a");
@@ -51,11 +51,10 @@ INSTANTIATE_TEST_SUITE_P(
         Bad{"truncated", R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", 8, -1, "truncated"},
         Bad{"size_mismatch", R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}})", 8, -1, "need 16"},
         Bad{"huge_header", "{}", 0, int64_t{1} << 40, "header length"},
-        Bad{"header_past_end", "{}", 0, 4096, "header length"},
-        Bad{"not_json", "{nope", 0, -1, "not a JSON object"},
+        Bad{"header_past_end", "{}", 0, 4096, "header length"}, Bad{"not_json", "{nope", 0, -1, "not a JSON object"},
         Bad{"bad_dtype", R"({"a": {"dtype": "I8", "shape": [1], "data_offsets": [0, 1]}})", 1, -1, "I8"},
-        Bad{"dim_overflow", R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})", 0, -1,
-            "overflow"},
+        Bad{"dim_overflow", R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})", 0,
+            -1, "overflow"},
         Bad{"negative_dim", R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}})", 0, -1, "negative"},
         Bad{"reversed_offsets", R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}})", 8, -1, "outside"}),
     [](const auto& info) { return std::string(info.param.name); });

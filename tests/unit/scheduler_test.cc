@@ -76,12 +76,12 @@ TEST(Scheduler, StepTableWithChunkedPrefillPreemptionAndFinish) {
   h.Add('B', 5);
   h.Add('C', 3);
   const std::vector<ExpectedStep> table = {
-      {"A6+ B2", "", "AB", "C", 3},          // A prefills whole; B gets the last 2 tokens of budget
-      {"A1+ B3+ C3+", "", "ABC", "", 1},     // B finishes its prefill; C is admitted
-      {"A1+ B1+ C1+", "", "ABC", "", 1},     // all decode; every sequence still fits its blocks
-      {"A1+ B1+", "C", "AB", "C", 1},        // C needs a 2nd block: none free, so C (most recent) is preempted
-      {"A1+ B1+", "", "AB", "C", 1, 'A'},    // C (5 tokens, 2 blocks) cannot come back yet; then A finishes
-      {"B1+ C5+", "", "BC", "", 1},          // A's 3 blocks are back: B grows, C recomputes prompt + output
+      {"A6+ B2", "", "AB", "C", 3},        // A prefills whole; B gets the last 2 tokens of budget
+      {"A1+ B3+ C3+", "", "ABC", "", 1},   // B finishes its prefill; C is admitted
+      {"A1+ B1+ C1+", "", "ABC", "", 1},   // all decode; every sequence still fits its blocks
+      {"A1+ B1+", "C", "AB", "C", 1},      // C needs a 2nd block: none free, so C (most recent) is preempted
+      {"A1+ B1+", "", "AB", "C", 1, 'A'},  // C (5 tokens, 2 blocks) cannot come back yet; then A finishes
+      {"B1+ C5+", "", "BC", "", 1},        // A's 3 blocks are back: B grows, C recomputes prompt + output
   };
   for (size_t i = 0; i < table.size(); ++i) {
     const ExpectedStep& e = table[i];
@@ -140,8 +140,10 @@ TEST(Scheduler, RandomizedArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
     ASSERT_EQ(held + h.pool_.num_free(), h.pool_.num_total()) << "every block is held by one sequence or free";
     std::vector<char> done;
     for (const auto& [name, seq] : h.seqs_) {
-      if (seq->num_tokens() >= target[name] && seq->num_computed == seq->num_tokens() - 1) done.push_back(name);
-      else if (rng() % 200 == 0) done.push_back(name);  // aborts at random
+      if (seq->num_tokens() >= target[name] && seq->num_computed == seq->num_tokens() - 1)
+        done.push_back(name);
+      else if (rng() % 200 == 0)
+        done.push_back(name);  // aborts at random
     }
     for (char name : done) {
       h.Finish(name);

@@ -31,8 +31,9 @@ TEST_P(TokenizerFixture, IdsAndDecodesEqualHuggingFace) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllModels, TokenizerFixture, ::testing::ValuesIn(kTestModels),
-                         [](const auto& info) { return std::string(info.param).substr(0, std::string(info.param).find('-')); });
+INSTANTIATE_TEST_SUITE_P(AllModels, TokenizerFixture, ::testing::ValuesIn(kTestModels), [](const auto& info) {
+  return std::string(info.param).substr(0, std::string(info.param).find('-'));
+});
 
 TEST(Tokenizer, RejectsUnsupportedModelType) {
   auto tok = Tokenizer::FromJson(R"({"model": {"type": "Unigram", "vocab": []}})");
