@@ -122,6 +122,7 @@ absl::Status Engine::Submit(Request request) {
         "the waiting queue is full (scheduler.max_queue = ", config_.scheduler.max_queue, "); retry later"));
   }
   known_ids_.emplace(request.id, 0);
+  request.arrival = absl::Now();
   submitted_.push_back(std::move(request));
   cv_.notify_all();
   return absl::OkStatus();
@@ -166,7 +167,7 @@ void Engine::TakeQueued() {
     seq.request = std::move(r);
     seq.tokens = seq.request.prompt;
     seq.num_prompt_tokens = seq.num_tokens();
-    seq.arrival = now;
+    seq.arrival = seq.request.arrival;
     state->output = std::make_unique<OutputProcessor>(model_->tokenizer.get(), &seq.request, model_->eos_token_ids);
     state->rng.seed(seq.request.sampling.seed ? *seq.request.sampling.seed : std::random_device{}());
     if (seq.request.stopping.min_tokens > 0) {

@@ -84,6 +84,7 @@ struct Request {
   int32_t top_logprobs = 0;
   bool skip_special_tokens = true;
   absl::Time deadline = absl::InfiniteFuture();
+  absl::Time arrival;  // set by Engine::Submit
   std::shared_ptr<OutputSink> sink;
 };
 
