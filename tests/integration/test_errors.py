@@ -1,5 +1,4 @@
 """Every bad input ends the RPC with the right status code and a message naming the field."""
-import threading
 import time
 
 import grpc
@@ -74,7 +73,7 @@ def test_deadline_aborts_and_frees_blocks(server):
     r = pb.GenerateRequest(text="Hello", sampling=pb.SamplingParams(temperature=0),
                            stopping=pb.StoppingParams(max_tokens=500, ignore_eos=True))
     with pytest.raises(grpc.RpcError) as e:
-        list(server.stub.GenerateStream(r, timeout=0.05))
+        list(server.stub.GenerateStream(r, timeout=0.02))
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     end = time.time() + 5
     while time.time() < end:
@@ -92,18 +91,20 @@ def test_full_queue_is_resource_exhausted():
                                   stopping=pb.StoppingParams(max_tokens=480, ignore_eos=True))
         running = s.stub.GenerateStream(long)
         next(running)  # it is running now and holds the only seat
-        waiting = s.stub.GenerateStream(long)
-        end = time.time() + 5
-        while time.time() < end:  # until the second one sits in the queue
-            info = s.stub.GetServerInfo(pb.GetServerInfoRequest())
-            if info.running_requests == 1 and info.waiting_requests == 1:
-                break
-        assert info.waiting_requests == 1
-        with pytest.raises(grpc.RpcError) as e:
-            s.stub.Generate(long)
-        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "max_queue" in e.value.details()
+        # One seat, one queue slot: of many requests sent at once, some must be refused however fast
+        # this machine finishes each one.
+        calls = [s.stub.Generate.future(long) for _ in range(16)]
+        codes = []
+        for c in calls:
+            try:
+                c.result()
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as e:
+                codes.append(e.code())
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    assert "max_queue" in e.details()
+        assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
         running.cancel()
-        waiting.cancel()
     finally:
         assert s.stop() == 0
