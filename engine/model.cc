@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "engine/gguf_model.h"
 #include "engine/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -41,13 +42,58 @@ void AddIds(const nlohmann::json& v, std::vector<int32_t>* out) {
   }
 }
 
+// Every eos id must name a token; the eos and bos texts are what chat templates print.
+absl::Status FinishIds(std::vector<int32_t> eos, Model* model) {
+  std::sort(eos.begin(), eos.end());
+  eos.erase(std::unique(eos.begin(), eos.end()), eos.end());
+  for (int32_t id : eos) {
+    if (id < 0 || id >= model->config.vocab_size || id >= model->tokenizer->vocab_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eos_token_id ", id, " is outside the vocabulary [0, ", model->tokenizer->vocab_size(), ")"));
+    }
+  }
+  if (model->bos_token_id && (*model->bos_token_id < 0 || *model->bos_token_id >= model->tokenizer->vocab_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("bos_token_id ", *model->bos_token_id,
+                                                   " is outside the vocabulary [0, ", model->tokenizer->vocab_size(), ")"));
+  }
+  if (model->bos_token_id) model->bos_token = model->tokenizer->IdToToken(*model->bos_token_id);
+  if (!eos.empty() && model->eos_token.empty()) model->eos_token = model->tokenizer->IdToToken(eos.front());
+  model->eos_token_ids = std::move(eos);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path) {
+  INFERD_ASSIGN_OR_RETURN(auto file, GgufFile::Open(path));
+  auto model = std::make_unique<Model>();
+  model->name = GgufString(file->contents(), "general.name");
+  if (model->name.empty()) model->name = fs::path(path).stem().string();
+  INFERD_ASSIGN_OR_RETURN(model->config, GgufModelConfig(*file));
+  INFERD_ASSIGN_OR_RETURN(const std::string tokenizer_json, GgufTokenizerJson(file->contents()));
+  INFERD_ASSIGN_OR_RETURN(model->tokenizer, Tokenizer::FromJson(tokenizer_json));
+  if (model->tokenizer->vocab_size() > model->config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", model->tokenizer->vocab_size(),
+                                                   " tokens but a vocab_size of ", model->config.vocab_size));
+  }
+  INFERD_ASSIGN_OR_RETURN(model->weights, LoadGgufWeights(*file, model->config));
+  if (model->config.bos_token_id >= 0) model->bos_token_id = model->config.bos_token_id;
+  model->chat_template = GgufString(file->contents(), "tokenizer.chat_template");
+  if (const GgufValue* v = file->contents().Find("tokenizer.ggml.eos_token_id"); v && v->is_integer() && v->i >= 0 &&
+                                                                                 v->i < model->tokenizer->vocab_size()) {
+    model->eos_token = model->tokenizer->IdToToken(static_cast<int32_t>(v->i));
+  }
+  INFERD_RETURN_IF_ERROR(FinishIds(model->config.eos_token_ids, model.get()));
+  return model;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path) {
   const fs::path dir(path);
-  if (!fs::is_directory(dir)) {
-    return absl::NotFoundError(absl::StrCat("model.path = '", path, "' is not a directory"));
+  if (!fs::exists(dir)) {
+    return absl::NotFoundError(absl::StrCat("model.path '", path,
+                                            "' does not exist (`bash scripts/setup.sh` fetches the default model)"));
   }
+  if (!fs::is_directory(dir)) return LoadGgufModel(path);
   auto model = std::make_unique<Model>();
   model->name = dir.filename().string();
   const auto config_text = ReadFile(dir / "config.json");
@@ -71,21 +117,29 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path) {
     auto j = nlohmann::json::parse(*tc, nullptr, false);
     if (j.is_discarded()) return absl::InvalidArgumentError("tokenizer_config.json is not valid JSON");
     if (auto name = TokenName(j, "eos_token")) {
-      if (auto id = model->tokenizer->TokenToId(*name)) eos.push_back(*id);
+      if (auto id = model->tokenizer->TokenToId(*name)) {
+        eos.push_back(*id);
+        model->eos_token = *name;
+      }
     }
     if (auto name = TokenName(j, "bos_token")) {
       if (auto id = model->tokenizer->TokenToId(*name); id && !model->bos_token_id) model->bos_token_id = *id;
     }
-  }
-  std::sort(eos.begin(), eos.end());
-  eos.erase(std::unique(eos.begin(), eos.end()), eos.end());
-  for (int32_t id : eos) {
-    if (id < 0 || id >= model->config.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("eos_token_id ", id, " is outside the vocabulary [0, ", model->config.vocab_size, ")"));
+    // A template string, or a list of named templates of which "default" is the one for chat.
+    const nlohmann::json& t = j.value("chat_template", nlohmann::json());
+    if (t.is_string()) {
+      model->chat_template = t.get<std::string>();
+    } else if (t.is_array()) {
+      for (const auto& named : t) {
+        if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+            named["template"].is_string()) {
+          model->chat_template = named["template"].get<std::string>();
+        }
+      }
     }
   }
-  model->eos_token_ids = std::move(eos);
+  if (const auto jinja = ReadFile(dir / "chat_template.jinja")) model->chat_template = *jinja;
+  INFERD_RETURN_IF_ERROR(FinishIds(std::move(eos), model.get()));
   return model;
 }
 

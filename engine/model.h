@@ -20,9 +20,12 @@ struct Model {
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t> eos_token_ids;  // config.json ∪ generation_config.json ∪ tokenizer_config.json
   std::optional<int32_t> bos_token_id;
+  std::string chat_template;  // Jinja source; empty when the model has none
+  std::string bos_token, eos_token;  // their text, as chat templates use them
 };
 
-// Loads a Hugging Face model directory; every problem is an error that names the file and the field.
+// Loads a Hugging Face model directory or a GGUF file; every problem is an error that names the file and
+// the field.
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path);
 
 }  // namespace inferd

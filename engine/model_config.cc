@@ -159,6 +159,8 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& c) {
     double f = 1.0 / std::pow(c.rope.theta, (2.0 * i) / c.head_dim);
     if (c.rope.type == "linear") {
       f /= c.rope.factor;
+    } else if (c.rope.type == "factors") {
+      f /= c.rope.freq_factors.at(i);
     } else if (c.rope.type == "llama3") {
       const double old_len = c.rope.original_max_position_embeddings;
       const double low_wavelen = old_len / c.rope.low_freq_factor;

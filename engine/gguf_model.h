@@ -1,0 +1,28 @@
+// A Llama-family model stored in one GGUF file: the architecture from `<arch>.*` metadata, the weights
+// (dequantized to fp32) under llama.cpp's tensor names, and the tokenizer from `tokenizer.ggml.*`.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/gguf.h"
+#include "engine/model_config.h"
+#include "engine/model_weights.h"
+
+namespace inferd {
+
+// Architectures read: llama (and mistral, which llama.cpp also writes as llama) and qwen2.
+absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file);
+
+// Reads every tensor the config needs, checking type and shape; llama's q/k rows are put back from
+// llama.cpp's interleaved rotary order into the Hugging Face (rotate-half) order the forward pass uses.
+absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& file, const ModelConfig& config);
+
+// The tokenizer as a Hugging Face tokenizer.json text built from `tokenizer.ggml.*`: gpt2 (byte-level BPE,
+// the pre-tokenizer named by tokenizer.ggml.pre) or llama (SentencePiece BPE, merges ranked by score).
+absl::StatusOr<std::string> GgufTokenizerJson(const GgufContents& gguf);
+
+// The string value of a metadata key, or "" when absent or not a string.
+std::string GgufString(const GgufContents& gguf, std::string_view key);
+
+}  // namespace inferd
