@@ -42,8 +42,12 @@ void AddIds(const nlohmann::json& v, std::vector<int32_t>* out) {
   }
 }
 
-// Every eos id must name a token; the eos and bos texts are what chat templates print.
-absl::Status FinishIds(std::vector<int32_t> eos, Model* model) {
+// Every eos id must name a token; the eos and bos texts are what chat templates print. The template's
+// end-of-turn tokens end a generation like eos.
+absl::Status Finish(std::vector<int32_t> eos, const std::string& chat_template, Model* model) {
+  for (const std::string& t : EndOfTurnTokens(chat_template)) {
+    if (auto id = model->tokenizer->TokenToId(t)) eos.push_back(*id);
+  }
   std::sort(eos.begin(), eos.end());
   eos.erase(std::unique(eos.begin(), eos.end()), eos.end());
   for (int32_t id : eos) {
@@ -59,6 +63,11 @@ absl::Status FinishIds(std::vector<int32_t> eos, Model* model) {
   if (model->bos_token_id) model->bos_token = model->tokenizer->IdToToken(*model->bos_token_id);
   if (!eos.empty() && model->eos_token.empty()) model->eos_token = model->tokenizer->IdToToken(eos.front());
   model->eos_token_ids = std::move(eos);
+  if (!chat_template.empty()) {
+    auto t = ChatTemplate::Compile(chat_template, model->bos_token, model->eos_token);
+    if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat("the model's chat template: ", t.status().message()));
+    model->chat_template = std::move(*t);
+  }
   return absl::OkStatus();
 }
 
@@ -76,12 +85,12 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path) {
   }
   INFERD_ASSIGN_OR_RETURN(model->weights, LoadGgufWeights(*file, model->config));
   if (model->config.bos_token_id >= 0) model->bos_token_id = model->config.bos_token_id;
-  model->chat_template = GgufString(file->contents(), "tokenizer.chat_template");
+  const std::string chat_template = GgufString(file->contents(), "tokenizer.chat_template");
   if (const GgufValue* v = file->contents().Find("tokenizer.ggml.eos_token_id"); v && v->is_integer() && v->i >= 0 &&
                                                                                  v->i < model->tokenizer->vocab_size()) {
     model->eos_token = model->tokenizer->IdToToken(static_cast<int32_t>(v->i));
   }
-  INFERD_RETURN_IF_ERROR(FinishIds(model->config.eos_token_ids, model.get()));
+  INFERD_RETURN_IF_ERROR(Finish(model->config.eos_token_ids, chat_template, model.get()));
   return model;
 }
 
@@ -113,6 +122,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path) {
     if (j.is_discarded()) return absl::InvalidArgumentError("generation_config.json is not valid JSON");
     if (j.contains("eos_token_id")) AddIds(j["eos_token_id"], &eos);
   }
+  std::string chat_template;
   if (const auto tc = ReadFile(dir / "tokenizer_config.json")) {
     auto j = nlohmann::json::parse(*tc, nullptr, false);
     if (j.is_discarded()) return absl::InvalidArgumentError("tokenizer_config.json is not valid JSON");
@@ -128,18 +138,18 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path) {
     // A template string, or a list of named templates of which "default" is the one for chat.
     const nlohmann::json& t = j.value("chat_template", nlohmann::json());
     if (t.is_string()) {
-      model->chat_template = t.get<std::string>();
+      chat_template = t.get<std::string>();
     } else if (t.is_array()) {
       for (const auto& named : t) {
         if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
             named["template"].is_string()) {
-          model->chat_template = named["template"].get<std::string>();
+          chat_template = named["template"].get<std::string>();
         }
       }
     }
   }
-  if (const auto jinja = ReadFile(dir / "chat_template.jinja")) model->chat_template = *jinja;
-  INFERD_RETURN_IF_ERROR(FinishIds(std::move(eos), model.get()));
+  if (const auto jinja = ReadFile(dir / "chat_template.jinja")) chat_template = *jinja;
+  INFERD_RETURN_IF_ERROR(Finish(std::move(eos), chat_template, model.get()));
   return model;
 }
 

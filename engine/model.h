@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/chat_template.h"
 #include "engine/model_config.h"
 #include "engine/model_weights.h"
 #include "engine/tokenizer.h"
@@ -20,8 +21,8 @@ struct Model {
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t> eos_token_ids;  // config.json ∪ generation_config.json ∪ tokenizer_config.json
   std::optional<int32_t> bos_token_id;
-  std::string chat_template;  // Jinja source; empty when the model has none
   std::string bos_token, eos_token;  // their text, as chat templates use them
+  std::unique_ptr<ChatTemplate> chat_template;  // null when the model has none
 };
 
 // Loads a Hugging Face model directory or a GGUF file; every problem is an error that names the file and

@@ -31,4 +31,6 @@ if [[ "$(cat .venv/.requirements.sha256 2>/dev/null)" != "$want" ]]; then
   .venv/bin/pip install -q --disable-pip-version-check -r tools/requirements.txt
   echo "$want" > .venv/.requirements.sha256
 fi
+# The bundled default model (configs/default.yaml serves it).
+bash scripts/fetch_model.sh
 echo "setup: ok"

@@ -67,7 +67,8 @@ absl::StatusOr<Request> Prepare(const std::shared_ptr<Engine>& engine, grpc::Cal
   if (absl::Status st = ParseRequest(wire, &proto); !st.ok()) return st;
   if (engine->draining()) return absl::UnavailableError("the server is draining and takes no new requests");
   const Model& m = engine->model();
-  auto request = BuildRequest(proto, {m.tokenizer.get(), m.config.vocab_size, engine->max_model_len()});
+  auto request =
+      BuildRequest(proto, {m.tokenizer.get(), m.config.vocab_size, engine->max_model_len(), m.chat_template.get()});
   if (!request.ok()) return request.status();
   if (request->id.empty()) request->id = absl::StrCat("req-", next_id->fetch_add(1));
   const auto deadline = ctx->deadline();

@@ -44,8 +44,27 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
         r.prompt.push_back(id);
       }
       break;
+    case v1::GenerateRequest::kMessages: {
+      if (!limits.chat_template) {
+        return absl::InvalidArgumentError("messages: this model has no chat template; send text or token_ids");
+      }
+      const auto& ms = p.messages().messages();
+      if (ms.empty()) return Bad("messages", "(empty)", "at least one message");
+      std::vector<ChatMessage> chat;
+      for (int i = 0; i < ms.size(); ++i) {
+        if (!IsValidUtf8(ms[i].role()) || !IsValidUtf8(ms[i].content())) {
+          return Bad(absl::StrCat("messages[", i, "]"), "(invalid UTF-8)", "valid UTF-8");
+        }
+        if (ms[i].role().empty()) return Bad(absl::StrCat("messages[", i, "].role"), "\"\"", "a non-empty role");
+        chat.push_back({ms[i].role(), ms[i].content()});
+      }
+      auto text = limits.chat_template->Render(chat);
+      if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("messages: ", text.status().message()));
+      r.prompt = limits.tokenizer->Encode(*text, /*add_special_tokens=*/false);
+      break;
+    }
     default:
-      return absl::InvalidArgumentError("prompt is missing: set text or token_ids");
+      return absl::InvalidArgumentError("prompt is missing: set text, token_ids or messages");
   }
   if (r.prompt.empty()) return absl::InvalidArgumentError("prompt is empty: it must have at least one token");
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "absl/status/statusor.h"
+#include "engine/chat_template.h"
 #include "engine/request.h"
 #include "engine/tokenizer.h"
 #include "inferd/v1/inferd.pb.h"
@@ -13,6 +14,7 @@ struct ModelLimits {
   const Tokenizer* tokenizer = nullptr;
   int32_t vocab_size = 0;
   int32_t max_model_len = 0;
+  const ChatTemplate* chat_template = nullptr;  // null: the model has none and `messages` is refused
 };
 
 absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& proto, const ModelLimits& limits);

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """A small command-line client for inferd (Python grpcio, stubs generated from the proto on the fly).
 
+    .venv/bin/python tools/inferd_client.py chat "What is the capital of France?"
+    .venv/bin/python tools/inferd_client.py chat "Hi" --system "You answer in one word."
     .venv/bin/python tools/inferd_client.py generate "The capital of France is" --max-tokens 32
     .venv/bin/python tools/inferd_client.py info
 """
@@ -29,12 +31,15 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--address", default="127.0.0.1:50051")
     sub = p.add_subparsers(dest="cmd", required=True)
-    g = sub.add_parser("generate")
-    g.add_argument("text")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--seed", type=int)
-    g.add_argument("--stop", action="append", default=[])
+    for name in ("generate", "chat"):
+        g = sub.add_parser(name)
+        g.add_argument("text", help="the prompt (generate) or the user's message (chat)")
+        g.add_argument("--max-tokens", type=int, default=128 if name == "chat" else 64)
+        g.add_argument("--temperature", type=float, default=0.0)
+        g.add_argument("--seed", type=int)
+        g.add_argument("--stop", action="append", default=[])
+        if name == "chat":
+            g.add_argument("--system", help="a system message before the user's")
     sub.add_parser("info")
     args = p.parse_args()
     pb, pb_grpc = stubs()
@@ -46,14 +51,20 @@ def main():
     sampling = pb.SamplingParams(temperature=args.temperature)
     if args.seed is not None:
         sampling.seed = args.seed
-    req = pb.GenerateRequest(text=args.text, sampling=sampling,
-                             stopping=pb.StoppingParams(max_tokens=args.max_tokens, stop=args.stop))
+    req = pb.GenerateRequest(sampling=sampling, stopping=pb.StoppingParams(max_tokens=args.max_tokens, stop=args.stop))
+    if args.cmd == "chat":
+        if args.system:
+            req.messages.messages.add(role="system", content=args.system)
+        req.messages.messages.add(role="user", content=args.text)
+    else:
+        req.text = args.text
     last = None
     for chunk in stub.GenerateStream(req):
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
         last = chunk
-    print(f"\n[{pb.FinishReason.Name(last.finish_reason)}; {last.usage.prompt_tokens} prompt + "
+    print()
+    print(f"[{pb.FinishReason.Name(last.finish_reason)}; {last.usage.prompt_tokens} prompt + "
           f"{last.usage.completion_tokens} tokens; ttft {last.timing.time_to_first_token_s * 1000:.1f} ms, "
           f"total {last.timing.total_s * 1000:.1f} ms]", file=sys.stderr)
 

@@ -15,6 +15,7 @@ import struct
 import sys
 
 import numpy as np
+from chat_templates import MODEL_TEMPLATES
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers, Regex
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -165,6 +166,8 @@ def write_model(out_dir, name, cfg, tok, tok_config, dtype, seed, shards=1, gene
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
     tok.save(os.path.join(d, "tokenizer.json"))
+    if name in MODEL_TEMPLATES:
+        tok_config = dict(tok_config, chat_template=MODEL_TEMPLATES[name])
     with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
         json.dump(tok_config, f, indent=2, sort_keys=True)
     if generation_config:

@@ -1,0 +1,113 @@
+"""Chat templates of the test models (the published templates of each family, as the models'
+tokenizer_config.json carries them) and extra templates that exercise the Jinja features chat templates use.
+"""
+
+CHATML_SMOLLM2 = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+LLAMA3 = (
+    r"{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    r"message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    r"{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    r"{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+
+LLAMA2 = (
+    r"{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
+    r"messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+    r"{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    r"{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    r"{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\n' + system_message + "
+    r"'\n<</SYS>>\n\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}"
+    r"{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    r"{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
+
+MISTRAL = (
+    r"{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    r"{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    r"{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    r"{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    r"{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+
+# Qwen2.5's layout: indented, whitespace-controlled, tools-aware.
+QWEN2 = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+MODEL_TEMPLATES = {"llama2-tiny": LLAMA2, "llama3-tiny": LLAMA3, "mistral-tiny": MISTRAL, "qwen2-tiny": QWEN2}
+
+# Templates that are not any model's: each stresses Jinja features (scoping, namespace, slicing, filters,
+# tests, whitespace control with trim_blocks/lstrip_blocks, loop variables, string methods, tojson).
+FEATURE_TEMPLATES = {
+    "namespace_and_scoping": r"""{%- set ns = namespace(system='', n=0) %}
+{%- set outer = 'outer' %}
+{%- for m in messages %}
+  {%- set outer = 'inner' %}
+  {%- if m.role == 'system' %}{% set ns.system = m.content %}{% else %}{% set ns.n = ns.n + 1 %}{% endif %}
+{%- endfor %}
+[{{ outer }}|{{ ns.system }}|{{ ns.n }}]
+{% for m in messages[1:] if m.role != 'system' -%}
+  {{ loop.index }}/{{ loop.length }}{% if loop.first %} first{% endif %}{% if loop.last %} last{% endif %}: {{ m.role | upper }} {{ m.content | length }}
+{% endfor -%}
+{% if add_generation_prompt %}>>>{% endif %}""",
+    "blocks_and_indentation": """<begin>
+  {% for m in messages %}
+    {% if m.role == 'user' %}
+    U: {{ m.content }}
+    {% elif m.role == 'assistant' %}
+    A: {{ m.content }}
+    {% else %}
+    S: {{ m.content }}
+    {% endif %}
+  {% endfor %}
+  {# a comment line #}
+<end>{{ '\\n' if add_generation_prompt else '' }}""",
+    "expressions": r"""{{- bos_token -}}
+{%- for m in messages -%}
+{{ loop.index0 ~ ':' ~ m['role'][0] ~ ':' ~ m.content[:5] ~ '|' ~ m.content[-3:] ~ '|' ~ m.content.split(' ') | length }}
+{{ (m.content | trim).startswith('Hi') }} {{ m.content.endswith('?') }} {{ 'x' in m.content }} {{ m.get('name', 'anon') }}
+{{ [1, 2, 3] | join(',') }} {{ (7 // 2) + (7 % 3) * 2 - 1 }} {{ 7 / 2 }} {{ -3 // 2 }} {{ 'ab' * 2 }} {{ m | tojson }}
+{{ messages | selectattr('role', 'equalto', 'user') | list | length }} {{ none is none }} {{ m.missing is defined }} {{ m.missing | default('dflt') }}
+{{ m.content.replace('a', 'A').lower().title() }} {{ {'k': [1, 'two', none, true, 2.5]} | tojson }} {{ [m.role, 3, none] }}
+{% endfor -%}
+{%- if messages | length > 2 and messages[-1].role == 'user' %}{{ eos_token }}{% endif -%}""",
+    "loop_controls": r"""{% for m in messages %}{% if loop.index0 == 3 %}{% break %}{% endif %}{% if m.role == 'system' %}{% continue %}{% endif %}<{{ m.role }}:{{ loop.revindex }}>{% endfor %}{% for x in [] %}never{% else %}empty{% endfor %}{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %}""",
+}
