@@ -273,7 +273,10 @@ absl::StatusOr<GgufContents> ParseGguf(std::span<const uint8_t> file) {
     if (!g.tensor_index.emplace(t.name, k).second) return Bad(absl::StrCat("tensor '", t.name, "' repeats"));
   }
   g.data_offset = (c.pos() + g.alignment - 1) / g.alignment * g.alignment;
-  if (g.data_offset > file.size()) return Bad("the data section starts past the end of the file");
+  if (g.data_offset > file.size()) {
+    if (!g.tensors.empty()) return Bad("the data section starts past the end of the file");
+    g.data_offset = file.size();  // no tensors: the padding before an empty data section may be left out
+  }
   const uint64_t data_size = file.size() - g.data_offset;
   std::vector<const GgufTensor*> by_offset;
   for (const GgufTensor& t : g.tensors) {

@@ -122,7 +122,9 @@ absl::StatusOr<std::string> GgufTokenizerJson(const GgufContents& g) {
     auto pre = ByteLevelPreTokenizer(GgufString(g, "tokenizer.ggml.pre"));
     if (!pre.ok()) return pre.status();
     j["pre_tokenizer"] = *pre;
-    j["normalizer"] = nullptr;
+    // Qwen2's Hugging Face tokenizer composes text to NFC before splitting it.
+    const std::string pre_name = GgufString(g, "tokenizer.ggml.pre");
+    j["normalizer"] = pre_name == "qwen2" || pre_name == "deepseek-r1-qwen" ? json{{"type", "NFC"}} : json(nullptr);
     j["decoder"] = {{"type", "ByteLevel"}};
   } else if (model == "llama") {
     const GgufValue* scores_v = g.Find("tokenizer.ggml.scores");

@@ -39,9 +39,10 @@ class CollectingSink : public OutputSink {
 };
 
 struct ParityCase {
-  const char* model;
+  const char* model;  // names the reference fixture
   int32_t block_size;
   int32_t max_num_batched_tokens;
+  const char* file = nullptr;  // the model to serve, relative to the source tree; default: its HF directory
 };
 
 class Parity : public ::testing::TestWithParam<ParityCase> {};
@@ -51,7 +52,7 @@ TEST_P(Parity, GreedyTokensAndLogprobsMatchTransformers) {
   const nlohmann::json ref =
       testing::ReadJson(testing::SourcePath(std::string("tests/fixtures/reference/") + pc.model + ".json"));
   Config config;
-  config.model.path = testing::ModelDir(pc.model);
+  config.model.path = pc.file ? testing::SourcePath(pc.file) : testing::ModelDir(pc.model);
   config.engine.backend = "cpu";
   config.engine.block_size = pc.block_size;
   config.engine.cpu_kv_cache_gib = 0.05;
@@ -110,10 +111,13 @@ TEST_P(Parity, GreedyTokensAndLogprobsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Models, Parity,
                          ::testing::Values(ParityCase{"llama2-tiny", 16, 2048}, ParityCase{"llama3-tiny", 16, 2048},
                                            ParityCase{"mistral-tiny", 16, 2048}, ParityCase{"qwen2-tiny", 16, 2048},
-                                           ParityCase{"llama3-tiny", 3, 13}, ParityCase{"qwen2-tiny", 1, 8}),
+                                           ParityCase{"llama3-tiny", 3, 13}, ParityCase{"qwen2-tiny", 1, 8},
+                                           ParityCase{"llama2-tiny", 16, 2048, "tests/fixtures/models/llama2-tiny.gguf"},
+                                           ParityCase{"qwen2-tiny", 16, 2048, "tests/fixtures/models/qwen2-tiny.gguf"}),
                          [](const auto& info) {
                            std::string n =
                                std::string(info.param.model).substr(0, std::string(info.param.model).find('-'));
+                           if (info.param.file) n += "_gguf";
                            return n + "_bs" + std::to_string(info.param.block_size) + "_budget" +
                                   std::to_string(info.param.max_num_batched_tokens);
                          });

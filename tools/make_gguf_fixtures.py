@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Makes the GGUF test fixtures with the `gguf` package (llama.cpp's own writer and dequantizer):
+
+  tests/fixtures/models/llama2-tiny.gguf   llama2-tiny as llama.cpp's converter lays it out: F32, q/k rows
+                                           permuted to the interleaved rotary order, a `llama` (sentencepiece)
+                                           tokenizer with scores, token types and the chat template
+  tests/fixtures/models/qwen2-tiny.gguf    qwen2-tiny: BF16, QKV bias, tied embeddings, a `gpt2` tokenizer
+                                           with merges and tokenizer.ggml.pre = qwen2
+  tests/fixtures/gguf/quants.gguf + .json  random blocks of every quantized type inferd reads and the values
+                                           gguf.quants.dequantize gives for them
+  tests/fixtures/tokenizer/smollm2-gguf.json
+                                           the ids Hugging Face `tokenizers` gives on the hard-string corpus
+                                           for SmolLM2's tokenizer, built from the bundled GGUF's vocabulary
+                                           and merges with SmolLM2's published pre-tokenizer (digits one by
+                                           one, then GPT-2 byte-level)
+
+    .venv/bin/python tools/make_gguf_fixtures.py
+"""
+import json
+import os
+import struct
+import sys
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, AddedToken
+
+sys.path.insert(0, os.path.dirname(__file__))
+from chat_templates import MODEL_TEMPLATES  # noqa: E402
+from make_tokenizer_fixtures import HARD_STRINGS  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+MODELS = os.path.join(ROOT, "tests", "fixtures", "models")
+
+
+def read_safetensors(d):
+    """{name: (numpy array of the stored element type, dtype string)} from model.safetensors or its shards."""
+    files = [f for f in sorted(os.listdir(d)) if f.endswith(".safetensors")]
+    out = {}
+    for fname in files:
+        raw = open(os.path.join(d, fname), "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        header = json.loads(raw[8:8 + n])
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            b, e = info["data_offsets"]
+            np_type = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[info["dtype"]]
+            out[name] = (np.frombuffer(raw[8 + n + b:8 + n + e], dtype=np_type).reshape(info["shape"]), info["dtype"])
+    return out
+
+
+def permute(w, n_head):
+    """llama.cpp's converter: each head's rotary halves become interleaved pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def add(writer, name, arr, dtype):
+    ggml = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16}[dtype]
+    arr = np.ascontiguousarray(arr)
+    if dtype == "BF16":
+        writer.add_tensor(name, arr.view(np.uint8), raw_dtype=ggml)
+    else:
+        writer.add_tensor(name, arr, raw_dtype=ggml)
+
+
+def convert(name, arch, tokenizer_kind):
+    d = os.path.join(MODELS, name)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    tok = json.load(open(os.path.join(d, "tokenizer.json")))
+    tok_cfg = json.load(open(os.path.join(d, "tokenizer_config.json")))
+    w = read_safetensors(d)
+    writer = gguf.GGUFWriter(os.path.join(MODELS, f"{name}.gguf"), arch)
+    writer.add_name(name)
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv)
+    writer.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_rope_dimension_count(cfg["hidden_size"] // heads)
+    writer.add_vocab_size(cfg["vocab_size"])
+
+    vocab = tok["model"]["vocab"]
+    for a in tok["added_tokens"]:
+        vocab[a["content"]] = a["id"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    assert [vocab[t] for t in tokens] == list(range(len(tokens)))
+    specials = {a["content"] for a in tok["added_tokens"] if a["special"]}
+    types = []
+    for t in tokens:
+        if t == "<unk>":
+            types.append(gguf.TokenType.UNKNOWN)
+        elif t in specials:
+            types.append(gguf.TokenType.CONTROL)
+        elif len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+            types.append(gguf.TokenType.BYTE)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    if tokenizer_kind == "llama":
+        writer.add_tokenizer_model("llama")
+        # A sentencepiece vocabulary ranks pieces by score: the piece a merge makes scores by its rank.
+        rank = {m.replace(" ", ""): i for i, m in reversed(list(enumerate(merges)))}
+        writer.add_token_scores([-float(rank[t] + 1) if t in rank and types[i] == gguf.TokenType.NORMAL else 0.0
+                                 for i, t in enumerate(tokens)])
+        writer.add_bos_token_id(vocab["<s>"])
+        writer.add_eos_token_id(vocab["</s>"])
+        writer.add_unk_token_id(vocab["<unk>"])
+        writer.add_add_bos_token(True)
+        writer.add_add_space_prefix(True)
+    else:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("qwen2")
+        writer.add_token_merges(merges)
+        writer.add_eos_token_id(vocab[tok_cfg["eos_token"]])
+        writer.add_add_bos_token(False)
+    writer.add_chat_template(MODEL_TEMPLATES[name])
+
+    def t(hf):
+        return w[hf]
+
+    dtype = next(iter(w.values()))[1]
+    add(writer, "token_embd.weight", t("model.embed_tokens.weight")[0], dtype)
+    add(writer, "output_norm.weight", t("model.norm.weight")[0], dtype)
+    if "lm_head.weight" in w:
+        add(writer, "output.weight", t("lm_head.weight")[0], dtype)
+    for layer in range(cfg["num_hidden_layers"]):
+        p, g = f"model.layers.{layer}.", f"blk.{layer}."
+        q, k = t(p + "self_attn.q_proj.weight")[0], t(p + "self_attn.k_proj.weight")[0]
+        if arch == "llama":
+            q, k = permute(q, heads), permute(k, kv)
+        add(writer, g + "attn_norm.weight", t(p + "input_layernorm.weight")[0], dtype)
+        add(writer, g + "attn_q.weight", q, dtype)
+        add(writer, g + "attn_k.weight", k, dtype)
+        add(writer, g + "attn_v.weight", t(p + "self_attn.v_proj.weight")[0], dtype)
+        if p + "self_attn.q_proj.bias" in w:
+            for x in "qkv":
+                add(writer, g + f"attn_{x}.bias", t(p + f"self_attn.{x}_proj.bias")[0], dtype)
+        add(writer, g + "attn_output.weight", t(p + "self_attn.o_proj.weight")[0], dtype)
+        add(writer, g + "ffn_norm.weight", t(p + "post_attention_layernorm.weight")[0], dtype)
+        add(writer, g + "ffn_gate.weight", t(p + "mlp.gate_proj.weight")[0], dtype)
+        add(writer, g + "ffn_up.weight", t(p + "mlp.up_proj.weight")[0], dtype)
+        add(writer, g + "ffn_down.weight", t(p + "mlp.down_proj.weight")[0], dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    print(f"{name}.gguf: {arch}, {dtype}, {len(tokens)} tokens")
+
+
+def random_blocks(qtype, rows, cols, rng):
+    """Random quantized bytes whose scales are finite, small halves (as a quantizer would write)."""
+    block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    n_blocks = rows * cols // block_elems
+    raw = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+
+    def halves(k):
+        return np.frombuffer(rng.uniform(0.001, 0.05, size=n_blocks * k).astype(np.float16).tobytes(),
+                             dtype=np.uint8).reshape(n_blocks, 2 * k)
+
+    if qtype in (Q.Q8_0, Q.Q4_0):
+        raw[:, 0:2] = halves(1)
+    elif qtype == Q.Q4_1:
+        raw[:, 0:4] = halves(2)
+    elif qtype == Q.Q4_K:
+        raw[:, 0:4] = halves(2)
+    elif qtype == Q.Q6_K:
+        raw[:, 208:210] = halves(1)
+    return raw.reshape(rows, cols // block_elems * block_bytes)
+
+
+def quants():
+    out_dir = os.path.join(ROOT, "tests", "fixtures", "gguf")
+    os.makedirs(out_dir, exist_ok=True)
+    rng = np.random.default_rng(7)
+    writer = gguf.GGUFWriter(os.path.join(out_dir, "quants.gguf"), "llama")
+    expected = {}
+    for qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K):
+        rows, cols = 3, 512
+        raw = random_blocks(qtype, rows, cols, rng)
+        writer.add_tensor(qtype.name.lower(), raw, raw_dtype=qtype)
+        expected[qtype.name.lower()] = gguf.quants.dequantize(raw, qtype).reshape(-1).astype(np.float32).tolist()
+    for name, arr, qt in (("f16", rng.normal(size=(2, 33)).astype(np.float16), Q.F16),
+                          ("f32", rng.normal(size=(5,)).astype(np.float32), Q.F32)):
+        writer.add_tensor(name, arr, raw_dtype=qt)
+        expected[name] = arr.astype(np.float32).reshape(-1).tolist()
+    bf = rng.normal(size=(4, 7)).astype(np.float32)
+    bits = (bf.view(np.uint32) >> 16).astype(np.uint16)
+    writer.add_tensor("bf16", bits.view(np.uint8), raw_dtype=Q.BF16)
+    expected["bf16"] = (bits.astype(np.uint32) << 16).view(np.float32).reshape(-1).tolist()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with open(os.path.join(out_dir, "quants.json"), "w") as f:
+        json.dump({"command": "tools/make_gguf_fixtures.py", "gguf": gguf.__name__, "expected": expected}, f)
+    print("quants.gguf:", ", ".join(expected))
+
+
+def smollm2_tokenizer():
+    r = gguf.GGUFReader(os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    f = r.fields["tokenizer.ggml.tokens"]
+    tokens = [f.parts[i].tobytes().decode() for i in f.data]
+    m = r.fields["tokenizer.ggml.merges"]
+    merges = [tuple(m.parts[i].tobytes().decode().split(" ", 1)) for i in m.data]
+    tt = r.fields["tokenizer.ggml.token_type"]
+    types = [int(tt.parts[i][0]) for i in tt.data]
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3])
+    cases = []
+    for text in HARD_STRINGS:
+        ids = tok.encode(text, add_special_tokens=True).ids
+        cases.append({"text": text, "ids": ids, "ids_no_special": tok.encode(text, add_special_tokens=False).ids,
+                      "decoded": tok.decode(ids, skip_special_tokens=True),
+                      "decoded_with_special": tok.decode(ids, skip_special_tokens=False)})
+    path = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "smollm2-gguf.json")
+    with open(path, "w") as fo:
+        json.dump({"model": "models/SmolLM2-135M-Instruct.Q4_1.gguf", "command": "tools/make_gguf_fixtures.py",
+                   "cases": cases}, fo, indent=1, ensure_ascii=False)
+    print("smollm2-gguf.json:", len(cases), "cases")
+
+
+def main():
+    convert("llama2-tiny", "llama", "llama")
+    convert("qwen2-tiny", "qwen2", "gpt2")
+    quants()
+    smollm2_tokenizer()
+
+
+if __name__ == "__main__":
+    main()
