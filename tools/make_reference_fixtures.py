@@ -6,17 +6,23 @@ attention, so the reference is exact fp32 math rather than TF32):
 
     python3 tools/make_reference_fixtures.py tests/fixtures/models tests/fixtures/reference
 
+and for a GGUF model (transformers dequantizes it to fp32 with the `gguf` package; the prompts add a chat
+turn rendered with the model's template):
+
+    python3 tools/make_reference_fixtures.py --gguf models/SmolLM2-135M-Instruct.Q4_1.gguf smollm2-135m-instruct \
+        --skip-dir tests/fixtures/models tests/fixtures/reference
+
 Each file holds, per prompt: the prompt ids, 32 greedy tokens, and for every step the top-5 (id, logprob)
 and the margin between the two largest logits (tests skip positions where it is below 1e-2).
 """
+import argparse
 import json
 import os
-import sys
 
 import torch
 import transformers
 from tokenizers import Tokenizer
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 PROMPTS = [
     "The scheduler batches tokens",
@@ -47,28 +53,47 @@ def greedy(model, prompt_ids):
     return steps
 
 
+def record(model, encode, name, out_dir, command, prompts):
+    cases = []
+    for text in prompts:
+        prompt_ids = encode(text)
+        cases.append({"text": text, "prompt_ids": prompt_ids, "steps": greedy(model, prompt_ids)})
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump({"model": name, "transformers": transformers.__version__, "torch": torch.__version__,
+                   "command": command, "cases": cases}, f, indent=1, ensure_ascii=False)
+    small = sum(s["margin"] < 1e-2 for c in cases for s in c["steps"])
+    print(f"{name}: {len(cases)} prompts, {small} steps with margin < 1e-2", flush=True)
+
+
 def main():
-    models_dir, out_dir = sys.argv[1], sys.argv[2]
-    os.makedirs(out_dir, exist_ok=True)
+    p = argparse.ArgumentParser()
+    p.add_argument("models_dir")
+    p.add_argument("out_dir")
+    p.add_argument("--gguf", nargs=2, action="append", default=[], metavar=("FILE", "NAME"))
+    p.add_argument("--skip-dir", action="store_true", help="only the --gguf models")
+    args = p.parse_args()
+    os.makedirs(args.out_dir, exist_ok=True)
     torch.manual_seed(0)
-    for name in sorted(os.listdir(models_dir)):
-        d = os.path.join(models_dir, name)
+    for name in [] if args.skip_dir else sorted(os.listdir(args.models_dir)):
+        d = os.path.join(args.models_dir, name)
         if not os.path.exists(os.path.join(d, "config.json")):
             continue
         model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
         model.eval()
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-        cases = []
-        for text in PROMPTS:
-            prompt_ids = tok.encode(text, add_special_tokens=True).ids
-            steps = greedy(model, prompt_ids)
-            cases.append({"text": text, "prompt_ids": prompt_ids, "steps": steps})
-        with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-            json.dump({"model": name, "transformers": transformers.__version__, "torch": torch.__version__,
-                       "command": "python3 tools/make_reference_fixtures.py tests/fixtures/models "
-                                  "tests/fixtures/reference", "cases": cases}, f, indent=1, ensure_ascii=False)
-        small = sum(s["margin"] < 1e-2 for c in cases for s in c["steps"])
-        print(f"{name}: {len(cases)} prompts, {small} steps with margin < 1e-2", flush=True)
+        record(model, lambda t: tok.encode(t, add_special_tokens=True).ids, name, args.out_dir,
+               "python3 tools/make_reference_fixtures.py tests/fixtures/models tests/fixtures/reference", PROMPTS)
+    for path, name in args.gguf:
+        d, f = os.path.split(os.path.abspath(path))
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32,
+                                                     attn_implementation="eager")
+        model.eval()
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+        chat = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                       tokenize=False, add_generation_prompt=True)
+        record(model, lambda t: tok(t, add_special_tokens=False)["input_ids"], name, args.out_dir,
+               f"python3 tools/make_reference_fixtures.py --gguf {path} {name} --skip-dir tests/fixtures/models "
+               "tests/fixtures/reference", PROMPTS + [chat])
 
 
 if __name__ == "__main__":
