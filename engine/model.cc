@@ -102,7 +102,13 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path) {
     return absl::NotFoundError(absl::StrCat("model.path '", path,
                                             "' does not exist (`bash scripts/setup.sh` fetches the default model)"));
   }
-  if (!fs::is_directory(dir)) return LoadGgufModel(path);
+  if (!fs::is_directory(dir)) {
+    auto model = LoadGgufModel(path);
+    if (!model.ok() && model.status().message().find(path) == std::string::npos) {
+      return absl::Status(model.status().code(), absl::StrCat(path, ": ", model.status().message()));
+    }
+    return model;
+  }
   auto model = std::make_unique<Model>();
   model->name = dir.filename().string();
   const auto config_text = ReadFile(dir / "config.json");

@@ -30,6 +30,9 @@ struct TensorInfo {
 absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensorsHeader(std::string_view header_bytes,
                                                                          uint64_t data_size);
 
+// Parses a whole safetensors file held in memory: the header length, then the header. For the fuzz target.
+absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensors(std::span<const uint8_t> file);
+
 class SafetensorsFile {
  public:
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);

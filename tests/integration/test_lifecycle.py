@@ -77,3 +77,37 @@ def test_drain_finishes_running_requests_refuses_new_ones_and_exits_zero():
     assert sum(len(c.token_ids) for c in [first] + rest) == 400
     assert rest[-1].finish_reason == pb.LENGTH
     assert s.proc.wait(timeout=30) == 0, s.logs()
+
+
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "fuzz", "corpus", "gguf")
+
+
+@pytest.mark.parametrize("case, message", [
+    ("dims_overflow", "overflow"),
+    ("string_length_2_63", "string length"),
+    ("string_past_eof", "runs past the end of the file"),
+    ("array_2_63", "cannot fit"),
+    ("type_mismatch", "'llama.block_count' is a string, not an integer"),
+    ("offset_out_of_range", "outside the data section"),
+    ("overlapping", "overlap"),
+    ("misaligned", "alignment"),
+])
+def test_malformed_gguf_exits_non_zero_naming_the_problem(case, message):
+    r = run_inferd(f"model: {{path: {CORPUS}/{case}.gguf}}\n")
+    assert r.returncode == 1, r.stderr
+    assert message in r.stderr and f"{case}.gguf" in r.stderr
+
+
+def test_truncated_gguf_is_refused(tmp_path):
+    data = open(os.path.join(MODELS, "qwen2-tiny.gguf"), "rb").read()
+    for cut in (len(data) - 1000, 20000, 100):
+        p = tmp_path / f"cut{cut}.gguf"
+        p.write_bytes(data[:cut])
+        r = run_inferd(f"model: {{path: {p}}}\n")
+        assert r.returncode == 1 and "gguf:" in r.stderr, r.stderr
+
+
+def test_missing_model_file_names_the_command_that_fetches_it():
+    r = run_inferd("model: {path: models/absent.gguf}\n")
+    assert r.returncode == 1
+    assert "scripts/setup.sh" in r.stderr
