@@ -137,15 +137,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   f->path_ = path;
   f->map_ = static_cast<const uint8_t*>(map);
   f->map_size_ = size;
+  auto tensors = ParseSafetensors({f->map_, f->map_size_});
+  if (!tensors.ok()) return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", tensors.status().message()));
   uint64_t header_len = 0;
   std::memcpy(&header_len, f->map_, 8);
-  if (header_len > kMaxHeaderBytes || header_len > size - 8) {
-    return absl::InvalidArgumentError(absl::StrCat("'", path, "': header length ", header_len,
-                                                   " exceeds the file size or the ", kMaxHeaderBytes, "-byte limit"));
-  }
-  auto tensors = ParseSafetensorsHeader(std::string_view(reinterpret_cast<const char*>(f->map_ + 8), header_len),
-                                        size - 8 - header_len);
-  if (!tensors.ok()) return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", tensors.status().message()));
   f->tensors_ = std::move(*tensors);
   f->data_ = f->map_ + 8 + header_len;
   return f;

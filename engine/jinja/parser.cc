@@ -33,7 +33,8 @@ absl::StatusOr<std::vector<Segment>> Segments(const std::string& src) {
   };
   while (pos <= src.size()) {
     size_t open = src.find('{', pos);
-    while (open != std::string::npos && open + 1 < src.size() && std::strchr("{%#", src[open + 1]) == nullptr) {
+    auto is_tag_start = [&](size_t at) { return src[at] == '{' || src[at] == '%' || src[at] == '#'; };
+    while (open != std::string::npos && open + 1 < src.size() && !is_tag_start(open + 1)) {
       open = src.find('{', open + 1);
     }
     if (open != std::string::npos && open + 1 >= src.size()) open = std::string::npos;

@@ -37,11 +37,11 @@ def test_bundled_smollm2_answers_a_chat_question(smollm2):
 
 
 def test_chat_equals_the_same_prompt_sent_as_text(smollm2):
-    by_chat = smollm2.stub.Generate(chat(("system", "Answer briefly."), ("user", "Name a color.")))
+    by_chat = smollm2.stub.Generate(chat(("system", "Answer briefly."), ("user", "Name a color."), max_tokens=12))
     text = ("<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\nName a color.<|im_end|>\n"
             "<|im_start|>assistant\n")
     by_text = smollm2.stub.Generate(pb.GenerateRequest(
-        text=text, sampling=pb.SamplingParams(temperature=0), stopping=pb.StoppingParams(max_tokens=48),
+        text=text, sampling=pb.SamplingParams(temperature=0), stopping=pb.StoppingParams(max_tokens=12),
         output=pb.OutputOptions(add_special_tokens=False)))
     assert list(by_chat.token_ids) == list(by_text.token_ids) and by_chat.text == by_text.text
 
