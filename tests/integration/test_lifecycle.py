@@ -111,3 +111,19 @@ def test_missing_model_file_names_the_command_that_fetches_it():
     r = run_inferd("model: {path: models/absent.gguf}\n")
     assert r.returncode == 1
     assert "scripts/setup.sh" in r.stderr
+
+
+@pytest.mark.parametrize("case, message", [
+    ("overlapping", "overlap"),
+    ("huge_header_length", "header length"),
+    ("dim_overflow", "overflow"),
+    ("not_json", "not a JSON object"),
+])
+def test_malformed_safetensors_exits_non_zero_naming_the_problem(tmp_path, case, message):
+    import shutil
+    d = tmp_path / case
+    shutil.copytree(os.path.join(MODELS, "llama2-tiny"), d)
+    shutil.copy(os.path.join(os.path.dirname(CORPUS), "safetensors", f"{case}.safetensors"), d / "model.safetensors")
+    r = run_inferd(f"model: {{path: {d}}}\n")
+    assert r.returncode == 1, r.stderr
+    assert message in r.stderr and "model.safetensors" in r.stderr
