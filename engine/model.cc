@@ -42,9 +42,10 @@ void AddIds(const nlohmann::json& v, std::vector<int32_t>* out) {
   }
 }
 
-// Every eos id must name a token; the eos and bos texts are what chat templates print. The template's
-// end-of-turn tokens end a generation like eos.
-absl::Status Finish(std::vector<int32_t> eos, const std::string& chat_template, Model* model) {
+// Every eos id must name a token. The template's end-of-turn tokens end a generation like eos. The bos and
+// eos texts are what chat templates print: for a GGUF file the tokens its ids name; for a Hugging Face
+// directory only what tokenizer_config.json names (as transformers passes them), so they are set there.
+absl::Status Finish(std::vector<int32_t> eos, const std::string& chat_template, bool texts_from_ids, Model* model) {
   for (const std::string& t : EndOfTurnTokens(chat_template)) {
     if (auto id = model->tokenizer->TokenToId(t)) eos.push_back(*id);
   }
@@ -60,8 +61,10 @@ absl::Status Finish(std::vector<int32_t> eos, const std::string& chat_template, 
     return absl::InvalidArgumentError(absl::StrCat("bos_token_id ", *model->bos_token_id,
                                                    " is outside the vocabulary [0, ", model->tokenizer->vocab_size(), ")"));
   }
-  if (model->bos_token_id) model->bos_token = model->tokenizer->IdToToken(*model->bos_token_id);
-  if (!eos.empty() && model->eos_token.empty()) model->eos_token = model->tokenizer->IdToToken(eos.front());
+  if (texts_from_ids && model->bos_token_id) model->bos_token = model->tokenizer->IdToToken(*model->bos_token_id);
+  if (texts_from_ids && !eos.empty() && model->eos_token.empty()) {
+    model->eos_token = model->tokenizer->IdToToken(eos.front());
+  }
   model->eos_token_ids = std::move(eos);
   if (!chat_template.empty()) {
     auto t = ChatTemplate::Compile(chat_template, model->bos_token, model->eos_token);
@@ -90,7 +93,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path) {
                                                                                  v->i < model->tokenizer->vocab_size()) {
     model->eos_token = model->tokenizer->IdToToken(static_cast<int32_t>(v->i));
   }
-  INFERD_RETURN_IF_ERROR(Finish(model->config.eos_token_ids, chat_template, model.get()));
+  INFERD_RETURN_IF_ERROR(Finish(model->config.eos_token_ids, chat_template, /*texts_from_ids=*/true, model.get()));
   return model;
 }
 
@@ -133,12 +136,11 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path) {
     auto j = nlohmann::json::parse(*tc, nullptr, false);
     if (j.is_discarded()) return absl::InvalidArgumentError("tokenizer_config.json is not valid JSON");
     if (auto name = TokenName(j, "eos_token")) {
-      if (auto id = model->tokenizer->TokenToId(*name)) {
-        eos.push_back(*id);
-        model->eos_token = *name;
-      }
+      model->eos_token = *name;
+      if (auto id = model->tokenizer->TokenToId(*name)) eos.push_back(*id);
     }
     if (auto name = TokenName(j, "bos_token")) {
+      model->bos_token = *name;
       if (auto id = model->tokenizer->TokenToId(*name); id && !model->bos_token_id) model->bos_token_id = *id;
     }
     // A template string, or a list of named templates of which "default" is the one for chat.
@@ -155,7 +157,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path) {
     }
   }
   if (const auto jinja = ReadFile(dir / "chat_template.jinja")) chat_template = *jinja;
-  INFERD_RETURN_IF_ERROR(Finish(std::move(eos), chat_template, model.get()));
+  INFERD_RETURN_IF_ERROR(Finish(std::move(eos), chat_template, /*texts_from_ids=*/false, model.get()));
   return model;
 }
 
