@@ -27,10 +27,13 @@ json ByteLevel(bool use_regex) {
   return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", use_regex}};
 }
 
+// Llama 3's names: its tokenizer looks a whole word up in the vocabulary before merging (ignore_merges).
+bool IsLlama3(const std::string& pre) { return pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe"; }
+
 // tokenizer.ggml.pre names (as llama.cpp's converter writes them) and the pre-tokenizer each stands for.
 absl::StatusOr<json> ByteLevelPreTokenizer(const std::string& pre) {
   if (pre.empty() || pre == "default" || pre == "gpt2" || pre == "gpt-2") return ByteLevel(true);
-  if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe" || pre == "smaug-bpe" || pre == "dbrx") {
+  if (IsLlama3(pre) || pre == "smaug-bpe" || pre == "dbrx") {
     return json{{"type", "Sequence"}, {"pretokenizers", {Split(kLlama3Split), ByteLevel(false)}}};
   }
   if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
@@ -118,7 +121,7 @@ absl::StatusOr<std::string> GgufTokenizerJson(const GgufContents& g) {
       return absl::InvalidArgumentError("gguf: a gpt2 tokenizer needs tokenizer.ggml.merges (an array of strings)");
     }
     j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges_v->strings}, {"byte_fallback", false},
-                  {"ignore_merges", GgufString(g, "tokenizer.ggml.pre") == "llama-bpe"}};
+                  {"ignore_merges", IsLlama3(GgufString(g, "tokenizer.ggml.pre"))}};
     auto pre = ByteLevelPreTokenizer(GgufString(g, "tokenizer.ggml.pre"));
     if (!pre.ok()) return pre.status();
     j["pre_tokenizer"] = *pre;
