@@ -63,3 +63,39 @@ def test_template_refusal_and_empty_messages_are_invalid_argument():
         assert ok.usage.completion_tokens == 4 and ok.usage.prompt_tokens > 10
     finally:
         assert s.stop() == 0
+
+
+def test_model_without_a_chat_template_refuses_messages(tmp_path):
+    import json
+    import shutil
+    d = tmp_path / "no-template"
+    shutil.copytree(os.path.join(SOURCE_DIR, "tests", "fixtures", "models", "mistral-tiny"), d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    s = Server(model=str(d))
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            s.stub.Generate(chat(("user", "hi")))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no chat template" in e.value.details()
+        assert s.stub.Generate(pb.GenerateRequest(text="hi", stopping=pb.StoppingParams(max_tokens=2))).usage.completion_tokens == 2
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_template_that_does_not_parse_stops_start_up(tmp_path):
+    import json
+    import shutil
+    import subprocess
+    from conftest import INFERD_BIN
+    d = tmp_path / "bad-template"
+    shutil.copytree(os.path.join(SOURCE_DIR, "tests", "fixtures", "models", "mistral-tiny"), d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}{{ m.content }}\n{% macro f() %}{% endmacro %}{% endfor %}"
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    conf = tmp_path / "c.yaml"
+    conf.write_text(f"model: {{path: {d}}}\n")
+    r = subprocess.run([INFERD_BIN, "--config", str(conf), "--listen", "127.0.0.1:0"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1
+    assert "chat template line 2" in r.stderr and "macro" in r.stderr
