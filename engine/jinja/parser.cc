@@ -278,22 +278,23 @@ class ExprParser {
     }
     return e;
   }
-  absl::StatusOr<std::unique_ptr<Expr>> Or() {
-    INFERD_ASSIGN_OR_RETURN(auto a, And());
-    while (AcceptName("or")) {
-      INFERD_ASSIGN_OR_RETURN(auto b, And());
-      a = Binary("or", std::move(a), std::move(b));
+  using Level = absl::StatusOr<std::unique_ptr<Expr>> (ExprParser::*)();
+  // A left-associative level: `next (op next)*` for the operators (or keywords) in ops.
+  absl::StatusOr<std::unique_ptr<Expr>> LeftAssoc(std::initializer_list<const char*> ops, Level next) {
+    INFERD_ASSIGN_OR_RETURN(auto a, (this->*next)());
+    while (true) {
+      const char* op = nullptr;
+      for (const char* o : ops) {
+        if (PeekOp(o) || PeekName(o)) op = o;
+      }
+      if (!op) return a;
+      ++p_;
+      INFERD_ASSIGN_OR_RETURN(auto b, (this->*next)());
+      a = Binary(op, std::move(a), std::move(b));
     }
-    return a;
   }
-  absl::StatusOr<std::unique_ptr<Expr>> And() {
-    INFERD_ASSIGN_OR_RETURN(auto a, Not());
-    while (AcceptName("and")) {
-      INFERD_ASSIGN_OR_RETURN(auto b, Not());
-      a = Binary("and", std::move(a), std::move(b));
-    }
-    return a;
-  }
+  absl::StatusOr<std::unique_ptr<Expr>> Or() { return LeftAssoc({"or"}, &ExprParser::And); }
+  absl::StatusOr<std::unique_ptr<Expr>> And() { return LeftAssoc({"and"}, &ExprParser::Not); }
   absl::StatusOr<std::unique_ptr<Expr>> Not() {
     if (AcceptName("not")) {
       INFERD_ASSIGN_OR_RETURN(auto a, Not());
@@ -323,40 +324,10 @@ class ExprParser {
       a = Binary(op, std::move(a), std::move(b));
     }
   }
-  absl::StatusOr<std::unique_ptr<Expr>> Add() {
-    INFERD_ASSIGN_OR_RETURN(auto a, Concat());
-    while (PeekOp("+") || PeekOp("-")) {
-      const std::string op = t_[p_++].text;
-      INFERD_ASSIGN_OR_RETURN(auto b, Concat());
-      a = Binary(op, std::move(a), std::move(b));
-    }
-    return a;
-  }
-  absl::StatusOr<std::unique_ptr<Expr>> Concat() {
-    INFERD_ASSIGN_OR_RETURN(auto a, Mul());
-    while (AcceptOp("~")) {
-      INFERD_ASSIGN_OR_RETURN(auto b, Mul());
-      a = Binary("~", std::move(a), std::move(b));
-    }
-    return a;
-  }
-  absl::StatusOr<std::unique_ptr<Expr>> Mul() {
-    INFERD_ASSIGN_OR_RETURN(auto a, Pow());
-    while (PeekOp("*") || PeekOp("/") || PeekOp("//") || PeekOp("%")) {
-      const std::string op = t_[p_++].text;
-      INFERD_ASSIGN_OR_RETURN(auto b, Pow());
-      a = Binary(op, std::move(a), std::move(b));
-    }
-    return a;
-  }
-  absl::StatusOr<std::unique_ptr<Expr>> Pow() {
-    INFERD_ASSIGN_OR_RETURN(auto a, Unary());
-    while (AcceptOp("**")) {
-      INFERD_ASSIGN_OR_RETURN(auto b, Unary());
-      a = Binary("**", std::move(a), std::move(b));
-    }
-    return a;
-  }
+  absl::StatusOr<std::unique_ptr<Expr>> Add() { return LeftAssoc({"+", "-"}, &ExprParser::Concat); }
+  absl::StatusOr<std::unique_ptr<Expr>> Concat() { return LeftAssoc({"~"}, &ExprParser::Mul); }
+  absl::StatusOr<std::unique_ptr<Expr>> Mul() { return LeftAssoc({"*", "/", "//", "%"}, &ExprParser::Pow); }
+  absl::StatusOr<std::unique_ptr<Expr>> Pow() { return LeftAssoc({"**"}, &ExprParser::Unary); }
   absl::StatusOr<std::unique_ptr<Expr>> Unary() {
     if (PeekOp("-") || PeekOp("+")) {
       const std::string op = t_[p_++].text;
@@ -524,6 +495,15 @@ class StmtParser {
  public:
   explicit StmtParser(std::vector<Segment> segs) : segs_(std::move(segs)) {}
 
+  // Parses a body up to one of `ends`, which must come (else `unclosed` is the error), and consumes that tag.
+  absl::StatusOr<Body> ParseClosed(const std::vector<std::string>& ends, const char* unclosed, int line,
+                                   std::string* found_end) {
+    INFERD_ASSIGN_OR_RETURN(Body body, ParseBody(ends, found_end));
+    if (found_end->empty()) return Error(line, unclosed);
+    ++i_;
+    return body;
+  }
+
   // Parses until a block tag whose first word is one of `ends` (left unconsumed) or the end.
   absl::StatusOr<Body> ParseBody(const std::vector<std::string>& ends, std::string* found_end) {
     Body body;
@@ -568,24 +548,20 @@ class StmtParser {
         INFERD_ASSIGN_OR_RETURN(auto cond, p.Parse());
         INFERD_RETURN_IF_ERROR(p.ExpectEnd());
         st->conditions.push_back(std::move(cond));
+        const char* unclosed = "{% if %} without {% endif %}";
         while (true) {
           std::string end;
-          INFERD_ASSIGN_OR_RETURN(auto b, ParseBody({"elif", "else", "endif"}, &end));
+          INFERD_ASSIGN_OR_RETURN(auto b, ParseClosed({"elif", "else", "endif"}, unclosed, s.line, &end));
           st->bodies.push_back(std::move(b));
-          if (end.empty()) return Error(s.line, "{% if %} without {% endif %}");
-          INFERD_ASSIGN_OR_RETURN(auto tk, Lex(segs_[i_].text, segs_[i_].line));
-          const int tag_line = segs_[i_].line;
-          ++i_;
           if (end == "endif") break;
           if (end == "else") {
-            std::string end2;
-            INFERD_ASSIGN_OR_RETURN(auto eb, ParseBody({"endif"}, &end2));
-            if (end2.empty()) return Error(s.line, "{% if %} without {% endif %}");
-            ++i_;
+            INFERD_ASSIGN_OR_RETURN(auto eb, ParseClosed({"endif"}, unclosed, s.line, &end));
             st->bodies.push_back(std::move(eb));
             break;
           }
-          ExprParser ep(std::vector<Token>(tk.begin() + 1, tk.end()), tag_line);
+          const Segment& elif = segs_[i_ - 1];
+          INFERD_ASSIGN_OR_RETURN(auto tk, Lex(elif.text, elif.line));
+          ExprParser ep(std::vector<Token>(tk.begin() + 1, tk.end()), elif.line);
           INFERD_ASSIGN_OR_RETURN(auto c, ep.Parse());
           INFERD_RETURN_IF_ERROR(ep.ExpectEnd());
           st->conditions.push_back(std::move(c));
@@ -604,16 +580,12 @@ class StmtParser {
         }
         if (p.AcceptName("recursive")) return Error(s.line, "recursive loops are not supported");
         INFERD_RETURN_IF_ERROR(p.ExpectEnd());
+        const char* unclosed = "{% for %} without {% endfor %}";
         std::string end;
-        INFERD_ASSIGN_OR_RETURN(auto b, ParseBody({"else", "endfor"}, &end));
-        if (end.empty()) return Error(s.line, "{% for %} without {% endfor %}");
-        ++i_;
+        INFERD_ASSIGN_OR_RETURN(auto b, ParseClosed({"else", "endfor"}, unclosed, s.line, &end));
         st->bodies.push_back(std::move(b));
         if (end == "else") {
-          std::string end2;
-          INFERD_ASSIGN_OR_RETURN(auto eb, ParseBody({"endfor"}, &end2));
-          if (end2.empty()) return Error(s.line, "{% for %} without {% endfor %}");
-          ++i_;
+          INFERD_ASSIGN_OR_RETURN(auto eb, ParseClosed({"endfor"}, unclosed, s.line, &end));
           st->bodies.push_back(std::move(eb));
         }
       } else if (word == "set") {
@@ -633,9 +605,8 @@ class StmtParser {
       } else if (word == "generation") {  // Hugging Face's marker of assistant text; renders its body
         st->kind = Stmt::Kind::kBlock;
         std::string end;
-        INFERD_ASSIGN_OR_RETURN(auto b, ParseBody({"endgeneration"}, &end));
-        if (end.empty()) return Error(s.line, "{% generation %} without {% endgeneration %}");
-        ++i_;
+        INFERD_ASSIGN_OR_RETURN(auto b,
+                                ParseClosed({"endgeneration"}, "{% generation %} without {% endgeneration %}", s.line, &end));
         st->bodies.push_back(std::move(b));
       } else {
         return Error(s.line, absl::StrCat("'{% ", word, " %}' is not supported or is misplaced"));
