@@ -71,16 +71,6 @@ void UnpermuteRotaryRows(Matrix* m, int32_t heads, int32_t head_dim) {
   m->data = std::move(out);
 }
 
-Matrix StackRows(std::initializer_list<const Matrix*> parts) {
-  Matrix m;
-  m.cols = (*parts.begin())->cols;
-  for (const Matrix* p : parts) {
-    m.data.insert(m.data.end(), p->data.begin(), p->data.end());
-    m.rows += p->rows;
-  }
-  return m;
-}
-
 }  // namespace
 
 std::string GgufString(const GgufContents& g, std::string_view key) {
@@ -188,9 +178,7 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& f, const ModelConfi
       INFERD_RETURN_IF_ERROR(Read(f, p + "attn_q.bias", {q_dim}, &qb, &types));
       INFERD_RETURN_IF_ERROR(Read(f, p + "attn_k.bias", {kv_dim}, &kb, &types));
       INFERD_RETURN_IF_ERROR(Read(f, p + "attn_v.bias", {kv_dim}, &vb, &types));
-      L.qkv_bias.rows = 1;
-      for (const Matrix* b : {&qb, &kb, &vb}) L.qkv_bias.data.insert(L.qkv_bias.data.end(), b->data.begin(), b->data.end());
-      L.qkv_bias.cols = static_cast<int64_t>(L.qkv_bias.data.size());
+      L.qkv_bias = ConcatVectors({&qb, &kb, &vb});
     }
     INFERD_RETURN_IF_ERROR(Read(f, p + "attn_output.weight", {q_dim, h}, &L.o, &types));
     INFERD_RETURN_IF_ERROR(Read(f, p + "ffn_norm.weight", {h}, &L.post_norm, &types));

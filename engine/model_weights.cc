@@ -87,7 +87,8 @@ class TensorSource {
   std::string dtype_;
 };
 
-// Stacks matrices with equal column counts row-wise.
+}  // namespace
+
 Matrix StackRows(std::initializer_list<const Matrix*> parts) {
   Matrix m;
   m.cols = (*parts.begin())->cols;
@@ -107,8 +108,6 @@ Matrix ConcatVectors(std::initializer_list<const Matrix*> parts) {
   }
   return m;
 }
-
-}  // namespace
 
 absl::StatusOr<ModelWeights> LoadHfWeights(const std::string& dir, const ModelConfig& c) {
   TensorSource src;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,11 @@ struct Matrix {
   int64_t rows = 0;
   int64_t cols = 0;
 };
+
+// Stacks matrices with equal column counts row-wise (q, k, v into qkv; gate, up into gate_up).
+Matrix StackRows(std::initializer_list<const Matrix*> parts);
+// Joins vectors end to end (the q, k and v biases).
+Matrix ConcatVectors(std::initializer_list<const Matrix*> parts);
 
 struct LayerWeights {
   Matrix input_norm;  // [1, hidden]
