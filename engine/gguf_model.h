@@ -8,6 +8,7 @@
 #include "engine/gguf.h"
 #include "engine/model_config.h"
 #include "engine/model_weights.h"
+#include "nlohmann/json.hpp"
 
 namespace inferd {
 
@@ -18,9 +19,9 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file);
 // llama.cpp's interleaved rotary order into the Hugging Face (rotate-half) order the forward pass uses.
 absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& file, const ModelConfig& config);
 
-// The tokenizer as a Hugging Face tokenizer.json text built from `tokenizer.ggml.*`: gpt2 (byte-level BPE,
-// the pre-tokenizer named by tokenizer.ggml.pre) or llama (SentencePiece BPE, merges ranked by score).
-absl::StatusOr<std::string> GgufTokenizerJson(const GgufContents& gguf);
+// The tokenizer as the Hugging Face tokenizer.json document built from `tokenizer.ggml.*`: gpt2 (byte-level
+// BPE, the pre-tokenizer named by tokenizer.ggml.pre) or llama (SentencePiece BPE, merges ranked by score).
+absl::StatusOr<nlohmann::json> GgufTokenizerJson(const GgufContents& gguf);
 
 // The string value of a metadata key, or "" when absent or not a string.
 std::string GgufString(const GgufContents& gguf, std::string_view key);

@@ -78,7 +78,7 @@ json MergesFromScores(const std::vector<std::string>& tokens, const std::vector<
 
 }  // namespace
 
-absl::StatusOr<std::string> GgufTokenizerJson(const GgufContents& g) {
+absl::StatusOr<json> GgufTokenizerJson(const GgufContents& g) {
   const std::string model = GgufString(g, "tokenizer.ggml.model");
   const GgufValue* tokens_v = g.Find("tokenizer.ggml.tokens");
   if (!tokens_v || tokens_v->type != GgufType::kArray || tokens_v->elem_type != GgufType::kString ||
@@ -165,7 +165,7 @@ absl::StatusOr<std::string> GgufTokenizerJson(const GgufContents& g) {
   } else {
     j["post_processor"] = nullptr;
   }
-  return j.dump();
+  return j;
 }
 
 }  // namespace inferd

@@ -80,8 +80,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path) {
   model->name = GgufString(file->contents(), "general.name");
   if (model->name.empty()) model->name = fs::path(path).stem().string();
   INFERD_ASSIGN_OR_RETURN(model->config, GgufModelConfig(*file));
-  INFERD_ASSIGN_OR_RETURN(const std::string tokenizer_json, GgufTokenizerJson(file->contents()));
-  INFERD_ASSIGN_OR_RETURN(model->tokenizer, Tokenizer::FromJson(tokenizer_json));
+  INFERD_ASSIGN_OR_RETURN(const nlohmann::json tokenizer_spec, GgufTokenizerJson(file->contents()));
+  INFERD_ASSIGN_OR_RETURN(model->tokenizer, Tokenizer::FromSpec(tokenizer_spec));
   if (model->tokenizer->vocab_size() > model->config.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", model->tokenizer->vocab_size(),
                                                    " tokens but a vocab_size of ", model->config.vocab_size));

@@ -75,8 +75,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string& text) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("tokenizer: not a JSON object");
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("tokenizer: not a JSON object");
+  return FromSpec(j);
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSpec(const json& j) {
+  if (!j.is_object()) return absl::InvalidArgumentError("tokenizer: not a JSON object");
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   try {
     const json& m = j.at("model");

@@ -14,12 +14,15 @@
 
 #include "absl/status/statusor.h"
 #include "engine/text_pieces.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace inferd {
 
 class Tokenizer {
  public:
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(const std::string& tokenizer_json);
+  // The same from an already parsed tokenizer.json document.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromSpec(const nlohmann::json& spec);
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
   ~Tokenizer();
 

@@ -147,7 +147,7 @@ TEST_P(GgufTokenizer, IdsAndDecodesEqualHuggingFace) {
   ASSERT_TRUE(f.ok()) << f.status() << " (bash scripts/setup.sh fetches the bundled model)";
   auto json = GgufTokenizerJson((*f)->contents());
   ASSERT_TRUE(json.ok()) << json.status();
-  auto tok = Tokenizer::FromJson(*json);
+  auto tok = Tokenizer::FromSpec(*json);
   ASSERT_TRUE(tok.ok()) << tok.status();
   const nlohmann::json fixture = testing::ReadJson(testing::SourcePath(GetParam().fixture));
   ASSERT_GT(fixture["cases"].size(), 40u);
