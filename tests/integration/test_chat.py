@@ -1,10 +1,13 @@
 """Chat messages through the real server: rendered with the model's template, stopped at end of turn."""
+import json
 import os
+import shutil
+import subprocess
 
 import grpc
 import pytest
 
-from conftest import SOURCE_DIR, Server, inferd_pb2 as pb
+from conftest import INFERD_BIN, SOURCE_DIR, Server, inferd_pb2 as pb
 
 SMOLLM2 = os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -65,15 +68,20 @@ def test_template_refusal_and_empty_messages_are_invalid_argument():
         assert s.stop() == 0
 
 
-def test_model_without_a_chat_template_refuses_messages(tmp_path):
-    import json
-    import shutil
-    d = tmp_path / "no-template"
+def mistral_with_template(tmp_path, template):
+    """A copy of mistral-tiny whose tokenizer_config.json carries `template` (None: no template)."""
+    d = tmp_path / "model"
     shutil.copytree(os.path.join(SOURCE_DIR, "tests", "fixtures", "models", "mistral-tiny"), d)
     cfg = json.loads((d / "tokenizer_config.json").read_text())
-    del cfg["chat_template"]
+    cfg.pop("chat_template")
+    if template is not None:
+        cfg["chat_template"] = template
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    s = Server(model=str(d))
+    return d
+
+
+def test_model_without_a_chat_template_refuses_messages(tmp_path):
+    s = Server(model=str(mistral_with_template(tmp_path, None)))
     try:
         with pytest.raises(grpc.RpcError) as e:
             s.stub.Generate(chat(("user", "hi")))
@@ -84,15 +92,7 @@ def test_model_without_a_chat_template_refuses_messages(tmp_path):
 
 
 def test_a_template_that_does_not_parse_stops_start_up(tmp_path):
-    import json
-    import shutil
-    import subprocess
-    from conftest import INFERD_BIN
-    d = tmp_path / "bad-template"
-    shutil.copytree(os.path.join(SOURCE_DIR, "tests", "fixtures", "models", "mistral-tiny"), d)
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = "{% for m in messages %}{{ m.content }}\n{% macro f() %}{% endmacro %}{% endfor %}"
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    d = mistral_with_template(tmp_path, "{% for m in messages %}{{ m.content }}\n{% macro f() %}{% endmacro %}{% endfor %}")
     conf = tmp_path / "c.yaml"
     conf.write_text(f"model: {{path: {d}}}\n")
     r = subprocess.run([INFERD_BIN, "--config", str(conf), "--listen", "127.0.0.1:0"], capture_output=True, text=True,
