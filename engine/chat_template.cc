@@ -7,7 +7,7 @@
 namespace inferd {
 
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Compile(const std::string& source, std::string bos_token,
-                                                                     std::string eos_token) {
+                                                                    std::string eos_token) {
   std::unique_ptr<ChatTemplate> t(new ChatTemplate());
   INFERD_ASSIGN_OR_RETURN(t->body_, jinja::ParseTemplate(source));
   t->source_ = source;
@@ -33,8 +33,8 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
 }
 
 std::vector<std::string> EndOfTurnTokens(const std::string& source) {
-  static const char* kKnown[] = {"<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|end_of_turn|>",
-                                 "<|END_OF_TURN_TOKEN|>"};
+  static const char* kKnown[] = {"<|im_end|>",    "<|eot_id|>",      "<|end|>",
+                                 "<end_of_turn>", "<|end_of_turn|>", "<|END_OF_TURN_TOKEN|>"};
   std::vector<std::string> out;
   for (const char* t : kKnown) {
     if (source.find(t) != std::string::npos) out.push_back(t);

@@ -22,7 +22,9 @@ constexpr uint64_t kMaxAlignment = 1u << 16;
 constexpr uint64_t kMaxArrayElements = 1u << 24;
 constexpr uint64_t kMaxNestedArrays = 1u << 16;
 
-absl::Status Bad(const std::string& what) { return absl::InvalidArgumentError(absl::StrCat("gguf: ", what)); }
+absl::Status Bad(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("gguf: ", what));
+}
 
 // Reads little-endian values from the file, never past its end.
 class Cursor {
@@ -59,11 +61,24 @@ class Cursor {
 // The smallest number of bytes one value of this type occupies; 0 for an unknown type.
 uint64_t MinValueBytes(GgufType t) {
   switch (t) {
-    case GgufType::kU8: case GgufType::kI8: case GgufType::kBool: return 1;
-    case GgufType::kU16: case GgufType::kI16: return 2;
-    case GgufType::kU32: case GgufType::kI32: case GgufType::kF32: return 4;
-    case GgufType::kU64: case GgufType::kI64: case GgufType::kF64: case GgufType::kString: return 8;
-    case GgufType::kArray: return 12;
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kU16:
+    case GgufType::kI16:
+      return 2;
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kF32:
+      return 4;
+    case GgufType::kU64:
+    case GgufType::kI64:
+    case GgufType::kF64:
+    case GgufType::kString:
+      return 8;
+    case GgufType::kArray:
+      return 12;
   }
   return 0;
 }
@@ -71,12 +86,45 @@ uint64_t MinValueBytes(GgufType t) {
 absl::Status ReadValue(Cursor& c, GgufType type, int depth, const std::string& key, GgufValue* v) {
   v->type = type;
   switch (type) {
-    case GgufType::kU8: { uint8_t x; INFERD_RETURN_IF_ERROR(c.Read(&x, key)); v->i = x; v->u = x; break; }
-    case GgufType::kI8: { int8_t x; INFERD_RETURN_IF_ERROR(c.Read(&x, key)); v->i = x; break; }
-    case GgufType::kU16: { uint16_t x; INFERD_RETURN_IF_ERROR(c.Read(&x, key)); v->i = x; v->u = x; break; }
-    case GgufType::kI16: { int16_t x; INFERD_RETURN_IF_ERROR(c.Read(&x, key)); v->i = x; break; }
-    case GgufType::kU32: { uint32_t x; INFERD_RETURN_IF_ERROR(c.Read(&x, key)); v->i = x; v->u = x; break; }
-    case GgufType::kI32: { int32_t x; INFERD_RETURN_IF_ERROR(c.Read(&x, key)); v->i = x; break; }
+    case GgufType::kU8: {
+      uint8_t x;
+      INFERD_RETURN_IF_ERROR(c.Read(&x, key));
+      v->i = x;
+      v->u = x;
+      break;
+    }
+    case GgufType::kI8: {
+      int8_t x;
+      INFERD_RETURN_IF_ERROR(c.Read(&x, key));
+      v->i = x;
+      break;
+    }
+    case GgufType::kU16: {
+      uint16_t x;
+      INFERD_RETURN_IF_ERROR(c.Read(&x, key));
+      v->i = x;
+      v->u = x;
+      break;
+    }
+    case GgufType::kI16: {
+      int16_t x;
+      INFERD_RETURN_IF_ERROR(c.Read(&x, key));
+      v->i = x;
+      break;
+    }
+    case GgufType::kU32: {
+      uint32_t x;
+      INFERD_RETURN_IF_ERROR(c.Read(&x, key));
+      v->i = x;
+      v->u = x;
+      break;
+    }
+    case GgufType::kI32: {
+      int32_t x;
+      INFERD_RETURN_IF_ERROR(c.Read(&x, key));
+      v->i = x;
+      break;
+    }
     case GgufType::kU64: {
       uint64_t x;
       INFERD_RETURN_IF_ERROR(c.Read(&x, key));
@@ -84,9 +132,24 @@ absl::Status ReadValue(Cursor& c, GgufType type, int depth, const std::string& k
       v->i = x > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? -1 : static_cast<int64_t>(x);
       break;
     }
-    case GgufType::kI64: { int64_t x; INFERD_RETURN_IF_ERROR(c.Read(&x, key)); v->i = x; break; }
-    case GgufType::kF32: { float x; INFERD_RETURN_IF_ERROR(c.Read(&x, key)); v->f = x; break; }
-    case GgufType::kF64: { double x; INFERD_RETURN_IF_ERROR(c.Read(&x, key)); v->f = x; break; }
+    case GgufType::kI64: {
+      int64_t x;
+      INFERD_RETURN_IF_ERROR(c.Read(&x, key));
+      v->i = x;
+      break;
+    }
+    case GgufType::kF32: {
+      float x;
+      INFERD_RETURN_IF_ERROR(c.Read(&x, key));
+      v->f = x;
+      break;
+    }
+    case GgufType::kF64: {
+      double x;
+      INFERD_RETURN_IF_ERROR(c.Read(&x, key));
+      v->f = x;
+      break;
+    }
     case GgufType::kBool: {
       uint8_t x;
       INFERD_RETURN_IF_ERROR(c.Read(&x, key));
@@ -94,7 +157,8 @@ absl::Status ReadValue(Cursor& c, GgufType type, int depth, const std::string& k
       v->i = x;
       break;
     }
-    case GgufType::kString: return c.ReadString(&v->s, key);
+    case GgufType::kString:
+      return c.ReadString(&v->s, key);
     case GgufType::kArray: {
       if (depth >= kMaxArrayDepth) return Bad(absl::StrCat("metadata '", key, "': arrays nested too deep"));
       uint32_t elem;
@@ -138,44 +202,84 @@ absl::Status ReadValue(Cursor& c, GgufType type, int depth, const std::string& k
 }  // namespace
 
 const char* GgufTypeName(GgufType t) {
-  static const char* kNames[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64",
-                                 "i64", "f64"};
+  static const char* kNames[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                 "bool", "string", "array", "u64", "i64", "f64"};
   const auto i = static_cast<uint32_t>(t);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }
 
 bool GgufValue::is_integer() const {
   switch (type) {
-    case GgufType::kU8: case GgufType::kI8: case GgufType::kU16: case GgufType::kI16:
-    case GgufType::kU32: case GgufType::kI32: case GgufType::kU64: case GgufType::kI64: return true;
-    default: return false;
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kU16:
+    case GgufType::kI16:
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kU64:
+    case GgufType::kI64:
+      return true;
+    default:
+      return false;
   }
 }
 
 std::string GgmlTypeName(uint32_t type) {
   switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32: return "F32";
-    case GgmlType::kF16: return "F16";
-    case GgmlType::kBF16: return "BF16";
-    case GgmlType::kQ8_0: return "Q8_0";
-    case GgmlType::kQ4_0: return "Q4_0";
-    case GgmlType::kQ4_1: return "Q4_1";
-    case GgmlType::kQ4_K: return "Q4_K";
-    case GgmlType::kQ6_K: return "Q6_K";
+    case GgmlType::kF32:
+      return "F32";
+    case GgmlType::kF16:
+      return "F16";
+    case GgmlType::kBF16:
+      return "BF16";
+    case GgmlType::kQ8_0:
+      return "Q8_0";
+    case GgmlType::kQ4_0:
+      return "Q4_0";
+    case GgmlType::kQ4_1:
+      return "Q4_1";
+    case GgmlType::kQ4_K:
+      return "Q4_K";
+    case GgmlType::kQ6_K:
+      return "Q6_K";
   }
   return absl::StrCat("type ", type);
 }
 
 bool GgmlBlockLayout(uint32_t type, int64_t* elems, int64_t* bytes) {
   switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32: *elems = 1; *bytes = 4; return true;
-    case GgmlType::kF16: *elems = 1; *bytes = 2; return true;
-    case GgmlType::kBF16: *elems = 1; *bytes = 2; return true;
-    case GgmlType::kQ8_0: *elems = 32; *bytes = 34; return true;
-    case GgmlType::kQ4_0: *elems = 32; *bytes = 18; return true;
-    case GgmlType::kQ4_1: *elems = 32; *bytes = 20; return true;
-    case GgmlType::kQ4_K: *elems = 256; *bytes = 144; return true;
-    case GgmlType::kQ6_K: *elems = 256; *bytes = 210; return true;
+    case GgmlType::kF32:
+      *elems = 1;
+      *bytes = 4;
+      return true;
+    case GgmlType::kF16:
+      *elems = 1;
+      *bytes = 2;
+      return true;
+    case GgmlType::kBF16:
+      *elems = 1;
+      *bytes = 2;
+      return true;
+    case GgmlType::kQ8_0:
+      *elems = 32;
+      *bytes = 34;
+      return true;
+    case GgmlType::kQ4_0:
+      *elems = 32;
+      *bytes = 18;
+      return true;
+    case GgmlType::kQ4_1:
+      *elems = 32;
+      *bytes = 20;
+      return true;
+    case GgmlType::kQ4_K:
+      *elems = 256;
+      *bytes = 144;
+      return true;
+    case GgmlType::kQ6_K:
+      *elems = 256;
+      *bytes = 210;
+      return true;
   }
   return false;
 }

@@ -10,7 +10,9 @@ namespace {
 
 constexpr int64_t kMaxDim = 1 << 20;
 
-absl::Status Bad(const std::string& what) { return absl::InvalidArgumentError(absl::StrCat("gguf: ", what)); }
+absl::Status Bad(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("gguf: ", what));
+}
 
 // An integer metadata value in [lo, hi]; `fallback` when absent and optional.
 absl::StatusOr<int64_t> GetInt(const GgufContents& g, const std::string& key, int64_t lo, int64_t hi,
@@ -20,8 +22,10 @@ absl::StatusOr<int64_t> GetInt(const GgufContents& g, const std::string& key, in
     if (fallback) return *fallback;
     return Bad(absl::StrCat("metadata '", key, "' is missing"));
   }
-  if (!v->is_integer()) return Bad(absl::StrCat("metadata '", key, "' is a ", GgufTypeName(v->type), ", not an integer"));
-  if (v->i < lo || v->i > hi) return Bad(absl::StrCat("metadata '", key, "' = ", v->i, " is outside [", lo, ", ", hi, "]"));
+  if (!v->is_integer())
+    return Bad(absl::StrCat("metadata '", key, "' is a ", GgufTypeName(v->type), ", not an integer"));
+  if (v->i < lo || v->i > hi)
+    return Bad(absl::StrCat("metadata '", key, "' = ", v->i, " is outside [", lo, ", ", hi, "]"));
   return v->i;
 }
 
@@ -97,8 +101,8 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
   INFERD_ASSIGN_OR_RETURN(c.num_heads, GetInt(g, p + "attention.head_count", 1, 4096));
   INFERD_ASSIGN_OR_RETURN(c.num_kv_heads, GetInt(g, p + "attention.head_count_kv", 1, c.num_heads, c.num_heads));
   if (c.num_heads % c.num_kv_heads != 0) {
-    return Bad(absl::StrCat(p, "attention.head_count ", c.num_heads, " is not a multiple of head_count_kv ",
-                            c.num_kv_heads));
+    return Bad(
+        absl::StrCat(p, "attention.head_count ", c.num_heads, " is not a multiple of head_count_kv ", c.num_kv_heads));
   }
   INFERD_ASSIGN_OR_RETURN(c.head_dim, GetInt(g, p + "attention.key_length", 2, 1024, c.hidden_size / c.num_heads));
   if (c.head_dim % 2 != 0) return Bad(absl::StrCat("head dimension ", c.head_dim, " is odd"));
@@ -188,7 +192,8 @@ absl::StatusOr<ModelWeights> LoadGgufWeights(const GgufFile& f, const ModelConfi
     INFERD_RETURN_IF_ERROR(Read(f, p + "ffn_down.weight", {ff, h}, &L.down, &types));
   }
   // Name the file's weights by their most common type (norms are F32 in every quantized file).
-  w.stored_dtype = std::max_element(types.begin(), types.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+  w.stored_dtype =
+      std::max_element(types.begin(), types.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
   return w;
 }
 

@@ -96,20 +96,26 @@ absl::Status DequantizeGgml(uint32_t type, std::span<const uint8_t> bytes, int64
     return absl::InvalidArgumentError(absl::StrCat("gguf: cannot dequantize ", GgmlTypeName(type)));
   }
   if (numel % block_elems != 0 || static_cast<uint64_t>(numel / block_elems * block_bytes) != bytes.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("gguf: ", bytes.size(), " bytes do not hold ", numel, " ",
-                                                   GgmlTypeName(type), " elements"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gguf: ", bytes.size(), " bytes do not hold ", numel, " ", GgmlTypeName(type), " elements"));
   }
   const uint8_t* p = bytes.data();
   switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32: std::memcpy(out, p, numel * 4); break;
-    case GgmlType::kF16: ConvertToF32(DType::kF16, bytes, out); break;
-    case GgmlType::kBF16: ConvertToF32(DType::kBF16, bytes, out); break;
+    case GgmlType::kF32:
+      std::memcpy(out, p, numel * 4);
+      break;
+    case GgmlType::kF16:
+      ConvertToF32(DType::kF16, bytes, out);
+      break;
+    case GgmlType::kBF16:
+      ConvertToF32(DType::kBF16, bytes, out);
+      break;
     default: {
       void (*block)(const uint8_t*, float*) = static_cast<GgmlType>(type) == GgmlType::kQ8_0   ? Q8_0
                                               : static_cast<GgmlType>(type) == GgmlType::kQ4_0 ? Q4_0
                                               : static_cast<GgmlType>(type) == GgmlType::kQ4_1 ? Q4_1
                                               : static_cast<GgmlType>(type) == GgmlType::kQ4_K ? Q4_K
-                                                                                                : Q6_K;
+                                                                                               : Q6_K;
       const int64_t blocks = numel / block_elems;
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < blocks; ++i) block(p + i * block_bytes, out + i * block_elems);

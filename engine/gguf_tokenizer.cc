@@ -28,7 +28,9 @@ json ByteLevel(bool use_regex) {
 }
 
 // Llama 3's names: its tokenizer looks a whole word up in the vocabulary before merging (ignore_merges).
-bool IsLlama3(const std::string& pre) { return pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe"; }
+bool IsLlama3(const std::string& pre) {
+  return pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe";
+}
 
 // tokenizer.ggml.pre names (as llama.cpp's converter writes them) and the pre-tokenizer each stands for.
 absl::StatusOr<json> ByteLevelPreTokenizer(const std::string& pre) {
@@ -42,9 +44,10 @@ absl::StatusOr<json> ByteLevelPreTokenizer(const std::string& pre) {
   if (pre == "smollm") {  // every number character alone, then GPT-2's split
     return json{{"type", "Sequence"}, {"pretokenizers", {Split(R"(\p{N})"), ByteLevel(true)}}};
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "gguf: tokenizer.ggml.pre '", pre, "' is not supported; supported: default, gpt2, llama3, llama-bpe, smaug-bpe, "
-      "dbrx, qwen2, deepseek-r1-qwen, smollm"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("gguf: tokenizer.ggml.pre '", pre,
+                   "' is not supported; supported: default, gpt2, llama3, llama-bpe, smaug-bpe, "
+                   "dbrx, qwen2, deepseek-r1-qwen, smollm"));
 }
 
 // SentencePiece BPE merges from scores: every split of a token into two tokens of the vocabulary is a
@@ -65,12 +68,12 @@ json MergesFromScores(const std::vector<std::string>& tokens, const std::vector<
     for (size_t cut = 1; cut < t.size(); ++cut) {
       if ((static_cast<unsigned char>(t[cut]) & 0xC0) == 0x80) continue;  // inside a UTF-8 character
       auto l = vocab.find(t.substr(0, cut)), r = vocab.find(t.substr(cut));
-      if (l != vocab.end() && r != vocab.end()) merges.push_back({scores[i], static_cast<int32_t>(i), l->first, r->first});
+      if (l != vocab.end() && r != vocab.end())
+        merges.push_back({scores[i], static_cast<int32_t>(i), l->first, r->first});
     }
   }
-  std::stable_sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) {
-    return a.score != b.score ? a.score > b.score : a.id < b.id;
-  });
+  std::stable_sort(merges.begin(), merges.end(),
+                   [](const Merge& a, const Merge& b) { return a.score != b.score ? a.score > b.score : a.id < b.id; });
   json out = json::array();
   for (const Merge& m : merges) out.push_back({m.left, m.right});
   return out;
@@ -108,8 +111,13 @@ absl::StatusOr<json> GgufTokenizerJson(const GgufContents& g) {
   json added = json::array();
   for (size_t i = 0; i < n; ++i) {
     if (types[i] == kControl || types[i] == kUnknown || types[i] == kUserDefined) {
-      added.push_back({{"id", i}, {"content", tokens[i]}, {"special", types[i] != kUserDefined}, {"lstrip", false},
-                       {"rstrip", false}, {"normalized", types[i] == kUserDefined}, {"single_word", false}});
+      added.push_back({{"id", i},
+                       {"content", tokens[i]},
+                       {"special", types[i] != kUserDefined},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", types[i] == kUserDefined},
+                       {"single_word", false}});
     }
   }
   j["added_tokens"] = added;
@@ -120,7 +128,10 @@ absl::StatusOr<json> GgufTokenizerJson(const GgufContents& g) {
     if (!merges_v || merges_v->type != GgufType::kArray || merges_v->elem_type != GgufType::kString) {
       return absl::InvalidArgumentError("gguf: a gpt2 tokenizer needs tokenizer.ggml.merges (an array of strings)");
     }
-    j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges_v->strings}, {"byte_fallback", false},
+    j["model"] = {{"type", "BPE"},
+                  {"vocab", vocab},
+                  {"merges", merges_v->strings},
+                  {"byte_fallback", false},
                   {"ignore_merges", IsLlama3(GgufString(g, "tokenizer.ggml.pre"))}};
     auto pre = ByteLevelPreTokenizer(GgufString(g, "tokenizer.ggml.pre"));
     if (!pre.ok()) return pre.status();
@@ -135,8 +146,11 @@ absl::StatusOr<json> GgufTokenizerJson(const GgufContents& g) {
       return absl::InvalidArgumentError(
           absl::StrCat("gguf: a llama tokenizer needs tokenizer.ggml.scores, a float array of ", n, " entries"));
     }
-    j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", MergesFromScores(tokens, scores_v->floats, types)},
-                  {"byte_fallback", true}, {"fuse_unk", true}};
+    j["model"] = {{"type", "BPE"},
+                  {"vocab", vocab},
+                  {"merges", MergesFromScores(tokens, scores_v->floats, types)},
+                  {"byte_fallback", true},
+                  {"fuse_unk", true}};
     if (auto unk = id_of("tokenizer.ggml.unknown_token_id")) j["model"]["unk_token"] = tokens[*unk];
     const GgufValue* prefix = g.Find("tokenizer.ggml.add_space_prefix");
     const bool add_prefix = !prefix || prefix->i != 0;
@@ -158,10 +172,10 @@ absl::StatusOr<json> GgufTokenizerJson(const GgufContents& g) {
   const bool add_bos = add_bos_v ? add_bos_v->i != 0 : model == "llama";
   if (add_bos && bos) {
     const std::string& b = tokens[*bos];
-    j["post_processor"] = {{"type", "TemplateProcessing"},
-                           {"single", {{{"SpecialToken", {{"id", b}, {"type_id", 0}}}},
-                                       {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-                           {"special_tokens", {{b, {{"id", b}, {"ids", {*bos}}, {"tokens", {b}}}}}}};
+    j["post_processor"] = {
+        {"type", "TemplateProcessing"},
+        {"single", {{{"SpecialToken", {{"id", b}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"special_tokens", {{b, {{"id", b}, {"ids", {*bos}}, {"tokens", {b}}}}}}};
   } else {
     j["post_processor"] = nullptr;
   }

@@ -58,8 +58,8 @@ absl::Status Finish(std::vector<int32_t> eos, const std::string& chat_template, 
     }
   }
   if (model->bos_token_id && (*model->bos_token_id < 0 || *model->bos_token_id >= model->tokenizer->vocab_size())) {
-    return absl::InvalidArgumentError(absl::StrCat("bos_token_id ", *model->bos_token_id,
-                                                   " is outside the vocabulary [0, ", model->tokenizer->vocab_size(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bos_token_id ", *model->bos_token_id, " is outside the vocabulary [0, ", model->tokenizer->vocab_size(), ")"));
   }
   if (texts_from_ids && model->bos_token_id) model->bos_token = model->tokenizer->IdToToken(*model->bos_token_id);
   if (texts_from_ids && !eos.empty() && model->eos_token.empty()) {
@@ -89,8 +89,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path) {
   INFERD_ASSIGN_OR_RETURN(model->weights, LoadGgufWeights(*file, model->config));
   if (model->config.bos_token_id >= 0) model->bos_token_id = model->config.bos_token_id;
   const std::string chat_template = GgufString(file->contents(), "tokenizer.chat_template");
-  if (const GgufValue* v = file->contents().Find("tokenizer.ggml.eos_token_id"); v && v->is_integer() && v->i >= 0 &&
-                                                                                 v->i < model->tokenizer->vocab_size()) {
+  if (const GgufValue* v = file->contents().Find("tokenizer.ggml.eos_token_id");
+      v && v->is_integer() && v->i >= 0 && v->i < model->tokenizer->vocab_size()) {
     model->eos_token = model->tokenizer->IdToToken(static_cast<int32_t>(v->i));
   }
   INFERD_RETURN_IF_ERROR(Finish(model->config.eos_token_ids, chat_template, /*texts_from_ids=*/true, model.get()));
@@ -102,8 +102,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path) {
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path) {
   const fs::path dir(path);
   if (!fs::exists(dir)) {
-    return absl::NotFoundError(absl::StrCat("model.path '", path,
-                                            "' does not exist (`bash scripts/setup.sh` fetches the default model)"));
+    return absl::NotFoundError(
+        absl::StrCat("model.path '", path, "' does not exist (`bash scripts/setup.sh` fetches the default model)"));
   }
   if (!fs::is_directory(dir)) {
     auto model = LoadGgufModel(path);

@@ -21,7 +21,7 @@ struct Model {
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t> eos_token_ids;  // config.json ∪ generation_config.json ∪ tokenizer_config.json
   std::optional<int32_t> bos_token_id;
-  std::string bos_token, eos_token;  // their text, as chat templates use them
+  std::string bos_token, eos_token;             // their text, as chat templates use them
   std::unique_ptr<ChatTemplate> chat_template;  // null when the model has none
 };
 

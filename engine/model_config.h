@@ -11,7 +11,7 @@ namespace inferd {
 
 struct RopeConfig {
   double theta = 10000.0;
-  std::string type = "default";  // default | llama3 | linear | factors
+  std::string type = "default";     // default | llama3 | linear | factors
   std::vector<float> freq_factors;  // factors: per-frequency divisors (GGUF rope_freqs.weight)
   double factor = 1.0;
   double low_freq_factor = 1.0;                     // llama3

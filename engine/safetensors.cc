@@ -98,20 +98,21 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensorsHeader(std::st
   std::sort(spans.begin(), spans.end());
   for (size_t k = 1; k < spans.size(); ++k) {
     if (out.at(*spans[k - 1].second).end > spans[k].first) {
-      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensors '", *spans[k - 1].second, "' and '",
-                                                     *spans[k].second, "' overlap"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors: tensors '", *spans[k - 1].second, "' and '", *spans[k].second, "' overlap"));
     }
   }
   return out;
 }
 
 absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensors(std::span<const uint8_t> file) {
-  if (file.size() < 8) return absl::InvalidArgumentError(absl::StrCat(file.size(), " bytes is too short for safetensors"));
+  if (file.size() < 8)
+    return absl::InvalidArgumentError(absl::StrCat(file.size(), " bytes is too short for safetensors"));
   uint64_t header_len = 0;
   std::memcpy(&header_len, file.data(), 8);
   if (header_len > kMaxHeaderBytes || header_len > file.size() - 8) {
-    return absl::InvalidArgumentError(absl::StrCat("header length ", header_len, " exceeds the file size or the ",
-                                                   kMaxHeaderBytes, "-byte limit"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("header length ", header_len, " exceeds the file size or the ", kMaxHeaderBytes, "-byte limit"));
   }
   return ParseSafetensorsHeader(std::string_view(reinterpret_cast<const char*>(file.data() + 8), header_len),
                                 file.size() - 8 - header_len);

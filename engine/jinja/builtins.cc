@@ -10,15 +10,23 @@
 namespace inferd::jinja {
 namespace {
 
-absl::Status Error(const std::string& what) { return absl::InvalidArgumentError(what); }
+absl::Status Error(const std::string& what) {
+  return absl::InvalidArgumentError(what);
+}
 
-bool IsSpace(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
+bool IsSpace(char c) {
+  return std::isspace(static_cast<unsigned char>(c)) != 0;
+}
 
 std::string Strip(const std::string& s, const Value& chars, bool left, bool right) {
-  auto drop = [&](char c) { return chars.kind == Value::Kind::kString ? chars.s.find(c) != std::string::npos : IsSpace(c); };
+  auto drop = [&](char c) {
+    return chars.kind == Value::Kind::kString ? chars.s.find(c) != std::string::npos : IsSpace(c);
+  };
   size_t b = 0, e = s.size();
-  if (left) while (b < e && drop(s[b])) ++b;
-  if (right) while (e > b && drop(s[e - 1])) --e;
+  if (left)
+    while (b < e && drop(s[b])) ++b;
+  if (right)
+    while (e > b && drop(s[e - 1])) --e;
   return s.substr(b, e - b);
 }
 
@@ -44,10 +52,14 @@ absl::StatusOr<Value> Length(const Value& v) {
       for (unsigned char c : v.s) n += (c & 0xC0) != 0x80;
       return Value::Int(n);
     }
-    case Value::Kind::kList: return Value::Int(static_cast<int64_t>(v.list->size()));
-    case Value::Kind::kDict: return Value::Int(static_cast<int64_t>(v.dict->size()));
-    case Value::Kind::kUndefined: return Value::Int(0);
-    default: return Error(absl::StrCat("length of a ", KindName(v.kind)));
+    case Value::Kind::kList:
+      return Value::Int(static_cast<int64_t>(v.list->size()));
+    case Value::Kind::kDict:
+      return Value::Int(static_cast<int64_t>(v.dict->size()));
+    case Value::Kind::kUndefined:
+      return Value::Int(0);
+    default:
+      return Error(absl::StrCat("length of a ", KindName(v.kind)));
   }
 }
 
@@ -75,12 +87,14 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& v, const
   if (name == "length" || name == "count") return Length(v);
   if (name == "upper" || name == "lower") {
     INFERD_ASSIGN_OR_RETURN(std::string s, NeedString(v, name));
-    for (char& c : s) c = name == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c));
+    for (char& c : s)
+      c = name == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c));
     return Value::Str(s);
   }
   if (name == "capitalize") {
     INFERD_ASSIGN_OR_RETURN(std::string s, NeedString(v, name));
-    for (size_t k = 0; k < s.size(); ++k) s[k] = k ? std::tolower(static_cast<unsigned char>(s[k])) : std::toupper(static_cast<unsigned char>(s[k]));
+    for (size_t k = 0; k < s.size(); ++k)
+      s[k] = k ? std::tolower(static_cast<unsigned char>(s[k])) : std::toupper(static_cast<unsigned char>(s[k]));
     return Value::Str(s);
   }
   if (name == "default" || name == "d") {
@@ -90,14 +104,19 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& v, const
   }
   if (name == "tojson") {
     const Value indent = args.Get(0, "indent", Value::None());
-    INFERD_ASSIGN_OR_RETURN(std::string s, ToJson(v, indent.kind == Value::Kind::kInt ? static_cast<int>(indent.i) : -1));
+    INFERD_ASSIGN_OR_RETURN(std::string s,
+                            ToJson(v, indent.kind == Value::Kind::kInt ? static_cast<int>(indent.i) : -1));
     return Value::Str(s);
   }
   if (name == "string") return Value::Str(ToOutput(v));
   if (name == "safe") return v;
   if (name == "int") {
     if (v.kind == Value::Kind::kString) {
-      try { return Value::Int(std::stoll(v.s)); } catch (...) { return Value::Int(0); }
+      try {
+        return Value::Int(std::stoll(v.s));
+      } catch (...) {
+        return Value::Int(0);
+      }
     }
     return Value::Int(v.is_number() ? static_cast<int64_t>(v.as_double()) : 0);
   }
@@ -220,7 +239,8 @@ absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& v, const Ar
   if (name == "ne" || name == "!=") return !Equal(v, args.Get(0, "other"));
   if (name == "in") {
     const Value c = args.Get(0, "seq");
-    if (c.kind == K::kList) return std::any_of(c.list->begin(), c.list->end(), [&](const Value& x) { return Equal(x, v); });
+    if (c.kind == K::kList)
+      return std::any_of(c.list->begin(), c.list->end(), [&](const Value& x) { return Equal(x, v); });
     if (c.kind == K::kString && v.kind == K::kString) return c.s.find(v.s) != std::string::npos;
     if (c.kind == K::kDict && v.kind == K::kString) return c.Find(v.s) != nullptr;
     return false;
@@ -240,7 +260,8 @@ absl::StatusOr<Value> CallMethod(const Value& obj, const std::string& name, cons
       bool start = true;
       for (char& c : out) {
         const bool alpha = std::isalpha(static_cast<unsigned char>(c));
-        c = alpha ? (start ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c))) : c;
+        c = alpha ? (start ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)))
+                  : c;
         start = !alpha;
       }
       return Value::Str(out);
@@ -315,7 +336,8 @@ absl::StatusOr<Value> CallGlobal(const std::string& name, const Args& args) {
     if (args.positional.size() == 1) stop = args.positional[0].i;
     if (args.positional.size() >= 2) start = args.positional[0].i, stop = args.positional[1].i;
     if (args.positional.size() == 3) step = args.positional[2].i;
-    if (args.positional.empty() || args.positional.size() > 3 || step == 0) return Error("range(stop) or range(start, stop[, step])");
+    if (args.positional.empty() || args.positional.size() > 3 || step == 0)
+      return Error("range(stop) or range(start, stop[, step])");
     List out;
     for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
       if (out.size() >= 1000000) return Error("range is too long");

@@ -21,7 +21,9 @@ struct Segment {
   int line;
 };
 
-bool IsSpaceNoNewline(char c) { return c == ' ' || c == '\t'; }
+bool IsSpaceNoNewline(char c) {
+  return c == ' ' || c == '\t';
+}
 
 absl::StatusOr<std::vector<Segment>> Segments(const std::string& src) {
   std::vector<Segment> out;
@@ -49,8 +51,10 @@ absl::StatusOr<std::vector<Segment>> Segments(const std::string& src) {
       line_starting = k > 0 && text[k - 1] == '\n';
       text.erase(0, k);
     } else if (trim_next_newline) {
-      if (text.rfind("\r\n", 0) == 0) text.erase(0, 2), line_starting = true;
-      else if (!text.empty() && text[0] == '\n') text.erase(0, 1), line_starting = true;
+      if (text.rfind("\r\n", 0) == 0)
+        text.erase(0, 2), line_starting = true;
+      else if (!text.empty() && text[0] == '\n')
+        text.erase(0, 1), line_starting = true;
     }
     strip_next = trim_next_newline = false;
     if (open == std::string::npos) {
@@ -82,8 +86,10 @@ absl::StatusOr<std::vector<Segment>> Segments(const std::string& src) {
     for (; k + 1 < src.size(); ++k) {
       const char c = src[k];
       if (kind != '#' && quote) {
-        if (c == '\\') ++k;
-        else if (c == quote) quote = 0;
+        if (c == '\\')
+          ++k;
+        else if (c == quote)
+          quote = 0;
         continue;
       }
       if (kind != '#' && (c == '\'' || c == '"')) {
@@ -185,22 +191,37 @@ absl::StatusOr<std::vector<Token>> Lex(const std::string& s, int line) {
         }
         const char x = s[++e];
         switch (x) {
-          case 'n': v.push_back('\n'); break;
-          case 't': v.push_back('\t'); break;
-          case 'r': v.push_back('\r'); break;
-          case '\\': v.push_back('\\'); break;
-          case '\'': v.push_back('\''); break;
-          case '"': v.push_back('"'); break;
-          case '\n': break;
-          default: v.push_back('\\'); v.push_back(x);
+          case 'n':
+            v.push_back('\n');
+            break;
+          case 't':
+            v.push_back('\t');
+            break;
+          case 'r':
+            v.push_back('\r');
+            break;
+          case '\\':
+            v.push_back('\\');
+            break;
+          case '\'':
+            v.push_back('\'');
+            break;
+          case '"':
+            v.push_back('"');
+            break;
+          case '\n':
+            break;
+          default:
+            v.push_back('\\');
+            v.push_back(x);
         }
       }
       if (e >= s.size()) return Error(line, "unterminated string literal");
       out.push_back({Token::Kind::kString, "", Value::Str(std::move(v))});
       k = e + 1;
     } else {
-      static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "(", ")", "[", "]", "{", "}", ".", ",", ":",
-                                   "|", "+", "-", "*", "/", "%", "~", "<", ">", "="};
+      static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "(", ")", "[", "]", "{", "}", ".",
+                                   ",",  ":",  "|",  "+",  "-",  "*",  "/", "%", "~", "<", ">", "="};
       bool found = false;
       for (const char* op : kOps) {
         if (s.compare(k, std::strlen(op), op) == 0) {
@@ -234,7 +255,8 @@ class ExprParser {
     return Error(line_, absl::StrCat("expected '", o, "' but found '", Describe(), "'"));
   }
   absl::StatusOr<std::string> Name() {
-    if (t_[p_].kind != Token::Kind::kName) return Error(line_, absl::StrCat("expected a name, found '", Describe(), "'"));
+    if (t_[p_].kind != Token::Kind::kName)
+      return Error(line_, absl::StrCat("expected a name, found '", Describe(), "'"));
     return t_[p_++].text;
   }
   std::string Describe() const {
@@ -435,10 +457,14 @@ class ExprParser {
     if (t.kind == Token::Kind::kName) {
       const std::string n = t_[p_++].text;
       auto e = Node(Expr::Kind::kLiteral);
-      if (n == "true" || n == "True") e->value = Value::Bool(true);
-      else if (n == "false" || n == "False") e->value = Value::Bool(false);
-      else if (n == "none" || n == "None") e->value = Value::None();
-      else e = Node(Expr::Kind::kName, n);
+      if (n == "true" || n == "True")
+        e->value = Value::Bool(true);
+      else if (n == "false" || n == "False")
+        e->value = Value::Bool(false);
+      else if (n == "none" || n == "None")
+        e->value = Value::None();
+      else
+        e = Node(Expr::Kind::kName, n);
       return e;
     }
     if (AcceptOp("(")) {
@@ -605,8 +631,8 @@ class StmtParser {
       } else if (word == "generation") {  // Hugging Face's marker of assistant text; renders its body
         st->kind = Stmt::Kind::kBlock;
         std::string end;
-        INFERD_ASSIGN_OR_RETURN(auto b,
-                                ParseClosed({"endgeneration"}, "{% generation %} without {% endgeneration %}", s.line, &end));
+        INFERD_ASSIGN_OR_RETURN(
+            auto b, ParseClosed({"endgeneration"}, "{% generation %} without {% endgeneration %}", s.line, &end));
         st->bodies.push_back(std::move(b));
       } else {
         return Error(s.line, absl::StrCat("'{% ", word, " %}' is not supported or is misplaced"));

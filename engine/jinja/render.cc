@@ -42,7 +42,9 @@ class Renderer {
  private:
   absl::Status ExecOne(const Stmt& st, Flow* flow) {
     switch (st.kind) {
-      case Stmt::Kind::kText: Emit(st.text); break;
+      case Stmt::Kind::kText:
+        Emit(st.text);
+        break;
       case Stmt::Kind::kOutput: {
         INFERD_ASSIGN_OR_RETURN(Value v, Eval(*st.expr));
         Emit(ToOutput(v));
@@ -59,7 +61,8 @@ class Renderer {
         }
         break;
       }
-      case Stmt::Kind::kFor: return ExecFor(st);
+      case Stmt::Kind::kFor:
+        return ExecFor(st);
       case Stmt::Kind::kSet: {
         INFERD_ASSIGN_OR_RETURN(Value v, Eval(*st.expr));
         if (st.targets.size() == 1) {
@@ -74,9 +77,14 @@ class Renderer {
         }
         break;
       }
-      case Stmt::Kind::kBreak: *flow = Flow::kBreak; break;
-      case Stmt::Kind::kContinue: *flow = Flow::kContinue; break;
-      case Stmt::Kind::kBlock: return Exec(st.bodies[0], flow);
+      case Stmt::Kind::kBreak:
+        *flow = Flow::kBreak;
+        break;
+      case Stmt::Kind::kContinue:
+        *flow = Flow::kContinue;
+        break;
+      case Stmt::Kind::kBlock:
+        return Exec(st.bodies[0], flow);
     }
     if (out_.size() > kMaxOutputBytes) return Error(st.line, "the rendered prompt exceeds 16 MiB");
     return absl::OkStatus();
@@ -101,7 +109,8 @@ class Renderer {
         return absl::OkStatus();
       }
       if (item.kind != Value::Kind::kList || item.list->size() != st.targets.size()) {
-        return Error(st.line, absl::StrCat("cannot unpack a ", KindName(item.kind), " into ", st.targets.size(), " names"));
+        return Error(st.line,
+                     absl::StrCat("cannot unpack a ", KindName(item.kind), " into ", st.targets.size(), " names"));
       }
       for (size_t k = 0; k < st.targets.size(); ++k) scopes_.back()[st.targets[k]] = (*item.list)[k];
       return absl::OkStatus();
@@ -176,7 +185,8 @@ class Renderer {
   absl::StatusOr<Value> EvalInner(const Expr& e) {
     using K = Expr::Kind;
     switch (e.kind) {
-      case K::kLiteral: return e.value;
+      case K::kLiteral:
+        return e.value;
       case K::kName: {
         const Value* v = Lookup(e.name);
         return v ? *v : Value();
@@ -207,8 +217,10 @@ class Renderer {
         INFERD_ASSIGN_OR_RETURN(Value key, Eval(*e.args[1]));
         return Index(obj, key);
       }
-      case K::kSlice: return Slice(e);
-      case K::kCall: return Call(e);
+      case K::kSlice:
+        return Slice(e);
+      case K::kCall:
+        return Call(e);
       case K::kFilter: {
         INFERD_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
         INFERD_ASSIGN_OR_RETURN(Args a, EvalArgs(e, 1));
@@ -227,7 +239,8 @@ class Renderer {
         if (v.kind == Value::Kind::kFloat) return Value::Float(e.name == "-" ? -v.f : v.f);
         return Error(e.line, absl::StrCat("unary ", e.name, " of a ", KindName(v.kind)));
       }
-      case K::kBinary: return Binary(e);
+      case K::kBinary:
+        return Binary(e);
       case K::kTernary: {
         INFERD_ASSIGN_OR_RETURN(Value c, Eval(*e.args[1]));
         if (c.Truthy()) return Eval(*e.args[0]);
@@ -244,14 +257,15 @@ class Renderer {
       return v ? *v : Value();
     }
     if ((obj.kind == Value::Kind::kList || obj.kind == Value::Kind::kString) && key.kind == Value::Kind::kInt) {
-      const int64_t n = obj.kind == Value::Kind::kList ? static_cast<int64_t>(obj.list->size())
-                                                      : static_cast<int64_t>(obj.s.size());
+      const int64_t n =
+          obj.kind == Value::Kind::kList ? static_cast<int64_t>(obj.list->size()) : static_cast<int64_t>(obj.s.size());
       int64_t k = key.i < 0 ? key.i + n : key.i;
       if (k < 0 || k >= n) return Value();
       return obj.kind == Value::Kind::kList ? (*obj.list)[k] : Value::Str(obj.s.substr(k, 1));
     }
     if (obj.is_undefined()) return Value();
-    return absl::InvalidArgumentError(absl::StrCat("cannot index a ", KindName(obj.kind), " with a ", KindName(key.kind)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot index a ", KindName(obj.kind), " with a ", KindName(key.kind)));
   }
 
   absl::StatusOr<Value> Slice(const Expr& e) {
@@ -264,7 +278,8 @@ class Renderer {
       }
     }
     const bool is_list = obj.kind == Value::Kind::kList;
-    if (!is_list && obj.kind != Value::Kind::kString) return Error(e.line, absl::StrCat("cannot slice a ", KindName(obj.kind)));
+    if (!is_list && obj.kind != Value::Kind::kString)
+      return Error(e.line, absl::StrCat("cannot slice a ", KindName(obj.kind)));
     const int64_t n = is_list ? static_cast<int64_t>(obj.list->size()) : static_cast<int64_t>(obj.s.size());
     const int64_t step = b[2].kind == Value::Kind::kInt ? b[2].i : 1;
     if (step == 0) return Error(e.line, "slice step cannot be zero");
@@ -277,8 +292,10 @@ class Renderer {
     List items;
     std::string s;
     for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
-      if (is_list) items.push_back((*obj.list)[k]);
-      else s.push_back(obj.s[k]);
+      if (is_list)
+        items.push_back((*obj.list)[k]);
+      else
+        s.push_back(obj.s[k]);
     }
     return is_list ? Value::MakeList(std::move(items)) : Value::Str(std::move(s));
   }
@@ -293,8 +310,9 @@ class Renderer {
     if (callee.kind == Expr::Kind::kName && IsGlobalFunction(callee.name) && !Lookup(callee.name)) {
       return CallGlobal(callee.name, a);
     }
-    return Error(e.line, "only methods and the functions range, namespace, dict, strftime_now and raise_exception "
-                         "can be called");
+    return Error(e.line,
+                 "only methods and the functions range, namespace, dict, strftime_now and raise_exception "
+                 "can be called");
   }
 
   absl::StatusOr<Value> Binary(const Expr& e) {
@@ -345,7 +363,8 @@ class Renderer {
     if (op == "+") return ints ? Value::Int(x + y) : Value::Float(fx + fy);
     if (op == "-") return ints ? Value::Int(x - y) : Value::Float(fx - fy);
     if (op == "*") return ints ? Value::Int(x * y) : Value::Float(fx * fy);
-    if (op == "**") return ints && y >= 0 ? Value::Int(static_cast<int64_t>(std::pow(fx, fy))) : Value::Float(std::pow(fx, fy));
+    if (op == "**")
+      return ints && y >= 0 ? Value::Int(static_cast<int64_t>(std::pow(fx, fy))) : Value::Float(std::pow(fx, fy));
     if (fy == 0) return Error(e.line, "division by zero");
     if (op == "/") return Value::Float(fx / fy);
     if (op == "//") {

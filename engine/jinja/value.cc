@@ -23,13 +23,27 @@ void JsonString(const std::string& s, std::string* out) {
   out->push_back('"');
   for (unsigned char c : s) {
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           *out += absl::StrFormat("\\u%04x", c);
@@ -48,17 +62,28 @@ absl::Status Json(const Value& v, int indent, int depth, std::string* out) {
   const char* item_sep = indent < 0 ? ", " : ",";
   switch (v.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: *out += "null"; break;
-    case Value::Kind::kBool: *out += v.b ? "true" : "false"; break;
-    case Value::Kind::kInt: *out += std::to_string(v.i); break;
+    case Value::Kind::kNone:
+      *out += "null";
+      break;
+    case Value::Kind::kBool:
+      *out += v.b ? "true" : "false";
+      break;
+    case Value::Kind::kInt:
+      *out += std::to_string(v.i);
+      break;
     case Value::Kind::kFloat: {
       if (!std::isfinite(v.f)) return absl::InvalidArgumentError("tojson: non-finite float");
       *out += FloatRepr(v.f);
       break;
     }
-    case Value::Kind::kString: JsonString(v.s, out); break;
+    case Value::Kind::kString:
+      JsonString(v.s, out);
+      break;
     case Value::Kind::kList: {
-      if (v.list->empty()) { *out += "[]"; break; }
+      if (v.list->empty()) {
+        *out += "[]";
+        break;
+      }
       *out += "[";
       for (size_t k = 0; k < v.list->size(); ++k) {
         *out += k ? item_sep + nl : nl;
@@ -69,7 +94,10 @@ absl::Status Json(const Value& v, int indent, int depth, std::string* out) {
       break;
     }
     case Value::Kind::kDict: {
-      if (v.dict->empty()) { *out += "{}"; break; }
+      if (v.dict->empty()) {
+        *out += "{}";
+        break;
+      }
       *out += "{";
       for (size_t k = 0; k < v.dict->size(); ++k) {
         *out += k ? item_sep + nl : nl;
@@ -90,13 +118,20 @@ std::string PyStringRepr(const std::string& s) {
   const char q = use_double ? '"' : '\'';
   std::string out(1, q);
   for (unsigned char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == q) out += std::string("\\") + static_cast<char>(q);
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
-    else if (c < 0x20 || c == 0x7f) out += absl::StrFormat("\\x%02x", c);
-    else out.push_back(static_cast<char>(c));
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == q)
+      out += std::string("\\") + static_cast<char>(q);
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c < 0x20 || c == 0x7f)
+      out += absl::StrFormat("\\x%02x", c);
+    else
+      out.push_back(static_cast<char>(c));
   }
   out.push_back(q);
   return out;
@@ -106,14 +141,22 @@ std::string PyStringRepr(const std::string& s) {
 
 const char* KindName(Value::Kind k) {
   switch (k) {
-    case Value::Kind::kUndefined: return "undefined";
-    case Value::Kind::kNone: return "none";
-    case Value::Kind::kBool: return "bool";
-    case Value::Kind::kInt: return "int";
-    case Value::Kind::kFloat: return "float";
-    case Value::Kind::kString: return "string";
-    case Value::Kind::kList: return "list";
-    case Value::Kind::kDict: return "dict";
+    case Value::Kind::kUndefined:
+      return "undefined";
+    case Value::Kind::kNone:
+      return "none";
+    case Value::Kind::kBool:
+      return "bool";
+    case Value::Kind::kInt:
+      return "int";
+    case Value::Kind::kFloat:
+      return "float";
+    case Value::Kind::kString:
+      return "string";
+    case Value::Kind::kList:
+      return "list";
+    case Value::Kind::kDict:
+      return "dict";
   }
   return "?";
 }
@@ -121,13 +164,20 @@ const char* KindName(Value::Kind k) {
 bool Value::Truthy() const {
   switch (kind) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return b;
-    case Kind::kInt: return i != 0;
-    case Kind::kFloat: return f != 0;
-    case Kind::kString: return !s.empty();
-    case Kind::kList: return !list->empty();
-    case Kind::kDict: return !dict->empty();
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return b;
+    case Kind::kInt:
+      return i != 0;
+    case Kind::kFloat:
+      return f != 0;
+    case Kind::kString:
+      return !s.empty();
+    case Kind::kList:
+      return !list->empty();
+    case Kind::kDict:
+      return !dict->empty();
   }
   return false;
 }
@@ -158,8 +208,10 @@ bool Equal(const Value& a, const Value& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return true;
-    case Value::Kind::kString: return a.s == b.s;
+    case Value::Kind::kNone:
+      return true;
+    case Value::Kind::kString:
+      return a.s == b.s;
     case Value::Kind::kList: {
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k) {
@@ -175,26 +227,36 @@ bool Equal(const Value& a, const Value& b) {
       }
       return true;
     }
-    default: return false;
+    default:
+      return false;
   }
 }
 
 std::string ToOutput(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kString: return v.s;
-    default: return Repr(v);
+    case Value::Kind::kUndefined:
+      return "";
+    case Value::Kind::kString:
+      return v.s;
+    default:
+      return Repr(v);
   }
 }
 
 std::string Repr(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kBool: return v.b ? "True" : "False";
-    case Value::Kind::kInt: return std::to_string(v.i);
-    case Value::Kind::kFloat: return FloatRepr(v.f);
-    case Value::Kind::kString: return PyStringRepr(v.s);
+    case Value::Kind::kUndefined:
+      return "";
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kBool:
+      return v.b ? "True" : "False";
+    case Value::Kind::kInt:
+      return std::to_string(v.i);
+    case Value::Kind::kFloat:
+      return FloatRepr(v.f);
+    case Value::Kind::kString:
+      return PyStringRepr(v.s);
     case Value::Kind::kList: {
       std::string s = "[";
       for (size_t k = 0; k < v.list->size(); ++k) s += (k ? ", " : "") + Repr((*v.list)[k]);

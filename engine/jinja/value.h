@@ -26,16 +26,46 @@ struct Value {
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;
 
-  static Value None() { Value v; v.kind = Kind::kNone; return v; }
-  static Value Bool(bool x) { Value v; v.kind = Kind::kBool; v.b = x; return v; }
-  static Value Int(int64_t x) { Value v; v.kind = Kind::kInt; v.i = x; return v; }
-  static Value Float(double x) { Value v; v.kind = Kind::kFloat; v.f = x; return v; }
-  static Value Str(std::string x) { Value v; v.kind = Kind::kString; v.s = std::move(x); return v; }
+  static Value None() {
+    Value v;
+    v.kind = Kind::kNone;
+    return v;
+  }
+  static Value Bool(bool x) {
+    Value v;
+    v.kind = Kind::kBool;
+    v.b = x;
+    return v;
+  }
+  static Value Int(int64_t x) {
+    Value v;
+    v.kind = Kind::kInt;
+    v.i = x;
+    return v;
+  }
+  static Value Float(double x) {
+    Value v;
+    v.kind = Kind::kFloat;
+    v.f = x;
+    return v;
+  }
+  static Value Str(std::string x) {
+    Value v;
+    v.kind = Kind::kString;
+    v.s = std::move(x);
+    return v;
+  }
   static Value MakeList(List items = {}) {
-    Value v; v.kind = Kind::kList; v.list = std::make_shared<List>(std::move(items)); return v;
+    Value v;
+    v.kind = Kind::kList;
+    v.list = std::make_shared<List>(std::move(items));
+    return v;
   }
   static Value MakeDict(Dict items = {}) {
-    Value v; v.kind = Kind::kDict; v.dict = std::make_shared<Dict>(std::move(items)); return v;
+    Value v;
+    v.kind = Kind::kDict;
+    v.dict = std::make_shared<Dict>(std::move(items));
+    return v;
   }
 
   bool is_undefined() const { return kind == Kind::kUndefined; }

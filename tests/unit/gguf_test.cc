@@ -34,11 +34,7 @@ GgufBuilder OneTensor() {
 
 TEST(GgufReader, ParsesMetadataOfEveryTypeAndTensors) {
   GgufBuilder b;
-  b.Header(3, 2, 5)
-      .KvU32("a.u32", 7)
-      .KvF32("a.f32", 1.5f)
-      .KvStr("a.str", "héllo")
-      .KvStrings("a.strs", {"x", "", "yz"});
+  b.Header(3, 2, 5).KvU32("a.u32", 7).KvF32("a.f32", 1.5f).KvStr("a.str", "héllo").KvStrings("a.strs", {"x", "", "yz"});
   b.Str("a.nested").U32(9).U32(9).U64(2);  // an array of two arrays of i8
   b.U32(1).U64(2).U8(0xFF).U8(3).U32(1).U64(0);
   b.Tensor("w", {32, 2}, 8, 0).Tensor("v", {4}, 0, 96).Align().Zeros(96 + 16);
@@ -64,32 +60,116 @@ struct BadCase {
 std::vector<BadCase> BadCases() {
   std::vector<BadCase> cases;
   auto add = [&](const char* name, GgufBuilder b, const char* msg) { cases.push_back({name, std::move(b), msg}); };
-  { GgufBuilder b; b.Raw("GGML", 4).U32(3); add("bad_magic", b, "not a GGUF file"); }
-  { GgufBuilder b; b.Header(1, 0, 0); add("version_1", b, "version 1 is not supported"); }
-  { GgufBuilder b; b.Raw("GGUF", 4).U32(3).U64(0); add("truncated_header", b, "runs past the end"); }
-  { GgufBuilder b; b.Header(3, 0, kHuge); add("kv_count_2_63", b, "metadata_kv_count"); }
-  { GgufBuilder b; b.Header(3, kHuge, 0); add("tensor_count_2_63", b, "tensor_count"); }
-  { GgufBuilder b; b.Header(3, 0, 1).U64(kHuge).Zeros(64); add("key_length_2_63", b, "string length"); }
-  { GgufBuilder b; b.Header(3, 0, 1).Str("k").U32(8).U64(100).Raw("abc", 3); add("string_past_eof", b, "runs past the end of the file"); }
-  { GgufBuilder b; b.Header(3, 0, 1).Str("k").U32(9).U32(0).U64(kHuge); add("array_2_63", b, "cannot fit"); }
-  { GgufBuilder b; b.Header(3, 0, 1).Str("k").U32(13).U32(0); add("unknown_value_type", b, "unknown value type 13"); }
-  { GgufBuilder b; b.Header(3, 0, 1).Str("k").U32(7).U8(2); add("bool_2", b, "neither 0 nor 1"); }
-  { GgufBuilder b; b.Header(3, 0, 2).KvU32("k", 1).KvU32("k", 2); add("duplicate_key", b, "repeats"); }
-  { GgufBuilder b; b.Header(3, 0, 1).Str("general.alignment").U32(4).U32(48); add("alignment_48", b, "power of two"); }
-  { GgufBuilder b; b.Header(3, 1, 0).Tensor("t", {uint64_t{1} << 40, uint64_t{1} << 40}, 0, 0); add("dims_overflow", b, "overflow"); }
-  { GgufBuilder b; b.Header(3, 1, 0).Tensor("t", {0}, 0, 0); add("zero_dim", b, "zero"); }
-  { GgufBuilder b; b.Header(3, 1, 0).Tensor("t", {1, 1, 1, 1, 1}, 0, 0); add("five_dims", b, "5 dimensions"); }
-  { GgufBuilder b; b.Header(3, 1, 0).Tensor("t", {32}, 13, 0); add("unsupported_type", b, "type 13"); }
-  { GgufBuilder b; b.Header(3, 1, 0).Tensor("t", {33}, 8, 0); add("partial_block", b, "not a multiple"); }
-  { GgufBuilder b; b.Header(3, 1, 0).Tensor("t", {8}, 0, 4).Align().Zeros(64); add("misaligned_offset", b, "alignment"); }
-  { GgufBuilder b; b.Header(3, 1, 0).Tensor("t", {8}, 0, 64).Align().Zeros(32); add("offset_out_of_range", b, "outside the data section"); }
-  { GgufBuilder b; b.Header(3, 1, 0).Tensor("t", {uint64_t{1} << 32}, 0, 0).Align().Zeros(32); add("larger_than_file", b, "larger than the file"); }
+  {
+    GgufBuilder b;
+    b.Raw("GGML", 4).U32(3);
+    add("bad_magic", b, "not a GGUF file");
+  }
+  {
+    GgufBuilder b;
+    b.Header(1, 0, 0);
+    add("version_1", b, "version 1 is not supported");
+  }
+  {
+    GgufBuilder b;
+    b.Raw("GGUF", 4).U32(3).U64(0);
+    add("truncated_header", b, "runs past the end");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 0, kHuge);
+    add("kv_count_2_63", b, "metadata_kv_count");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, kHuge, 0);
+    add("tensor_count_2_63", b, "tensor_count");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 0, 1).U64(kHuge).Zeros(64);
+    add("key_length_2_63", b, "string length");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 0, 1).Str("k").U32(8).U64(100).Raw("abc", 3);
+    add("string_past_eof", b, "runs past the end of the file");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 0, 1).Str("k").U32(9).U32(0).U64(kHuge);
+    add("array_2_63", b, "cannot fit");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 0, 1).Str("k").U32(13).U32(0);
+    add("unknown_value_type", b, "unknown value type 13");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 0, 1).Str("k").U32(7).U8(2);
+    add("bool_2", b, "neither 0 nor 1");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 0, 2).KvU32("k", 1).KvU32("k", 2);
+    add("duplicate_key", b, "repeats");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 0, 1).Str("general.alignment").U32(4).U32(48);
+    add("alignment_48", b, "power of two");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 1, 0).Tensor("t", {uint64_t{1} << 40, uint64_t{1} << 40}, 0, 0);
+    add("dims_overflow", b, "overflow");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 1, 0).Tensor("t", {0}, 0, 0);
+    add("zero_dim", b, "zero");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 1, 0).Tensor("t", {1, 1, 1, 1, 1}, 0, 0);
+    add("five_dims", b, "5 dimensions");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 1, 0).Tensor("t", {32}, 13, 0);
+    add("unsupported_type", b, "type 13");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 1, 0).Tensor("t", {33}, 8, 0);
+    add("partial_block", b, "not a multiple");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 1, 0).Tensor("t", {8}, 0, 4).Align().Zeros(64);
+    add("misaligned_offset", b, "alignment");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 1, 0).Tensor("t", {8}, 0, 64).Align().Zeros(32);
+    add("offset_out_of_range", b, "outside the data section");
+  }
+  {
+    GgufBuilder b;
+    b.Header(3, 1, 0).Tensor("t", {uint64_t{1} << 32}, 0, 0).Align().Zeros(32);
+    add("larger_than_file", b, "larger than the file");
+  }
   {
     GgufBuilder b;
     b.Header(3, 2, 0).Tensor("a", {16}, 0, 0).Tensor("b", {16}, 0, 32).Align().Zeros(128);
     add("overlapping_tensors", b, "overlap");
   }
-  { GgufBuilder b; b.Header(3, 2, 0).Tensor("a", {8}, 0, 0).Tensor("a", {8}, 0, 32).Align().Zeros(64); add("duplicate_tensor", b, "repeats"); }
+  {
+    GgufBuilder b;
+    b.Header(3, 2, 0).Tensor("a", {8}, 0, 0).Tensor("a", {8}, 0, 32).Align().Zeros(64);
+    add("duplicate_tensor", b, "repeats");
+  }
   {
     GgufBuilder b;
     b.Header(3, 0, 1).Str("k").U32(9).U32(9).U64(1).U32(9).U64(1).U32(9).U64(1).U32(4).U64(1).U32(1);
@@ -167,7 +247,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(TokCase{"models/SmolLM2-135M-Instruct.Q4_1.gguf", "tests/fixtures/tokenizer/smollm2-gguf.json"},
                       TokCase{"tests/fixtures/models/llama2-tiny.gguf", "tests/fixtures/tokenizer/llama2-tiny.json"},
                       TokCase{"tests/fixtures/models/qwen2-tiny.gguf", "tests/fixtures/tokenizer/qwen2-tiny.json"}),
-    [](const auto& info) { return std::string(info.index == 0 ? "smollm2" : info.index == 1 ? "llama2" : "qwen2"); });
+    [](const auto& info) {
+      return std::string(info.index == 0 ? "smollm2" : info.index == 1 ? "llama2" : "qwen2");
+    });
 
 // The GGUF conversion holds the same weights as the Hugging Face directory, q/k rows included.
 TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {

@@ -58,7 +58,8 @@ INSTANTIATE_TEST_SUITE_P(
         Bad{"negative_dim", R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}})", 0, -1, "negative"},
         Bad{"reversed_offsets", R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}})", 8, -1, "outside"},
         Bad{"overlapping", R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                               "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 12, -1, "overlap"},
+                               "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+            12, -1, "overlap"},
         Bad{"length_2_63", "{}", 0, int64_t{1} << 62, "header length"}),
     [](const auto& info) { return std::string(info.param.name); });
 
