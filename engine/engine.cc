@@ -3,24 +3,44 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "engine/backends/cpu/cpu_backend.h"
 #include "engine/check.h"
-#include "engine/cpu_backend.h"
-#include "engine/output_processor.h"
-#include "engine/sampler.h"
+#include "engine/runtime/output_processor.h"
+#include "engine/runtime/philox.h"
+#include "engine/runtime/step_input.h"
 #include "engine/status_macros.h"
-#include "engine/step_input.h"
 #include "spdlog/spdlog.h"
 
 namespace inferd {
 
+namespace {
+
+// engine.backend: cpu, cuda (when built with CUDA), or auto: cuda when a GPU is present and the model is
+// supported there, else cpu, saying why.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const Config& config, const Model& model) {
+  const std::string& want = config.engine.backend;
+  if (want == "cuda") {
+    return absl::UnimplementedError(
+        "engine.backend = 'cuda' is not available in this build: the CUDA backend has not landed yet; use cpu or auto");
+  }
+  if (want == "auto") spdlog::info("engine.backend = auto: cpu (this build has no CUDA backend)");
+  return CreateCpuBackend(model, config.engine);
+}
+
+}  // namespace
+
 struct Engine::SequenceState {
   Sequence seq;
   std::unique_ptr<OutputProcessor> output;
-  std::mt19937_64 rng;
+  uint64_t seed = 0;                      // the client's, or drawn at admission
   std::vector<int32_t> banned_until_min;  // eos and stop ids, not sampled before min_tokens
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
+  return Create(config, CreateBackend);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, const BackendFactory& factory) {
   std::unique_ptr<Engine> e(new Engine());
   e->config_ = config;
   const absl::Time t0 = absl::Now();
@@ -31,18 +51,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
       "model '{}' loaded in {:.2f} s: {} with {} layers, hidden {}, heads {}/{} (q/kv), head_dim {}, vocab {}, "
       "weights {}",
       e->model_->name, absl::ToDoubleSeconds(absl::Now() - t0), mc.architecture, mc.num_layers, mc.hidden_size,
-      mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size, e->model_->weights.stored_dtype);
+      mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size, e->model_->tensors.stored_dtype);
 
-  std::string backend = config.engine.backend;
-  if (backend == "cuda") {
-    return absl::UnimplementedError(
-        "engine.backend = 'cuda' is not available in this build: the CUDA backend has not landed yet; use cpu or auto");
-  }
-  backend = "cpu";
-  INFERD_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanCpuMemory(*e->model_, config.engine, config.scheduler));
-  INFERD_ASSIGN_OR_RETURN(e->backend_, CreateCpuBackend(*e->model_, config.engine, plan));
-  e->backend_name_ = backend;
-  spdlog::info("memory plan ({}): {}", backend, plan.ToString());
+  INFERD_ASSIGN_OR_RETURN(e->backend_, factory(config, *e->model_));
+  const absl::Time t1 = absl::Now();
+  spdlog::info("{} backend built its weights in {:.2f} s", e->backend_->name(), absl::ToDoubleSeconds(t1 - t0));
+
+  // Measure the largest step, then give the KV pool what is left.
+  const StepLimits limits{config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
+                          config.engine.block_size};
+  INFERD_ASSIGN_OR_RETURN(e->memory_plan_, e->backend_->MeasureMemory(limits));
+  INFERD_RETURN_IF_ERROR(SizeKvPool(config.engine, &e->memory_plan_));
+  INFERD_RETURN_IF_ERROR(e->backend_->AllocateKvCache(e->memory_plan_));
+  const MemoryPlan& plan = e->memory_plan_;
+  spdlog::info("memory plan: {}", plan.ToString());
 
   e->pool_ = std::make_unique<BlockPool>(plan.num_blocks);
   e->scheduler_ = std::make_unique<Scheduler>(
@@ -63,16 +85,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
 
   // Warm-up: one real step through the backend (block 0 is free, so nothing is overwritten).
   StepInput warm;
+  warm.block_size = config.engine.block_size;
   warm.token_ids = {0};
   warm.positions = {0};
   warm.slot_mapping = {0};
   warm.query_start = {0, 1};
   warm.context_lens = {1};
-  warm.block_tables = {0};
-  warm.max_blocks_per_seq = 1;
+  warm.kv_indptr = {0, 1};
+  warm.kv_indices = {0};
+  warm.kv_last_page_len = {1};
   warm.logits_indices = {0};
-  std::vector<float> logits;
-  INFERD_RETURN_IF_ERROR(e->backend_->Forward(warm, &logits));
+  warm.sampling.push_back(SamplingRow{.params = SamplingParams{.temperature = 0}, .position = 1});
+  StepOutput warm_out;
+  INFERD_RETURN_IF_ERROR(e->backend_->Step(warm, &warm_out));
+  spdlog::info("engine ready in {:.2f} s", absl::ToDoubleSeconds(absl::Now() - t0));
   e->PublishStats();
   e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
   return e;
@@ -169,7 +195,12 @@ void Engine::TakeQueued() {
     seq.num_prompt_tokens = seq.num_tokens();
     seq.arrival = seq.request.arrival;
     state->output = std::make_unique<OutputProcessor>(model_->tokenizer.get(), &seq.request, model_->eos_token_ids);
-    state->rng.seed(seq.request.sampling.seed ? *seq.request.sampling.seed : std::random_device{}());
+    if (seq.request.sampling.seed) {
+      state->seed = *seq.request.sampling.seed;
+    } else {
+      std::random_device rd;
+      state->seed = (uint64_t{rd()} << 32) ^ rd();
+    }
     if (seq.request.stopping.min_tokens > 0) {
       if (!seq.request.stopping.ignore_eos) state->banned_until_min = model_->eos_token_ids;
       for (int32_t id : seq.request.stopping.stop_token_ids) state->banned_until_min.push_back(id);
@@ -233,30 +264,27 @@ void Engine::RunStep(const StepPlan& plan) {
   for (const ScheduledSeq& s : plan.seqs) {
     if (s.seq->first_scheduled == absl::InfinitePast()) s.seq->first_scheduled = now;
   }
-  const StepInput input = BuildStepInput(plan, config_.engine.block_size);
-  std::vector<float> logits;
-  if (absl::Status st = backend_->Forward(input, &logits); !st.ok()) {
-    spdlog::error("forward failed: {}", st.ToString());
+  StepInput input = BuildStepInput(plan, config_.engine.block_size);
+  for (const ScheduledSeq& s : plan.seqs) {
+    if (!s.wants_token) continue;
+    const Sequence& seq = *s.seq;
+    const SequenceState& st = *active_.at(seq.request.id);
+    SamplingRow& row = input.sampling.emplace_back();
+    row.params = seq.request.sampling;
+    row.position = seq.num_tokens();
+    row.uniform = SamplingUniform(st.seed, row.position);
+    row.tokens = seq.tokens;
+    row.num_prompt_tokens = seq.num_prompt_tokens;
+    if (seq.num_output_tokens() < seq.request.stopping.min_tokens) row.banned = st.banned_until_min;
+    row.top_logprobs = seq.request.top_logprobs;
+  }
+  StepOutput output;
+  if (absl::Status st = backend_->Step(input, &output); !st.ok()) {
+    spdlog::error("step failed: {}", st.ToString());
     for (const ScheduledSeq& s : plan.seqs) FinishSequence(s.seq, FinishReason::kAborted, st);
     return;
   }
-  const int32_t vocab = model_->config.vocab_size;
-  std::vector<int32_t> sampled;
-  std::vector<SampleResult> results;
-  for (const ScheduledSeq& s : plan.seqs) {
-    if (!s.wants_token) continue;
-    SequenceState& st = *active_.at(s.seq->request.id);
-    SampleContext ctx;
-    ctx.params = &s.seq->request.sampling;
-    ctx.tokens = s.seq->tokens;
-    ctx.num_prompt_tokens = s.seq->num_prompt_tokens;
-    if (s.seq->num_output_tokens() < s.seq->request.stopping.min_tokens) ctx.banned = st.banned_until_min;
-    ctx.top_logprobs = s.seq->request.top_logprobs;
-    std::span<float> row(logits.data() + results.size() * vocab, vocab);
-    results.push_back(Sample(row, ctx, st.rng));
-    sampled.push_back(results.back().token);
-  }
-  scheduler_->Update(plan, sampled);
+  scheduler_->Update(plan, output.tokens);
 
   const absl::Time done = absl::Now();
   size_t r = 0;
@@ -264,14 +292,15 @@ void Engine::RunStep(const StepPlan& plan) {
     if (!s.wants_token) continue;
     Sequence* seq = s.seq;
     SequenceState& st = *active_.at(seq->request.id);
-    const SampleResult& res = results[r++];
+    const int32_t token = output.tokens[r];
+    TokenLogprob& logprob = output.logprobs[r++];
     if (seq->first_token == absl::InfinitePast()) seq->first_token = done;
     FinishReason finish = FinishReason::kNone;
-    std::string text = st.output->Add(res.token, seq->num_output_tokens(), &finish);
+    std::string text = st.output->Add(token, seq->num_output_tokens(), &finish);
     RequestOutput out;
-    out.token_ids = {res.token};
+    out.token_ids = {token};
     out.text = std::move(text);
-    if (res.has_logprob) out.logprobs.push_back(res.logprob);
+    if (seq->request.top_logprobs > 0) out.logprobs.push_back(std::move(logprob));
     if (finish != FinishReason::kNone) {
       FinishSequence(seq, finish, absl::OkStatus(), std::move(out));
       continue;

@@ -1,10 +1,11 @@
 // The engine: one thread that owns the scheduler, the block pool and the backend and runs the step loop
-// (schedule → forward → sample → update). Submit and Abort are thread-safe and return at once.
+// (schedule → step: forward and sample on the backend → update). Submit and Abort are thread-safe and return at once.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -13,11 +14,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/backend.h"
-#include "engine/block_pool.h"
 #include "engine/config.h"
-#include "engine/model.h"
-#include "engine/scheduler.h"
+#include "engine/kv_cache/block_pool.h"
+#include "engine/model/model.h"
+#include "engine/runtime/backend.h"
+#include "engine/scheduler/scheduler.h"
 
 namespace inferd {
 
@@ -33,6 +34,9 @@ class Engine {
  public:
   // Loads the model, makes the memory plan and the backend, warms up and starts the step loop.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const Config& config);
+  // The same with the backend made by `factory` (tests use a fake one).
+  using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const Config&, const Model&)>;
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const Config& config, const BackendFactory& factory);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -50,8 +54,8 @@ class Engine {
 
   EngineStats Stats() const;
   const Model& model() const { return *model_; }
-  const MemoryPlan& memory_plan() const { return backend_->memory_plan(); }
-  const std::string& backend_name() const { return backend_name_; }
+  const MemoryPlan& memory_plan() const { return memory_plan_; }
+  std::string backend_name() const { return backend_->name(); }
   // Longest prompt + output a request may have: the model's limit, the config's and the pool's.
   int32_t max_model_len() const { return max_model_len_; }
   int32_t block_size() const { return config_.engine.block_size; }
@@ -69,7 +73,7 @@ class Engine {
   Config config_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Backend> backend_;
-  std::string backend_name_;
+  MemoryPlan memory_plan_;  // as allocated
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;
   int32_t max_model_len_ = 0;

@@ -4,7 +4,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "engine/utf8.h"
+#include "engine/tokenizer/utf8.h"
 #include "server/request_builder.h"
 #include "server/status_mapping.h"
 
@@ -313,7 +313,7 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
   info->set_max_model_len(engine->max_model_len());
   for (int32_t id : m.eos_token_ids) info->add_eos_token_ids(id);
   if (m.bos_token_id) info->set_bos_token_id(*m.bos_token_id);
-  info->set_dtype(m.weights.stored_dtype);
+  info->set_dtype(m.tensors.stored_dtype);
   info->set_block_size(engine->block_size());
   return Answer(ctx, absl::OkStatus());
 }
@@ -330,6 +330,18 @@ grpc::ServerUnaryReactor* InferenceService::GetServerInfo(grpc::CallbackServerCo
     info->set_free_kv_blocks(s.free_blocks);
     info->set_draining(engine->draining());
     info->set_backend(engine->backend_name());
+    const MemoryPlan& p = engine->memory_plan();
+    v1::MemoryPlan* mp = info->mutable_memory_plan();
+    mp->set_device(p.device);
+    mp->set_device_total_bytes(p.device_total_bytes);
+    mp->set_device_free_bytes(p.device_free_bytes);
+    mp->set_budget_bytes(p.budget_bytes);
+    mp->set_weight_bytes(p.weight_bytes);
+    mp->set_activation_bytes(p.activation_bytes);
+    mp->set_other_bytes(p.other_bytes);
+    mp->set_kv_bytes_per_block(p.kv_bytes_per_block);
+    mp->set_num_blocks(p.num_blocks);
+    mp->set_kv_bytes(p.kv_bytes());
   }
   return Answer(ctx, absl::OkStatus());
 }

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "engine/utf8.h"
+#include "engine/tokenizer/utf8.h"
 
 namespace inferd {
 namespace {

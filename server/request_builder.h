@@ -3,9 +3,9 @@
 #pragma once
 
 #include "absl/status/statusor.h"
-#include "engine/chat_template.h"
+#include "engine/chat/chat_template.h"
 #include "engine/request.h"
-#include "engine/tokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "inferd/v1/inferd.pb.h"
 
 namespace inferd {

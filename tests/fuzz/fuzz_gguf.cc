@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/gguf.h"
+#include "engine/model/formats/gguf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto g = inferd::ParseGguf({data, size});

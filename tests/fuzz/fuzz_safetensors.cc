@@ -2,7 +2,7 @@
 // parsed file lies inside the data section with the byte count its shape and dtype need.
 #include <cstdint>
 
-#include "engine/safetensors.h"
+#include "engine/model/formats/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto tensors = inferd::ParseSafetensors({data, size});

@@ -1,0 +1,44 @@
+// The cpu backend's weights: fp32 on the host, decoded from the model's tensor description, with q/k/v and
+// gate/up fused and tied embeddings shared.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/model_tensors.h"
+
+namespace inferd {
+
+// A row-major matrix [rows, cols] (a vector when rows == 1).
+struct Matrix {
+  std::vector<float> data;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+struct CpuLayerWeights {
+  Matrix input_norm;  // [1, hidden]
+  Matrix qkv;         // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
+  Matrix qkv_bias;    // [1, (num_heads + 2 * num_kv_heads) * head_dim], empty without QKV bias
+  Matrix o;           // [hidden, num_heads * head_dim]
+  Matrix post_norm;   // [1, hidden]
+  Matrix gate_up;     // [2 * intermediate, hidden]: gate rows then up rows
+  Matrix down;        // [hidden, intermediate]
+};
+
+struct CpuWeights {
+  Matrix embed;        // [vocab, hidden]
+  Matrix final_norm;   // [1, hidden]
+  Matrix lm_head_own;  // [vocab, hidden]; empty when the embeddings are tied
+  std::vector<CpuLayerWeights> layers;
+
+  const Matrix& lm_head() const { return lm_head_own.data.empty() ? embed : lm_head_own; }
+  int64_t bytes() const;
+};
+
+// Decodes every tensor to fp32, stacking the parts of fused matrices row-wise.
+absl::StatusOr<CpuWeights> BuildCpuWeights(const ModelTensors& tensors);
+
+}  // namespace inferd

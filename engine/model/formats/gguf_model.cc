@@ -1,0 +1,190 @@
+#include "engine/model/formats/gguf_model.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+
+namespace inferd {
+namespace {
+
+constexpr int64_t kMaxDim = 1 << 20;
+
+absl::Status Bad(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("gguf: ", what));
+}
+
+// An integer metadata value in [lo, hi]; `fallback` when absent and optional.
+absl::StatusOr<int64_t> GetInt(const GgufContents& g, const std::string& key, int64_t lo, int64_t hi,
+                               std::optional<int64_t> fallback = std::nullopt) {
+  const GgufValue* v = g.Find(key);
+  if (!v) {
+    if (fallback) return *fallback;
+    return Bad(absl::StrCat("metadata '", key, "' is missing"));
+  }
+  if (!v->is_integer())
+    return Bad(absl::StrCat("metadata '", key, "' is a ", GgufTypeName(v->type), ", not an integer"));
+  if (v->i < lo || v->i > hi)
+    return Bad(absl::StrCat("metadata '", key, "' = ", v->i, " is outside [", lo, ", ", hi, "]"));
+  return v->i;
+}
+
+absl::StatusOr<double> GetFloat(const GgufContents& g, const std::string& key, double fallback) {
+  const GgufValue* v = g.Find(key);
+  if (!v) return fallback;
+  if (!v->is_number()) return Bad(absl::StrCat("metadata '", key, "' is a ", GgufTypeName(v->type), ", not a number"));
+  const double x = v->is_integer() ? static_cast<double>(v->i) : v->f;
+  if (!(x > 0) || !std::isfinite(x)) return Bad(absl::StrCat("metadata '", key, "' = ", x, " must be positive"));
+  return x;
+}
+
+std::string Shape(const std::vector<int64_t>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// Describes a tensor whose ggml dims are `dims` (innermost first) as a row-major [rows, cols] tensor.
+absl::Status Describe(const GgufFile& f, const std::string& name, std::vector<int64_t> dims, TensorDesc* out,
+                      std::map<std::string, int>* type_counts) {
+  const GgufTensor* t = f.contents().FindTensor(name);
+  if (!t) return Bad(absl::StrCat("missing tensor '", name, "'"));
+  if (t->dims != dims) {
+    return Bad(absl::StrCat("tensor '", name, "' has dims ", Shape(t->dims), " but the metadata needs ", Shape(dims)));
+  }
+  int64_t block_elems = 0, block_bytes = 0;
+  if (!GgmlBlockLayout(t->type, &block_elems, &block_bytes)) {
+    return Bad(absl::StrCat("tensor '", name, "' has type ", GgmlTypeName(t->type), ", which inferd does not read"));
+  }
+  if (dims[0] % block_elems != 0) {
+    return Bad(absl::StrCat("tensor '", name, "': rows of ", dims[0], " elements are not whole ", GgmlTypeName(t->type),
+                            " blocks of ", block_elems));
+  }
+  out->name = name;
+  out->cols = dims[0];
+  out->rows = dims.size() == 2 ? dims[1] : 1;
+  out->ggml = true;
+  out->ggml_type = t->type;
+  out->bytes = f.Bytes(*t);
+  ++(*type_counts)[GgmlTypeName(t->type)];
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string GgufString(const GgufContents& g, std::string_view key) {
+  const GgufValue* v = g.Find(key);
+  return v && v->type == GgufType::kString ? v->s : "";
+}
+
+absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
+  const GgufContents& g = file.contents();
+  const std::string arch = GgufString(g, "general.architecture");
+  ModelConfig c;
+  if (arch == "llama" || arch == "mistral") {
+    c.architecture = "LlamaForCausalLM";
+  } else if (arch == "qwen2") {
+    c.architecture = "Qwen2ForCausalLM";
+    c.qkv_bias = true;
+  } else {
+    return Bad(absl::StrCat("general.architecture '", arch, "' is not supported; supported: llama, mistral, qwen2"));
+  }
+  const std::string p = arch + ".";
+  INFERD_ASSIGN_OR_RETURN(c.num_layers, GetInt(g, p + "block_count", 1, 4096));
+  INFERD_ASSIGN_OR_RETURN(c.hidden_size, GetInt(g, p + "embedding_length", 1, kMaxDim));
+  INFERD_ASSIGN_OR_RETURN(c.intermediate_size, GetInt(g, p + "feed_forward_length", 1, kMaxDim));
+  INFERD_ASSIGN_OR_RETURN(c.num_heads, GetInt(g, p + "attention.head_count", 1, 4096));
+  INFERD_ASSIGN_OR_RETURN(c.num_kv_heads, GetInt(g, p + "attention.head_count_kv", 1, c.num_heads, c.num_heads));
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return Bad(
+        absl::StrCat(p, "attention.head_count ", c.num_heads, " is not a multiple of head_count_kv ", c.num_kv_heads));
+  }
+  INFERD_ASSIGN_OR_RETURN(c.head_dim, GetInt(g, p + "attention.key_length", 2, 1024, c.hidden_size / c.num_heads));
+  if (c.head_dim % 2 != 0) return Bad(absl::StrCat("head dimension ", c.head_dim, " is odd"));
+  INFERD_ASSIGN_OR_RETURN(int64_t rope_dims, GetInt(g, p + "rope.dimension_count", 1, 1024, c.head_dim));
+  if (rope_dims != c.head_dim) {
+    return Bad(absl::StrCat(p, "rope.dimension_count ", rope_dims, " differs from the head dimension ", c.head_dim,
+                            " (partial rotary is not supported)"));
+  }
+  INFERD_ASSIGN_OR_RETURN(c.max_position_embeddings, GetInt(g, p + "context_length", 1, 1 << 24));
+  INFERD_ASSIGN_OR_RETURN(c.rms_norm_eps, GetFloat(g, p + "attention.layer_norm_rms_epsilon", 1e-5));
+  INFERD_ASSIGN_OR_RETURN(c.rope.theta, GetFloat(g, p + "rope.freq_base", 10000.0));
+  const std::string scaling = GgufString(g, p + "rope.scaling.type");
+  if (scaling == "linear") {
+    c.rope.type = "linear";
+    INFERD_ASSIGN_OR_RETURN(c.rope.factor, GetFloat(g, p + "rope.scaling.factor", 1.0));
+  } else if (!scaling.empty() && scaling != "none") {
+    return Bad(absl::StrCat(p, "rope.scaling.type '", scaling, "' is not supported; supported: none, linear"));
+  }
+  const GgufValue* tokens = g.Find("tokenizer.ggml.tokens");
+  const int64_t n_tokens = tokens ? static_cast<int64_t>(tokens->strings.size()) : 0;
+  INFERD_ASSIGN_OR_RETURN(c.vocab_size, GetInt(g, p + "vocab_size", 1, 1 << 24, n_tokens));
+  if (c.vocab_size < 1) return Bad("the vocabulary is empty (no tokenizer.ggml.tokens)");
+  c.tie_word_embeddings = g.FindTensor("output.weight") == nullptr;
+  if (const GgufTensor* f = g.FindTensor("rope_freqs.weight")) {  // llama 3.x rope scaling, precomputed
+    if (f->dims != std::vector<int64_t>{c.head_dim / 2} || f->type != static_cast<uint32_t>(GgmlType::kF32)) {
+      return Bad(absl::StrCat("tensor 'rope_freqs.weight' must be F32 of dims [", c.head_dim / 2, "]"));
+    }
+    c.rope.type = "factors";
+    c.rope.freq_factors.resize(c.head_dim / 2);
+    INFERD_RETURN_IF_ERROR(DequantizeGgml(f->type, file.Bytes(*f), f->numel, c.rope.freq_factors.data()));
+    for (float x : c.rope.freq_factors) {
+      if (!(x > 0) || !std::isfinite(x)) return Bad("tensor 'rope_freqs.weight' holds a non-positive factor");
+    }
+  }
+  c.torch_dtype = "gguf";
+  if (const GgufValue* v = g.Find("tokenizer.ggml.eos_token_id"); v && v->is_integer()) {
+    c.eos_token_ids.push_back(static_cast<int32_t>(v->i));
+  }
+  if (const GgufValue* v = g.Find("tokenizer.ggml.eot_token_id"); v && v->is_integer()) {
+    c.eos_token_ids.push_back(static_cast<int32_t>(v->i));
+  }
+  if (const GgufValue* v = g.Find("tokenizer.ggml.bos_token_id"); v && v->is_integer()) {
+    c.bos_token_id = static_cast<int32_t>(v->i);
+  }
+  return c;
+}
+
+absl::StatusOr<ModelTensors> DescribeGgufTensors(std::shared_ptr<const GgufFile> file, const ModelConfig& c) {
+  const GgufFile& f = *file;
+  ModelTensors w;
+  std::map<std::string, int> types;
+  const int64_t h = c.hidden_size, q_dim = int64_t{c.num_heads} * c.head_dim,
+                kv_dim = int64_t{c.num_kv_heads} * c.head_dim, ff = c.intermediate_size;
+  const bool llama_rotary_order = c.architecture == "LlamaForCausalLM";
+  INFERD_RETURN_IF_ERROR(Describe(f, "token_embd.weight", {h, c.vocab_size}, &w.embed, &types));
+  INFERD_RETURN_IF_ERROR(Describe(f, "output_norm.weight", {h}, &w.final_norm, &types));
+  if (!c.tie_word_embeddings) {
+    INFERD_RETURN_IF_ERROR(Describe(f, "output.weight", {h, c.vocab_size}, &w.lm_head, &types));
+  }
+  w.layers.resize(c.num_layers);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = absl::StrCat("blk.", l, ".");
+    LayerTensors& L = w.layers[l];
+    INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_norm.weight", {h}, &L.input_norm, &types));
+    INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_q.weight", {h, q_dim}, &L.q_proj, &types));
+    INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_k.weight", {h, kv_dim}, &L.k_proj, &types));
+    INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_v.weight", {h, kv_dim}, &L.v_proj, &types));
+    if (llama_rotary_order) {
+      L.q_proj.rotary_heads = c.num_heads;
+      L.k_proj.rotary_heads = c.num_kv_heads;
+    }
+    if (c.qkv_bias) {
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_q.bias", {q_dim}, &L.q_bias, &types));
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_k.bias", {kv_dim}, &L.k_bias, &types));
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_v.bias", {kv_dim}, &L.v_bias, &types));
+    }
+    INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_output.weight", {q_dim, h}, &L.o_proj, &types));
+    INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_norm.weight", {h}, &L.post_norm, &types));
+    INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_gate.weight", {h, ff}, &L.gate_proj, &types));
+    INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_up.weight", {h, ff}, &L.up_proj, &types));
+    INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_down.weight", {ff, h}, &L.down_proj, &types));
+  }
+  // Name the file's weights by their most common type (norms are F32 in every quantized file).
+  w.stored_dtype =
+      std::max_element(types.begin(), types.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+  w.files.push_back(std::move(file));
+  return w;
+}
+
+}  // namespace inferd

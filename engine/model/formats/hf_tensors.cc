@@ -1,0 +1,136 @@
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/formats/safetensors.h"
+#include "engine/model/model_tensors.h"
+#include "engine/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace inferd {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TensorSource {
+ public:
+  absl::Status Open(const std::string& dir) {
+    const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+    const fs::path single = fs::path(dir) / "model.safetensors";
+    if (fs::exists(index)) {
+      std::ifstream in(index);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+      if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat(index.string(), ": missing 'weight_map'"));
+      }
+      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+        if (!it.value().is_string()) return absl::InvalidArgumentError(absl::StrCat(index.string(), ": bad entry"));
+        const std::string shard = it.value().get<std::string>();
+        if (shard.find('/') != std::string::npos) {
+          return absl::InvalidArgumentError(absl::StrCat(index.string(), ": shard '", shard, "' is not a file name"));
+        }
+        if (!files_.count(shard)) {
+          INFERD_ASSIGN_OR_RETURN(files_[shard], SafetensorsFile::Open((fs::path(dir) / shard).string()));
+        }
+        const SafetensorsFile* f = files_[shard].get();
+        if (!f->tensors().count(it.key())) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(index.string(), ": '", it.key(), "' is not in shard '", shard, "'"));
+        }
+        where_[it.key()] = f;
+      }
+    } else if (fs::exists(single)) {
+      INFERD_ASSIGN_OR_RETURN(files_["model.safetensors"], SafetensorsFile::Open(single.string()));
+      for (const auto& [name, info] : files_["model.safetensors"]->tensors())
+        where_[name] = files_["model.safetensors"].get();
+    } else {
+      return absl::NotFoundError(
+          absl::StrCat("model directory '", dir, "' has neither model.safetensors nor model.safetensors.index.json"));
+    }
+    return absl::OkStatus();
+  }
+
+  bool Has(const std::string& name) const { return where_.count(name) > 0; }
+
+  // Describes a tensor that must exist with the given shape ([n] for a vector, [rows, cols] otherwise).
+  absl::Status Describe(const std::string& name, std::vector<int64_t> shape, TensorDesc* out) {
+    auto it = where_.find(name);
+    if (it == where_.end()) return absl::InvalidArgumentError(absl::StrCat("weights: missing tensor '", name, "'"));
+    const TensorInfo& info = it->second->tensors().at(name);
+    if (info.shape != shape) {
+      auto str = [](const std::vector<int64_t>& s) {
+        std::string r = "[";
+        for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+        return r + "]";
+      };
+      return absl::InvalidArgumentError(absl::StrCat("weights: tensor '", name, "' has shape ", str(info.shape),
+                                                     " but the config needs ", str(shape)));
+    }
+    dtype_ = DTypeName(info.dtype);
+    out->name = name;
+    out->rows = shape.size() == 2 ? shape[0] : 1;
+    out->cols = shape.back();
+    out->dtype = info.dtype;
+    out->bytes = it->second->Bytes(info);
+    return absl::OkStatus();
+  }
+
+  std::vector<std::shared_ptr<const void>> TakeFiles() {
+    std::vector<std::shared_ptr<const void>> out;
+    for (auto& [name, f] : files_) out.push_back(std::shared_ptr<const SafetensorsFile>(std::move(f)));
+    return out;
+  }
+
+  const std::string& dtype() const { return dtype_; }
+
+ private:
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const SafetensorsFile*> where_;
+  std::string dtype_;
+};
+
+}  // namespace
+
+absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const ModelConfig& c) {
+  TensorSource src;
+  INFERD_RETURN_IF_ERROR(src.Open(dir));
+  ModelTensors w;
+  const int64_t h = c.hidden_size, q_dim = int64_t{c.num_heads} * c.head_dim,
+                kv_dim = int64_t{c.num_kv_heads} * c.head_dim, ff = c.intermediate_size;
+  INFERD_RETURN_IF_ERROR(src.Describe("model.embed_tokens.weight", {c.vocab_size, h}, &w.embed));
+  INFERD_RETURN_IF_ERROR(src.Describe("model.norm.weight", {h}, &w.final_norm));
+  if (src.Has("lm_head.weight")) {
+    INFERD_RETURN_IF_ERROR(src.Describe("lm_head.weight", {c.vocab_size, h}, &w.lm_head));
+  } else if (!c.tie_word_embeddings) {
+    return absl::InvalidArgumentError("weights: missing tensor 'lm_head.weight' (tie_word_embeddings is false)");
+  }
+  w.layers.resize(c.num_layers);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    LayerTensors& L = w.layers[l];
+    INFERD_RETURN_IF_ERROR(src.Describe(p + "input_layernorm.weight", {h}, &L.input_norm));
+    INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.q_proj.weight", {q_dim, h}, &L.q_proj));
+    INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.k_proj.weight", {kv_dim, h}, &L.k_proj));
+    INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.v_proj.weight", {kv_dim, h}, &L.v_proj));
+    if (c.qkv_bias) {
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.q_proj.bias", {q_dim}, &L.q_bias));
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.k_proj.bias", {kv_dim}, &L.k_bias));
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.v_proj.bias", {kv_dim}, &L.v_bias));
+    }
+    INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.o_proj.weight", {h, q_dim}, &L.o_proj));
+    INFERD_RETURN_IF_ERROR(src.Describe(p + "post_attention_layernorm.weight", {h}, &L.post_norm));
+    INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.gate_proj.weight", {ff, h}, &L.gate_proj));
+    INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.up_proj.weight", {ff, h}, &L.up_proj));
+    INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.down_proj.weight", {h, ff}, &L.down_proj));
+  }
+  w.stored_dtype = src.dtype();
+  w.files = src.TakeFiles();
+  return w;
+}
+
+}  // namespace inferd

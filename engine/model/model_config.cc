@@ -1,0 +1,182 @@
+#include "engine/model/model_config.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace inferd {
+namespace {
+
+using nlohmann::json;
+
+absl::Status Field(const json& j, const char* key, int32_t* out, bool required, int64_t lo, int64_t hi) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (required) return absl::InvalidArgumentError(absl::StrCat("config.json: missing '", key, "'"));
+    return absl::OkStatus();
+  }
+  if (!j[key].is_number_integer()) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: '", key, "' = ", j[key].dump(), " is not an integer"));
+  }
+  const int64_t v = j[key].get<int64_t>();
+  if (v < lo || v > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: '", key, "' = ", v, " is out of range; allowed: [", lo, ", ", hi, "]"));
+  }
+  *out = static_cast<int32_t>(v);
+  return absl::OkStatus();
+}
+
+absl::Status ParseRope(const json& j, RopeConfig* rope) {
+  // transformers 5 keeps theta and scaling together in rope_parameters; 4 uses rope_theta + rope_scaling.
+  const json* scaling = nullptr;
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+    scaling = &j["rope_parameters"];
+    if (scaling->contains("rope_theta")) rope->theta = (*scaling)["rope_theta"].get<double>();
+  }
+  if (j.contains("rope_theta") && j["rope_theta"].is_number()) rope->theta = j["rope_theta"].get<double>();
+  if (!scaling && j.contains("rope_scaling") && j["rope_scaling"].is_object()) scaling = &j["rope_scaling"];
+  if (!(rope->theta > 0)) return absl::InvalidArgumentError("config.json: rope_theta must be > 0");
+  if (!scaling) return absl::OkStatus();
+  const json& s = *scaling;
+  std::string type = "default";
+  if (s.contains("rope_type"))
+    type = s["rope_type"].get<std::string>();
+  else if (s.contains("type"))
+    type = s["type"].get<std::string>();
+  rope->type = type;
+  if (type == "default") return absl::OkStatus();
+  if (type != "llama3" && type != "linear") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: rope type '", type, "' is not supported; supported: default, linear, llama3"));
+  }
+  if (!s.contains("factor") || !s["factor"].is_number() || !(s["factor"].get<double>() >= 1.0)) {
+    return absl::InvalidArgumentError("config.json: rope scaling needs 'factor' >= 1");
+  }
+  rope->factor = s["factor"].get<double>();
+  if (type == "llama3") {
+    for (const char* key : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+      if (!s.contains(key) || !s[key].is_number()) {
+        return absl::InvalidArgumentError(absl::StrCat("config.json: llama3 rope scaling needs '", key, "'"));
+      }
+    }
+    rope->low_freq_factor = s["low_freq_factor"].get<double>();
+    rope->high_freq_factor = s["high_freq_factor"].get<double>();
+    rope->original_max_position_embeddings = s["original_max_position_embeddings"].get<int32_t>();
+    if (!(rope->high_freq_factor > rope->low_freq_factor)) {
+      return absl::InvalidArgumentError("config.json: llama3 rope scaling needs high_freq_factor > low_freq_factor");
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ReadIds(const json& j, const char* key, std::vector<int32_t>* out) {
+  if (!j.contains(key)) return;
+  const json& v = j[key];
+  if (v.is_number_integer()) out->push_back(v.get<int32_t>());
+  if (v.is_array()) {
+    for (const json& x : v) {
+      if (x.is_number_integer()) out->push_back(x.get<int32_t>());
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
+  json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
+  ModelConfig c;
+  if (!j.contains("architectures") || !j["architectures"].is_array() || j["architectures"].empty() ||
+      !j["architectures"][0].is_string()) {
+    return absl::InvalidArgumentError("config.json: missing 'architectures'");
+  }
+  c.architecture = j["architectures"][0].get<std::string>();
+  if (c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM" &&
+      c.architecture != "Qwen2ForCausalLM") {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: architecture '", c.architecture,
+                                                   "' is not supported; supported: LlamaForCausalLM, "
+                                                   "MistralForCausalLM, Qwen2ForCausalLM"));
+  }
+  constexpr int64_t kBig = 1 << 24;
+  absl::Status s;
+  if (!(s = Field(j, "vocab_size", &c.vocab_size, true, 1, kBig)).ok()) return s;
+  if (!(s = Field(j, "hidden_size", &c.hidden_size, true, 1, 1 << 16)).ok()) return s;
+  if (!(s = Field(j, "intermediate_size", &c.intermediate_size, true, 1, 1 << 18)).ok()) return s;
+  if (!(s = Field(j, "num_hidden_layers", &c.num_layers, true, 1, 1024)).ok()) return s;
+  if (!(s = Field(j, "num_attention_heads", &c.num_heads, true, 1, 1024)).ok()) return s;
+  c.num_kv_heads = c.num_heads;
+  if (!(s = Field(j, "num_key_value_heads", &c.num_kv_heads, false, 1, 1024)).ok()) return s;
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: num_attention_heads = ", c.num_heads,
+                                                   " is not a multiple of num_key_value_heads = ", c.num_kv_heads));
+  }
+  c.head_dim = c.hidden_size / c.num_heads;
+  if (!(s = Field(j, "head_dim", &c.head_dim, false, 2, 1024)).ok()) return s;
+  if (c.head_dim % 2 != 0)
+    return absl::InvalidArgumentError("config.json: head_dim must be even for rotary embeddings");
+  if (!j.contains("head_dim") && c.hidden_size % c.num_heads != 0) {
+    return absl::InvalidArgumentError("config.json: hidden_size is not a multiple of num_attention_heads");
+  }
+  c.max_position_embeddings = 2048;
+  if (!(s = Field(j, "max_position_embeddings", &c.max_position_embeddings, false, 1, kBig)).ok()) return s;
+  if (j.contains("rms_norm_eps") && j["rms_norm_eps"].is_number()) c.rms_norm_eps = j["rms_norm_eps"].get<double>();
+  if (!(c.rms_norm_eps > 0)) return absl::InvalidArgumentError("config.json: rms_norm_eps must be > 0");
+  if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean()) {
+    c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
+  }
+  c.qkv_bias = c.architecture == "Qwen2ForCausalLM";
+  if (j.contains("attention_bias") && j["attention_bias"].is_boolean() && j["attention_bias"].get<bool>()) {
+    return absl::InvalidArgumentError("config.json: attention_bias = true is not supported");
+  }
+  if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) c.torch_dtype = j["torch_dtype"].get<std::string>();
+  if (j.contains("dtype") && j["dtype"].is_string()) c.torch_dtype = j["dtype"].get<std::string>();
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: hidden_act = ", j["hidden_act"].dump(), " is not supported; supported: silu"));
+  }
+  if (j.contains("sliding_window") && j["sliding_window"].is_number_integer() &&
+      j["sliding_window"].get<int64_t>() < c.max_position_embeddings &&
+      !(j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() &&
+        !j["use_sliding_window"].get<bool>())) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window = ", j["sliding_window"].dump(),
+                                                   " is shorter than max_position_embeddings; sliding-window "
+                                                   "attention is not supported"));
+  }
+  if (!(s = ParseRope(j, &c.rope)).ok()) return s;
+  ReadIds(j, "eos_token_id", &c.eos_token_ids);
+  std::vector<int32_t> bos;
+  ReadIds(j, "bos_token_id", &bos);
+  if (!bos.empty()) c.bos_token_id = bos[0];
+  return c;
+}
+
+std::vector<float> RopeInverseFrequencies(const ModelConfig& c) {
+  const int32_t half = c.head_dim / 2;
+  std::vector<float> inv(half);
+  for (int32_t i = 0; i < half; ++i) {
+    double f = 1.0 / std::pow(c.rope.theta, (2.0 * i) / c.head_dim);
+    if (c.rope.type == "linear") {
+      f /= c.rope.factor;
+    } else if (c.rope.type == "factors") {
+      f /= c.rope.freq_factors.at(i);
+    } else if (c.rope.type == "llama3") {
+      const double old_len = c.rope.original_max_position_embeddings;
+      const double low_wavelen = old_len / c.rope.low_freq_factor;
+      const double high_wavelen = old_len / c.rope.high_freq_factor;
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen > low_wavelen) {
+        f /= c.rope.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth =
+            (old_len / wavelen - c.rope.low_freq_factor) / (c.rope.high_freq_factor - c.rope.low_freq_factor);
+        f = (1 - smooth) * f / c.rope.factor + smooth * f;
+      }
+    }
+    inv[i] = static_cast<float>(f);
+  }
+  return inv;
+}
+
+}  // namespace inferd

@@ -1,0 +1,48 @@
+#include "engine/model/model_tensors.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/formats/gguf.h"
+#include "engine/status_macros.h"
+
+namespace inferd {
+
+absl::Status DecodeRows(const TensorDesc& t, int64_t first, int64_t count, float* out) {
+  if (first < 0 || count < 0 || first + count > t.rows) {
+    return absl::OutOfRangeError(
+        absl::StrCat("tensor '", t.name, "': rows [", first, ", ", first + count, ") outside [0, ", t.rows, ")"));
+  }
+  int64_t row_bytes = t.cols * static_cast<int64_t>(DTypeSize(t.dtype));
+  if (t.ggml) {
+    int64_t block_elems = 0, block_bytes = 0;
+    if (!GgmlBlockLayout(t.ggml_type, &block_elems, &block_bytes) || t.cols % block_elems != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", GgmlTypeName(t.ggml_type), " rows of ",
+                                                     t.cols, " elements are not whole blocks"));
+    }
+    row_bytes = t.cols / block_elems * block_bytes;
+  }
+  if (static_cast<int64_t>(t.bytes.size()) != row_bytes * t.rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", t.name, "' holds ", t.bytes.size(), " bytes, not ", row_bytes * t.rows));
+  }
+  const int64_t head_rows = t.rotary_heads > 0 ? t.rows / t.rotary_heads : 0;
+  for (int64_t r = first; r < first + count; ++r) {
+    // llama.cpp's rotary order: Hugging Face row (half i, pair j) of a head is stored at 2j + i.
+    int64_t src = r;
+    if (head_rows > 0) {
+      const int64_t h = r / head_rows, within = r % head_rows, half = head_rows / 2;
+      src = h * head_rows + 2 * (within % half) + within / half;
+    }
+    const std::span<const uint8_t> row = t.bytes.subspan(src * row_bytes, row_bytes);
+    float* dst = out + (r - first) * t.cols;
+    if (t.ggml) {
+      INFERD_RETURN_IF_ERROR(DequantizeGgml(t.ggml_type, row, t.cols, dst));
+    } else {
+      ConvertToF32(t.dtype, row, dst);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace inferd

@@ -1,0 +1,60 @@
+// A description of a Llama-family model's weights: for every tensor, where its bytes lie in the
+// memory-mapped model files and how they are encoded. Nothing is converted at load; each backend builds its
+// own weights from this (fp32 on the host for cpu, bf16/fp16 on the device for cuda).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/formats/safetensors.h"
+#include "engine/model/model_config.h"
+
+namespace inferd {
+
+struct TensorDesc {
+  std::string name;                // as the file names it
+  int64_t rows = 0;                // logical row-major shape [rows, cols]; rows = 1 for a vector
+  int64_t cols = 0;                // rows = 0: the tensor is absent
+  std::span<const uint8_t> bytes;  // the stored elements, inside a mapped file
+  bool ggml = false;               // false: row-major `dtype` elements; true: rows of ggml blocks of ggml_type
+  DType dtype = DType::kF32;
+  uint32_t ggml_type = 0;
+  // > 0: GGUF stores each head's rows (rows / rotary_heads of them) in llama.cpp's interleaved rotary order;
+  // DecodeRows returns them in the Hugging Face (rotate-half) order the forward pass uses.
+  int32_t rotary_heads = 0;
+
+  bool present() const { return rows > 0; }
+  int64_t numel() const { return rows * cols; }
+};
+
+struct LayerTensors {
+  TensorDesc input_norm;              // [1, hidden]
+  TensorDesc q_proj, k_proj, v_proj;  // [heads * head_dim, hidden], [kv_heads * head_dim, hidden] x2
+  TensorDesc q_bias, k_bias, v_bias;  // [1, ...]; absent without QKV bias
+  TensorDesc o_proj;                  // [hidden, heads * head_dim]
+  TensorDesc post_norm;               // [1, hidden]
+  TensorDesc gate_proj, up_proj;      // [intermediate, hidden]
+  TensorDesc down_proj;               // [hidden, intermediate]
+};
+
+struct ModelTensors {
+  TensorDesc embed;       // [vocab, hidden]
+  TensorDesc final_norm;  // [1, hidden]
+  TensorDesc lm_head;     // [vocab, hidden]; absent when the embeddings are tied
+  std::vector<LayerTensors> layers;
+  std::string stored_dtype;                        // dtype of most weights in the files ("bfloat16", "Q4_K", ...)
+  std::vector<std::shared_ptr<const void>> files;  // the mapped files the byte spans point into
+};
+
+// Decodes rows [first, first + count) of a tensor to fp32 into out[count, cols].
+absl::Status DecodeRows(const TensorDesc& tensor, int64_t first, int64_t count, float* out);
+
+// Describes model.safetensors or the shards listed in model.safetensors.index.json, checking every tensor's
+// presence and shape against the config.
+absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const ModelConfig& config);
+
+}  // namespace inferd

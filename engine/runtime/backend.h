@@ -1,0 +1,77 @@
+// The one seam between the engine and the device: a backend owns its weights and the KV pool's memory, and
+// turns a step input into sampled token ids. Both the cpu and the cuda backend read the same step input, so
+// the scheduler cannot tell them apart. Logits never leave the backend.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/request.h"
+#include "engine/runtime/memory_plan.h"
+
+namespace inferd {
+
+// How one logits row becomes a token. Spans point into the sequence and stay valid through Step().
+struct SamplingRow {
+  SamplingParams params;
+  double uniform = 0;               // in [0, 1): from the request's seed and `position` only (SamplingUniform)
+  int32_t position = 0;             // position the sampled token will take in its sequence
+  std::span<const int32_t> tokens;  // prompt then output so far (penalties read it)
+  int32_t num_prompt_tokens = 0;
+  std::span<const int32_t> banned;  // ids that may not be sampled now (eos/stop ids before min_tokens)
+  int32_t top_logprobs = 0;         // > 0: report the chosen token's logprob and this many alternatives
+};
+
+// One step, packed on the host. Tokens of all sequences are concatenated in plan order. The page table is
+// in the CSR form paged-attention kernels take: sequence s owns pages kv_indices[kv_indptr[s] ..
+// kv_indptr[s + 1]), the last holding kv_last_page_len[s] tokens. KV slot of position p of sequence s:
+// kv_indices[kv_indptr[s] + p / block_size] * block_size + p % block_size.
+struct StepInput {
+  int32_t block_size = 0;
+  std::vector<int32_t> token_ids;         // [num_tokens]
+  std::vector<int32_t> positions;         // [num_tokens] position of each token in its sequence
+  std::vector<int32_t> slot_mapping;      // [num_tokens] KV slot each token's K/V is written to
+  std::vector<int32_t> query_start;       // [num_seqs + 1] first token of each sequence; back() = num_tokens
+  std::vector<int32_t> context_lens;      // [num_seqs] tokens in the cache once this step's are written
+  std::vector<int32_t> kv_indptr;         // [num_seqs + 1]
+  std::vector<int32_t> kv_indices;        // [kv_indptr.back()] block ids
+  std::vector<int32_t> kv_last_page_len;  // [num_seqs] in [1, block_size]
+  std::vector<int32_t> logits_indices;    // [num_logits] token rows whose next token is sampled
+  std::vector<SamplingRow> sampling;      // [num_logits] how each of those rows is sampled
+
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
+  int32_t num_logits() const { return static_cast<int32_t>(logits_indices.size()); }
+};
+
+struct StepOutput {
+  std::vector<int32_t> tokens;         // [num_logits] the sampled token of each logits row
+  std::vector<TokenLogprob> logprobs;  // [num_logits]; meaningful only for rows with top_logprobs > 0
+};
+
+// The largest step the scheduler may plan; start-up measures the backend at this shape.
+struct StepLimits {
+  int32_t max_num_seqs = 0;
+  int32_t max_num_batched_tokens = 0;
+  int32_t block_size = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Fills the device, weight, activation and KV-block fields of a memory plan. The cuda backend runs a
+  // dummy step at the largest shape and measures what it took; num_blocks is left to SizeKvPool.
+  virtual absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) = 0;
+  // Allocates the KV pool of plan.num_blocks blocks. Called once, before the first Step.
+  virtual absl::Status AllocateKvCache(const MemoryPlan& plan) = 0;
+  // Runs the model over the step's tokens, writing their K/V into the pool, and samples one token for
+  // every logits row.
+  virtual absl::Status Step(const StepInput& input, StepOutput* output) = 0;
+};
+
+}  // namespace inferd

@@ -1,0 +1,72 @@
+#include "engine/runtime/memory_plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace inferd {
+namespace {
+
+constexpr double kMiB = 1048576.0;
+constexpr int64_t kMaxBlocks = 1 << 24;
+
+}  // namespace
+
+std::string MemoryPlan::ToString() const {
+  std::string s = absl::StrFormat("%s: ", device);
+  if (device_total_bytes > 0) {
+    absl::StrAppendFormat(&s, "device %.0f MiB, free at start %.0f MiB, ", device_total_bytes / kMiB,
+                          device_free_bytes / kMiB);
+  }
+  absl::StrAppendFormat(
+      &s,
+      "budget %.1f MiB = weights %.1f MiB + activations %.1f MiB + other %.1f MiB + KV %d blocks x %.1f KiB "
+      "(%.1f MiB)",
+      budget_bytes / kMiB, weight_bytes / kMiB, activation_bytes / kMiB, other_bytes / kMiB, num_blocks,
+      kv_bytes_per_block / 1024.0, kv_bytes() / kMiB);
+  return s;
+}
+
+absl::Status SizeKvPool(const EngineSection& engine, MemoryPlan* plan) {
+  const int64_t taken = plan->weight_bytes + plan->activation_bytes + plan->other_bytes;
+  if (plan->device_total_bytes > 0) {
+    plan->budget_bytes = static_cast<int64_t>(plan->device_free_bytes * engine.gpu_memory_utilization);
+    const int64_t kv_budget = plan->budget_bytes - taken;
+    const int64_t fits = std::max<int64_t>(0, kv_budget / plan->kv_bytes_per_block);
+    if (engine.num_blocks > 0) {
+      if (engine.num_blocks > fits) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "engine.num_blocks = %d needs %.1f MiB of KV cache but engine.gpu_memory_utilization = %g leaves "
+            "%.1f MiB after weights (%.1f MiB), activations (%.1f MiB) and other (%.1f MiB); at most %d blocks fit",
+            engine.num_blocks, engine.num_blocks * static_cast<double>(plan->kv_bytes_per_block) / kMiB,
+            engine.gpu_memory_utilization, std::max<int64_t>(0, kv_budget) / kMiB, plan->weight_bytes / kMiB,
+            plan->activation_bytes / kMiB, plan->other_bytes / kMiB, fits));
+      }
+      plan->num_blocks = engine.num_blocks;
+    } else {
+      plan->num_blocks = static_cast<int32_t>(std::min(fits, kMaxBlocks));
+    }
+    if (plan->num_blocks < 1) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "no KV block fits: engine.gpu_memory_utilization = %g of %.1f MiB free gives %.1f MiB, and weights "
+          "(%.1f MiB), activations (%.1f MiB) and other (%.1f MiB) take %.1f MiB; raise it or lower "
+          "scheduler.max_num_batched_tokens",
+          engine.gpu_memory_utilization, plan->device_free_bytes / kMiB, plan->budget_bytes / kMiB,
+          plan->weight_bytes / kMiB, plan->activation_bytes / kMiB, plan->other_bytes / kMiB, taken / kMiB));
+    }
+    return absl::OkStatus();
+  }
+  const int64_t kv_budget = static_cast<int64_t>(engine.cpu_kv_cache_gib * (1ll << 30));
+  plan->num_blocks = engine.num_blocks > 0
+                         ? engine.num_blocks
+                         : static_cast<int32_t>(std::min<int64_t>(kv_budget / plan->kv_bytes_per_block, kMaxBlocks));
+  if (plan->num_blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("engine.cpu_kv_cache_gib = ", engine.cpu_kv_cache_gib,
+                                                   " holds no KV block of ", plan->kv_bytes_per_block, " bytes"));
+  }
+  plan->budget_bytes = taken + plan->kv_bytes();
+  return absl::OkStatus();
+}
+
+}  // namespace inferd

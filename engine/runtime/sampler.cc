@@ -1,0 +1,126 @@
+#include "engine/runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <unordered_map>
+
+#include "engine/check.h"
+
+namespace inferd {
+namespace {
+
+// The top n (id, logprob) of the raw logits and the log-sum-exp they were normalized with.
+TokenLogprob RawLogprobs(std::span<const float> logits, int32_t top_n, float* log_z) {
+  float mx = -INFINITY;
+  for (float v : logits) mx = std::max(mx, v);
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v) - mx);
+  *log_z = mx + static_cast<float>(std::log(sum));
+  TokenLogprob out;
+  if (top_n > 0) {
+    std::vector<int32_t> idx(logits.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    const int32_t n = std::min<int32_t>(top_n, static_cast<int32_t>(idx.size()));
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    for (int32_t i = 0; i < n; ++i) out.top.push_back({idx[i], logits[idx[i]] - *log_z});
+  }
+  return out;
+}
+
+void ApplyPenalties(std::span<float> logits, const SamplingRow& ctx) {
+  const SamplingParams& p = ctx.params;
+  if (p.repetition_penalty != 1.0f) {
+    std::vector<char> seen(logits.size(), 0);
+    for (int32_t t : ctx.tokens) {
+      if (t < 0 || t >= static_cast<int32_t>(logits.size()) || seen[t]) continue;
+      seen[t] = 1;
+      logits[t] = logits[t] > 0 ? logits[t] / p.repetition_penalty : logits[t] * p.repetition_penalty;
+    }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int32_t> counts;
+    for (size_t i = ctx.num_prompt_tokens; i < ctx.tokens.size(); ++i) counts[ctx.tokens[i]]++;
+    for (const auto& [t, n] : counts) {
+      if (t < 0 || t >= static_cast<int32_t>(logits.size())) continue;
+      logits[t] -= p.frequency_penalty * n + p.presence_penalty;
+    }
+  }
+}
+
+}  // namespace
+
+SampleResult Sample(std::span<float> logits, const SamplingRow& ctx) {
+  INFERD_CHECK(!logits.empty(), "logits are not empty");
+  const SamplingParams& p = ctx.params;
+  SampleResult result;
+  float log_z = 0;
+  if (ctx.top_logprobs > 0) {
+    result.has_logprob = true;
+    result.logprob = RawLogprobs(logits, ctx.top_logprobs, &log_z);
+  }
+  const std::vector<float> raw =
+      ctx.top_logprobs > 0 ? std::vector<float>(logits.begin(), logits.end()) : std::vector<float>();
+
+  ApplyPenalties(logits, ctx);
+  for (int32_t b : ctx.banned) {
+    if (b >= 0 && b < static_cast<int32_t>(logits.size())) logits[b] = -INFINITY;
+  }
+
+  int32_t token = 0;
+  if (p.temperature == 0.0f) {
+    token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  } else {
+    // Candidates sorted by logit, cut by top-k, then softmax at the temperature, then top-p and min-p.
+    std::vector<int32_t> idx(logits.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    const int32_t k =
+        p.top_k > 0 ? std::min<int32_t>(p.top_k, static_cast<int32_t>(idx.size())) : static_cast<int32_t>(idx.size());
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    idx.resize(k);
+    std::vector<double> probs(k);
+    const double mx = logits[idx[0]];
+    double sum = 0;
+    for (int32_t i = 0; i < k; ++i) sum += probs[i] = std::exp((logits[idx[i]] - mx) / p.temperature);
+    for (double& v : probs) v /= sum;
+    int32_t keep = k;
+    if (p.top_p < 1.0f) {
+      double cum = 0;
+      for (int32_t i = 0; i < k; ++i) {
+        cum += probs[i];
+        if (cum >= p.top_p) {
+          keep = i + 1;
+          break;
+        }
+      }
+    }
+    if (p.min_p > 0.0f) {
+      const double floor = p.min_p * probs[0];
+      int32_t n = 0;
+      while (n < keep && probs[n] >= floor) ++n;
+      keep = std::max(n, 1);
+    }
+    double total = 0;
+    for (int32_t i = 0; i < keep; ++i) total += probs[i];
+    const double u = ctx.uniform * total;
+    double cum = 0;
+    token = idx[keep - 1];
+    for (int32_t i = 0; i < keep; ++i) {
+      cum += probs[i];
+      if (u < cum) {
+        token = idx[i];
+        break;
+      }
+    }
+  }
+  result.token = token;
+  if (result.has_logprob) {
+    result.logprob.token_id = token;
+    result.logprob.logprob = raw[token] - log_z;
+  }
+  return result;
+}
+
+}  // namespace inferd

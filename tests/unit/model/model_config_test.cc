@@ -1,0 +1,89 @@
+#include "engine/model/model_config.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "engine/model/model.h"
+#include "tests/unit/fixtures.h"
+
+namespace inferd {
+namespace {
+
+TEST(ModelConfig, ReadsTransformers5RopeParametersWithLlama3Scaling) {
+  auto c = ParseModelConfig(testing::ReadJson(testing::ModelDir("llama3-tiny") + "/config.json").dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope.type, "llama3");
+  EXPECT_EQ(c->rope.theta, 500000.0);
+  EXPECT_EQ(c->num_kv_heads, 2);
+  const std::vector<float> inv = RopeInverseFrequencies(*c);
+  // The highest frequency (wavelength 2π < 64/4) is untouched; the lowest is divided by the factor.
+  EXPECT_FLOAT_EQ(inv[0], 1.0f);
+  EXPECT_NEAR(inv.back(), std::pow(500000.0, -14.0 / 16) / 8.0, 1e-12);
+}
+
+TEST(ModelConfig, ExplicitHeadDimAndQkvBias) {
+  auto m = ParseModelConfig(testing::ReadJson(testing::ModelDir("mistral-tiny") + "/config.json").dump());
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->head_dim, 32);
+  auto q = ParseModelConfig(testing::ReadJson(testing::ModelDir("qwen2-tiny") + "/config.json").dump());
+  ASSERT_TRUE(q.ok());
+  EXPECT_TRUE(q->qkv_bias);
+  EXPECT_TRUE(q->tie_word_embeddings);
+}
+
+TEST(ModelConfig, RefusesUnsupportedAndInconsistentConfigs) {
+  nlohmann::json j = testing::ReadJson(testing::ModelDir("llama2-tiny") + "/config.json");
+  auto expect_error = [](const nlohmann::json& cfg, const std::string& mention) {
+    auto c = ParseModelConfig(cfg.dump());
+    ASSERT_FALSE(c.ok());
+    EXPECT_NE(c.status().message().find(mention), std::string::npos) << c.status().message();
+  };
+  nlohmann::json bad = j;
+  bad["architectures"] = {"GPT2LMHeadModel"};
+  expect_error(bad, "GPT2LMHeadModel");
+  bad = j;
+  bad["num_key_value_heads"] = 3;
+  expect_error(bad, "num_key_value_heads = 3");
+  bad = j;
+  bad.erase("hidden_size");
+  expect_error(bad, "hidden_size");
+  bad = j;
+  bad["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  expect_error(bad, "yarn");
+  bad = j;
+  bad["vocab_size"] = -5;
+  expect_error(bad, "vocab_size");
+}
+
+TEST(LoadModel, LoadsEveryTestModelAndItsEosIds) {
+  for (const char* name : testing::kTestModels) {
+    auto m = LoadModel(testing::ModelDir(name));
+    ASSERT_TRUE(m.ok()) << name << ": " << m.status();
+    EXPECT_FALSE((*m)->eos_token_ids.empty()) << name;
+    EXPECT_EQ((*m)->tensors.layers.size(), 2u);
+  }
+  auto llama3 = LoadModel(testing::ModelDir("llama3-tiny"));
+  EXPECT_EQ((*llama3)->eos_token_ids.size(), 2u) << "end_of_text from config + eot_id from generation_config";
+  EXPECT_EQ((*llama3)->tensors.stored_dtype, "bfloat16");
+}
+
+TEST(LoadModel, MissingDirectoryAndTruncatedWeightsAreClearErrors) {
+  auto missing = LoadModel("/nonexistent/model");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/nonexistent/model"), std::string::npos);
+
+  // A copy of llama2-tiny whose weights file lost its tail.
+  const std::string dir = ::testing::TempDir() + "/truncated-model";
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(testing::ModelDir("llama2-tiny"), dir);
+  const auto file = dir + "/model.safetensors";
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 1000);
+  auto truncated = LoadModel(dir);
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_NE(truncated.status().message().find("truncated"), std::string::npos) << truncated.status().message();
+}
+
+}  // namespace
+}  // namespace inferd
