@@ -54,6 +54,10 @@ absl::Status Validate(const Config& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("config: engine.backend = '", c.engine.backend, "' is not allowed; allowed: auto, cpu, cuda"));
   }
+  if (c.engine.dtype != "auto" && c.engine.dtype != "bfloat16" && c.engine.dtype != "float16") {
+    return absl::InvalidArgumentError(absl::StrCat("config: engine.dtype = '", c.engine.dtype,
+                                                   "' is not allowed; allowed: auto, bfloat16, float16"));
+  }
   INFERD_RETURN_IF_ERROR(InRange("engine.block_size", c.engine.block_size, 1, 256));
   INFERD_RETURN_IF_ERROR(InRange("engine.num_blocks", c.engine.num_blocks, 0, 1 << 24));
   if (!(c.engine.gpu_memory_utilization > 0 && c.engine.gpu_memory_utilization <= 1)) {
@@ -102,8 +106,9 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml_text) {
   if (const auto n = root["engine"]) {
     INFERD_RETURN_IF_ERROR(CheckKeys(
         n, "engine",
-        {"backend", "block_size", "num_blocks", "gpu_memory_utilization", "cpu_kv_cache_gib", "num_threads"}));
+        {"backend", "dtype", "block_size", "num_blocks", "gpu_memory_utilization", "cpu_kv_cache_gib", "num_threads"}));
     INFERD_RETURN_IF_ERROR(Read(n, "engine", "backend", &c.engine.backend));
+    INFERD_RETURN_IF_ERROR(Read(n, "engine", "dtype", &c.engine.dtype));
     INFERD_RETURN_IF_ERROR(Read(n, "engine", "block_size", &c.engine.block_size));
     INFERD_RETURN_IF_ERROR(Read(n, "engine", "num_blocks", &c.engine.num_blocks));
     INFERD_RETURN_IF_ERROR(Read(n, "engine", "gpu_memory_utilization", &c.engine.gpu_memory_utilization));
@@ -140,7 +145,7 @@ std::string ConfigToYaml(const Config& c) {
       << YAML::Key << "name" << YAML::Value << c.model.name << YAML::Key << "max_model_len" << YAML::Value
       << c.model.max_model_len << YAML::EndMap;
   out << YAML::Key << "engine" << YAML::Value << YAML::BeginMap << YAML::Key << "backend" << YAML::Value
-      << c.engine.backend << YAML::Key << "block_size" << YAML::Value << c.engine.block_size << YAML::Key
+      << c.engine.backend << YAML::Key << "dtype" << YAML::Value << c.engine.dtype << YAML::Key << "block_size" << YAML::Value << c.engine.block_size << YAML::Key
       << "num_blocks" << YAML::Value << c.engine.num_blocks << YAML::Key << "gpu_memory_utilization" << YAML::Value
       << c.engine.gpu_memory_utilization << YAML::Key << "cpu_kv_cache_gib" << YAML::Value << c.engine.cpu_kv_cache_gib
       << YAML::Key << "num_threads" << YAML::Value << c.engine.num_threads << YAML::EndMap;

@@ -4,6 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/backends/cpu/cpu_backend.h"
+#if INFERD_WITH_CUDA
+#include "engine/backends/cuda/cuda_backend.h"
+#endif
 #include "engine/check.h"
 #include "engine/runtime/output_processor.h"
 #include "engine/runtime/philox.h"
@@ -19,11 +22,24 @@ namespace {
 // supported there, else cpu, saying why.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const Config& config, const Model& model) {
   const std::string& want = config.engine.backend;
-  if (want == "cuda") {
-    return absl::UnimplementedError(
-        "engine.backend = 'cuda' is not available in this build: the CUDA backend has not landed yet; use cpu or auto");
+#if INFERD_WITH_CUDA
+  if (want == "cuda") return CreateCudaBackend(model, config.engine);
+  if (want == "auto") {
+    const std::string why = CudaUnsupportedReason(model.config);
+    if (why.empty()) {
+      spdlog::info("engine.backend = auto: cuda");
+      return CreateCudaBackend(model, config.engine);
+    }
+    spdlog::info("engine.backend = auto: cpu, because {}", why);
   }
-  if (want == "auto") spdlog::info("engine.backend = auto: cpu (this build has no CUDA backend)");
+#else
+  if (want == "cuda") {
+    return absl::FailedPreconditionError(
+        "engine.backend = 'cuda' is not available: this build has no CUDA (build with -DINFERD_CUDA=ON); use cpu or "
+        "auto");
+  }
+  if (want == "auto") spdlog::info("engine.backend = auto: cpu, because this build has no CUDA");
+#endif
   return CreateCpuBackend(model, config.engine);
 }
 

@@ -31,6 +31,8 @@ if [[ "$(cat .venv/.requirements.sha256 2>/dev/null)" != "$want" ]]; then
   .venv/bin/pip install -q --disable-pip-version-check -r tools/requirements.txt
   echo "$want" > .venv/.requirements.sha256
 fi
+# FlashInfer headers for the CUDA backend (attention).
+bash scripts/fetch_flashinfer.sh
 # The bundled default model (configs/default.yaml serves it).
 bash scripts/fetch_model.sh
 echo "setup: ok"

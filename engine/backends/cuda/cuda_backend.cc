@@ -1,0 +1,453 @@
+#include "engine/backends/cuda/cuda_backend.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "engine/backends/cuda/cuda_check.h"
+#include "engine/backends/cuda/cuda_weights.h"
+#include "engine/backends/cuda/device_buffer.h"
+#include "engine/backends/cuda/gemm.h"
+#include "engine/check.h"
+#include "engine/status_macros.h"
+#include "kernels/elementwise.h"
+#include "kernels/paged_attention.h"
+#include "kernels/sampling.h"
+#include "spdlog/spdlog.h"
+
+namespace inferd {
+namespace {
+
+using cuda::CudaLayerWeights;
+using cuda::CudaWeights;
+using cuda::DeviceBuffer;
+using cuda::PinnedBuffer;
+namespace k = kernels;
+
+#define INFERD_KERNEL(expr) INFERD_RETURN_IF_ERROR(::inferd::cuda::FromCuda((expr), #expr))
+
+// Carves typed arrays out of one allocation at fixed, 256-byte aligned offsets.
+struct Arena {
+  size_t size = 0;
+  size_t Add(size_t bytes) {
+    const size_t at = size;
+    size += (bytes + 255) / 256 * 256;
+    return at;
+  }
+};
+
+// Where each step-input array lives in the input arena (pinned on the host, mirrored on the device).
+struct InputOffsets {
+  size_t token_ids, positions, slots;                       // [max tokens]
+  size_t qo_indptr, kv_indptr;                              // [max seqs + 1]
+  size_t kv_last_page_len, logits_indices;                  // [max seqs]
+  size_t params;                                            // [max seqs] SamplingRowParams
+  size_t penalty_indptr;                                    // [max seqs + 1]
+  size_t kv_indices;                                        // [max pages]
+  size_t penalty_tokens, penalty_counts, penalty_flags;     // [max penalty entries]
+};
+
+// Where each output array lives in the output arena.
+struct OutputOffsets {
+  size_t tokens, logprobs, top_ids, top_logprobs;
+};
+
+template <typename T>
+class CudaBackend : public Backend {
+ public:
+  CudaBackend(const Model& model, CudaWeights weights, cudaDataType_t dtype, int64_t free_at_start, std::string device)
+      : cfg_(model.config), w_(std::move(weights)), dtype_(dtype), free_at_start_(free_at_start),
+        device_(std::move(device)) {}
+
+  ~CudaBackend() override {
+    if (compute_) cudaStreamSynchronize(compute_);
+    for (cudaEvent_t e : {inputs_ready_, sampled_, outputs_ready_})
+      if (e) cudaEventDestroy(e);
+    for (cudaStream_t s : {compute_, copy_})
+      if (s) cudaStreamDestroy(s);
+  }
+
+  std::string name() const override { return "cuda"; }
+  absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) override;
+  absl::Status AllocateKvCache(const MemoryPlan& plan) override;
+  absl::Status Step(const StepInput& input, StepOutput* output) override;
+
+ private:
+  absl::Status AllocateWorkspace();
+  absl::Status AllocateInputs(int64_t max_pages, int64_t max_penalties);
+  absl::Status AllocatePool(int32_t num_blocks);
+  absl::Status Pack(const StepInput& in, size_t* penalty_entries);
+  absl::Status Forward(const StepInput& in);
+  T* K(int layer) const { return kv_.get<T>() + int64_t{layer} * 2 * layer_kv_elems_; }
+  T* V(int layer) const { return K(layer) + layer_kv_elems_; }
+  template <typename U>
+  U* In(size_t off) const { return reinterpret_cast<U*>(inputs_dev_.get<char>() + off); }
+  template <typename U>
+  U* InHost(size_t off) const { return reinterpret_cast<U*>(inputs_host_.get<char>() + off); }
+
+  const ModelConfig& cfg_;
+  CudaWeights w_;
+  cudaDataType_t dtype_;
+  int64_t free_at_start_;
+  std::string device_;
+  StepLimits limits_;
+  int64_t activation_bytes_ = 0;
+  std::unique_ptr<cuda::Gemm> gemm_;
+  cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  cudaEvent_t inputs_ready_ = nullptr, sampled_ = nullptr, outputs_ready_ = nullptr;
+
+  // Activations: [max tokens, ...] and [max seqs, ...] (logits rows).
+  DeviceBuffer x_, xn_, qkv_, attn_, tmp_, gate_up_, act_, last_, last_delta_, last_n_, logits_, penalty_raw_;
+  DeviceBuffer inv_freq_;                                          // [head_dim / 2] fp32
+  DeviceBuffer attn_float_ws_, attn_int_ws_;                       // FlashInfer's planner workspaces
+  PinnedBuffer attn_int_ws_host_;
+  DeviceBuffer inputs_dev_, outputs_dev_;
+  PinnedBuffer inputs_host_, outputs_host_;
+  InputOffsets in_;
+  OutputOffsets out_;
+  int64_t max_pages_ = 0, max_penalties_ = 0;
+
+  // KV pool: per layer K then V, each [num_blocks, block_size, num_kv_heads, head_dim].
+  DeviceBuffer kv_;
+  int64_t layer_kv_elems_ = 0;
+  int64_t num_slots_ = 0;
+};
+
+template <typename T>
+absl::Status CudaBackend<T>::AllocateWorkspace() {
+  INFERD_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  INFERD_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  for (cudaEvent_t* e : {&inputs_ready_, &sampled_, &outputs_ready_}) {
+    INFERD_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
+  const int64_t Tn = limits_.max_num_batched_tokens, R = limits_.max_num_seqs;
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
+  const int64_t q_dim = int64_t{cfg_.num_heads} * D, qkv_dim = q_dim + 2 * int64_t{cfg_.num_kv_heads} * D;
+  int64_t* a = &activation_bytes_;
+  const size_t e = sizeof(T);
+  INFERD_RETURN_IF_ERROR(x_.Allocate(Tn * H * e, a));
+  INFERD_RETURN_IF_ERROR(xn_.Allocate(Tn * H * e, a));
+  INFERD_RETURN_IF_ERROR(qkv_.Allocate(Tn * qkv_dim * e, a));
+  INFERD_RETURN_IF_ERROR(attn_.Allocate(Tn * q_dim * e, a));
+  INFERD_RETURN_IF_ERROR(tmp_.Allocate(Tn * H * e, a));
+  INFERD_RETURN_IF_ERROR(gate_up_.Allocate(Tn * 2 * I * e, a));
+  INFERD_RETURN_IF_ERROR(act_.Allocate(Tn * I * e, a));
+  INFERD_RETURN_IF_ERROR(last_.Allocate(R * H * e, a));
+  INFERD_RETURN_IF_ERROR(last_delta_.Allocate(R * H * e, a));
+  INFERD_RETURN_IF_ERROR(last_n_.Allocate(R * H * e, a));
+  INFERD_RETURN_IF_ERROR(logits_.Allocate(R * int64_t{cfg_.vocab_size} * sizeof(float), a));
+  INFERD_RETURN_IF_ERROR(attn_float_ws_.Allocate(k::kAttentionFloatWorkspaceBytes, a));
+  INFERD_RETURN_IF_ERROR(attn_int_ws_.Allocate(k::kAttentionIntWorkspaceBytes, a));
+  INFERD_RETURN_IF_ERROR(attn_int_ws_host_.Allocate(k::kAttentionIntWorkspaceBytes));
+  const std::vector<float> inv_freq = RopeInverseFrequencies(cfg_);
+  INFERD_RETURN_IF_ERROR(inv_freq_.Allocate(inv_freq.size() * sizeof(float), a));
+  INFERD_CUDA(cudaMemcpy(inv_freq_.get(), inv_freq.data(), inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
+  INFERD_ASSIGN_OR_RETURN(gemm_, cuda::Gemm::Create(dtype_, a));
+  Arena out;
+  out_.tokens = out.Add(R * sizeof(int32_t));
+  out_.logprobs = out.Add(R * sizeof(float));
+  out_.top_ids = out.Add(R * k::kMaxTopLogprobs * sizeof(int32_t));
+  out_.top_logprobs = out.Add(R * k::kMaxTopLogprobs * sizeof(float));
+  INFERD_RETURN_IF_ERROR(outputs_dev_.Allocate(out.size, a));
+  INFERD_RETURN_IF_ERROR(outputs_host_.Allocate(out.size));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::AllocateInputs(int64_t max_pages, int64_t max_penalties) {
+  const int64_t Tn = limits_.max_num_batched_tokens, R = limits_.max_num_seqs;
+  Arena a;
+  in_.token_ids = a.Add(Tn * 4);
+  in_.positions = a.Add(Tn * 4);
+  in_.slots = a.Add(Tn * 4);
+  in_.qo_indptr = a.Add((R + 1) * 4);
+  in_.kv_indptr = a.Add((R + 1) * 4);
+  in_.kv_last_page_len = a.Add(R * 4);
+  in_.logits_indices = a.Add(R * 4);
+  in_.params = a.Add(R * sizeof(k::SamplingRowParams));
+  in_.penalty_indptr = a.Add((R + 1) * 4);
+  in_.kv_indices = a.Add(max_pages * 4);
+  in_.penalty_tokens = a.Add(max_penalties * 4);
+  in_.penalty_counts = a.Add(max_penalties * 4);
+  in_.penalty_flags = a.Add(max_penalties);
+  INFERD_RETURN_IF_ERROR(inputs_dev_.Allocate(a.size));
+  INFERD_RETURN_IF_ERROR(inputs_host_.Allocate(a.size));
+  INFERD_RETURN_IF_ERROR(penalty_raw_.Allocate(max_penalties * sizeof(float)));
+  max_pages_ = max_pages;
+  max_penalties_ = max_penalties;
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::AllocatePool(int32_t num_blocks) {
+  kv_ = DeviceBuffer();
+  num_slots_ = int64_t{num_blocks} * limits_.block_size;
+  layer_kv_elems_ = num_slots_ * cfg_.num_kv_heads * cfg_.head_dim;
+  return kv_.Allocate(2 * cfg_.num_layers * layer_kv_elems_ * sizeof(T));
+}
+
+template <typename T>
+absl::StatusOr<MemoryPlan> CudaBackend<T>::MeasureMemory(const StepLimits& limits) {
+  limits_ = limits;
+  INFERD_RETURN_IF_ERROR(AllocateWorkspace());
+  const int64_t Tn = limits.max_num_batched_tokens, R = limits.max_num_seqs, bs = limits.block_size;
+  // The largest step: R sequences, one holding every token the budget leaves after R - 1 decodes, on a
+  // temporary pool just big enough; each row samples with every option on, so sampling's peak is seen too.
+  const int32_t long_len = static_cast<int32_t>(Tn - (R - 1));
+  const int32_t blocks = static_cast<int32_t>((long_len + bs - 1) / bs + (R - 1));
+  INFERD_RETURN_IF_ERROR(AllocateInputs(blocks, 4 * Tn + 64 * R));
+  INFERD_RETURN_IF_ERROR(AllocatePool(blocks));
+  StepInput in;
+  in.block_size = static_cast<int32_t>(bs);
+  in.query_start.push_back(0);
+  in.kv_indptr.push_back(0);
+  std::vector<int32_t> history(long_len);
+  for (int32_t i = 0; i < long_len; ++i) history[i] = (i * 7919) % cfg_.vocab_size;
+  int32_t next_block = 0;
+  for (int32_t s = 0; s < R; ++s) {
+    const int32_t len = s == 0 ? long_len : 1;
+    const int32_t pages = (len + bs - 1) / bs;
+    for (int32_t p = 0; p < len; ++p) {
+      in.token_ids.push_back(history[p]);
+      in.positions.push_back(p);
+      in.slot_mapping.push_back(static_cast<int32_t>((next_block + p / bs) * bs + p % bs));
+    }
+    for (int32_t p = 0; p < pages; ++p) in.kv_indices.push_back(next_block++);
+    in.query_start.push_back(in.num_tokens());
+    in.kv_indptr.push_back(static_cast<int32_t>(in.kv_indices.size()));
+    in.kv_last_page_len.push_back(len - (pages - 1) * static_cast<int32_t>(bs));
+    in.context_lens.push_back(len);
+    in.logits_indices.push_back(in.num_tokens() - 1);
+    SamplingRow row;
+    row.params.temperature = 0.8f;
+    row.params.top_k = 50;
+    row.params.top_p = 0.9f;
+    row.params.min_p = 0.01f;
+    row.params.repetition_penalty = 1.1f;
+    row.position = len;
+    row.uniform = 0.5;
+    row.tokens = std::span<const int32_t>(history.data(), len);
+    row.num_prompt_tokens = len;
+    row.top_logprobs = k::kMaxTopLogprobs;
+    in.sampling.push_back(row);
+  }
+  StepOutput out;
+  INFERD_RETURN_IF_ERROR(Step(in, &out));
+  kv_ = DeviceBuffer();
+  size_t free = 0, total = 0;
+  INFERD_CUDA(cudaMemGetInfo(&free, &total));
+  MemoryPlan plan;
+  plan.device = device_;
+  plan.device_total_bytes = static_cast<int64_t>(total);
+  plan.device_free_bytes = free_at_start_;
+  plan.weight_bytes = w_.bytes;
+  plan.activation_bytes = activation_bytes_;
+  plan.other_bytes =
+      std::max<int64_t>(0, free_at_start_ - static_cast<int64_t>(free) - w_.bytes - activation_bytes_);
+  plan.kv_bytes_per_block = 2 * int64_t{cfg_.num_layers} * bs * cfg_.num_kv_heads * cfg_.head_dim * sizeof(T);
+  return plan;
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::AllocateKvCache(const MemoryPlan& plan) {
+  // Pages of one step never exceed the pool (no block is shared yet) plus one spare per sequence.
+  INFERD_RETURN_IF_ERROR(AllocateInputs(int64_t{plan.num_blocks} + limits_.max_num_seqs, max_penalties_));
+  INFERD_RETURN_IF_ERROR(AllocatePool(plan.num_blocks));
+  spdlog::info("cuda: KV pool of {} blocks ({:.1f} MiB) allocated", plan.num_blocks, kv_.bytes() / 1048576.0);
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::Pack(const StepInput& in, size_t* penalty_entries) {
+  const int32_t S = in.num_seqs(), R = in.num_logits();
+  auto put = [&](size_t off, const std::vector<int32_t>& v) {
+    std::memcpy(InHost<int32_t>(off), v.data(), v.size() * sizeof(int32_t));
+  };
+  put(in_.token_ids, in.token_ids);
+  put(in_.positions, in.positions);
+  put(in_.slots, in.slot_mapping);
+  put(in_.qo_indptr, in.query_start);
+  put(in_.kv_indptr, in.kv_indptr);
+  put(in_.kv_last_page_len, in.kv_last_page_len);
+  put(in_.logits_indices, in.logits_indices);
+  put(in_.kv_indices, in.kv_indices);
+  (void)S;
+  // Penalty entries: one per distinct id of a row that uses penalties or bans ids.
+  std::vector<std::pair<int32_t, int32_t>> seen;  // (id, 1 when from the output)
+  int32_t* indptr = InHost<int32_t>(in_.penalty_indptr);
+  indptr[0] = 0;
+  size_t n = 0;
+  for (int32_t r = 0; r < R; ++r) {
+    const SamplingRow& row = in.sampling[r];
+    const SamplingParams& p = row.params;
+    k::SamplingRowParams& kp = InHost<k::SamplingRowParams>(in_.params)[r];
+    kp = {p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty, p.frequency_penalty,
+          std::min(row.top_logprobs, k::kMaxTopLogprobs), row.uniform};
+    const bool penalized = p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
+    seen.clear();
+    if (penalized) {
+      for (size_t i = 0; i < row.tokens.size(); ++i) {
+        if (p.repetition_penalty != 1.f || static_cast<int32_t>(i) >= row.num_prompt_tokens) {
+          seen.emplace_back(row.tokens[i], static_cast<int32_t>(i) >= row.num_prompt_tokens ? 1 : 0);
+        }
+      }
+    }
+    for (int32_t b : row.banned) seen.emplace_back(b, -1);
+    std::sort(seen.begin(), seen.end());
+    for (size_t i = 0; i < seen.size();) {
+      const int32_t id = seen[i].first;
+      int32_t count = 0;
+      uint8_t flags = 0;
+      for (; i < seen.size() && seen[i].first == id; ++i) {
+        if (seen[i].second == -1) {
+          flags |= k::kPenaltyBanned;
+        } else {
+          flags |= k::kPenaltySeen;
+          count += seen[i].second;
+        }
+      }
+      if (id < 0 || id >= cfg_.vocab_size) continue;
+      if (static_cast<int64_t>(n) >= max_penalties_) {
+        return absl::ResourceExhaustedError(absl::StrCat("cuda: more than ", max_penalties_,
+                                                         " penalty entries in one step"));
+      }
+      InHost<int32_t>(in_.penalty_tokens)[n] = id;
+      InHost<int32_t>(in_.penalty_counts)[n] = count;
+      InHost<uint8_t>(in_.penalty_flags)[n] = p.repetition_penalty != 1.f ? flags : (flags & k::kPenaltyBanned);
+      ++n;
+    }
+    indptr[r + 1] = static_cast<int32_t>(n);
+  }
+  *penalty_entries = n;
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::Forward(const StepInput& in) {
+  const int64_t Tn = in.num_tokens(), R = in.num_logits();
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
+  const int64_t q_dim = int64_t{cfg_.num_heads} * D, qkv_dim = q_dim + 2 * int64_t{cfg_.num_kv_heads} * D;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  cudaStream_t s = compute_;
+  k::AttentionPlan plan;
+  INFERD_KERNEL(k::PlanPagedAttention(attn_float_ws_.get(), attn_int_ws_.get(), attn_int_ws_host_.get(),
+                                      InHost<int32_t>(in_.qo_indptr), InHost<int32_t>(in_.kv_indptr),
+                                      static_cast<int32_t>(Tn), in.num_seqs(), cfg_.num_heads, cfg_.num_kv_heads,
+                                      cfg_.head_dim, in.block_size, &plan, s));
+  INFERD_KERNEL(k::GatherRows(w_.embed.get<T>(), In<int32_t>(in_.token_ids), x_.get<T>(), Tn, H, s));
+  for (int layer = 0; layer < cfg_.num_layers; ++layer) {
+    const CudaLayerWeights& L = w_.layers[layer];
+    INFERD_KERNEL(k::AddRmsNorm(x_.get<T>(), layer == 0 ? nullptr : tmp_.get<T>(), L.input_norm.get<T>(),
+                                xn_.get<T>(), Tn, H, eps, s));
+    INFERD_RETURN_IF_ERROR(gemm_->Run(xn_.get(), L.qkv.get(), qkv_.get(), Tn, qkv_dim, H,
+                                      L.qkv_bias.bytes() ? L.qkv_bias.get() : nullptr, false, s));
+    INFERD_KERNEL(k::RopeWriteKv(qkv_.get<T>(), In<int32_t>(in_.positions), In<int32_t>(in_.slots), inv_freq_.get<float>(),
+                                 K(layer), V(layer), Tn, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, s));
+    INFERD_KERNEL(k::RunPagedAttention<T>(
+        plan, attn_float_ws_.get(), attn_int_ws_.get(), qkv_.get<T>(), qkv_dim, K(layer), V(layer),
+        In<int32_t>(in_.qo_indptr), In<int32_t>(in_.kv_indptr), In<int32_t>(in_.kv_indices),
+        In<int32_t>(in_.kv_last_page_len), attn_.get<T>(), in.num_seqs(), cfg_.num_heads, cfg_.num_kv_heads,
+        cfg_.head_dim, in.block_size, 1.0f / std::sqrt(static_cast<float>(D)), s));
+    INFERD_RETURN_IF_ERROR(gemm_->Run(attn_.get(), L.o.get(), tmp_.get(), Tn, H, q_dim, nullptr, false, s));
+    INFERD_KERNEL(k::AddRmsNorm(x_.get<T>(), tmp_.get<T>(), L.post_norm.get<T>(), xn_.get<T>(), Tn, H, eps, s));
+    INFERD_RETURN_IF_ERROR(gemm_->Run(xn_.get(), L.gate_up.get(), gate_up_.get(), Tn, 2 * I, H, nullptr, false, s));
+    INFERD_KERNEL(k::SiluMul(gate_up_.get<T>(), act_.get<T>(), Tn, I, s));
+    INFERD_RETURN_IF_ERROR(gemm_->Run(act_.get(), L.down.get(), tmp_.get(), Tn, H, I, nullptr, false, s));
+  }
+  // Only the rows that sample go through the final norm and the LM head.
+  INFERD_KERNEL(k::GatherRows(x_.get<T>(), In<int32_t>(in_.logits_indices), last_.get<T>(), R, H, s));
+  INFERD_KERNEL(k::GatherRows(tmp_.get<T>(), In<int32_t>(in_.logits_indices), last_delta_.get<T>(), R, H, s));
+  INFERD_KERNEL(k::AddRmsNorm(last_.get<T>(), last_delta_.get<T>(), w_.final_norm.get<T>(), last_n_.get<T>(), R, H,
+                              eps, s));
+  INFERD_RETURN_IF_ERROR(
+      gemm_->Run(last_n_.get(), w_.lm_head(), logits_.get(), R, cfg_.vocab_size, H, nullptr, true, s));
+  char* out = outputs_dev_.get<char>();
+  INFERD_KERNEL(k::SampleRows(
+      logits_.get<float>(), static_cast<int32_t>(R), cfg_.vocab_size, In<k::SamplingRowParams>(in_.params),
+      In<int32_t>(in_.penalty_indptr), In<int32_t>(in_.penalty_tokens), In<int32_t>(in_.penalty_counts),
+      In<uint8_t>(in_.penalty_flags), penalty_raw_.get<float>(), reinterpret_cast<int32_t*>(out + out_.tokens),
+      reinterpret_cast<float*>(out + out_.logprobs), reinterpret_cast<int32_t*>(out + out_.top_ids),
+      reinterpret_cast<float*>(out + out_.top_logprobs), s));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
+  INFERD_CHECK(kv_.bytes() > 0, "the KV cache is allocated before a step");
+  INFERD_CHECK(in.num_tokens() <= limits_.max_num_batched_tokens && in.num_seqs() <= limits_.max_num_seqs &&
+                   in.num_logits() <= limits_.max_num_seqs,
+               "a step fits the limits the workspace was sized for");
+  INFERD_CHECK(static_cast<int64_t>(in.kv_indices.size()) <= max_pages_, "a step's pages fit the page table");
+  INFERD_CHECK(in.sampling.size() == in.logits_indices.size(), "every logits row has its sampling parameters");
+  for (int32_t t = 0; t < in.num_tokens(); ++t) {
+    INFERD_CHECK(in.token_ids[t] >= 0 && in.token_ids[t] < cfg_.vocab_size, "step token ids are in the vocabulary");
+    INFERD_CHECK(in.slot_mapping[t] >= 0 && in.slot_mapping[t] < num_slots_, "slot mapping points into the pool");
+  }
+  size_t penalties = 0;
+  INFERD_RETURN_IF_ERROR(Pack(in, &penalties));
+  INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get(), inputs_host_.get(), inputs_host_.bytes(), cudaMemcpyHostToDevice, copy_));
+  INFERD_CUDA(cudaEventRecord(inputs_ready_, copy_));
+  INFERD_CUDA(cudaStreamWaitEvent(compute_, inputs_ready_));
+  INFERD_RETURN_IF_ERROR(Forward(in));
+  INFERD_CUDA(cudaEventRecord(sampled_, compute_));
+  INFERD_CUDA(cudaStreamWaitEvent(copy_, sampled_));
+  INFERD_CUDA(cudaMemcpyAsync(outputs_host_.get(), outputs_dev_.get(), outputs_host_.bytes(), cudaMemcpyDeviceToHost,
+                              copy_));
+  INFERD_CUDA(cudaEventRecord(outputs_ready_, copy_));
+  INFERD_CUDA(cudaEventSynchronize(outputs_ready_));
+  const int32_t R = in.num_logits();
+  const char* host = outputs_host_.get<char>();
+  const int32_t* tokens = reinterpret_cast<const int32_t*>(host + out_.tokens);
+  out->tokens.assign(tokens, tokens + R);
+  out->logprobs.assign(R, {});
+  for (int32_t r = 0; r < R; ++r) {
+    const int32_t n = std::min(in.sampling[r].top_logprobs, k::kMaxTopLogprobs);
+    if (n <= 0) continue;
+    TokenLogprob& lp = out->logprobs[r];
+    lp.token_id = tokens[r];
+    lp.logprob = reinterpret_cast<const float*>(host + out_.logprobs)[r];
+    for (int32_t i = 0; i < n; ++i) {
+      lp.top.push_back({reinterpret_cast<const int32_t*>(host + out_.top_ids)[r * k::kMaxTopLogprobs + i],
+                        reinterpret_cast<const float*>(host + out_.top_logprobs)[r * k::kMaxTopLogprobs + i]});
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string CudaUnsupportedReason(const ModelConfig& config) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return "no CUDA device is visible";
+  if (!k::AttentionHeadDimSupported(config.head_dim)) {
+    return absl::StrCat("head_dim = ", config.head_dim, " is not supported by the cuda backend; supported: 64, 128, 256");
+  }
+  return "";
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, const EngineSection& engine) {
+  if (std::string why = CudaUnsupportedReason(model.config); !why.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("engine.backend = cuda: ", why));
+  }
+  INFERD_CUDA(cudaSetDevice(0));
+  cudaDeviceProp prop;
+  INFERD_CUDA(cudaGetDeviceProperties(&prop, 0));
+  size_t free = 0, total = 0;
+  INFERD_CUDA(cudaMemGetInfo(&free, &total));
+  const bool fp16 = engine.dtype == "float16";
+  const cudaDataType_t dtype = fp16 ? CUDA_R_16F : CUDA_R_16BF;
+  INFERD_ASSIGN_OR_RETURN(CudaWeights weights, cuda::UploadWeights(model.tensors, dtype));
+  spdlog::info("cuda: {} weights on {} ({:.1f} MiB)", fp16 ? "float16" : "bfloat16", prop.name,
+               weights.bytes / 1048576.0);
+  if (fp16) {
+    return std::make_unique<CudaBackend<__half>>(model, std::move(weights), dtype, static_cast<int64_t>(free), prop.name);
+  }
+  return std::make_unique<CudaBackend<__nv_bfloat16>>(model, std::move(weights), dtype, static_cast<int64_t>(free),
+                                                      prop.name);
+}
+
+}  // namespace inferd

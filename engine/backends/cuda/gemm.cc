@@ -1,0 +1,79 @@
+#include "engine/backends/cuda/gemm.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace inferd::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+}  // namespace
+
+Gemm::~Gemm() {
+  for (auto& [key, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.desc);
+  }
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(cudaDataType_t dtype, int64_t* device_bytes) {
+  std::unique_ptr<Gemm> g(new Gemm());
+  g->dtype_ = dtype;
+  INFERD_CUBLAS(cublasLtCreate(&g->handle_));
+  INFERD_RETURN_IF_ERROR(g->workspace_.Allocate(kWorkspaceBytes, device_bytes));
+  return g;
+}
+
+// Row-major Y[m, n] = X[m, k] · W[n, k]ᵀ seen column-major is Y(n × m) = op(A) · B with A = W (k × n,
+// transposed), B = X (k × m).
+absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32) {
+  const auto key = std::make_tuple(m, n, k, bias, out_fp32);
+  if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
+  Plan p;
+  INFERD_CUBLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    INFERD_CUBLAS(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &dtype_, sizeof(dtype_)));
+  }
+  INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, dtype_, k, n, k));
+  INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, dtype_, k, m, k));
+  INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, out_fp32 ? CUDA_R_32F : dtype_, n, m, n));
+  cublasLtMatmulPreference_t pref;
+  INFERD_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = workspace_.bytes();
+  INFERD_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  INFERD_CUBLAS(s);
+  if (found == 0) {
+    return absl::InternalError(absl::StrCat("cublasLtMatmulAlgoGetHeuristic: no algorithm for m=", m, " n=", n,
+                                            " k=", k, out_fp32 ? " (fp32 output)" : ""));
+  }
+  p.algo = result.algo;
+  return &plans_.emplace(key, p).first->second;
+}
+
+absl::Status Gemm::Run(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, const void* bias,
+                       bool out_fp32, cudaStream_t stream) {
+  if (m == 0) return absl::OkStatus();
+  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32));
+  if (bias) {
+    INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  const float alpha = 1.f, beta = 0.f;
+  INFERD_CUBLAS(cublasLtMatmul(handle_, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
+                               workspace_.get(), workspace_.bytes(), stream));
+  return absl::OkStatus();
+}
+
+}  // namespace inferd::cuda

@@ -1,0 +1,39 @@
+// The transformer layer's small kernels, for bf16 and fp16 activations (T = __nv_bfloat16 or __half) with fp32
+// arithmetic; each rounds where Hugging Face transformers rounds in that dtype, so greedy tokens agree.
+// Raw pointers + sizes + stream in, cudaError_t out.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace inferd::kernels {
+
+// dst[i, :] = src[rows[i], :]. Embedding lookup (rows = token ids) and picking the rows that need logits.
+// src: [*, cols], rows: [num_rows], dst: [num_rows, cols].
+template <typename T>
+cudaError_t GatherRows(const T* src, const int32_t* rows, T* dst, int64_t num_rows, int64_t cols,
+                       cudaStream_t stream);
+
+// residual += delta (rounded to T), then out = weight ⊙ normalize(residual). delta may be null (norm only).
+// residual, delta, out: [rows, n]; weight: [n].
+template <typename T>
+cudaError_t AddRmsNorm(T* residual, const T* delta, const T* weight, T* out, int64_t rows, int64_t n, float eps,
+                       cudaStream_t stream);
+
+// out[r, i] = silu(gate_up[r, i]) · gate_up[r, inter + i]. gate_up: [rows, 2 * inter], out: [rows, inter].
+template <typename T>
+cudaError_t SiluMul(const T* gate_up, T* out, int64_t rows, int64_t inter, cudaStream_t stream);
+
+// Rotary embedding (rotate-half convention) on the q and k heads of each qkv row, in place, then K and V of
+// token t written to slot slots[t] of the paged cache. qkv: [num_tokens, (num_heads + 2 * num_kv_heads) *
+// head_dim] (q heads, k heads, v heads); positions, slots: [num_tokens]; inv_freq: [head_dim / 2] fp32 (rope
+// scaling already applied); k_cache, v_cache: [num_slots, num_kv_heads, head_dim].
+template <typename T>
+cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, const float* inv_freq, T* k_cache,
+                        T* v_cache, int64_t num_tokens, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+                        cudaStream_t stream);
+
+}  // namespace inferd::kernels

@@ -1,0 +1,49 @@
+// Paged causal attention over the KV pool through FlashInfer's batch prefill kernel, which serves prefill
+// chunks (attending to earlier cached pages) and decode rows (query length 1) for any GQA group size.
+// Plan on the host, then run on the device. Raw pointers + sizes + stream in, cudaError_t out.
+//
+// KV layout (one place): per layer, K and V each [num_blocks, block_size, num_kv_heads, head_dim] (FlashInfer's
+// NHD). The page table is CSR: sequence s owns pages kv_indices[kv_indptr[s] .. kv_indptr[s + 1]), its last
+// page holding kv_last_page_len[s] tokens. Queries of sequence s are rows qo_indptr[s] .. qo_indptr[s + 1] and
+// are the last tokens of its context (causal).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace inferd::kernels {
+
+// Head dims with compiled kernels.
+inline bool AttentionHeadDimSupported(int32_t head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+constexpr size_t kAttentionFloatWorkspaceBytes = size_t{128} << 20;  // device: split-KV partial outputs
+constexpr size_t kAttentionIntWorkspaceBytes = size_t{8} << 20;      // device and pinned host: schedule
+
+// FlashInfer's plan, opaque to callers.
+struct AttentionPlan {
+  int64_t words[15] = {};
+};
+
+// Plans one step. qo_indptr_host, kv_indptr_host: [num_seqs + 1] on the host. Copies the schedule into
+// int_workspace through int_workspace_pinned on `stream`; keep the pinned buffer untouched until the copy ran.
+cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void* int_workspace_pinned,
+                               const int32_t* qo_indptr_host, const int32_t* kv_indptr_host, int32_t num_tokens,
+                               int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
+                               int32_t page_size, AttentionPlan* plan, cudaStream_t stream);
+
+// out[t, h * head_dim + d] = softmax(q·Kᵀ · sm_scale) · V over the causal context of row t. q rows are
+// q_row_stride elements apart (q may sit inside a fused qkv row). Device arrays as in the header comment.
+template <typename T>
+cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q,
+                              int64_t q_row_stride, const T* k_cache, const T* v_cache, const int32_t* qo_indptr,
+                              const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
+                              T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
+                              int32_t page_size, float sm_scale, cudaStream_t stream);
+
+}  // namespace inferd::kernels

@@ -1,0 +1,120 @@
+// Instantiation of FlashInfer's paged batch-prefill kernel for one dtype (included by one .cu per dtype, so
+// the two compile in parallel).
+#include <flashinfer/attention/default_prefill_params.cuh>
+#include <flashinfer/attention/mask.cuh>
+#include <flashinfer/attention/prefill.cuh>
+#include <flashinfer/attention/scheduler.cuh>
+#include <flashinfer/attention/variants.cuh>
+#include <vector>
+
+#include "kernels/paged_attention.h"
+
+namespace inferd::kernels {
+namespace {
+
+using flashinfer::MaskMode;
+using flashinfer::PosEncodingMode;
+
+template <typename Params>
+Params MakeParams(const flashinfer::PrefillPlanInfo& info, void* float_ws, void* int_ws,
+                  typename Params::DTypeQ* q, int64_t q_row_stride, typename Params::DTypeKV* k,
+                  typename Params::DTypeKV* v, int32_t* qo_indptr, int32_t* kv_indptr, int32_t* kv_indices,
+                  int32_t* kv_last_page_len, typename Params::DTypeO* out, int32_t num_seqs, int32_t num_qo_heads,
+                  int32_t num_kv_heads, int32_t head_dim, int32_t page_size, float sm_scale,
+                  typename Params::DTypeO** tmp_v, float** tmp_s) {
+  Params p;
+  p.q = q;
+  p.paged_kv = flashinfer::paged_kv_t<typename Params::DTypeKV, int32_t>(
+      num_kv_heads, page_size, head_dim, num_seqs, flashinfer::QKVLayout::kNHD, k, v, kv_indices, kv_indptr,
+      kv_last_page_len);
+  p.q_indptr = qo_indptr;
+  p.o = out;
+  p.lse = nullptr;
+  p.num_qo_heads = num_qo_heads;
+  p.group_size = flashinfer::uint_fastdiv(num_qo_heads / num_kv_heads);
+  p.q_stride_n = static_cast<int32_t>(q_row_stride);
+  p.q_stride_h = head_dim;
+  p.window_left = -1;
+  p.logits_soft_cap = 0.f;
+  p.sm_scale = sm_scale;
+  p.rope_rcp_scale = 1.f;
+  p.rope_rcp_theta = 1.f;
+  auto at = [](void* base, int64_t off) { return reinterpret_cast<char*>(base) + off; };
+  p.request_indices = reinterpret_cast<int32_t*>(at(int_ws, info.request_indices_offset));
+  p.qo_tile_indices = reinterpret_cast<int32_t*>(at(int_ws, info.qo_tile_indices_offset));
+  p.kv_tile_indices = reinterpret_cast<int32_t*>(at(int_ws, info.kv_tile_indices_offset));
+  p.o_indptr = reinterpret_cast<int32_t*>(at(int_ws, info.o_indptr_offset));
+  p.kv_chunk_size_ptr = reinterpret_cast<int32_t*>(at(int_ws, info.kv_chunk_size_ptr_offset));
+  *tmp_v = nullptr;
+  *tmp_s = nullptr;
+  if (info.split_kv) {
+    p.merge_indptr = reinterpret_cast<int32_t*>(at(int_ws, info.merge_indptr_offset));
+    *tmp_v = reinterpret_cast<typename Params::DTypeO*>(at(float_ws, info.v_offset));
+    *tmp_s = reinterpret_cast<float*>(at(float_ws, info.s_offset));
+  }
+  p.padded_batch_size = info.padded_batch_size;
+  p.max_total_num_rows = info.total_num_rows;
+  p.partition_kv = info.split_kv;
+  return p;
+}
+
+template <typename T, uint32_t HEAD_DIM>
+cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, void* int_ws, const T* q,
+                     int64_t q_row_stride, const T* k, const T* v, const int32_t* qo_indptr, const int32_t* kv_indptr,
+                     const int32_t* kv_indices, const int32_t* kv_last_page_len, T* out, int32_t num_seqs,
+                     int32_t num_qo_heads, int32_t num_kv_heads, int32_t page_size, float sm_scale,
+                     cudaStream_t stream) {
+  using Params = flashinfer::BatchPrefillPagedParams<T, T, T, int32_t>;
+  using Variant = flashinfer::DefaultAttention</*custom_mask=*/false, /*sliding_window=*/false,
+                                               /*soft_cap=*/false, /*alibi=*/false>;
+  T* tmp_v = nullptr;
+  float* tmp_s = nullptr;
+  Params p = MakeParams<Params>(info, float_ws, int_ws, const_cast<T*>(q), q_row_stride, const_cast<T*>(k),
+                                const_cast<T*>(v), const_cast<int32_t*>(qo_indptr), const_cast<int32_t*>(kv_indptr),
+                                const_cast<int32_t*>(kv_indices), const_cast<int32_t*>(kv_last_page_len), out,
+                                num_seqs, num_qo_heads, num_kv_heads, HEAD_DIM, page_size, sm_scale, &tmp_v, &tmp_s);
+  switch (info.cta_tile_q) {
+#define INFERD_CTA_TILE(TILE)                                                                                    \
+  case TILE:                                                                                                     \
+    return flashinfer::BatchPrefillWithPagedKVCacheDispatched</*SAME_KV_STRIDES=*/true, TILE, HEAD_DIM, HEAD_DIM, \
+                                                              PosEncodingMode::kNone, false, MaskMode::kCausal,  \
+                                                              Variant, Params>(p, tmp_v, tmp_s, false, stream);
+    INFERD_CTA_TILE(16)
+    INFERD_CTA_TILE(64)
+    INFERD_CTA_TILE(128)
+#undef INFERD_CTA_TILE
+    default:
+      return cudaErrorInvalidConfiguration;
+  }
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q,
+                              int64_t q_row_stride, const T* k_cache, const T* v_cache, const int32_t* qo_indptr,
+                              const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
+                              T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
+                              int32_t page_size, float sm_scale, cudaStream_t stream) {
+  try {
+    flashinfer::PrefillPlanInfo info;
+    info.FromVector(std::vector<int64_t>(plan.words, plan.words + 15));
+    switch (head_dim) {
+#define INFERD_HEAD_DIM(D)                                                                                      \
+  case D:                                                                                                       \
+    return Dispatch<T, D>(info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache, qo_indptr,   \
+                          kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads, num_kv_heads, \
+                          page_size, sm_scale, stream);
+      INFERD_HEAD_DIM(64)
+      INFERD_HEAD_DIM(128)
+      INFERD_HEAD_DIM(256)
+#undef INFERD_HEAD_DIM
+      default:
+        return cudaErrorInvalidValue;
+    }
+  } catch (...) {
+    return cudaErrorLaunchFailure;  // nothing thrown by FlashInfer escapes
+  }
+}
+
+}  // namespace inferd::kernels

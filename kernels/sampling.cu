@@ -1,0 +1,211 @@
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cfloat>
+
+#include "kernels/sampling.h"
+
+namespace inferd::kernels {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kSearchSteps = 48;  // bisection steps for the top-k and top-p thresholds
+
+using BlockReduceF = cub::BlockReduce<float, kThreads>;
+using BlockReduceI = cub::BlockReduce<int, kThreads>;
+
+struct SumOp {
+  template <typename V>
+  __device__ V operator()(const V& a, const V& b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+struct ArgMax {
+  float value;
+  int32_t index;
+};
+struct ArgMaxOp {
+  __device__ ArgMax operator()(const ArgMax& a, const ArgMax& b) const {
+    if (a.value > b.value) return a;
+    if (b.value > a.value) return b;
+    return a.index <= b.index ? a : b;
+  }
+};
+using BlockReduceA = cub::BlockReduce<ArgMax, kThreads>;
+using BlockScanD = cub::BlockScan<double, kThreads>;
+
+union Shared {
+  typename BlockReduceF::TempStorage f;
+  typename BlockReduceI::TempStorage i;
+  typename BlockReduceA::TempStorage a;
+  typename BlockScanD::TempStorage d;
+};
+
+// Sum of x over the block, broadcast to every thread.
+template <typename R, typename Storage, typename V, typename Op>
+__device__ V AllReduce(Storage& storage, V x, Op op, V* slot) {
+  V r = R(storage).Reduce(x, op);
+  if (threadIdx.x == 0) *slot = r;
+  __syncthreads();
+  r = *slot;
+  __syncthreads();
+  return r;
+}
+
+__device__ bool IsExcluded(int32_t v, const int32_t* ids, int n) {
+  for (int i = 0; i < n; ++i)
+    if (ids[i] == v) return true;
+  return false;
+}
+
+__global__ void SampleRowsKernel(float* logits, int32_t vocab, const SamplingRowParams* params,
+                                 const int32_t* penalty_indptr, const int32_t* penalty_tokens,
+                                 const int32_t* penalty_counts, const uint8_t* penalty_flags, float* penalty_raw,
+                                 int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs) {
+  __shared__ Shared tmp;
+  __shared__ float sf;
+  __shared__ int si;
+  __shared__ ArgMax sa;
+  __shared__ int32_t chosen[kMaxTopLogprobs];
+  const int32_t row = blockIdx.x;
+  const SamplingRowParams p = params[row];
+  float* l = logits + int64_t{row} * vocab;
+  const int32_t pb = penalty_indptr[row], pe = penalty_indptr[row + 1];
+
+  // Raw log-softmax normalizer and the top alternatives, before anything changes the logits.
+  float log_z = 0.f;
+  const int n_top = min(max(p.top_logprobs, 0), min(kMaxTopLogprobs, vocab));
+  if (p.top_logprobs > 0) {
+    float mx = -FLT_MAX;
+    for (int32_t v = threadIdx.x; v < vocab; v += kThreads) mx = fmaxf(mx, l[v]);
+    mx = AllReduce<BlockReduceF>(tmp.f, mx, MaxOp(), &sf);
+    float sum = 0.f;
+    for (int32_t v = threadIdx.x; v < vocab; v += kThreads) sum += expf(l[v] - mx);
+    sum = AllReduce<BlockReduceF>(tmp.f, sum, SumOp(), &sf);
+    log_z = mx + logf(sum);
+    for (int k = 0; k < n_top; ++k) {
+      ArgMax best{-FLT_MAX, vocab};
+      for (int32_t v = threadIdx.x; v < vocab; v += kThreads) {
+        if (!IsExcluded(v, chosen, k)) best = ArgMaxOp()(best, ArgMax{l[v], v});
+      }
+      best = AllReduce<BlockReduceA>(tmp.a, best, ArgMaxOp(), &sa);
+      if (threadIdx.x == 0) {
+        chosen[k] = best.index;
+        top_ids[int64_t{row} * kMaxTopLogprobs + k] = best.index;
+        top_logprobs[int64_t{row} * kMaxTopLogprobs + k] = best.value - log_z;
+      }
+      __syncthreads();
+    }
+  }
+
+  // Penalties (one entry per distinct id, so no two threads touch one logit).
+  for (int32_t e = pb + threadIdx.x; e < pe; e += kThreads) {
+    const int32_t t = penalty_tokens[e];
+    float v = l[t];
+    penalty_raw[e] = v;
+    if ((penalty_flags[e] & kPenaltySeen) && p.repetition_penalty != 1.f) {
+      v = v > 0 ? v / p.repetition_penalty : v * p.repetition_penalty;
+    }
+    if (penalty_counts[e] > 0) v -= p.frequency_penalty * penalty_counts[e] + p.presence_penalty;
+    if (penalty_flags[e] & kPenaltyBanned) v = -INFINITY;
+    l[t] = v;
+  }
+  __syncthreads();
+
+  int32_t token = 0;
+  ArgMax best{-INFINITY, vocab};
+  for (int32_t v = threadIdx.x; v < vocab; v += kThreads) best = ArgMaxOp()(best, ArgMax{l[v], v});
+  best = AllReduce<BlockReduceA>(tmp.a, best, ArgMaxOp(), &sa);
+  if (best.index >= vocab) best.index = 0;  // every logit is -inf: nothing is allowed; fall back to id 0
+  if (p.temperature == 0.f || !(best.value > -INFINITY)) {
+    token = best.index;
+  } else {
+    const float mx = best.value;
+    // top-k: the largest threshold with at least k logits at or above it.
+    float lo_k = -INFINITY;
+    if (p.top_k > 0 && p.top_k < vocab) {
+      float lo = -FLT_MAX, hi = mx;
+      for (int it = 0; it < kSearchSteps; ++it) {
+        const float mid = lo + (hi - lo) * 0.5f;
+        int c = 0;
+        for (int32_t v = threadIdx.x; v < vocab; v += kThreads) c += l[v] >= mid;
+        c = AllReduce<BlockReduceI>(tmp.i, c, SumOp(), &si);
+        if (c >= p.top_k) lo = mid; else hi = mid;
+      }
+      lo_k = lo;
+    }
+    auto weight = [&](float x) { return x >= lo_k ? expf((x - mx) / p.temperature) : 0.f; };
+    float z = 0.f;
+    for (int32_t v = threadIdx.x; v < vocab; v += kThreads) z += weight(l[v]);
+    z = AllReduce<BlockReduceF>(tmp.f, z, SumOp(), &sf);
+    // top-p: the largest threshold whose logits at or above it hold at least top_p of the mass.
+    float lo_p = lo_k;
+    if (p.top_p < 1.f) {
+      float lo = fmaxf(lo_k, -FLT_MAX), hi = mx;
+      for (int it = 0; it < kSearchSteps; ++it) {
+        const float mid = lo + (hi - lo) * 0.5f;
+        float m = 0.f;
+        for (int32_t v = threadIdx.x; v < vocab; v += kThreads) m += l[v] >= mid ? weight(l[v]) : 0.f;
+        m = AllReduce<BlockReduceF>(tmp.f, m, SumOp(), &sf);
+        if (m >= p.top_p * z) lo = mid; else hi = mid;
+      }
+      lo_p = lo;
+    }
+    // min-p: probability at least min_p times the largest (whose weight is 1).
+    const float min_w = p.min_p;
+    auto kept = [&](float x) {
+      const float w = x >= lo_p ? weight(x) : 0.f;
+      return w >= min_w ? w : 0.f;
+    };
+    // The token where the running mass, in id order, passes uniform × total.
+    const int32_t per = (vocab + kThreads - 1) / kThreads;
+    const int32_t b = threadIdx.x * per, e = min(vocab, b + per);
+    double mine = 0;
+    for (int32_t v = b; v < e; ++v) mine += kept(l[v]);
+    double before = 0, total = 0;
+    BlockScanD(tmp.d).ExclusiveSum(mine, before, total);
+    __syncthreads();
+    const double target = p.uniform * total;
+    if (threadIdx.x == 0) si = -1;
+    __syncthreads();
+    if (target >= before && target < before + mine) {
+      double run = before;
+      for (int32_t v = b; v < e; ++v) {
+        const float w = kept(l[v]);
+        run += w;
+        if (w > 0 && target < run) {
+          si = v;
+          break;
+        }
+      }
+    }
+    __syncthreads();
+    token = si >= 0 ? si : best.index;  // rounding past the end: the most likely token
+  }
+  if (threadIdx.x == 0) {
+    tokens[row] = token;
+    if (p.top_logprobs > 0) {
+      float raw = l[token];
+      for (int32_t e = pb; e < pe; ++e)
+        if (penalty_tokens[e] == token) raw = penalty_raw[e];
+      logprobs[row] = raw - log_z;
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t SampleRows(float* logits, int32_t num_rows, int32_t vocab, const SamplingRowParams* params,
+                       const int32_t* penalty_indptr, const int32_t* penalty_tokens, const int32_t* penalty_counts,
+                       const uint8_t* penalty_flags, float* penalty_raw, int32_t* tokens, float* logprobs,
+                       int32_t* top_ids, float* top_logprobs, cudaStream_t stream) {
+  if (num_rows <= 0) return cudaSuccess;
+  if (vocab <= 0) return cudaErrorInvalidValue;
+  SampleRowsKernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, params, penalty_indptr, penalty_tokens,
+                                                      penalty_counts, penalty_flags, penalty_raw, tokens, logprobs,
+                                                      top_ids, top_logprobs);
+  return cudaGetLastError();
+}
+
+}  // namespace inferd::kernels

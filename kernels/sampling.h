@@ -1,0 +1,41 @@
+// Sampling on the device: one token per logits row from fp32 logits, with repetition/presence/frequency
+// penalties, banned ids, temperature, top-k, top-p and min-p, and the raw log-probabilities a request asked
+// for. The random number of each row comes from the host (counter-based, from the request's seed and the
+// token's position), so seeded sampling never depends on the rest of the batch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace inferd::kernels {
+
+constexpr int kMaxTopLogprobs = 20;
+
+// Per logits row.
+struct SamplingRowParams {
+  float temperature;  // 0 = greedy (argmax; ties pick the lowest id)
+  int32_t top_k;      // 0 = off
+  float top_p;        // 1 = off
+  float min_p;        // 0 = off
+  float repetition_penalty;
+  float presence_penalty;
+  float frequency_penalty;
+  int32_t top_logprobs;  // > 0: report the chosen token's logprob and this many alternatives (≤ kMaxTopLogprobs)
+  double uniform;        // in [0, 1)
+};
+
+// Penalty entries of row r: [penalty_indptr[r], penalty_indptr[r + 1]), one per distinct token id.
+constexpr uint8_t kPenaltySeen = 1;    // in the prompt or output: repetition penalty applies
+constexpr uint8_t kPenaltyBanned = 2;  // may not be sampled now
+
+// logits: [num_rows, vocab] fp32, modified in place. params: [num_rows]. penalty_tokens, penalty_counts (times
+// the token occurs in the output), penalty_flags: [penalty_indptr[num_rows]]. penalty_raw: scratch of the same
+// length. Outputs: tokens [num_rows]; logprobs [num_rows] (the chosen token's log-softmax of the raw logits);
+// top_ids, top_logprobs [num_rows, kMaxTopLogprobs]. Logprob outputs are written only for rows that ask.
+cudaError_t SampleRows(float* logits, int32_t num_rows, int32_t vocab, const SamplingRowParams* params,
+                       const int32_t* penalty_indptr, const int32_t* penalty_tokens, const int32_t* penalty_counts,
+                       const uint8_t* penalty_flags, float* penalty_raw, int32_t* tokens, float* logprobs,
+                       int32_t* top_ids, float* top_logprobs, cudaStream_t stream);
+
+}  // namespace inferd::kernels
