@@ -7,7 +7,7 @@
 namespace inferd::kernels {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = 512;
 constexpr int kSearchSteps = 48;  // bisection steps for the top-k and top-p thresholds
 
 using BlockReduceF = cub::BlockReduce<float, kThreads>;
@@ -19,6 +19,10 @@ struct SumOp {
 };
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+struct MinOp {
+  __device__ float operator()(float a, float b) const { return fminf(a, b); }
 };
 
 struct ArgMax {
@@ -59,7 +63,7 @@ __device__ bool IsExcluded(int32_t v, const int32_t* ids, int n) {
   return false;
 }
 
-__global__ void SampleRowsKernel(float* logits, int32_t vocab, const SamplingRowParams* params,
+__global__ void __launch_bounds__(kThreads) SampleRowsKernel(float* logits, int32_t vocab, const SamplingRowParams* params,
                                  const int32_t* penalty_indptr, const int32_t* penalty_tokens,
                                  const int32_t* penalty_counts, const uint8_t* penalty_flags, float* penalty_raw,
                                  int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs) {
@@ -122,10 +126,16 @@ __global__ void SampleRowsKernel(float* logits, int32_t vocab, const SamplingRow
     token = best.index;
   } else {
     const float mx = best.value;
+    // The smallest finite logit bounds the threshold searches from below.
+    float mn = FLT_MAX;
+    for (int32_t v = threadIdx.x; v < vocab; v += kThreads) {
+      if (l[v] > -INFINITY) mn = fminf(mn, l[v]);
+    }
+    mn = AllReduce<BlockReduceF>(tmp.f, mn, MinOp(), &sf);
     // top-k: the largest threshold with at least k logits at or above it.
     float lo_k = -INFINITY;
     if (p.top_k > 0 && p.top_k < vocab) {
-      float lo = -FLT_MAX, hi = mx;
+      float lo = mn, hi = mx;
       for (int it = 0; it < kSearchSteps; ++it) {
         const float mid = lo + (hi - lo) * 0.5f;
         int c = 0;
@@ -142,7 +152,7 @@ __global__ void SampleRowsKernel(float* logits, int32_t vocab, const SamplingRow
     // top-p: the largest threshold whose logits at or above it hold at least top_p of the mass.
     float lo_p = lo_k;
     if (p.top_p < 1.f) {
-      float lo = fmaxf(lo_k, -FLT_MAX), hi = mx;
+      float lo = fmaxf(lo_k, mn), hi = mx;
       for (int it = 0; it < kSearchSteps; ++it) {
         const float mid = lo + (hi - lo) * 0.5f;
         float m = 0.f;

@@ -1,27 +1,54 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine in one call: GPU kernel tests, the engine tests, then the benchmarks.
-# Results go to $OUT (or ./gpu-results).
+# Runs on the GPU machine in one call: makes the GPU test models and their transformers references, runs the
+# kernel, sampler and whole-model parity tests, the CPU tests, one serving run under compute-sanitizer, then
+# writes the Llama-3-8B-shaped random model and benchmarks it. Results go to $OUT (or ./gpu-results).
+#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|bench|all]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+what=${1:-all}
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 BUNDLE=/tmp/inferd-bundle
 rm -rf "$BUNDLE" && mkdir -p "$BUNDLE" && tar -C "$BUNDLE" -xJf .bundle/bundle.tar.xz
 export LD_LIBRARY_PATH="$BUNDLE/lib:${LD_LIBRARY_PATH:-}"
 export INFERD_SOURCE_DIR="$PWD"
+export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/device.txt"
-# The bundled SmolLM2 (98 MB) does not travel with the working tree (64 MiB per call): without it, the
-# tests that need it are left out here (CI runs them).
-filter="*"
-if [[ ! -f models/SmolLM2-135M-Instruct.Q4_1.gguf ]]; then
-  filter="-*smollm2*:ChatTemplate.RendersEqualHuggingFace:ChatTemplate.EndOfTurnTokensStopGeneration"
-  echo "models/SmolLM2-135M-Instruct.Q4_1.gguf absent: engine tests without it ($filter)"
-fi
 status=0
-for t in gpu_tests core_tests engine_tests; do
-  echo "== $t"
-  "$BUNDLE/bin/$t" --gtest_filter="$filter" --gtest_output="xml:$OUT/$t.xml" 2>&1 | tail -n 4 || status=1
-done
-echo "== benchmarks"
-"$BUNDLE/bin/bench_rms_norm" 2>&1 | tee "$OUT/bench_rms_norm.txt" || status=1
+
+if [[ "$what" == all || "$what" == tests ]]; then
+  # Random-weight models with head dims 64 and 128 and their references: fp32 on the CPU, bf16 on the GPU.
+  export INFERD_GPU_MODELS=/tmp/inferd-gpu-models
+  rm -rf "$INFERD_GPU_MODELS"
+  python3 tools/make_test_models.py --gpu-models "$INFERD_GPU_MODELS" || status=1
+  python3 tools/make_reference_fixtures.py "$INFERD_GPU_MODELS" "$INFERD_GPU_MODELS/reference" || status=1
+  python3 tools/make_reference_fixtures.py --device cuda --dtype bfloat16 --suffix=-bf16 \
+    "$INFERD_GPU_MODELS" "$INFERD_GPU_MODELS/reference" || status=1
+  tar -C "$INFERD_GPU_MODELS" -czf "$OUT/gpu_references.tar.gz" reference
+  # The bundled SmolLM2 (98 MB) does not travel with the working tree (64 MiB per call): without it, the
+  # tests that need it are left out here (CI runs them).
+  filter="*"
+  if [[ ! -f models/SmolLM2-135M-Instruct.Q4_1.gguf ]]; then
+    filter="-*smollm2*:ChatTemplate.RendersEqualHuggingFace:ChatTemplate.EndOfTurnTokensStopGeneration"
+  fi
+  echo "== gpu_tests"
+  "$BUNDLE/bin/gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | grep -E "^\[ parity|FAILED|Failure|error|^\[  (PASSED|SKIPPED)|tests ran" | head -60
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  for t in core_tests engine_tests; do
+    echo "== $t"
+    "$BUNDLE/bin/$t" --gtest_filter="$filter" --gtest_output="xml:$OUT/$t.xml" 2>&1 | tail -n 3 || status=1
+  done
+  echo "== compute-sanitizer memcheck: one engine serving run (batched prompts, prefill chunks, decode)"
+  compute-sanitizer --tool memcheck --error-exitcode 3 "$BUNDLE/bin/gpu_tests" \
+    --gtest_filter='Models/CudaParity.*/qwen2_hd128_bf16ref_bs3_budget24' 2>&1 | tail -n 6 | tee "$OUT/memcheck.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+
+if [[ "$what" == all || "$what" == bench ]]; then
+  echo "== benchmarks"
+  "$BUNDLE/bin/bench_rms_norm" 2>&1 | tee "$OUT/bench_rms_norm.txt" | tail -n 3 || status=1
+  M=/tmp/llama3-8b-random
+  [[ -f $M/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M" || status=1
+  "$BUNDLE/bin/inferd-bench" --model "$M" --json "$OUT/bench_8b.json" 2>&1 | grep -v "^\[20" | tee "$OUT/bench_8b.txt" || status=1
+fi
 exit $status

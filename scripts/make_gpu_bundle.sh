@@ -7,11 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DINFERD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a >/dev/null
-cmake --build build-gpu --target inferd core_tests engine_tests gpu_tests bench_rms_norm
+cmake --build build-gpu --target inferd core_tests engine_tests gpu_tests bench_rms_norm inferd-bench
 B=build-gpu/bundle
 rm -rf "$B" && mkdir -p "$B/bin" "$B/lib"
 cp build-gpu/server/inferd build-gpu/tests/core_tests build-gpu/tests/engine_tests build-gpu/tests/gpu_tests \
-   build-gpu/tools/bench_rms_norm "$B/bin/"
+   build-gpu/tools/bench_rms_norm build-gpu/tools/inferd-bench "$B/bin/"
 strip "$B"/bin/*
 # System and CUDA libraries are on the device already; everything else travels.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libnvidia|libnccl)'

@@ -37,7 +37,7 @@ TOP = 5
 
 @torch.no_grad()
 def greedy(model, prompt_ids):
-    ids = torch.tensor([prompt_ids], dtype=torch.long)
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
     steps = []
     for _ in range(NEW_TOKENS):
         logits = model(ids).logits[0, -1].to(torch.float32)
@@ -49,7 +49,7 @@ def greedy(model, prompt_ids):
             "top": [[int(i), float(logprobs[i])] for i in top.indices],
             "margin": float(top.values[0] - top.values[1]),
         })
-        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+        ids = torch.cat([ids, torch.tensor([[token]], device=model.device)], dim=1)
     return steps
 
 
@@ -71,6 +71,9 @@ def main():
     p.add_argument("out_dir")
     p.add_argument("--gguf", nargs=2, action="append", default=[], metavar=("FILE", "NAME"))
     p.add_argument("--skip-dir", action="store_true", help="only the --gguf models")
+    p.add_argument("--device", default="cpu", help="cpu (exact fp32) or cuda")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--suffix", default="", help="appended to each reference's file name")
     args = p.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
     torch.manual_seed(0)
@@ -78,11 +81,16 @@ def main():
         d = os.path.join(args.models_dir, name)
         if not os.path.exists(os.path.join(d, "config.json")):
             continue
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, args.dtype),
+                                                     attn_implementation="eager").to(args.device)
         model.eval()
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-        record(model, lambda t: tok.encode(t, add_special_tokens=True).ids, name, args.out_dir,
-               "python3 tools/make_reference_fixtures.py tests/fixtures/models tests/fixtures/reference", PROMPTS)
+        command = "python3 tools/make_reference_fixtures.py tests/fixtures/models tests/fixtures/reference"
+        if args.device != "cpu" or args.dtype != "float32":
+            command = (f"python3 tools/make_reference_fixtures.py --device {args.device} --dtype {args.dtype} "
+                       f"--suffix '{args.suffix}' {args.models_dir} {args.out_dir}")
+        record(model, lambda t: tok.encode(t, add_special_tokens=True).ids, name + args.suffix, args.out_dir,
+               command, PROMPTS)
     for path, name in args.gguf:
         d, f = os.path.split(os.path.abspath(path))
         model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32,

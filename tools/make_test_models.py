@@ -207,9 +207,40 @@ def smollm2_shaped(out_dir):
     write_model(out_dir, "smollm2-shape-random", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=5)
 
 
+def gpu_models(out_dir):
+    """Random-weight models with the head dims the cuda backend serves (64, 128) and GQA groups 4, 2 and 3; made
+    on the GPU machine by scripts/gpu_run.sh, not committed."""
+    tok = byte_level(LLAMA3_PATTERN, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], nfc=False,
+                     template_bos="<|begin_of_text|>", vocab_size=640)
+    bos, eos = tok.token_to_id("<|begin_of_text|>"), tok.token_to_id("<|end_of_text|>")
+    cfg = base_config("LlamaForCausalLM", "llama", 640, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                      num_key_value_heads=1, bos_token_id=bos, eos_token_id=eos,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 64},
+                      torch_dtype="bfloat16")
+    write_model(out_dir, "llama3-hd64", cfg, tok, {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"},
+                "BF16", seed=11)
+    tok = byte_level(QWEN2_PATTERN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], nfc=True, template_bos=None,
+                     vocab_size=600)
+    eos = tok.token_to_id("<|endoftext|>")
+    cfg = base_config("Qwen2ForCausalLM", "qwen2", 608, hidden_size=512, intermediate_size=768, num_attention_heads=4,
+                      num_key_value_heads=2, rope_theta=1e6, tie_word_embeddings=True, eos_token_id=eos,
+                      bos_token_id=eos, torch_dtype="bfloat16", use_sliding_window=False, sliding_window=512)
+    write_model(out_dir, "qwen2-hd128", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=12)
+    tok = sentencepiece_like(metaspace=True, vocab_size=720)
+    cfg = base_config("MistralForCausalLM", "mistral", 720, hidden_size=384, intermediate_size=640,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=128, rope_theta=1e6,
+                      sliding_window=None, bos_token_id=1, eos_token_id=2, torch_dtype="float16")
+    write_model(out_dir, "mistral-hd128-g3", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>"}, "F16", seed=13)
+
+
 def main():
     if len(sys.argv) > 2 and sys.argv[1] == "--smollm2-shape":
         smollm2_shaped(sys.argv[2])
+        return
+    if len(sys.argv) > 2 and sys.argv[1] == "--gpu-models":
+        gpu_models(sys.argv[2])
         return
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/models"
     # Llama 2: SentencePiece-style tokenizer (Prepend+Replace), MHA, untied, fp32, transformers 4 rope fields.

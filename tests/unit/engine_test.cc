@@ -10,36 +10,13 @@
 #include <thread>
 
 #include "engine/runtime/philox.h"
+#include "tests/unit/collecting_sink.h"
 #include "tests/unit/fixtures.h"
 
 namespace inferd {
 namespace {
 
-class CollectingSink : public OutputSink {
- public:
-  void Push(RequestOutput out) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (int32_t t : out.token_ids) tokens.push_back(t);
-    if (out.finish != FinishReason::kNone || !out.error.ok()) {
-      finish = out.finish;
-      error = out.error;
-      done = true;
-      cv_.notify_all();
-    }
-  }
-  bool WaitFor(absl::Duration d) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, absl::ToChronoMilliseconds(d), [&] { return done; });
-  }
-  std::vector<int32_t> tokens;
-  FinishReason finish = FinishReason::kNone;
-  absl::Status error;
-  bool done = false;
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-};
+using testing::CollectingSink;
 
 // Samples token (position % 50) + 100; fails the step when asked to; can be slowed down.
 class FakeBackend : public Backend {

@@ -7,36 +7,13 @@
 #include <mutex>
 
 #include "engine/engine.h"
+#include "tests/unit/collecting_sink.h"
 #include "tests/unit/fixtures.h"
 
 namespace inferd {
 namespace {
 
-class CollectingSink : public OutputSink {
- public:
-  void Push(RequestOutput out) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (int32_t t : out.token_ids) tokens.push_back(t);
-    for (auto& lp : out.logprobs) logprobs.push_back(lp);
-    if (out.finish != FinishReason::kNone) {
-      finish = out.finish;
-      done = true;
-      cv_.notify_all();
-    }
-  }
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done; });
-  }
-  std::vector<int32_t> tokens;
-  std::vector<TokenLogprob> logprobs;
-  FinishReason finish = FinishReason::kNone;
-  bool done = false;
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-};
+using testing::CollectingSink;
 
 struct ParityCase {
   const char* model;  // names the reference fixture

@@ -1,0 +1,218 @@
+// The layer kernels and FlashInfer paged attention against CPU references on random data and odd sizes,
+// outputs poisoned before each run. Tolerances: bf16 rounding (relative 1e-2 for attention and norms), exact
+// for copies. Skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <tuple>
+
+#include "kernels/elementwise.h"
+#include "kernels/paged_attention.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace inferd {
+namespace {
+
+using testing::Bf;
+using testing::Dev;
+using testing::FromBf16;
+using testing::Random;
+using testing::RelError;
+using testing::ToBf16;
+using bf16 = __nv_bfloat16;
+
+TEST(Kernels, GatherRowsCopiesExactly) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(1);
+  const int64_t rows = 37, cols = 97;
+  const std::vector<float> table = Random(rows * cols, rng);
+  const std::vector<int32_t> idx = {36, 0, 5, 5, 17};
+  Dev<bf16> src(ToBf16(table));
+  Dev<int32_t> d_idx(idx);
+  Dev<bf16> dst(idx.size() * cols);
+  CUDA_OK(kernels::GatherRows(src.get(), d_idx.get(), dst.get(), idx.size(), cols, nullptr));
+  const std::vector<float> got = FromBf16(dst.Host());
+  for (size_t i = 0; i < idx.size(); ++i)
+    for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(got[i * cols + c], Bf(table[idx[i] * cols + c])) << i << "," << c;
+}
+
+class AddRmsNormTest : public ::testing::TestWithParam<std::tuple<int64_t, int64_t>> {};
+
+TEST_P(AddRmsNormTest, MatchesReferenceWithinBf16Rounding) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  const auto [rows, n] = GetParam();
+  std::mt19937 rng(rows * 31 + n);
+  const std::vector<float> x = Random(rows * n, rng), d = Random(rows * n, rng), w = Random(n, rng);
+  Dev<bf16> res(ToBf16(x)), delta(ToBf16(d)), weight(ToBf16(w));
+  Dev<bf16> out(rows * n);
+  CUDA_OK(kernels::AddRmsNorm(res.get(), delta.get(), weight.get(), out.get(), rows, n, 1e-5f, nullptr));
+  std::vector<double> ref_out(rows * n), ref_res(rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ref_res[r * n + i] = Bf(Bf(x[r * n + i]) + Bf(d[r * n + i]));
+      ss += ref_res[r * n + i] * ref_res[r * n + i];
+    }
+    const double inv = 1.0 / std::sqrt(ss / n + 1e-5);
+    for (int64_t i = 0; i < n; ++i) ref_out[r * n + i] = Bf(w[i]) * ref_res[r * n + i] * inv;
+  }
+  EXPECT_LT(RelError(FromBf16(res.Host()), ref_res), 1e-6) << "the residual is the rounded sum";
+  EXPECT_LT(RelError(FromBf16(out.Host()), ref_out), 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(OddSizes, AddRmsNormTest,
+                         ::testing::Values(std::make_tuple(1, 1), std::make_tuple(3, 17), std::make_tuple(17, 576),
+                                           std::make_tuple(5, 4096), std::make_tuple(2, 5000)));
+
+TEST(Kernels, SiluMulMatchesReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(3);
+  const int64_t rows = 7, inter = 333;
+  const std::vector<float> gu = Random(rows * 2 * inter, rng, 2.f);
+  Dev<bf16> d_gu(ToBf16(gu));
+  Dev<bf16> out(rows * inter);
+  CUDA_OK(kernels::SiluMul(d_gu.get(), out.get(), rows, inter, nullptr));
+  std::vector<double> ref(rows * inter);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < inter; ++i) {
+      const double g = Bf(gu[r * 2 * inter + i]), u = Bf(gu[r * 2 * inter + inter + i]);
+      ref[r * inter + i] = g / (1 + std::exp(-g)) * u;
+    }
+  EXPECT_LT(RelError(FromBf16(out.Host()), ref), 1e-2);
+}
+
+TEST(Kernels, RopeRotatesQAndKAndWritesKvIntoTheirSlots) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(4);
+  const int32_t heads = 6, kv_heads = 2, D = 128, T = 9, num_slots = 40;
+  const int64_t row = int64_t{heads + 2 * kv_heads} * D, kv_dim = int64_t{kv_heads} * D;
+  const std::vector<float> qkv = Random(T * row, rng);
+  std::vector<int32_t> pos(T), slots(T);
+  for (int32_t t = 0; t < T; ++t) {
+    pos[t] = t * 131 + 7;  // large positions exercise angle accuracy
+    slots[t] = (t * 17 + 3) % num_slots;
+  }
+  std::vector<float> inv_freq(D / 2);
+  for (int i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(10000.f, -2.f * i / D);
+  Dev<bf16> d_qkv(ToBf16(qkv));
+  Dev<int32_t> d_pos(pos), d_slots(slots);
+  Dev<float> d_freq(inv_freq);
+  Dev<bf16> kc(num_slots * kv_dim), vc(num_slots * kv_dim);
+  CUDA_OK(kernels::RopeWriteKv(d_qkv.get(), d_pos.get(), d_slots.get(), d_freq.get(), kc.get(), vc.get(), T, heads,
+                               kv_heads, D, nullptr));
+  std::vector<double> ref(T * row);
+  for (int32_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < row; ++i) ref[t * row + i] = Bf(qkv[t * row + i]);
+    for (int32_t h = 0; h < heads + kv_heads; ++h)
+      for (int i = 0; i < D / 2; ++i) {
+        const double a = Bf(qkv[t * row + h * D + i]), b = Bf(qkv[t * row + h * D + i + D / 2]);
+        const double ang = double(pos[t]) * inv_freq[i];
+        ref[t * row + h * D + i] = a * std::cos(ang) - b * std::sin(ang);
+        ref[t * row + h * D + i + D / 2] = b * std::cos(ang) + a * std::sin(ang);
+      }
+  }
+  const std::vector<float> got = FromBf16(d_qkv.Host());
+  EXPECT_LT(RelError(got, ref), 1e-2);
+  const std::vector<float> k = FromBf16(kc.Host()), v = FromBf16(vc.Host());
+  for (int32_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < kv_dim; ++i) {
+      ASSERT_EQ(k[slots[t] * kv_dim + i], got[t * row + heads * D + i]) << "K of token " << t;
+      ASSERT_EQ(v[slots[t] * kv_dim + i], got[t * row + heads * D + kv_dim + i]) << "V of token " << t;
+    }
+}
+
+// Sequences given by (context length, query length); queries are the last tokens of the context.
+struct AttentionCase {
+  int32_t head_dim, heads, kv_heads, block_size;
+  std::vector<std::pair<int32_t, int32_t>> seqs;
+};
+
+class PagedAttentionTest : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  const AttentionCase& c = GetParam();
+  std::mt19937 rng(c.head_dim * 7 + c.block_size + c.kv_heads);
+  const int32_t D = c.head_dim, bs = c.block_size, group = c.heads / c.kv_heads;
+  const int64_t kv_dim = int64_t{c.kv_heads} * D, q_stride = int64_t{c.heads + 2 * c.kv_heads} * D;
+  // Pages of all sequences, shuffled across the pool.
+  std::vector<int32_t> qo_indptr = {0}, kv_indptr = {0}, last_len, pages;
+  int32_t total_pages = 0;
+  for (auto [ctx, q] : c.seqs) {
+    const int32_t n = (ctx + bs - 1) / bs;
+    total_pages += n;
+    qo_indptr.push_back(qo_indptr.back() + q);
+    kv_indptr.push_back(kv_indptr.back() + n);
+    last_len.push_back(ctx - (n - 1) * bs);
+  }
+  const int32_t num_blocks = total_pages + 5;
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  pages.assign(perm.begin(), perm.begin() + total_pages);
+  const int32_t T = qo_indptr.back();
+  const std::vector<float> q = Random(T * q_stride, rng), k = Random(int64_t{num_blocks} * bs * kv_dim, rng),
+                           v = Random(int64_t{num_blocks} * bs * kv_dim, rng);
+  Dev<bf16> dq(ToBf16(q)), dk(ToBf16(k)), dv(ToBf16(v));
+  Dev<int32_t> d_qo(qo_indptr), d_kv(kv_indptr), d_pages(pages), d_last(last_len);
+  Dev<bf16> out(T * int64_t{c.heads} * D);
+  void *fws, *iws, *iws_host;
+  CUDA_OK(cudaMalloc(&fws, kernels::kAttentionFloatWorkspaceBytes));
+  CUDA_OK(cudaMalloc(&iws, kernels::kAttentionIntWorkspaceBytes));
+  CUDA_OK(cudaMallocHost(&iws_host, kernels::kAttentionIntWorkspaceBytes));
+  kernels::AttentionPlan plan;
+  const int32_t S = static_cast<int32_t>(c.seqs.size());
+  CUDA_OK(kernels::PlanPagedAttention(fws, iws, iws_host, qo_indptr.data(), kv_indptr.data(), T, S, c.heads,
+                                      c.kv_heads, D, bs, &plan, nullptr));
+  const float scale = 1.f / std::sqrt(float(D));
+  CUDA_OK(kernels::RunPagedAttention<bf16>(plan, fws, iws, dq.get(), q_stride, dk.get(), dv.get(), d_qo.get(),
+                                           d_kv.get(), d_pages.get(), d_last.get(), out.get(), S, c.heads,
+                                           c.kv_heads, D, bs, scale, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> ref(T * int64_t{c.heads} * D);
+  for (int32_t s = 0; s < S; ++s) {
+    const auto [ctx, qlen] = c.seqs[s];
+    for (int32_t i = 0; i < qlen; ++i) {
+      const int32_t t = qo_indptr[s] + i, visible = ctx - qlen + i + 1;
+      for (int32_t h = 0; h < c.heads; ++h) {
+        const int32_t kvh = h / group;
+        std::vector<double> p(visible);
+        double mx = -1e300;
+        for (int32_t j = 0; j < visible; ++j) {
+          const int64_t slot = int64_t{pages[kv_indptr[s] + j / bs]} * bs + j % bs;
+          double dot = 0;
+          for (int32_t d = 0; d < D; ++d) dot += Bf(q[t * q_stride + h * D + d]) * Bf(k[slot * kv_dim + kvh * D + d]);
+          p[j] = dot * scale;
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0;
+        for (double& x : p) sum += (x = std::exp(x - mx));
+        for (int32_t j = 0; j < visible; ++j) {
+          const int64_t slot = int64_t{pages[kv_indptr[s] + j / bs]} * bs + j % bs;
+          for (int32_t d = 0; d < D; ++d)
+            ref[(int64_t{t} * c.heads + h) * D + d] += p[j] / sum * Bf(v[slot * kv_dim + kvh * D + d]);
+        }
+      }
+    }
+  }
+  EXPECT_LT(RelError(FromBf16(out.Host()), ref), 1e-2);
+  cudaFree(fws);
+  cudaFree(iws);
+  cudaFreeHost(iws_host);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PagedAttentionTest,
+    ::testing::Values(
+        // decode rows only, MHA, page size 1
+        AttentionCase{64, 4, 4, 1, {{1, 1}, {17, 1}, {97, 1}}},
+        // prefill chunks attending to earlier pages next to decodes, GQA group 4
+        AttentionCase{128, 8, 2, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}},
+        // group 3 (no CUDA-core decode kernel has it), head_dim 128
+        AttentionCase{128, 6, 2, 16, {{2048, 5}, {33, 1}}},
+        // head_dim 256, group 8, odd page size
+        AttentionCase{256, 8, 1, 8, {{97, 97}, {64, 1}, {5, 2}}}));
+
+}  // namespace
+}  // namespace inferd

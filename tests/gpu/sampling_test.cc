@@ -1,0 +1,156 @@
+// Sampling on the device against the host sampler: greedy identical, raw logprobs equal, distributions within
+// 5 standard deviations over many draws, and the same uniform gives the same token alone and in a batch.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "engine/runtime/philox.h"
+#include "engine/runtime/sampler.h"
+#include "kernels/sampling.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace inferd {
+namespace {
+
+using testing::Dev;
+
+struct Rows {
+  std::vector<float> logits;
+  std::vector<kernels::SamplingRowParams> params;
+  std::vector<int32_t> indptr = {0}, tokens, counts;
+  std::vector<uint8_t> flags;
+};
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs, top_logprobs;
+  std::vector<int32_t> top_ids;
+};
+
+Result RunOnDevice(const Rows& r, int32_t vocab) {
+  const int32_t n = static_cast<int32_t>(r.params.size());
+  Dev<float> logits(r.logits);
+  Dev<kernels::SamplingRowParams> params(r.params);
+  Dev<int32_t> indptr(r.indptr), tokens(r.tokens), counts(r.counts);
+  Dev<uint8_t> flags(r.flags);
+  Dev<float> raw(r.tokens.size() + 1);
+  Dev<int32_t> out(n), top_ids(n * kernels::kMaxTopLogprobs);
+  Dev<float> lp(n), top_lp(n * kernels::kMaxTopLogprobs);
+  EXPECT_EQ(kernels::SampleRows(logits.get(), n, vocab, params.get(), indptr.get(), tokens.get(), counts.get(),
+                                flags.get(), raw.get(), out.get(), lp.get(), top_ids.get(), top_lp.get(), nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return {out.Host(), lp.Host(), top_lp.Host(), top_ids.Host()};
+}
+
+kernels::SamplingRowParams Params(const SamplingParams& p, double u, int32_t top_logprobs = 0) {
+  return {p.temperature, p.top_k,           p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty,
+          p.frequency_penalty, top_logprobs, u};
+}
+
+TEST(DeviceSampler, GreedyAndLogprobsEqualTheHostSampler) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(7);
+  const int32_t vocab = 128257, rows = 5;  // odd, larger than one pass of the block
+  Rows r;
+  r.logits = testing::Random(int64_t{rows} * vocab, rng, 3.f);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  for (int32_t i = 0; i < rows; ++i) {
+    r.params.push_back(Params(greedy, 0.5, i + 1));
+    r.indptr.push_back(0);
+  }
+  const Result got = RunOnDevice(r, vocab);
+  for (int32_t i = 0; i < rows; ++i) {
+    std::vector<float> row(r.logits.begin() + int64_t{i} * vocab, r.logits.begin() + int64_t{i + 1} * vocab);
+    SamplingRow hr{.params = greedy, .top_logprobs = i + 1};
+    const SampleResult want = Sample(row, hr);
+    EXPECT_EQ(got.tokens[i], want.token) << "row " << i;
+    EXPECT_NEAR(got.logprobs[i], want.logprob.logprob, 1e-3) << "row " << i;
+    for (int32_t k = 0; k <= i; ++k) {
+      EXPECT_EQ(got.top_ids[i * kernels::kMaxTopLogprobs + k], want.logprob.top[k].token_id);
+      EXPECT_NEAR(got.top_logprobs[i * kernels::kMaxTopLogprobs + k], want.logprob.top[k].logprob, 1e-3);
+    }
+  }
+}
+
+TEST(DeviceSampler, PenaltiesAndBansMatchTheHostSampler) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  const int32_t vocab = 6;
+  Rows r;
+  r.logits = {2.0f, 1.0f, 0.5f, 1.9f, -1.f, 0.f};
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 4.0f;
+  p.frequency_penalty = 0.1f;
+  r.params.push_back(Params(p, 0.5));
+  // token 0 in the prompt; token 3 twice in the output; token 1 banned.
+  r.tokens = {0, 1, 3};
+  r.counts = {0, 0, 2};
+  r.flags = {kernels::kPenaltySeen, kernels::kPenaltyBanned, kernels::kPenaltySeen};
+  r.indptr.push_back(3);
+  const Result got = RunOnDevice(r, vocab);
+  std::vector<float> row = r.logits;
+  const std::vector<int32_t> history = {0, 3, 3}, banned = {1};
+  SamplingRow hr{.params = p, .tokens = history, .num_prompt_tokens = 1, .banned = banned};
+  EXPECT_EQ(got.tokens[0], Sample(row, hr).token);
+  // 0: 2 / 4 = 0.5; 1: banned; 2: 0.5 untouched; 3: 1.9 / 4 - 2 * 0.1 = 0.275. Ties go to the lower id.
+  EXPECT_EQ(got.tokens[0], 0);
+}
+
+TEST(DeviceSampler, DistributionsMatchAndDrawsDependOnlyOnTheUniform) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  const int32_t vocab = 16;
+  std::vector<float> base(vocab);
+  for (int32_t i = 0; i < vocab; ++i) base[i] = std::log(float(i + 1));  // p ∝ i + 1
+  struct Case {
+    SamplingParams p;
+    const char* name;
+  };
+  std::vector<Case> cases(4);
+  cases[0].name = "temperature 1";
+  cases[1].name = "top_k 5, temperature 0.7";
+  cases[1].p.top_k = 5;
+  cases[1].p.temperature = 0.7f;
+  cases[2].name = "top_p 0.6";
+  cases[2].p.top_p = 0.6f;
+  cases[3].name = "min_p 0.45";
+  cases[3].p.min_p = 0.45f;  // off the exact boundary p = 0.5 p_max of token 7
+  const int draws = 20000;
+  for (const Case& c : cases) {
+    Rows r;
+    for (int d = 0; d < draws; ++d) {
+      r.logits.insert(r.logits.end(), base.begin(), base.end());
+      r.params.push_back(Params(c.p, SamplingUniform(99, d)));
+      r.indptr.push_back(0);
+    }
+    const Result got = RunOnDevice(r, vocab);
+    std::map<int32_t, int> dev, host;
+    for (int d = 0; d < draws; ++d) {
+      dev[got.tokens[d]]++;
+      std::vector<float> row = base;
+      host[Sample(row, SamplingRow{.params = c.p, .uniform = SamplingUniform(1234, d)}).token]++;
+    }
+    for (int32_t t = 0; t < vocab; ++t) {
+      const double ph = host[t] / double(draws), pd = dev[t] / double(draws);
+      const double sd = std::sqrt(std::max(ph, 1.0 / draws) * (1 - ph) / draws) * std::sqrt(2.0);
+      EXPECT_NEAR(pd, ph, 5 * sd + 1e-3) << c.name << ", token " << t;
+    }
+  }
+  // The same row alone and in a batch of others: the same token.
+  SamplingParams p;
+  p.temperature = 0.9f;
+  Rows alone, batch;
+  alone.logits = base;
+  alone.params = {Params(p, 0.37)};
+  alone.indptr = {0, 0};
+  for (int i = 0; i < 9; ++i) {
+    batch.logits.insert(batch.logits.end(), base.begin(), base.end());
+    batch.params.push_back(Params(p, i == 4 ? 0.37 : 0.05 * i));
+    batch.indptr.push_back(0);
+  }
+  EXPECT_EQ(RunOnDevice(alone, vocab).tokens[0], RunOnDevice(batch, vocab).tokens[4]);
+}
+
+}  // namespace
+}  // namespace inferd

@@ -1,0 +1,213 @@
+// inferd-bench: the engine in-process (no gRPC in the timed path) on a model and the cuda backend, against
+// ceilings measured first on the same GPU: read-streaming bandwidth (a large read-only reduction) and the
+// cuBLASLt bf16 GEMM rate at 8192³. Prints a table and writes JSON.
+//   inferd-bench --model DIR [--json FILE]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "engine/backends/cuda/gemm.h"
+#include "engine/engine.h"
+#include "kernels/read_bandwidth.h"
+#include "nlohmann/json.hpp"
+
+namespace inferd {
+namespace {
+
+#define BENCH_CUDA(expr)                                                                   \
+  do {                                                                                     \
+    cudaError_t e_ = (expr);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_));                    \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+// Median milliseconds of `reps` runs of fn, timed with CUDA events after `warmup` runs.
+template <typename F>
+double TimeMs(F fn, int warmup, int reps) {
+  cudaEvent_t a, b;
+  BENCH_CUDA(cudaEventCreate(&a));
+  BENCH_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<float> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    BENCH_CUDA(cudaEventRecord(a));
+    fn();
+    BENCH_CUDA(cudaEventRecord(b));
+    BENCH_CUDA(cudaEventSynchronize(b));
+    BENCH_CUDA(cudaEventElapsedTime(&ms[i], a, b));
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[reps / 2];
+}
+
+double ReadCeilingTBs() {
+  const int64_t bytes = int64_t{4} << 30;  // far beyond L2
+  float4* data;
+  float* out;
+  BENCH_CUDA(cudaMalloc(&data, bytes));
+  BENCH_CUDA(cudaMalloc(&out, sizeof(float)));
+  BENCH_CUDA(cudaMemset(data, 0x3c, bytes));  // small finite floats, not zeros
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const double ms = TimeMs([&] { BENCH_CUDA(kernels::ReadReduce(data, bytes / 16, out, prop.multiProcessorCount, 0)); },
+                           5, 20);
+  cudaFree(data);
+  cudaFree(out);
+  return bytes / (ms * 1e-3) / 1e12;
+}
+
+double GemmCeilingTflops() {
+  const int64_t n = 8192;
+  int64_t ws = 0;
+  auto gemm = cuda::Gemm::Create(CUDA_R_16BF, &ws);
+  if (!gemm.ok()) {
+    std::fprintf(stderr, "%s\n", gemm.status().ToString().c_str());
+    std::exit(1);
+  }
+  void *a, *b, *c;
+  BENCH_CUDA(cudaMalloc(&a, n * n * 2));
+  BENCH_CUDA(cudaMalloc(&b, n * n * 2));
+  BENCH_CUDA(cudaMalloc(&c, n * n * 2));
+  BENCH_CUDA(cudaMemset(a, 0x3c, n * n * 2));
+  BENCH_CUDA(cudaMemset(b, 0x3c, n * n * 2));
+  const double ms = TimeMs([&] { (void)(*gemm)->Run(a, b, c, n, n, n, nullptr, false, 0); }, 10, 30);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * n * n / (ms * 1e-3) / 1e12;
+}
+
+// Host times of each token of one request.
+class TimingSink : public OutputSink {
+ public:
+  void Push(RequestOutput out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < out.token_ids.size(); ++i) times.push_back(absl::Now());
+    if (out.finish != FinishReason::kNone || !out.error.ok()) {
+      error = out.error;
+      done = true;
+      cv_.notify_all();
+    }
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done; });
+  }
+  std::vector<absl::Time> times;
+  absl::Status error;
+  bool done = false;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+std::shared_ptr<TimingSink> Run(Engine& engine, int32_t prompt_len, int32_t new_tokens, absl::Time* submitted) {
+  std::mt19937 rng(prompt_len);
+  Request r;
+  r.id = "bench-" + std::to_string(prompt_len) + "-" + std::to_string(new_tokens) + "-" + std::to_string(rng());
+  for (int32_t i = 0; i < prompt_len; ++i) r.prompt.push_back(static_cast<int32_t>(rng() % 600));
+  r.sampling.temperature = 0;
+  r.stopping.max_tokens = new_tokens;
+  r.stopping.ignore_eos = true;
+  auto sink = std::make_shared<TimingSink>();
+  r.sink = sink;
+  *submitted = absl::Now();
+  if (absl::Status s = engine.Submit(std::move(r)); !s.ok()) {
+    std::fprintf(stderr, "submit: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+  sink->Wait();
+  if (!sink->error.ok()) {
+    std::fprintf(stderr, "request failed: %s\n", sink->error.ToString().c_str());
+    std::exit(1);
+  }
+  return sink;
+}
+
+int Main(int argc, char** argv) {
+  std::string model, json_path;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--model") model = argv[i + 1];
+    if (a == "--json") json_path = argv[i + 1];
+  }
+  if (model.empty()) {
+    std::fprintf(stderr, "usage: inferd-bench --model DIR [--json FILE]\n");
+    return 2;
+  }
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  // Warm the GPU up (it idles at low clocks) with the ceiling kernels themselves, then measure them.
+  ReadCeilingTBs();
+  const double read_tbs = ReadCeilingTBs();
+  const double gemm_tflops = GemmCeilingTflops();
+  std::printf("device %s: read-streaming %.2f TB/s, bf16 GEMM 8192^3 %.0f TFLOP/s\n", prop.name, read_tbs,
+              gemm_tflops);
+
+  Config config;
+  config.model.path = model;
+  config.engine.backend = "cuda";
+  config.scheduler.max_num_seqs = 8;
+  config.scheduler.max_num_batched_tokens = 4096;
+  const absl::Time t0 = absl::Now();
+  auto engine = Engine::Create(config);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "engine: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  const double startup_s = absl::ToDoubleSeconds(absl::Now() - t0);
+  const ModelConfig& c = (*engine)->model().config;
+  const MemoryPlan& plan = (*engine)->memory_plan();
+  const double embed_bytes = 2.0 * c.vocab_size * c.hidden_size;
+  const double kv_per_token = 2.0 * c.num_layers * c.num_kv_heads * c.head_dim * 2;
+  const double params_no_embed = plan.weight_bytes / 2.0 - c.vocab_size * double(c.hidden_size);
+  nlohmann::json out = {{"device", prop.name},
+                        {"read_ceiling_tb_s", read_tbs},
+                        {"gemm_ceiling_tflop_s", gemm_tflops},
+                        {"startup_s", startup_s},
+                        {"weight_bytes", plan.weight_bytes}};
+
+  absl::Time submitted;
+  Run(**engine, 128, 16, &submitted);  // warm-up
+  // Latency: 128-token prompt, 256 new tokens.
+  auto lat = Run(**engine, 128, 256, &submitted);
+  const double decode_s = absl::ToDoubleSeconds(lat->times.back() - lat->times.front());
+  const double tok_s = (lat->times.size() - 1) / decode_s;
+  const double step_bytes = (plan.weight_bytes - embed_bytes) + kv_per_token * (128 + 128);
+  const double mbu = step_bytes * tok_s / (read_tbs * 1e12);
+  std::printf("%-28s %10.1f tok/s  %7.2f ms/token  bandwidth utilisation %.1f%%\n", "decode, batch 1", tok_s,
+              1e3 / tok_s, 100 * mbu);
+  out["decode_batch1"] = {{"tokens_per_s", tok_s}, {"ms_per_token", 1e3 / tok_s}, {"bandwidth_utilisation", mbu}};
+  for (int32_t len : {512, 4096}) {
+    Run(**engine, len, 1, &submitted);  // warm this shape
+    auto p = Run(**engine, len, 1, &submitted);
+    const double ttft = absl::ToDoubleSeconds(p->times.front() - submitted);
+    const double flops = 2.0 * params_no_embed * len + 2.0 * c.num_layers * double(len) * len * c.num_heads * c.head_dim;
+    const double mfu = flops / ttft / (gemm_tflops * 1e12);
+    std::printf("%-28s %10.0f tok/s  TTFT %7.1f ms  FLOPs utilisation %.1f%%\n",
+                ("prefill " + std::to_string(len)).c_str(), len / ttft, 1e3 * ttft, 100 * mfu);
+    out["prefill_" + std::to_string(len)] = {
+        {"tokens_per_s", len / ttft}, {"ttft_ms", 1e3 * ttft}, {"flops_utilisation", mfu}};
+  }
+  std::printf("start-up %.1f s\n", startup_s);
+  if (!json_path.empty()) std::ofstream(json_path) << out.dump(1) << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace inferd
+
+int main(int argc, char** argv) { return inferd::Main(argc, argv); }

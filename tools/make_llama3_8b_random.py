@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Writes a Llama-3-8B-shaped model with random bf16 weights (hidden 4096, 32 layers, 32 heads, 8 KV heads,
+intermediate 14336, vocab 128256, llama3 rope) in Hugging Face layout, for benchmarks on the GPU machine, where
+16 GB cannot travel. Weights are drawn on the GPU with torch and written as 4 safetensors shards.
+
+    python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-random
+"""
+import json
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_test_models import LLAMA3_PATTERN, byte_level  # noqa: E402
+
+H, I, L, NH, NKV, V, D = 4096, 14336, 32, 32, 8, 128256, 128
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    tok = byte_level(LLAMA3_PATTERN, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], nfc=False,
+                     template_bos="<|begin_of_text|>", vocab_size=640)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": H,
+           "intermediate_size": I, "num_hidden_layers": L, "num_attention_heads": NH, "num_key_value_heads": NKV,
+           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
+           "torch_dtype": "bfloat16", "bos_token_id": tok.token_to_id("<|begin_of_text|>"),
+           "eos_token_id": tok.token_to_id("<|end_of_text|>"),
+           "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192}, "rope_theta": 500000.0}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}, f)
+    gen = torch.Generator(device="cuda").manual_seed(8)
+
+    def rnd(*shape, std):
+        return (torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32) * std).to(torch.bfloat16).cpu()
+
+    shards = [{"model.embed_tokens.weight": rnd(V, H, std=1.0)}, {}, {}, {}]
+    shards[3]["lm_head.weight"] = rnd(V, H, std=0.02)
+    shards[3]["model.norm.weight"] = torch.ones(H, dtype=torch.bfloat16)
+    weight_map = {}
+    for l in range(L):
+        s = shards[l * 4 // L]
+        p = f"model.layers.{l}."
+        s[p + "input_layernorm.weight"] = torch.ones(H, dtype=torch.bfloat16)
+        s[p + "post_attention_layernorm.weight"] = torch.ones(H, dtype=torch.bfloat16)
+        s[p + "self_attn.q_proj.weight"] = rnd(NH * D, H, std=0.02)
+        s[p + "self_attn.k_proj.weight"] = rnd(NKV * D, H, std=0.02)
+        s[p + "self_attn.v_proj.weight"] = rnd(NKV * D, H, std=0.02)
+        s[p + "self_attn.o_proj.weight"] = rnd(H, NH * D, std=0.02)
+        s[p + "mlp.gate_proj.weight"] = rnd(I, H, std=0.02)
+        s[p + "mlp.up_proj.weight"] = rnd(I, H, std=0.02)
+        s[p + "mlp.down_proj.weight"] = rnd(H, I, std=0.02)
+    for i, s in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-00004.safetensors"
+        save_file(s, os.path.join(out, name), metadata={"format": "pt"})
+        weight_map.update({n: name for n in s})
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=1)
+    print(f"wrote {out}: {sum(t.numel() for s in shards for t in s.values()) / 1e9:.2f} B parameters")
+
+
+if __name__ == "__main__":
+    main()
