@@ -128,24 +128,24 @@ def save_safetensors(path, tensors, dtype):
             f.write(b)
 
 
-def make_weights(cfg, seed):
+def make_weights(cfg, seed, scale=1.0, embed_std=1.0):
     rng = np.random.default_rng(seed)
     h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim", h // nh)
     w = {}
 
-    def normal(*shape, std):
-        return rng.normal(0.0, std, size=shape).astype(np.float32)
+    def normal(*shape, std, scaled=True):  # `scale` shrinks the layers' projections only
+        return rng.normal(0.0, std * (scale if scaled else 1.0), size=shape).astype(np.float32)
 
-    w["model.embed_tokens.weight"] = normal(v, h, std=1.0)
-    w["model.norm.weight"] = 1.0 + normal(h, std=0.1)
+    w["model.embed_tokens.weight"] = normal(v, h, std=embed_std, scaled=False)
+    w["model.norm.weight"] = 1.0 + normal(h, std=0.1, scaled=False)
     if not cfg["tie_word_embeddings"]:
-        w["lm_head.weight"] = normal(v, h, std=0.4)
+        w["lm_head.weight"] = normal(v, h, std=0.4, scaled=False)
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
-        w[p + "input_layernorm.weight"] = 1.0 + normal(h, std=0.1)
-        w[p + "post_attention_layernorm.weight"] = 1.0 + normal(h, std=0.1)
+        w[p + "input_layernorm.weight"] = 1.0 + normal(h, std=0.1, scaled=False)
+        w[p + "post_attention_layernorm.weight"] = 1.0 + normal(h, std=0.1, scaled=False)
         w[p + "self_attn.q_proj.weight"] = normal(nh * hd, h, std=0.25)
         w[p + "self_attn.k_proj.weight"] = normal(nkv * hd, h, std=0.25)
         w[p + "self_attn.v_proj.weight"] = normal(nkv * hd, h, std=0.15)
@@ -160,7 +160,8 @@ def make_weights(cfg, seed):
     return w
 
 
-def write_model(out_dir, name, cfg, tok, tok_config, dtype, seed, shards=1, generation_config=None):
+def write_model(out_dir, name, cfg, tok, tok_config, dtype, seed, shards=1, generation_config=None, scale=1.0,
+                embed_std=1.0):
     d = os.path.join(out_dir, name)
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -173,7 +174,7 @@ def write_model(out_dir, name, cfg, tok, tok_config, dtype, seed, shards=1, gene
     if generation_config:
         with open(os.path.join(d, "generation_config.json"), "w") as f:
             json.dump(generation_config, f, indent=2, sort_keys=True)
-    w = make_weights(cfg, seed)
+    w = make_weights(cfg, seed, scale, embed_std)
     if shards == 1:
         save_safetensors(os.path.join(d, "model.safetensors"), w, dtype)
         return
@@ -209,7 +210,8 @@ def smollm2_shaped(out_dir):
 
 def gpu_models(out_dir):
     """Random-weight models with the head dims the cuda backend serves (64, 128) and GQA groups 4, 2 and 3; made
-    on the GPU machine by scripts/gpu_run.sh, not committed."""
+    on the GPU machine by scripts/gpu_run.sh, not committed. Projections are scaled down for their width so that
+    a bf16 rounding does not flip tokens whose logits are 0.1 apart (transformers' own bf16 run does at scale 1)."""
     tok = byte_level(LLAMA3_PATTERN, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], nfc=False,
                      template_bos="<|begin_of_text|>", vocab_size=640)
     bos, eos = tok.token_to_id("<|begin_of_text|>"), tok.token_to_id("<|end_of_text|>")
@@ -220,19 +222,21 @@ def gpu_models(out_dir):
                                        "original_max_position_embeddings": 64},
                       torch_dtype="bfloat16")
     write_model(out_dir, "llama3-hd64", cfg, tok, {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"},
-                "BF16", seed=11)
+                "BF16", seed=11, scale=0.25)
     tok = byte_level(QWEN2_PATTERN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], nfc=True, template_bos=None,
                      vocab_size=600)
     eos = tok.token_to_id("<|endoftext|>")
     cfg = base_config("Qwen2ForCausalLM", "qwen2", 608, hidden_size=512, intermediate_size=768, num_attention_heads=4,
                       num_key_value_heads=2, rope_theta=1e6, tie_word_embeddings=True, eos_token_id=eos,
                       bos_token_id=eos, torch_dtype="bfloat16", use_sliding_window=False, sliding_window=512)
-    write_model(out_dir, "qwen2-hd128", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=12)
+    write_model(out_dir, "qwen2-hd128", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=12, scale=0.45,
+                embed_std=0.15)  # tied: the embeddings are the LM head, so they set the logits' scale
     tok = sentencepiece_like(metaspace=True, vocab_size=720)
     cfg = base_config("MistralForCausalLM", "mistral", 720, hidden_size=384, intermediate_size=640,
                       num_attention_heads=6, num_key_value_heads=2, head_dim=128, rope_theta=1e6,
                       sliding_window=None, bos_token_id=1, eos_token_id=2, torch_dtype="float16")
-    write_model(out_dir, "mistral-hd128-g3", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>"}, "F16", seed=13)
+    write_model(out_dir, "mistral-hd128-g3", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>"}, "F16", seed=13,
+                scale=0.15)
 
 
 def main():
