@@ -229,7 +229,7 @@ def gpu_models(out_dir):
     cfg = base_config("Qwen2ForCausalLM", "qwen2", 608, hidden_size=512, intermediate_size=768, num_attention_heads=4,
                       num_key_value_heads=2, rope_theta=1e6, tie_word_embeddings=True, eos_token_id=eos,
                       bos_token_id=eos, torch_dtype="bfloat16", use_sliding_window=False, sliding_window=512)
-    write_model(out_dir, "qwen2-hd128", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=12, scale=0.45,
+    write_model(out_dir, "qwen2-hd128", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=12, scale=0.3,
                 embed_std=0.15)  # tied: the embeddings are the LM head, so they set the logits' scale
     tok = sentencepiece_like(metaspace=True, vocab_size=720)
     cfg = base_config("MistralForCausalLM", "mistral", 720, hidden_size=384, intermediate_size=640,
