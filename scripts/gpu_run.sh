@@ -36,8 +36,20 @@ if [[ "$what" == all || "$what" == tests ]]; then
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   for t in core_tests engine_tests; do
     echo "== $t"
-    "$BUNDLE/bin/$t" --gtest_filter="$filter" --gtest_output="xml:$OUT/$t.xml" 2>&1 | tail -n 3 || status=1
+    "$BUNDLE/bin/$t" --gtest_filter="$filter" --gtest_output="xml:$OUT/$t.xml" 2>&1 | tail -n 3
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   done
+  echo "== black-box gRPC suite against a cuda server"
+  python3 -m pip show -q protobuf grpcio 2>/dev/null | grep -E "^(Name|Version)" | paste - - | tee "$OUT/python_grpc.txt"
+  INFERD_BIN="$BUNDLE/bin/inferd" INFERD_PY_STUBS="$BUNDLE/pystubs" python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/server 2>&1 | tail -n 15
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  if [[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ]]; then
+    echo "== the bundled SmolLM2 answers chat questions on cuda"
+    INFERD_SMOLLM2_BACKEND=cuda INFERD_BIN="$BUNDLE/bin/inferd" INFERD_PY_STUBS="$BUNDLE/pystubs" \
+      python3 -m pytest -q -p no:cacheprovider tests/integration/test_chat.py -k "smollm2 or chat_equals" 2>&1 | tail -n 5
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  fi
   echo "== compute-sanitizer memcheck: one engine serving run (batched prompts, prefill chunks, decode)"
   compute-sanitizer --tool memcheck --error-exitcode 3 "$BUNDLE/bin/gpu_tests" \
     --gtest_filter='Models/CudaParity.*/qwen2_hd128_bf16ref_bs3_budget24' 2>&1 | tail -n 6 | tee "$OUT/memcheck.txt"

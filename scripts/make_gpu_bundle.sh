@@ -21,7 +21,12 @@ for bin in "$B"/bin/*; do
     [[ -f "$B/lib/$name" ]] || cp -L "$path" "$B/lib/$name"
   done
 done
+# Python gRPC stubs for the black-box tests (the GPU machine has grpcio but not grpcio-tools).
+mkdir -p "$B/pystubs"
+.venv/bin/python -m grpc_tools.protoc -Iproto --python_out="$B/pystubs" --grpc_python_out="$B/pystubs" \
+  proto/inferd/v1/inferd.proto
+cp -r .venv/lib/python3*/site-packages/grpc_health "$B/pystubs/"
 # Compressed, it travels well under the device tool's 64 MiB limit (OpenBLAS alone is 36 MB).
 rm -rf .bundle && mkdir -p .bundle
-tar -C "$B" -cJf .bundle/bundle.tar.xz bin lib
+tar -C "$B" -cJf .bundle/bundle.tar.xz bin lib pystubs
 du -sh .bundle/bundle.tar.xz

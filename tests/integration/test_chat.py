@@ -10,6 +10,8 @@ import pytest
 from conftest import INFERD_BIN, SOURCE_DIR, Server, inferd_pb2 as pb
 
 SMOLLM2 = os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+# scripts/gpu_run.sh asks for cuda to run the SmolLM2 chat tests on the GPU.
+SMOLLM2_BACKEND = os.environ.get("INFERD_SMOLLM2_BACKEND", "cpu")
 
 
 def chat(*turns, max_tokens=48):
@@ -22,7 +24,9 @@ def chat(*turns, max_tokens=48):
 @pytest.fixture(scope="module")
 def smollm2():
     assert os.path.exists(SMOLLM2), "bash scripts/setup.sh fetches the bundled model"
-    s = Server(model=SMOLLM2, engine={"backend": "cpu", "block_size": 16, "cpu_kv_cache_gib": 0.25})
+    s = Server(model=SMOLLM2, engine={"backend": SMOLLM2_BACKEND, "block_size": 16, "cpu_kv_cache_gib": 0.25,
+                                      "gpu_memory_utilization": 0.2})
+    assert s.stub.GetServerInfo(pb.GetServerInfoRequest()).backend == SMOLLM2_BACKEND
     yield s
     assert s.stop() == 0
 

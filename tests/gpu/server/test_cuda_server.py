@@ -1,0 +1,151 @@
+"""The black-box gRPC suite against a cuda server on the GPU machine (scripts/gpu_run.sh runs it): the real
+inferd binary with engine.backend cuda, serving the GPU test models, driven by Python grpcio clients."""
+import json
+import os
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "integration"))
+from conftest import Server, inferd_pb2 as pb  # noqa: E402
+
+MODELS = os.environ.get("INFERD_GPU_MODELS", "")
+pytestmark = pytest.mark.skipif(not MODELS, reason="INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)")
+PROMPTS = ["The scheduler batches tokens", "Hello world", "def forward(self, x):\n    return", "日本語のテキスト 😀",
+           "the model serves requests over a paged cache of blocks " * 6]
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(model=os.path.join(MODELS, "llama3-hd64"),
+               engine={"backend": "cuda", "gpu_memory_utilization": 0.2},
+               scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 256})
+    yield s
+    assert s.stop() == 0, s.logs()
+
+
+def greedy(text=None, ids=None, max_tokens=16, **kw):
+    r = pb.GenerateRequest(sampling=pb.SamplingParams(temperature=0.0),
+                           stopping=pb.StoppingParams(max_tokens=max_tokens, ignore_eos=True), **kw)
+    if ids is not None:
+        r.token_ids.ids.extend(ids)
+    else:
+        r.text = text
+    return r
+
+
+def collect(stream):
+    ids, text, chunks = [], "", []
+    for c in stream:
+        ids += list(c.token_ids)
+        text += c.text
+        chunks.append(c)
+    return ids, text, chunks
+
+
+def test_serves_on_cuda_with_a_memory_plan_equal_to_the_pool(server):
+    info = server.stub.GetServerInfo(pb.GetServerInfoRequest())
+    mp = info.memory_plan
+    assert info.backend == "cuda" and mp.device.startswith("NVIDIA"), (info.backend, mp.device)
+    assert mp.num_blocks == info.total_kv_blocks > 0
+    assert mp.kv_bytes == mp.num_blocks * mp.kv_bytes_per_block
+    assert mp.weight_bytes > 0 and mp.activation_bytes > 0
+    assert mp.weight_bytes + mp.activation_bytes + mp.other_bytes + mp.kv_bytes <= mp.budget_bytes
+    assert mp.budget_bytes <= 0.2 * mp.device_free_bytes + 1
+    assert "memory plan:" in server.logs()
+
+
+def test_greedy_tokens_match_transformers_bf16_until_a_near_tie(server):
+    with open(os.path.join(MODELS, "reference", "llama3-hd64-bf16.json")) as f:
+        ref = json.load(f)
+    compared = 0
+    for case in ref["cases"]:
+        res = server.stub.Generate(greedy(ids=case["prompt_ids"], max_tokens=len(case["steps"])))
+        for got, step in zip(res.token_ids, case["steps"]):
+            if step["margin"] < 0.1:
+                break
+            assert got == step["token"]
+            compared += 1
+    assert compared > 60
+
+
+def test_stream_and_unary_agree(server):
+    for p in PROMPTS:
+        unary = server.stub.Generate(greedy(p, max_tokens=24))
+        ids, text, chunks = collect(server.stub.GenerateStream(greedy(p, max_tokens=24)))
+        assert ids == list(unary.token_ids) and text == unary.text
+        assert chunks[-1].finish_reason == pb.LENGTH
+
+
+def test_32_concurrent_streams_each_equal_their_solo_run(server):
+    solo = {p: list(server.stub.Generate(greedy(p, max_tokens=40)).token_ids) for p in PROMPTS}
+    results, errors = {}, []
+
+    def run(i):
+        try:
+            results[i] = collect(server.stub.GenerateStream(greedy(PROMPTS[i % len(PROMPTS)], max_tokens=40)))[0]
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert all(results[i] == solo[PROMPTS[i % len(PROMPTS)]] for i in range(32))
+
+
+def test_seeded_sampling_reproduces_alone_and_in_a_crowd(server):
+    def sampled(seed):
+        return pb.GenerateRequest(text="Hello world", sampling=pb.SamplingParams(temperature=0.9, top_p=0.95, seed=seed),
+                                  stopping=pb.StoppingParams(max_tokens=24, ignore_eos=True))
+    alone = list(server.stub.Generate(sampled(7)).token_ids)
+    crowd = [server.stub.GenerateStream(greedy(p, max_tokens=64)) for p in PROMPTS * 3]
+    again = list(server.stub.Generate(sampled(7)).token_ids)
+    for s in crowd:
+        collect(s)
+    assert alone == again
+    assert alone != list(server.stub.Generate(sampled(8)).token_ids)
+
+
+def test_cancelling_half_of_32_streams_frees_every_block(server):
+    streams, errors = [], []
+    for i in range(32):
+        streams.append(server.stub.GenerateStream(greedy(PROMPTS[i % len(PROMPTS)], max_tokens=200)))
+
+    def consume(i, s):
+        try:
+            n = 0
+            for chunk in s:
+                n += len(chunk.token_ids)
+                if i % 2 == 0 and n >= 3:
+                    s.cancel()
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                errors.append((i, e.code(), e.details()))
+
+    threads = [threading.Thread(target=consume, args=(i, s)) for i, s in enumerate(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    deadline = time.time() + 5
+    while True:
+        info = server.stub.GetServerInfo(pb.GetServerInfoRequest())
+        if info.free_kv_blocks == info.total_kv_blocks or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    assert info.running_requests == 0 and info.free_kv_blocks == info.total_kv_blocks
+
+
+def test_bad_input_is_invalid_argument(server):
+    for req in [greedy(ids=[1, 2, 10**6]), pb.GenerateRequest(text="x", sampling=pb.SamplingParams(temperature=float("nan")))]:
+        with pytest.raises(grpc.RpcError) as e:
+            server.stub.Generate(req)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert server.stub.Generate(greedy("still serving", max_tokens=4)).token_ids
