@@ -13,6 +13,7 @@ rm -rf "$BUNDLE" && mkdir -p "$BUNDLE" && tar -C "$BUNDLE" -xJf .bundle/bundle.t
 export LD_LIBRARY_PATH="$BUNDLE/lib:${LD_LIBRARY_PATH:-}"
 export INFERD_SOURCE_DIR="$PWD"
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$BUNDLE/pystubs${PYTHONPATH:+:$PYTHONPATH}"  # gRPC stubs and grpc_health for the black-box tests
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/device.txt"
 status=0
 
@@ -61,6 +62,8 @@ if [[ "$what" == all || "$what" == bench ]]; then
   "$BUNDLE/bin/bench_rms_norm" 2>&1 | tee "$OUT/bench_rms_norm.txt" | tail -n 3 || status=1
   M=/tmp/llama3-8b-random
   [[ -f $M/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M" || status=1
-  "$BUNDLE/bin/inferd-bench" --model "$M" --json "$OUT/bench_8b.json" 2>&1 | grep -v "^\[20" | tee "$OUT/bench_8b.txt" || status=1
+  "$BUNDLE/bin/inferd-bench" --model "$M" --json "$OUT/bench_8b.json" > "$OUT/bench_8b.txt" 2>&1 || status=1
+  grep -E "memory plan|built its weights|engine ready" "$OUT/bench_8b.txt"
+  grep -v "^\[20" "$OUT/bench_8b.txt"
 fi
 exit $status
