@@ -23,6 +23,9 @@ struct SamplingParams {
   std::optional<uint64_t> seed;  // unset = random
 };
 
+// The most stop_token_ids a request may give (backends size their per-step sampling buffers by it).
+constexpr int32_t kMaxStopTokenIds = 256;
+
 struct StoppingParams {
   int32_t max_tokens = 16;
   int32_t min_tokens = 0;

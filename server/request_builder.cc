@@ -125,6 +125,10 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
     if (!IsValidUtf8(s)) return Bad(absl::StrCat("stopping.stop[", i, "]"), "(invalid UTF-8)", "valid UTF-8");
     stop.stop.push_back(s);
   }
+  if (t.stop_token_ids_size() > kMaxStopTokenIds) {
+    return Bad("stopping.stop_token_ids", absl::StrCat(t.stop_token_ids_size(), " ids"),
+               absl::StrCat("at most ", kMaxStopTokenIds));
+  }
   for (int i = 0; i < t.stop_token_ids_size(); ++i) {
     const int32_t id = t.stop_token_ids(i);
     if (id < 0 || id >= limits.vocab_size) {

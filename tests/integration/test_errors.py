@@ -35,6 +35,7 @@ BAD = [
     (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[])), "prompt"),
     (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 640])), "token_ids.ids[1]"),
     (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[-3])), "token_ids.ids[0]"),
+    (pb.GenerateRequest(text="Hi", stopping=pb.StoppingParams(stop_token_ids=[5] * 257)), "stopping.stop_token_ids"),
 ]
 
 

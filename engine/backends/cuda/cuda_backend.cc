@@ -42,13 +42,13 @@ struct Arena {
 
 // Where each step-input array lives in the input arena (pinned on the host, mirrored on the device).
 struct InputOffsets {
-  size_t token_ids, positions, slots;                       // [max tokens]
-  size_t qo_indptr, kv_indptr;                              // [max seqs + 1]
-  size_t kv_last_page_len, logits_indices;                  // [max seqs]
-  size_t params;                                            // [max seqs] SamplingRowParams
-  size_t penalty_indptr;                                    // [max seqs + 1]
-  size_t kv_indices;                                        // [max pages]
-  size_t penalty_tokens, penalty_counts, penalty_flags;     // [max penalty entries]
+  size_t token_ids, positions, slots;                    // [max tokens]
+  size_t qo_indptr, kv_indptr;                           // [max seqs + 1]
+  size_t kv_last_page_len, logits_indices;               // [max seqs]
+  size_t params;                                         // [max seqs] SamplingRowParams
+  size_t penalty_indptr;                                 // [max seqs + 1]
+  size_t kv_indices;                                     // [max pages]
+  size_t penalty_tokens, penalty_counts, penalty_flags;  // [max penalty entries]
 };
 
 // Where each output array lives in the output arena.
@@ -60,7 +60,11 @@ template <typename T>
 class CudaBackend : public Backend {
  public:
   CudaBackend(const Model& model, CudaWeights weights, cudaDataType_t dtype, int64_t free_at_start, std::string device)
-      : cfg_(model.config), w_(std::move(weights)), dtype_(dtype), free_at_start_(free_at_start),
+      : cfg_(model.config),
+        num_eos_(static_cast<int64_t>(model.eos_token_ids.size())),
+        w_(std::move(weights)),
+        dtype_(dtype),
+        free_at_start_(free_at_start),
         device_(std::move(device)) {}
 
   ~CudaBackend() override {
@@ -85,11 +89,16 @@ class CudaBackend : public Backend {
   T* K(int layer) const { return kv_.get<T>() + int64_t{layer} * 2 * layer_kv_elems_; }
   T* V(int layer) const { return K(layer) + layer_kv_elems_; }
   template <typename U>
-  U* In(size_t off) const { return reinterpret_cast<U*>(inputs_dev_.get<char>() + off); }
+  U* In(size_t off) const {
+    return reinterpret_cast<U*>(inputs_dev_.get<char>() + off);
+  }
   template <typename U>
-  U* InHost(size_t off) const { return reinterpret_cast<U*>(inputs_host_.get<char>() + off); }
+  U* InHost(size_t off) const {
+    return reinterpret_cast<U*>(inputs_host_.get<char>() + off);
+  }
 
   const ModelConfig& cfg_;
+  int64_t num_eos_;  // ids banned before min_tokens, with the request's stop ids
   CudaWeights w_;
   cudaDataType_t dtype_;
   int64_t free_at_start_;
@@ -102,8 +111,8 @@ class CudaBackend : public Backend {
 
   // Activations: [max tokens, ...] and [max seqs, ...] (logits rows).
   DeviceBuffer x_, xn_, qkv_, attn_, tmp_, gate_up_, act_, last_, last_delta_, last_n_, logits_, penalty_raw_;
-  DeviceBuffer inv_freq_;                                          // [head_dim / 2] fp32
-  DeviceBuffer attn_float_ws_, attn_int_ws_;                       // FlashInfer's planner workspaces
+  DeviceBuffer inv_freq_;                     // [head_dim / 2] fp32
+  DeviceBuffer attn_float_ws_, attn_int_ws_;  // FlashInfer's planner workspaces
   PinnedBuffer attn_int_ws_host_;
   DeviceBuffer inputs_dev_, outputs_dev_;
   PinnedBuffer inputs_host_, outputs_host_;
@@ -199,7 +208,13 @@ absl::StatusOr<MemoryPlan> CudaBackend<T>::MeasureMemory(const StepLimits& limit
   // temporary pool just big enough; each row samples with every option on, so sampling's peak is seen too.
   const int32_t long_len = static_cast<int32_t>(Tn - (R - 1));
   const int32_t blocks = static_cast<int32_t>((long_len + bs - 1) / bs + (R - 1));
-  INFERD_RETURN_IF_ERROR(AllocateInputs(blocks, 4 * Tn + 64 * R));
+  // Step inputs at their worst case, allocated before measuring so that the plan covers them: every sequence
+  // at the model's longest context, and one penalty entry per distinct id it can hold or ban (eos ids and
+  // at most kMaxStopTokenIds stop ids).
+  const int64_t max_context = cfg_.max_position_embeddings;
+  const int64_t max_banned = kMaxStopTokenIds + num_eos_;
+  INFERD_RETURN_IF_ERROR(AllocateInputs(std::min<int64_t>(R * ((max_context + bs - 1) / bs), int64_t{1} << 22),
+                                        R * std::min<int64_t>(max_context + max_banned, cfg_.vocab_size)));
   INFERD_RETURN_IF_ERROR(AllocatePool(blocks));
   StepInput in;
   in.block_size = static_cast<int32_t>(bs);
@@ -246,16 +261,13 @@ absl::StatusOr<MemoryPlan> CudaBackend<T>::MeasureMemory(const StepLimits& limit
   plan.device_free_bytes = free_at_start_;
   plan.weight_bytes = w_.bytes;
   plan.activation_bytes = activation_bytes_;
-  plan.other_bytes =
-      std::max<int64_t>(0, free_at_start_ - static_cast<int64_t>(free) - w_.bytes - activation_bytes_);
+  plan.other_bytes = std::max<int64_t>(0, free_at_start_ - static_cast<int64_t>(free) - w_.bytes - activation_bytes_);
   plan.kv_bytes_per_block = 2 * int64_t{cfg_.num_layers} * bs * cfg_.num_kv_heads * cfg_.head_dim * sizeof(T);
   return plan;
 }
 
 template <typename T>
 absl::Status CudaBackend<T>::AllocateKvCache(const MemoryPlan& plan) {
-  // Pages of one step never exceed the pool (no block is shared yet) plus one spare per sequence.
-  INFERD_RETURN_IF_ERROR(AllocateInputs(int64_t{plan.num_blocks} + limits_.max_num_seqs, max_penalties_));
   INFERD_RETURN_IF_ERROR(AllocatePool(plan.num_blocks));
   spdlog::info("cuda: KV pool of {} blocks ({:.1f} MiB) allocated", plan.num_blocks, kv_.bytes() / 1048576.0);
   return absl::OkStatus();
@@ -263,7 +275,7 @@ absl::Status CudaBackend<T>::AllocateKvCache(const MemoryPlan& plan) {
 
 template <typename T>
 absl::Status CudaBackend<T>::Pack(const StepInput& in, size_t* penalty_entries) {
-  const int32_t S = in.num_seqs(), R = in.num_logits();
+  const int32_t R = in.num_logits();
   auto put = [&](size_t off, const std::vector<int32_t>& v) {
     std::memcpy(InHost<int32_t>(off), v.data(), v.size() * sizeof(int32_t));
   };
@@ -275,7 +287,6 @@ absl::Status CudaBackend<T>::Pack(const StepInput& in, size_t* penalty_entries) 
   put(in_.kv_last_page_len, in.kv_last_page_len);
   put(in_.logits_indices, in.logits_indices);
   put(in_.kv_indices, in.kv_indices);
-  (void)S;
   // Penalty entries: one per distinct id of a row that uses penalties or bans ids.
   std::vector<std::pair<int32_t, int32_t>> seen;  // (id, 1 when from the output)
   int32_t* indptr = InHost<int32_t>(in_.penalty_indptr);
@@ -285,8 +296,15 @@ absl::Status CudaBackend<T>::Pack(const StepInput& in, size_t* penalty_entries) 
     const SamplingRow& row = in.sampling[r];
     const SamplingParams& p = row.params;
     k::SamplingRowParams& kp = InHost<k::SamplingRowParams>(in_.params)[r];
-    kp = {p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty, p.frequency_penalty,
-          std::min(row.top_logprobs, k::kMaxTopLogprobs), row.uniform};
+    kp = {p.temperature,
+          p.top_k,
+          p.top_p,
+          p.min_p,
+          p.repetition_penalty,
+          p.presence_penalty,
+          p.frequency_penalty,
+          std::min(row.top_logprobs, k::kMaxTopLogprobs),
+          row.uniform};
     const bool penalized = p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
     seen.clear();
     if (penalized) {
@@ -311,10 +329,7 @@ absl::Status CudaBackend<T>::Pack(const StepInput& in, size_t* penalty_entries) 
         }
       }
       if (id < 0 || id >= cfg_.vocab_size) continue;
-      if (static_cast<int64_t>(n) >= max_penalties_) {
-        return absl::ResourceExhaustedError(absl::StrCat("cuda: more than ", max_penalties_,
-                                                         " penalty entries in one step"));
-      }
+      INFERD_CHECK(static_cast<int64_t>(n) < max_penalties_, "penalty entries fit (sized for every row's context)");
       InHost<int32_t>(in_.penalty_tokens)[n] = id;
       InHost<int32_t>(in_.penalty_counts)[n] = count;
       InHost<uint8_t>(in_.penalty_flags)[n] = p.repetition_penalty != 1.f ? flags : (flags & k::kPenaltyBanned);
@@ -341,17 +356,18 @@ absl::Status CudaBackend<T>::Forward(const StepInput& in) {
   INFERD_KERNEL(k::GatherRows(w_.embed.get<T>(), In<int32_t>(in_.token_ids), x_.get<T>(), Tn, H, s));
   for (int layer = 0; layer < cfg_.num_layers; ++layer) {
     const CudaLayerWeights& L = w_.layers[layer];
-    INFERD_KERNEL(k::AddRmsNorm(x_.get<T>(), layer == 0 ? nullptr : tmp_.get<T>(), L.input_norm.get<T>(),
-                                xn_.get<T>(), Tn, H, eps, s));
+    INFERD_KERNEL(k::AddRmsNorm(x_.get<T>(), layer == 0 ? nullptr : tmp_.get<T>(), L.input_norm.get<T>(), xn_.get<T>(),
+                                Tn, H, eps, s));
     INFERD_RETURN_IF_ERROR(gemm_->Run(xn_.get(), L.qkv.get(), qkv_.get(), Tn, qkv_dim, H,
                                       L.qkv_bias.bytes() ? L.qkv_bias.get() : nullptr, false, s));
-    INFERD_KERNEL(k::RopeWriteKv(qkv_.get<T>(), In<int32_t>(in_.positions), In<int32_t>(in_.slots), inv_freq_.get<float>(),
-                                 K(layer), V(layer), Tn, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, s));
-    INFERD_KERNEL(k::RunPagedAttention<T>(
-        plan, attn_float_ws_.get(), attn_int_ws_.get(), qkv_.get<T>(), qkv_dim, K(layer), V(layer),
-        In<int32_t>(in_.qo_indptr), In<int32_t>(in_.kv_indptr), In<int32_t>(in_.kv_indices),
-        In<int32_t>(in_.kv_last_page_len), attn_.get<T>(), in.num_seqs(), cfg_.num_heads, cfg_.num_kv_heads,
-        cfg_.head_dim, in.block_size, 1.0f / std::sqrt(static_cast<float>(D)), s));
+    INFERD_KERNEL(k::RopeWriteKv(qkv_.get<T>(), In<int32_t>(in_.positions), In<int32_t>(in_.slots),
+                                 inv_freq_.get<float>(), K(layer), V(layer), Tn, cfg_.num_heads, cfg_.num_kv_heads,
+                                 cfg_.head_dim, s));
+    INFERD_KERNEL(k::RunPagedAttention<T>(plan, attn_float_ws_.get(), attn_int_ws_.get(), qkv_.get<T>(), qkv_dim,
+                                          K(layer), V(layer), In<int32_t>(in_.qo_indptr), In<int32_t>(in_.kv_indptr),
+                                          In<int32_t>(in_.kv_indices), In<int32_t>(in_.kv_last_page_len),
+                                          attn_.get<T>(), in.num_seqs(), cfg_.num_heads, cfg_.num_kv_heads,
+                                          cfg_.head_dim, in.block_size, 1.0f / std::sqrt(static_cast<float>(D)), s));
     INFERD_RETURN_IF_ERROR(gemm_->Run(attn_.get(), L.o.get(), tmp_.get(), Tn, H, q_dim, nullptr, false, s));
     INFERD_KERNEL(k::AddRmsNorm(x_.get<T>(), tmp_.get<T>(), L.post_norm.get<T>(), xn_.get<T>(), Tn, H, eps, s));
     INFERD_RETURN_IF_ERROR(gemm_->Run(xn_.get(), L.gate_up.get(), gate_up_.get(), Tn, 2 * I, H, nullptr, false, s));
@@ -361,8 +377,8 @@ absl::Status CudaBackend<T>::Forward(const StepInput& in) {
   // Only the rows that sample go through the final norm and the LM head.
   INFERD_KERNEL(k::GatherRows(x_.get<T>(), In<int32_t>(in_.logits_indices), last_.get<T>(), R, H, s));
   INFERD_KERNEL(k::GatherRows(tmp_.get<T>(), In<int32_t>(in_.logits_indices), last_delta_.get<T>(), R, H, s));
-  INFERD_KERNEL(k::AddRmsNorm(last_.get<T>(), last_delta_.get<T>(), w_.final_norm.get<T>(), last_n_.get<T>(), R, H,
-                              eps, s));
+  INFERD_KERNEL(
+      k::AddRmsNorm(last_.get<T>(), last_delta_.get<T>(), w_.final_norm.get<T>(), last_n_.get<T>(), R, H, eps, s));
   INFERD_RETURN_IF_ERROR(
       gemm_->Run(last_n_.get(), w_.lm_head(), logits_.get(), R, cfg_.vocab_size, H, nullptr, true, s));
   char* out = outputs_dev_.get<char>();
@@ -389,14 +405,15 @@ absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
   }
   size_t penalties = 0;
   INFERD_RETURN_IF_ERROR(Pack(in, &penalties));
-  INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get(), inputs_host_.get(), inputs_host_.bytes(), cudaMemcpyHostToDevice, copy_));
+  INFERD_CUDA(
+      cudaMemcpyAsync(inputs_dev_.get(), inputs_host_.get(), inputs_host_.bytes(), cudaMemcpyHostToDevice, copy_));
   INFERD_CUDA(cudaEventRecord(inputs_ready_, copy_));
   INFERD_CUDA(cudaStreamWaitEvent(compute_, inputs_ready_));
   INFERD_RETURN_IF_ERROR(Forward(in));
   INFERD_CUDA(cudaEventRecord(sampled_, compute_));
   INFERD_CUDA(cudaStreamWaitEvent(copy_, sampled_));
-  INFERD_CUDA(cudaMemcpyAsync(outputs_host_.get(), outputs_dev_.get(), outputs_host_.bytes(), cudaMemcpyDeviceToHost,
-                              copy_));
+  INFERD_CUDA(
+      cudaMemcpyAsync(outputs_host_.get(), outputs_dev_.get(), outputs_host_.bytes(), cudaMemcpyDeviceToHost, copy_));
   INFERD_CUDA(cudaEventRecord(outputs_ready_, copy_));
   INFERD_CUDA(cudaEventSynchronize(outputs_ready_));
   const int32_t R = in.num_logits();
@@ -424,7 +441,8 @@ std::string CudaUnsupportedReason(const ModelConfig& config) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return "no CUDA device is visible";
   if (!k::AttentionHeadDimSupported(config.head_dim)) {
-    return absl::StrCat("head_dim = ", config.head_dim, " is not supported by the cuda backend; supported: 64, 128, 256");
+    return absl::StrCat("head_dim = ", config.head_dim,
+                        " is not supported by the cuda backend; supported: 64, 128, 256");
   }
   return "";
 }
@@ -444,7 +462,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, c
   spdlog::info("cuda: {} weights on {} ({:.1f} MiB)", fp16 ? "float16" : "bfloat16", prop.name,
                weights.bytes / 1048576.0);
   if (fp16) {
-    return std::make_unique<CudaBackend<__half>>(model, std::move(weights), dtype, static_cast<int64_t>(free), prop.name);
+    return std::make_unique<CudaBackend<__half>>(model, std::move(weights), dtype, static_cast<int64_t>(free),
+                                                 prop.name);
   }
   return std::make_unique<CudaBackend<__nv_bfloat16>>(model, std::move(weights), dtype, static_cast<int64_t>(free),
                                                       prop.name);
