@@ -1,19 +1,30 @@
+#include "kernels/block_reduce.cuh"
 #include "kernels/elementwise.h"
 
 namespace inferd::kernels {
 namespace {
 
-__device__ __forceinline__ float F(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float F(__half v) { return __half2float(v); }
+__device__ __forceinline__ float F(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float F(__half v) {
+  return __half2float(v);
+}
 template <typename T>
 __device__ __forceinline__ T To(float v);
 template <>
-__device__ __forceinline__ __nv_bfloat16 To<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+__device__ __forceinline__ __nv_bfloat16 To<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
 template <>
-__device__ __forceinline__ __half To<__half>(float v) { return __float2half(v); }
+__device__ __forceinline__ __half To<__half>(float v) {
+  return __float2half(v);
+}
 // Rounds through T, as a tensor of dtype T would.
 template <typename T>
-__device__ __forceinline__ float Round(float v) { return F(To<T>(v)); }
+__device__ __forceinline__ float Round(float v) {
+  return F(To<T>(v));
+}
 
 cudaError_t Check(int64_t rows) {
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
@@ -45,17 +56,7 @@ __global__ void AddRmsNormKernel(T* __restrict__ residual, const T* __restrict__
     }
     ss += v * v;
   }
-  __shared__ float partial[kNormThreads / 32];
-  for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffff, ss, off);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    ss = threadIdx.x < kNormThreads / 32 ? partial[threadIdx.x] : 0.f;
-    for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffff, ss, off);
-    if (threadIdx.x == 0) partial[0] = ss;
-  }
-  __syncthreads();
-  const float inv = rsqrtf(partial[0] / static_cast<float>(n) + eps);
+  const float inv = rsqrtf(BlockSum<kNormThreads>(ss) / static_cast<float>(n) + eps);
   for (int64_t i = threadIdx.x; i < n; i += kNormThreads) o[i] = To<T>(F(weight[i]) * Round<T>(F(x[i]) * inv));
 }
 
@@ -103,8 +104,7 @@ __global__ void RopeWriteKvKernel(T* __restrict__ qkv, const int32_t* __restrict
 }  // namespace
 
 template <typename T>
-cudaError_t GatherRows(const T* src, const int32_t* rows, T* dst, int64_t num_rows, int64_t cols,
-                       cudaStream_t stream) {
+cudaError_t GatherRows(const T* src, const int32_t* rows, T* dst, int64_t num_rows, int64_t cols, cudaStream_t stream) {
   if (num_rows <= 0) return cudaSuccess;
   if (cudaError_t e = Check(num_rows); e != cudaSuccess) return e;
   GatherRowsKernel<T><<<static_cast<unsigned>(num_rows), 256, 0, stream>>>(src, rows, dst, cols);
@@ -140,10 +140,10 @@ cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, 
   return cudaGetLastError();
 }
 
-#define INFERD_INSTANTIATE(T)                                                                                  \
-  template cudaError_t GatherRows<T>(const T*, const int32_t*, T*, int64_t, int64_t, cudaStream_t);            \
-  template cudaError_t AddRmsNorm<T>(T*, const T*, const T*, T*, int64_t, int64_t, float, cudaStream_t);       \
-  template cudaError_t SiluMul<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                              \
+#define INFERD_INSTANTIATE(T)                                                                                     \
+  template cudaError_t GatherRows<T>(const T*, const int32_t*, T*, int64_t, int64_t, cudaStream_t);               \
+  template cudaError_t AddRmsNorm<T>(T*, const T*, const T*, T*, int64_t, int64_t, float, cudaStream_t);          \
+  template cudaError_t SiluMul<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                                  \
   template cudaError_t RopeWriteKv<T>(T*, const int32_t*, const int32_t*, const float*, T*, T*, int64_t, int32_t, \
                                       int32_t, int32_t, cudaStream_t);
 INFERD_INSTANTIATE(__nv_bfloat16)

@@ -16,17 +16,16 @@ using flashinfer::MaskMode;
 using flashinfer::PosEncodingMode;
 
 template <typename Params>
-Params MakeParams(const flashinfer::PrefillPlanInfo& info, void* float_ws, void* int_ws,
-                  typename Params::DTypeQ* q, int64_t q_row_stride, typename Params::DTypeKV* k,
-                  typename Params::DTypeKV* v, int32_t* qo_indptr, int32_t* kv_indptr, int32_t* kv_indices,
-                  int32_t* kv_last_page_len, typename Params::DTypeO* out, int32_t num_seqs, int32_t num_qo_heads,
-                  int32_t num_kv_heads, int32_t head_dim, int32_t page_size, float sm_scale,
-                  typename Params::DTypeO** tmp_v, float** tmp_s) {
+Params MakeParams(const flashinfer::PrefillPlanInfo& info, void* float_ws, void* int_ws, typename Params::DTypeQ* q,
+                  int64_t q_row_stride, typename Params::DTypeKV* k, typename Params::DTypeKV* v, int32_t* qo_indptr,
+                  int32_t* kv_indptr, int32_t* kv_indices, int32_t* kv_last_page_len, typename Params::DTypeO* out,
+                  int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_size,
+                  float sm_scale, typename Params::DTypeO** tmp_v, float** tmp_s) {
   Params p;
   p.q = q;
-  p.paged_kv = flashinfer::paged_kv_t<typename Params::DTypeKV, int32_t>(
-      num_kv_heads, page_size, head_dim, num_seqs, flashinfer::QKVLayout::kNHD, k, v, kv_indices, kv_indptr,
-      kv_last_page_len);
+  p.paged_kv = flashinfer::paged_kv_t<typename Params::DTypeKV, int32_t>(num_kv_heads, page_size, head_dim, num_seqs,
+                                                                         flashinfer::QKVLayout::kNHD, k, v, kv_indices,
+                                                                         kv_indptr, kv_last_page_len);
   p.q_indptr = qo_indptr;
   p.o = out;
   p.lse = nullptr;
@@ -71,13 +70,13 @@ cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, vo
   float* tmp_s = nullptr;
   Params p = MakeParams<Params>(info, float_ws, int_ws, const_cast<T*>(q), q_row_stride, const_cast<T*>(k),
                                 const_cast<T*>(v), const_cast<int32_t*>(qo_indptr), const_cast<int32_t*>(kv_indptr),
-                                const_cast<int32_t*>(kv_indices), const_cast<int32_t*>(kv_last_page_len), out,
-                                num_seqs, num_qo_heads, num_kv_heads, HEAD_DIM, page_size, sm_scale, &tmp_v, &tmp_s);
+                                const_cast<int32_t*>(kv_indices), const_cast<int32_t*>(kv_last_page_len), out, num_seqs,
+                                num_qo_heads, num_kv_heads, HEAD_DIM, page_size, sm_scale, &tmp_v, &tmp_s);
   switch (info.cta_tile_q) {
-#define INFERD_CTA_TILE(TILE)                                                                                    \
-  case TILE:                                                                                                     \
+#define INFERD_CTA_TILE(TILE)                                                                                     \
+  case TILE:                                                                                                      \
     return flashinfer::BatchPrefillWithPagedKVCacheDispatched</*SAME_KV_STRIDES=*/true, TILE, HEAD_DIM, HEAD_DIM, \
-                                                              PosEncodingMode::kNone, false, MaskMode::kCausal,  \
+                                                              PosEncodingMode::kNone, false, MaskMode::kCausal,   \
                                                               Variant, Params>(p, tmp_v, tmp_s, false, stream);
     INFERD_CTA_TILE(16)
     INFERD_CTA_TILE(64)
@@ -100,9 +99,9 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
     flashinfer::PrefillPlanInfo info;
     info.FromVector(std::vector<int64_t>(plan.words, plan.words + 15));
     switch (head_dim) {
-#define INFERD_HEAD_DIM(D)                                                                                      \
-  case D:                                                                                                       \
-    return Dispatch<T, D>(info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache, qo_indptr,   \
+#define INFERD_HEAD_DIM(D)                                                                                    \
+  case D:                                                                                                     \
+    return Dispatch<T, D>(info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache, qo_indptr, \
                           kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads, num_kv_heads, \
                           page_size, sm_scale, stream);
       INFERD_HEAD_DIM(64)

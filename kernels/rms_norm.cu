@@ -1,3 +1,4 @@
+#include "kernels/block_reduce.cuh"
 #include "kernels/rms_norm.h"
 
 namespace inferd::kernels {
@@ -33,17 +34,7 @@ __global__ void RmsNormKernel(const T* __restrict__ x, const T* __restrict__ wei
     const float v = ToFloat(xr[i]);
     ss += v * v;
   }
-  __shared__ float partial[kThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) ss += __shfl_xor_sync(0xffffffff, ss, offset);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    ss = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : 0.f;
-    for (int offset = 16; offset > 0; offset /= 2) ss += __shfl_xor_sync(0xffffffff, ss, offset);
-    if (threadIdx.x == 0) partial[0] = ss;
-  }
-  __syncthreads();
-  const float inv = rsqrtf(partial[0] / static_cast<float>(n) + eps);
+  const float inv = rsqrtf(BlockSum<kThreads>(ss) / static_cast<float>(n) + eps);
   for (int64_t i = threadIdx.x; i < n; i += kThreads) {
     outr[i] = FromFloat<T>(ToFloat(weight[i]) * (ToFloat(xr[i]) * inv));
   }

@@ -1,6 +1,6 @@
+#include <cfloat>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
-#include <cfloat>
 
 #include "kernels/sampling.h"
 
@@ -15,7 +15,9 @@ using BlockReduceI = cub::BlockReduce<int, kThreads>;
 
 struct SumOp {
   template <typename V>
-  __device__ V operator()(const V& a, const V& b) const { return a + b; }
+  __device__ V operator()(const V& a, const V& b) const {
+    return a + b;
+  }
 };
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
@@ -63,10 +65,10 @@ __device__ bool IsExcluded(int32_t v, const int32_t* ids, int n) {
   return false;
 }
 
-__global__ void __launch_bounds__(kThreads) SampleRowsKernel(float* logits, int32_t vocab, const SamplingRowParams* params,
-                                 const int32_t* penalty_indptr, const int32_t* penalty_tokens,
-                                 const int32_t* penalty_counts, const uint8_t* penalty_flags, float* penalty_raw,
-                                 int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs) {
+__global__ void __launch_bounds__(kThreads)
+    SampleRowsKernel(float* logits, int32_t vocab, const SamplingRowParams* params, const int32_t* penalty_indptr,
+                     const int32_t* penalty_tokens, const int32_t* penalty_counts, const uint8_t* penalty_flags,
+                     float* penalty_raw, int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs) {
   __shared__ Shared tmp;
   __shared__ float sf;
   __shared__ int si;
@@ -141,7 +143,10 @@ __global__ void __launch_bounds__(kThreads) SampleRowsKernel(float* logits, int3
         int c = 0;
         for (int32_t v = threadIdx.x; v < vocab; v += kThreads) c += l[v] >= mid;
         c = AllReduce<BlockReduceI>(tmp.i, c, SumOp(), &si);
-        if (c >= p.top_k) lo = mid; else hi = mid;
+        if (c >= p.top_k)
+          lo = mid;
+        else
+          hi = mid;
       }
       lo_k = lo;
     }
@@ -158,7 +163,10 @@ __global__ void __launch_bounds__(kThreads) SampleRowsKernel(float* logits, int3
         float m = 0.f;
         for (int32_t v = threadIdx.x; v < vocab; v += kThreads) m += l[v] >= mid ? weight(l[v]) : 0.f;
         m = AllReduce<BlockReduceF>(tmp.f, m, SumOp(), &sf);
-        if (m >= p.top_p * z) lo = mid; else hi = mid;
+        if (m >= p.top_p * z)
+          lo = mid;
+        else
+          hi = mid;
       }
       lo_p = lo;
     }
