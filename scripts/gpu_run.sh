@@ -51,6 +51,12 @@ if [[ "$what" == all || "$what" == tests ]]; then
       python3 -m pytest -q -p no:cacheprovider tests/integration/test_chat.py -k "smollm2 or chat_equals" 2>&1 | tail -n 5
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   fi
+  echo "== compute-sanitizer memcheck: the cuda server serving streams and bad input"
+  MEMCHECK_LOG="$OUT/memcheck_server.txt" INFERD_REAL_BIN="$BUNDLE/bin/inferd" INFERD_START_TIMEOUT_S=300 \
+    INFERD_BIN="$PWD/scripts/memcheck_wrapper.sh" INFERD_PY_STUBS="$BUNDLE/pystubs" python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/server -k "stream_and_unary or bad_input or memory_plan" 2>&1 | tail -n 5
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  grep -E "ERROR SUMMARY" "$OUT/memcheck_server.txt"
   echo "== compute-sanitizer memcheck: one engine serving run (batched prompts, prefill chunks, decode)"
   compute-sanitizer --tool memcheck --error-exitcode 3 "$BUNDLE/bin/gpu_tests" \
     --gtest_filter='Models/CudaParity.*/qwen2_hd128_bf16ref_bs3_budget24' 2>&1 | tail -n 6 | tee "$OUT/memcheck.txt"

@@ -65,7 +65,7 @@ class Server:
         self.stub = inferd_pb2_grpc.InferenceStub(self.channel)
         self.wait_serving()
 
-    def wait_serving(self, timeout=30):
+    def wait_serving(self, timeout=float(os.environ.get("INFERD_START_TIMEOUT_S", "30"))):
         health = health_pb2_grpc.HealthStub(self.channel)
         end = time.time() + timeout
         while time.time() < end:
