@@ -59,7 +59,7 @@ if [[ "$what" == all || "$what" == tests ]]; then
   grep -E "ERROR SUMMARY" "$OUT/memcheck_server.txt"
   echo "== compute-sanitizer memcheck: one engine serving run (batched prompts, prefill chunks, decode)"
   compute-sanitizer --tool memcheck --error-exitcode 3 "$BUNDLE/bin/gpu_tests" \
-    --gtest_filter='Models/CudaParity.*/qwen2_hd128_bf16ref_bs3_budget24' 2>&1 | tail -n 6 | tee "$OUT/memcheck.txt"
+    --gtest_filter='Models/CudaParity.*/qwen2_hd128_bf16ref_bs3_budget24*' 2>&1 | tail -n 6 | tee "$OUT/memcheck.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 

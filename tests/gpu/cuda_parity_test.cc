@@ -3,6 +3,7 @@
 // --gpu-models, tools/make_reference_fixtures.py in fp32 on the CPU and in bf16 on the GPU). Greedy tokens must
 // agree up to the first position whose reference top-2 margin is under 0.1; all prompts run batched, the long
 // one over many blocks and in prefill chunks. Skips without a GPU or without INFERD_GPU_MODELS.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -21,6 +22,7 @@ struct CudaCase {
   const char* reference_suffix;  // "" = fp32 on the CPU, "-bf16" = bf16 on the GPU
   int32_t block_size;
   int32_t max_num_batched_tokens;
+  const char* dtype = "auto";  // engine.dtype
 };
 
 class CudaParity : public ::testing::TestWithParam<CudaCase> {};
@@ -37,6 +39,7 @@ TEST_P(CudaParity, GreedyTokensMatchTransformersUntilANearTie) {
   config.model.path = model_dir;
   config.engine.backend = "cuda";
   config.engine.block_size = c.block_size;
+  config.engine.dtype = c.dtype;
   config.engine.gpu_memory_utilization = 0.3;
   config.scheduler.max_num_seqs = 8;
   config.scheduler.max_num_batched_tokens = c.max_num_batched_tokens;
@@ -82,8 +85,8 @@ TEST_P(CudaParity, GreedyTokensMatchTransformersUntilANearTie) {
     }
   }
   EXPECT_TRUE(first_mismatch.empty()) << c.model << c.reference_suffix << ": " << first_mismatch;
-  std::printf("[ parity   ] %s%s block %d budget %d: %d of %d positions compared, worst chosen-logprob error %.4f\n",
-              c.model, c.reference_suffix, c.block_size, c.max_num_batched_tokens, compared, total,
+  std::printf("[ parity   ] %s%s %s block %d budget %d: %d of %d positions compared, worst chosen-logprob error %.4f\n",
+              c.model, c.reference_suffix, c.dtype, c.block_size, c.max_num_batched_tokens, compared, total,
               worst_logprob_error);
   EXPECT_GT(compared, total / 4) << "most positions are compared, not skipped";
   EXPECT_LT(worst_logprob_error, 0.25) << "bf16 logprobs stay near the reference";
@@ -91,23 +94,40 @@ TEST_P(CudaParity, GreedyTokensMatchTransformersUntilANearTie) {
   EXPECT_EQ(stats.free_blocks, stats.total_blocks) << "every block is back once all requests finished";
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaParity,
-                         ::testing::Values(CudaCase{"llama3-hd64", "", 16, 2048},
-                                           CudaCase{"llama3-hd64", "-bf16", 16, 2048},
-                                           CudaCase{"qwen2-hd128", "", 16, 2048},
-                                           CudaCase{"qwen2-hd128", "-bf16", 16, 2048},
-                                           CudaCase{"mistral-hd128-g3", "", 16, 2048},
-                                           CudaCase{"mistral-hd128-g3", "-bf16", 16, 2048},
-                                           CudaCase{"llama3-hd64", "-bf16", 1, 13},
-                                           CudaCase{"qwen2-hd128", "-bf16", 3, 24}),
-                         [](const auto& info) {
-                           std::string n = info.param.model;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n + (info.param.reference_suffix[0] ? "_bf16ref" : "_fp32ref") + "_bs" +
-                                  std::to_string(info.param.block_size) + "_budget" +
-                                  std::to_string(info.param.max_num_batched_tokens);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, CudaParity,
+    ::testing::Values(CudaCase{"llama3-hd64", "", 16, 2048}, CudaCase{"llama3-hd64", "-bf16", 16, 2048},
+                      CudaCase{"qwen2-hd128", "", 16, 2048}, CudaCase{"qwen2-hd128", "-bf16", 16, 2048},
+                      CudaCase{"mistral-hd128-g3", "", 16, 2048}, CudaCase{"mistral-hd128-g3", "-bf16", 16, 2048},
+                      CudaCase{"llama3-hd64", "-bf16", 1, 13}, CudaCase{"qwen2-hd128", "-bf16", 3, 24},
+                      CudaCase{"mistral-hd128-g3", "", 16, 2048, "float16"},
+                      CudaCase{"llama3-hd64", "", 16, 2048, "float16"}),
+    [](const auto& info) {
+      std::string n = info.param.model;
+      for (char& ch : n)
+        if (ch == '-') ch = '_';
+      return n + (info.param.reference_suffix[0] ? "_bf16ref" : "_fp32ref") + "_bs" +
+             std::to_string(info.param.block_size) + "_budget" + std::to_string(info.param.max_num_batched_tokens) +
+             "_" + info.param.dtype;
+    });
+
+TEST(CudaBackend, AModelWithAnUnsupportedHeadDimIsRefusedForCudaAndServedByAuto) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no GPU";
+  Config config;
+  config.model.path = testing::ModelDir("llama3-tiny");  // head_dim 16
+  config.engine.backend = "cuda";
+  config.engine.cpu_kv_cache_gib = 0.01;
+  auto refused = Engine::Create(config);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("head_dim = 16"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("64, 128, 256"), std::string::npos) << refused.status();
+  config.engine.backend = "auto";
+  auto served = Engine::Create(config);
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ((*served)->backend_name(), "cpu");
+}
 
 }  // namespace
 }  // namespace inferd
