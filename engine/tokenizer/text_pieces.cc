@@ -65,9 +65,12 @@ class Regex {
     std::vector<std::string> out;
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
     size_t pos = 0, last = 0;
+    uint32_t options = 0;  // the first match checks the whole text's UTF-8; later ones need not re-check it
     while (pos <= text.size()) {
-      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos, 0, md, nullptr);
+      const int rc =
+          pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos, options, md, nullptr);
       if (rc < 0) break;
+      options = PCRE2_NO_UTF_CHECK;
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       if (ov[1] == ov[0]) {  // empty match: step over one character
         pos = ov[0] + 1;

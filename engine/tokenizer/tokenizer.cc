@@ -4,6 +4,7 @@
 #include <climits>
 #include <fstream>
 #include <functional>
+#include <queue>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -227,6 +228,53 @@ void Tokenizer::EncodeSegment(std::string segment, bool at_input_start, std::vec
   }
 }
 
+// Repeatedly merges the adjacent pair of lowest rank, leftmost on ties, as Hugging Face's BPE does — in
+// O(n log n): symbols form a linked list over the word's characters and candidate pairs wait in a min-heap
+// ordered by (rank, position); a popped candidate is used only if both its symbols are still as they were.
+std::vector<std::string> Tokenizer::MergeSymbols(const std::string& word) const {
+  struct Symbol {
+    std::string text;
+    int32_t prev = -1, next = -1;  // neighbours in the list; -1 at the ends
+    bool alive = true;
+  };
+  struct Candidate {
+    int32_t rank, left;
+    size_t left_len, right_len;  // the sizes the two symbols had when the candidate was made
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::vector<Symbol> syms;
+  for (std::string_view c : Utf8Chars(word)) {
+    const int32_t i = static_cast<int32_t>(syms.size());
+    syms.push_back({std::string(c), i - 1, -1, true});
+    if (i > 0) syms[i - 1].next = i;
+  }
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+  auto consider = [&](int32_t left) {
+    if (left < 0 || syms[left].next < 0) return;
+    const Symbol &a = syms[left], &b = syms[a.next];
+    auto it = merge_ranks_.find(MergeKey(a.text, b.text));
+    if (it != merge_ranks_.end()) heap.push({it->second, left, a.text.size(), b.text.size()});
+  };
+  for (int32_t i = 0; i + 1 < static_cast<int32_t>(syms.size()); ++i) consider(i);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    Symbol& a = syms[c.left];
+    if (!a.alive || a.next < 0 || a.text.size() != c.left_len) continue;
+    Symbol& b = syms[a.next];
+    if (b.text.size() != c.right_len) continue;  // a symbol only grows, so equal sizes mean unchanged
+    a.text += b.text;
+    b.alive = false;
+    a.next = b.next;
+    if (b.next >= 0) syms[b.next].prev = c.left;
+    consider(a.prev);
+    consider(c.left);
+  }
+  std::vector<std::string> out;
+  for (int32_t i = syms.empty() ? -1 : 0; i >= 0; i = syms[i].next) out.push_back(std::move(syms[i].text));
+  return out;
+}
+
 void Tokenizer::EncodeWord(const std::string& word, std::vector<int32_t>* out) const {
   if (ignore_merges_) {
     auto it = vocab_.find(word);
@@ -235,23 +283,7 @@ void Tokenizer::EncodeWord(const std::string& word, std::vector<int32_t>* out) c
       return;
     }
   }
-  std::vector<std::string> symbols;
-  for (std::string_view c : Utf8Chars(word)) symbols.emplace_back(c);
-  // Merge the pair of lowest rank (leftmost on ties) until no pair is mergeable.
-  while (symbols.size() > 1) {
-    int32_t best_rank = INT32_MAX;
-    size_t best = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      auto it = merge_ranks_.find(MergeKey(symbols[i], symbols[i + 1]));
-      if (it != merge_ranks_.end() && it->second < best_rank) {
-        best_rank = it->second;
-        best = i;
-      }
-    }
-    if (best_rank == INT32_MAX) break;
-    symbols[best] += symbols[best + 1];
-    symbols.erase(symbols.begin() + best + 1);
-  }
+  const std::vector<std::string> symbols = MergeSymbols(word);
   bool last_was_unk = false;
   for (const std::string& s : symbols) {
     auto it = vocab_.find(s);

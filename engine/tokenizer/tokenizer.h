@@ -48,6 +48,7 @@ class Tokenizer {
   };
   void EncodeSegment(std::string segment, bool at_input_start, std::vector<int32_t>* out) const;
   void EncodeWord(const std::string& word, std::vector<int32_t>* out) const;
+  std::vector<std::string> MergeSymbols(const std::string& word) const;
 
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
