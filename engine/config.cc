@@ -55,8 +55,8 @@ absl::Status Validate(const Config& c) {
         absl::StrCat("config: engine.backend = '", c.engine.backend, "' is not allowed; allowed: auto, cpu, cuda"));
   }
   if (c.engine.dtype != "auto" && c.engine.dtype != "bfloat16" && c.engine.dtype != "float16") {
-    return absl::InvalidArgumentError(absl::StrCat("config: engine.dtype = '", c.engine.dtype,
-                                                   "' is not allowed; allowed: auto, bfloat16, float16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: engine.dtype = '", c.engine.dtype, "' is not allowed; allowed: auto, bfloat16, float16"));
   }
   INFERD_RETURN_IF_ERROR(InRange("engine.block_size", c.engine.block_size, 1, 256));
   INFERD_RETURN_IF_ERROR(InRange("engine.num_blocks", c.engine.num_blocks, 0, 1 << 24));
@@ -73,12 +73,13 @@ absl::Status Validate(const Config& c) {
   INFERD_RETURN_IF_ERROR(InRange("scheduler.max_num_seqs", c.scheduler.max_num_seqs, 1, 4096));
   INFERD_RETURN_IF_ERROR(InRange("scheduler.max_num_batched_tokens", c.scheduler.max_num_batched_tokens,
                                  c.scheduler.max_num_seqs, 1 << 20));
-  INFERD_RETURN_IF_ERROR(InRange("scheduler.max_queue", c.scheduler.max_queue, 0, 1000000));
+  INFERD_RETURN_IF_ERROR(InRange("scheduler.max_queue", c.scheduler.max_queue, 1, 1000000));
   if (c.server.listen.find(':') == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("config: server.listen = '", c.server.listen, "' is not allowed; expected HOST:PORT"));
   }
   INFERD_RETURN_IF_ERROR(InRange("server.drain_timeout_s", c.server.drain_timeout_s, 0.0, 3600.0));
+  INFERD_RETURN_IF_ERROR(InRange<int64_t>("server.max_request_bytes", c.server.max_request_bytes, 1, 64 << 20));
   return absl::OkStatus();
 }
 
@@ -122,9 +123,10 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml_text) {
     INFERD_RETURN_IF_ERROR(Read(n, "scheduler", "max_queue", &c.scheduler.max_queue));
   }
   if (const auto n = root["server"]) {
-    INFERD_RETURN_IF_ERROR(CheckKeys(n, "server", {"listen", "drain_timeout_s"}));
+    INFERD_RETURN_IF_ERROR(CheckKeys(n, "server", {"listen", "drain_timeout_s", "max_request_bytes"}));
     INFERD_RETURN_IF_ERROR(Read(n, "server", "listen", &c.server.listen));
     INFERD_RETURN_IF_ERROR(Read(n, "server", "drain_timeout_s", &c.server.drain_timeout_s));
+    INFERD_RETURN_IF_ERROR(Read(n, "server", "max_request_bytes", &c.server.max_request_bytes));
   }
   INFERD_RETURN_IF_ERROR(Validate(c));
   return c;
@@ -145,16 +147,18 @@ std::string ConfigToYaml(const Config& c) {
       << YAML::Key << "name" << YAML::Value << c.model.name << YAML::Key << "max_model_len" << YAML::Value
       << c.model.max_model_len << YAML::EndMap;
   out << YAML::Key << "engine" << YAML::Value << YAML::BeginMap << YAML::Key << "backend" << YAML::Value
-      << c.engine.backend << YAML::Key << "dtype" << YAML::Value << c.engine.dtype << YAML::Key << "block_size" << YAML::Value << c.engine.block_size << YAML::Key
-      << "num_blocks" << YAML::Value << c.engine.num_blocks << YAML::Key << "gpu_memory_utilization" << YAML::Value
-      << c.engine.gpu_memory_utilization << YAML::Key << "cpu_kv_cache_gib" << YAML::Value << c.engine.cpu_kv_cache_gib
-      << YAML::Key << "num_threads" << YAML::Value << c.engine.num_threads << YAML::EndMap;
+      << c.engine.backend << YAML::Key << "dtype" << YAML::Value << c.engine.dtype << YAML::Key << "block_size"
+      << YAML::Value << c.engine.block_size << YAML::Key << "num_blocks" << YAML::Value << c.engine.num_blocks
+      << YAML::Key << "gpu_memory_utilization" << YAML::Value << c.engine.gpu_memory_utilization << YAML::Key
+      << "cpu_kv_cache_gib" << YAML::Value << c.engine.cpu_kv_cache_gib << YAML::Key << "num_threads" << YAML::Value
+      << c.engine.num_threads << YAML::EndMap;
   out << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap << YAML::Key << "max_num_seqs" << YAML::Value
       << c.scheduler.max_num_seqs << YAML::Key << "max_num_batched_tokens" << YAML::Value
       << c.scheduler.max_num_batched_tokens << YAML::Key << "max_queue" << YAML::Value << c.scheduler.max_queue
       << YAML::EndMap;
   out << YAML::Key << "server" << YAML::Value << YAML::BeginMap << YAML::Key << "listen" << YAML::Value
-      << c.server.listen << YAML::Key << "drain_timeout_s" << YAML::Value << c.server.drain_timeout_s << YAML::EndMap;
+      << c.server.listen << YAML::Key << "drain_timeout_s" << YAML::Value << c.server.drain_timeout_s << YAML::Key
+      << "max_request_bytes" << YAML::Value << c.server.max_request_bytes << YAML::EndMap;
   out << YAML::EndMap;
   return out.c_str();
 }

@@ -27,12 +27,13 @@ struct EngineSection {
 struct SchedulerSection {
   int32_t max_num_seqs = 64;              // requests in one step: 1..4096
   int32_t max_num_batched_tokens = 2048;  // tokens in one step: 1..1048576, >= max_num_seqs
-  int32_t max_queue = 256;                // waiting requests before RESOURCE_EXHAUSTED: 0..1000000
+  int32_t max_queue = 256;                // accepted, not yet started requests before RESOURCE_EXHAUSTED: 1..1000000
 };
 
 struct ServerSection {
   std::string listen = "0.0.0.0:50051";
-  double drain_timeout_s = 30;  // graceful shutdown: how long running requests may finish
+  double drain_timeout_s = 30;          // graceful shutdown: how long running requests may finish
+  int64_t max_request_bytes = 4 << 20;  // a larger GenerateRequest or Tokenize text is INVALID_ARGUMENT: 1..64 MiB
 };
 
 struct Config {

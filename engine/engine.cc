@@ -153,29 +153,46 @@ void Engine::Stop() {
   }
 }
 
-absl::Status Engine::Submit(Request request) {
+absl::StatusOr<RequestHandle> Engine::Submit(Request request) {
   std::lock_guard<std::mutex> lock(mu_);
   if (draining_ || stop_) return absl::UnavailableError("the server is draining and takes no new requests");
-  if (known_ids_.count(request.id)) {
+  if (live_ids_.count(request.id)) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", request.id, "' is already in use"));
   }
-  if (stats_.waiting + static_cast<int32_t>(submitted_.size()) >= config_.scheduler.max_queue) {
+  if (not_started_ >= config_.scheduler.max_queue) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the waiting queue is full (scheduler.max_queue = ", config_.scheduler.max_queue, "); retry later"));
   }
-  known_ids_.emplace(request.id, 0);
+  const RequestHandle handle = next_handle_++;
+  live_ids_.emplace(request.id, handle);
+  ++not_started_;
+  request.handle = handle;
   request.arrival = absl::Now();
   submitted_.push_back(std::move(request));
   cv_.notify_all();
-  return absl::OkStatus();
+  return handle;
 }
 
 bool Engine::Abort(const std::string& request_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!known_ids_.count(request_id)) return false;
-  aborts_.push_back(request_id);
+  auto it = live_ids_.find(request_id);
+  if (it == live_ids_.end()) return false;
+  aborts_.push_back(it->second);
   cv_.notify_all();
   return true;
+}
+
+void Engine::Cancel(RequestHandle handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborts_.push_back(handle);  // a handle that already finished is ignored by the engine thread
+  cv_.notify_all();
+}
+
+void Engine::MarkStarted(Sequence* seq, absl::Time now) {
+  if (seq->first_scheduled != absl::InfinitePast()) return;
+  seq->first_scheduled = now;
+  std::lock_guard<std::mutex> lock(mu_);
+  --not_started_;
 }
 
 EngineStats Engine::Stats() const {
@@ -195,7 +212,7 @@ void Engine::PublishStats() {
 
 void Engine::TakeQueued() {
   std::deque<Request> submitted;
-  std::vector<std::string> aborts;
+  std::vector<RequestHandle> aborts;
   {
     std::lock_guard<std::mutex> lock(mu_);
     submitted.swap(submitted_);
@@ -205,7 +222,7 @@ void Engine::TakeQueued() {
   for (Request& r : submitted) {
     auto state = std::make_unique<SequenceState>();
     Sequence& seq = state->seq;
-    seq.seq_id = next_seq_id_++;
+    seq.seq_id = r.handle;
     seq.request = std::move(r);
     seq.tokens = seq.request.prompt;
     seq.num_prompt_tokens = seq.num_tokens();
@@ -222,11 +239,10 @@ void Engine::TakeQueued() {
       for (int32_t id : seq.request.stopping.stop_token_ids) state->banned_until_min.push_back(id);
     }
     scheduler_->Add(&seq);
-    const std::string id = seq.request.id;
-    active_[id] = std::move(state);
+    active_[seq.seq_id] = std::move(state);
   }
-  for (const std::string& id : aborts) {
-    auto it = active_.find(id);
+  for (RequestHandle handle : aborts) {
+    auto it = active_.find(handle);
     if (it != active_.end()) FinishSequence(&it->second->seq, FinishReason::kAborted, absl::OkStatus());
   }
   for (auto it = active_.begin(); it != active_.end();) {
@@ -246,13 +262,15 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status err
   auto secs = [&](absl::Time t) { return t == absl::InfinitePast() ? 0.0 : absl::ToDoubleSeconds(t - seq->arrival); };
   out.timing = {secs(seq->first_scheduled), secs(seq->first_token), absl::ToDoubleSeconds(now - seq->arrival)};
   std::shared_ptr<OutputSink> sink = seq->request.sink;
-  const std::string id = seq->request.id;
-  active_.erase(id);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    known_ids_.erase(id);
+    if (seq->first_scheduled == absl::InfinitePast()) --not_started_;
+    auto it = live_ids_.find(seq->request.id);
+    if (it != live_ids_.end() && it->second == seq->seq_id) live_ids_.erase(it);
   }
-  PublishStats();  // a client that saw its request finish sees its blocks free
+  const RequestHandle handle = seq->seq_id;
+  active_.erase(handle);  // destroys *seq: nothing below reads it
+  PublishStats();         // a client that saw its request finish sees its blocks free
   sink->Push(std::move(out));
 }
 
@@ -277,14 +295,12 @@ void Engine::Loop() {
 
 void Engine::RunStep(const StepPlan& plan) {
   const absl::Time now = absl::Now();
-  for (const ScheduledSeq& s : plan.seqs) {
-    if (s.seq->first_scheduled == absl::InfinitePast()) s.seq->first_scheduled = now;
-  }
+  for (const ScheduledSeq& s : plan.seqs) MarkStarted(s.seq, now);
   StepInput input = BuildStepInput(plan, config_.engine.block_size);
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.wants_token) continue;
     const Sequence& seq = *s.seq;
-    const SequenceState& st = *active_.at(seq.request.id);
+    const SequenceState& st = *active_.at(seq.seq_id);
     SamplingRow& row = input.sampling.emplace_back();
     row.params = seq.request.sampling;
     row.position = seq.num_tokens();
@@ -307,7 +323,7 @@ void Engine::RunStep(const StepPlan& plan) {
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.wants_token) continue;
     Sequence* seq = s.seq;
-    SequenceState& st = *active_.at(seq->request.id);
+    SequenceState& st = *active_.at(seq->seq_id);
     const int32_t token = output.tokens[r];
     TokenLogprob& logprob = output.logprobs[r++];
     if (seq->first_token == absl::InfinitePast()) seq->first_token = done;

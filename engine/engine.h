@@ -22,6 +22,10 @@
 
 namespace inferd {
 
+// The engine's own identity of a submitted request: unique for the engine's life, never reused (unlike ids,
+// which a client may use again once a request finished).
+using RequestHandle = uint64_t;
+
 struct EngineStats {
   int32_t running = 0;
   int32_t waiting = 0;
@@ -41,11 +45,16 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Queues a request; fails with RESOURCE_EXHAUSTED when the waiting queue is full, UNAVAILABLE while
-  // draining, ALREADY_EXISTS when its id is in use. Outputs go to request.sink.
-  absl::Status Submit(Request request);
-  // Aborts a waiting or running request at the next step boundary; false if the id is unknown.
+  // Queues a request; fails with RESOURCE_EXHAUSTED when scheduler.max_queue requests are already accepted
+  // and not yet started (exactly, at every instant), UNAVAILABLE while draining, ALREADY_EXISTS when its id
+  // is in use. Outputs go to request.sink.
+  absl::StatusOr<RequestHandle> Submit(Request request);
+  // Aborts the waiting or running request with this id at the next step boundary (the public Abort RPC, for
+  // ids the caller chose); false if no such request is live.
   bool Abort(const std::string& request_id);
+  // Aborts exactly the request Submit returned this handle for, if it is still live (a cancelled RPC): a
+  // later request that reuses its id is never touched.
+  void Cancel(RequestHandle handle);
   // New requests are refused from now on; running ones go on.
   void StartDraining() { draining_ = true; }
   // Stops the step loop; requests still waiting or running end with UNAVAILABLE. Idempotent.
@@ -65,6 +74,7 @@ class Engine {
   void Loop();
   void TakeQueued();
   void FinishSequence(Sequence* seq, FinishReason reason, absl::Status error, RequestOutput out = {});
+  void MarkStarted(Sequence* seq, absl::Time now);
   void RunStep(const StepPlan& plan);
   void PublishStats();
 
@@ -77,17 +87,17 @@ class Engine {
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;
   int32_t max_model_len_ = 0;
-  uint64_t next_seq_id_ = 1;
-
   // Owned by the engine thread.
-  std::unordered_map<std::string, std::unique_ptr<SequenceState>> active_;
+  std::unordered_map<RequestHandle, std::unique_ptr<SequenceState>> active_;
 
   // Shared with callers of Submit/Abort.
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Request> submitted_;
-  std::vector<std::string> aborts_;
-  std::unordered_map<std::string, char> known_ids_;  // ids submitted and not yet finished
+  std::vector<RequestHandle> aborts_;
+  std::unordered_map<std::string, RequestHandle> live_ids_;  // ids submitted and not yet finished
+  RequestHandle next_handle_ = 1;
+  int32_t not_started_ = 0;  // accepted and never scheduled: what scheduler.max_queue bounds
   bool stop_ = false;
   EngineStats stats_;
 

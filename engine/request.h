@@ -87,7 +87,8 @@ struct Request {
   int32_t top_logprobs = 0;
   bool skip_special_tokens = true;
   absl::Time deadline = absl::InfiniteFuture();
-  absl::Time arrival;  // set by Engine::Submit
+  absl::Time arrival;   // set by Engine::Submit
+  uint64_t handle = 0;  // set by Engine::Submit: the engine's identity of this request
   std::shared_ptr<OutputSink> sink;
 };
 

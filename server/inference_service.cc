@@ -3,7 +3,9 @@
 #include <deque>
 #include <mutex>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/tokenizer/utf8.h"
 #include "server/request_builder.h"
 #include "server/status_mapping.h"
@@ -60,9 +62,25 @@ void AppendOutput(const RequestOutput& out, Chunk* chunk) {
   }
 }
 
+// An id no client can guess: 128 random bits.
+std::string NewRequestId() {
+  thread_local absl::BitGen gen;
+  return absl::StrFormat("req-%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
+}
+
+// Parses, validates, renders and tokenizes a generate request (on a request worker, never a gRPC thread).
 absl::StatusOr<Request> Prepare(const std::shared_ptr<Engine>& engine, grpc::CallbackServerContext* ctx,
-                                const grpc::ByteBuffer& wire, std::atomic<uint64_t>* next_id) {
+                                const grpc::ByteBuffer& wire, int64_t max_request_bytes) {
   if (!engine) return NotReady();
+  if (static_cast<int64_t>(wire.Length()) > max_request_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GenerateRequest = ", wire.Length(),
+                     " bytes is not allowed; allowed: at most server.max_request_bytes = ", max_request_bytes));
+  }
+  const auto deadline = ctx->deadline();
+  if (std::chrono::system_clock::now() >= deadline) {
+    return absl::DeadlineExceededError("the request's deadline expired before it was tokenized");
+  }
   v1::GenerateRequest proto;
   if (absl::Status st = ParseRequest(wire, &proto); !st.ok()) return st;
   if (engine->draining()) return absl::UnavailableError("the server is draining and takes no new requests");
@@ -70,10 +88,14 @@ absl::StatusOr<Request> Prepare(const std::shared_ptr<Engine>& engine, grpc::Cal
   auto request =
       BuildRequest(proto, {m.tokenizer.get(), m.config.vocab_size, engine->max_model_len(), m.chat_template.get()});
   if (!request.ok()) return request.status();
-  if (request->id.empty()) request->id = absl::StrCat("req-", next_id->fetch_add(1));
-  const auto deadline = ctx->deadline();
+  if (request->id.empty()) request->id = NewRequestId();
   if (deadline != std::chrono::system_clock::time_point::max()) request->deadline = absl::FromChrono(deadline);
   return request;
+}
+
+grpc::Status Busy() {
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "too many requests are being prepared (tokenized) at once; retry later");
 }
 
 // Streams a request's outputs: one write in flight at a time, the rest queued; ends with Finish.
@@ -100,23 +122,31 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     std::deque<RequestOutput> queue_;
     bool writing_ = false;
     bool finished_ = false;
+    bool cancelled_ = false;  // OnCancel ran
+    bool submitted_ = false;  // the engine has it, as handle_
+    RequestHandle handle_ = 0;
   };
 
   StreamReactor(std::shared_ptr<Engine> engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* proto,
-                std::atomic<uint64_t>* next_id)
-      : engine_(engine), sink_(std::make_shared<Sink>(this)) {
-    auto request = Prepare(engine, ctx, *proto, next_id);
-    if (!request.ok()) {
-      FinishOnce(ToGrpcStatus(request.status()));
-      return;
-    }
+                const InferenceService::Limits& limits, RequestWorkers* workers)
+      : engine_(std::move(engine)), sink_(std::make_shared<Sink>(this)) {
+    const int64_t max_bytes = limits.max_request_bytes;
+    if (!workers->TryRun([this, ctx, proto, max_bytes] { Start(ctx, *proto, max_bytes); })) FinishOnce(Busy());
+  }
+
+  // On a request worker. The RPC stays open until this finishes it or submits it, so `this` is alive; once
+  // the lock is released the reactor may be gone.
+  void Start(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& proto, int64_t max_bytes) {
+    auto request = Prepare(engine_, ctx, proto, max_bytes);
+    std::lock_guard<std::mutex> lock(sink_->mu_);
+    if (sink_->cancelled_) return FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    if (!request.ok()) return FinishOnceLocked(ToGrpcStatus(request.status()));
     id_ = request->id;
     request->sink = sink_;
-    if (absl::Status st = engine->Submit(*std::move(request)); !st.ok()) {
-      FinishOnce(ToGrpcStatus(st));
-      return;
-    }
-    submitted_ = true;
+    auto handle = engine_->Submit(*std::move(request));
+    if (!handle.ok()) return FinishOnceLocked(ToGrpcStatus(handle.status()));
+    sink_->submitted_ = true;
+    sink_->handle_ = *handle;
   }
 
   void OnWriteDone(bool ok) override {
@@ -135,7 +165,9 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void OnCancel() override {
-    if (submitted_) engine_->Abort(id_);
+    std::lock_guard<std::mutex> lock(sink_->mu_);
+    sink_->cancelled_ = true;
+    if (sink_->submitted_) engine_->Cancel(sink_->handle_);
   }
 
   void OnDone() override {
@@ -183,7 +215,6 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::shared_ptr<Engine> engine_;
   std::shared_ptr<Sink> sink_;
   std::string id_;
-  bool submitted_ = false;
   bool last_written_ = false;
   v1::GenerateChunk chunk_;
   grpc::ByteBuffer wire_;  // chunk_ serialized; alive until OnWriteDone
@@ -217,29 +248,43 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
     UnaryGenerateReactor* reactor_;
     grpc::ByteBuffer* wire_;
     v1::GenerateResult result_;
+    bool cancelled_ = false;  // OnCancel ran
+    bool submitted_ = false;  // the engine has it, as handle_
+    RequestHandle handle_ = 0;
   };
 
   UnaryGenerateReactor(std::shared_ptr<Engine> engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* proto,
-                       grpc::ByteBuffer* result, std::atomic<uint64_t>* next_id)
-      : engine_(engine), sink_(std::make_shared<Sink>(this, result)) {
-    auto request = Prepare(engine, ctx, *proto, next_id);
-    if (!request.ok()) {
+                       grpc::ByteBuffer* result, const InferenceService::Limits& limits, RequestWorkers* workers)
+      : engine_(std::move(engine)), sink_(std::make_shared<Sink>(this, result)) {
+    const int64_t max_bytes = limits.max_request_bytes;
+    if (!workers->TryRun([this, ctx, proto, max_bytes] { Start(ctx, *proto, max_bytes); })) {
       sink_->Detach();
-      Finish(ToGrpcStatus(request.status()));
-      return;
+      Finish(Busy());
     }
-    id_ = request->id;
-    sink_->result_.set_request_id(id_);
-    request->sink = sink_;
-    if (absl::Status st = engine->Submit(*std::move(request)); !st.ok()) {
-      sink_->Detach();
-      Finish(ToGrpcStatus(st));
-      return;
-    }
-    submitted_ = true;
   }
+
+  // On a request worker; as StreamReactor::Start.
+  void Start(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& proto, int64_t max_bytes) {
+    auto request = Prepare(engine_, ctx, proto, max_bytes);
+    std::lock_guard<std::mutex> lock(sink_->mu_);
+    auto fail = [&](const grpc::Status& status) {
+      sink_->reactor_ = nullptr;
+      Finish(status);
+    };
+    if (sink_->cancelled_) return fail(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    if (!request.ok()) return fail(ToGrpcStatus(request.status()));
+    sink_->result_.set_request_id(request->id);
+    request->sink = sink_;
+    auto handle = engine_->Submit(*std::move(request));
+    if (!handle.ok()) return fail(ToGrpcStatus(handle.status()));
+    sink_->submitted_ = true;
+    sink_->handle_ = *handle;
+  }
+
   void OnCancel() override {
-    if (submitted_) engine_->Abort(id_);
+    std::lock_guard<std::mutex> lock(sink_->mu_);
+    sink_->cancelled_ = true;
+    if (sink_->submitted_) engine_->Cancel(sink_->handle_);
   }
   void OnDone() override {
     sink_->Detach();
@@ -249,8 +294,6 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
  private:
   std::shared_ptr<Engine> engine_;
   std::shared_ptr<Sink> sink_;
-  std::string id_;
-  bool submitted_ = false;
 };
 
 grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::Status& status) {
@@ -263,12 +306,12 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::S
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::GenerateStream(grpc::CallbackServerContext* ctx,
                                                                              const grpc::ByteBuffer* request) {
-  return new StreamReactor(engine(), ctx, request, &next_id_);
+  return new StreamReactor(engine(), ctx, request, limits_, &workers_);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* result) {
-  return new UnaryGenerateReactor(engine(), ctx, request, result, &next_id_);
+  return new UnaryGenerateReactor(engine(), ctx, request, result, limits_, &workers_);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx,
@@ -276,12 +319,23 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
                                                      v1::TokenizeResponse* response) {
   const std::shared_ptr<Engine> engine = this->engine();
   if (!engine) return Answer(ctx, NotReady());
+  if (static_cast<int64_t>(request->text().size()) > limits_.max_request_bytes) {
+    return Answer(ctx, absl::InvalidArgumentError(absl::StrCat("text = ", request->text().size(),
+                                                               " bytes is not allowed; allowed: at most "
+                                                               "server.max_request_bytes = ",
+                                                               limits_.max_request_bytes)));
+  }
   if (!IsValidUtf8(request->text())) {
     return Answer(ctx, absl::InvalidArgumentError("text = (invalid UTF-8) is not allowed; allowed: valid UTF-8"));
   }
-  const bool add_special = !request->has_add_special_tokens() || request->add_special_tokens();
-  for (int32_t id : engine->model().tokenizer->Encode(request->text(), add_special)) response->add_token_ids(id);
-  return Answer(ctx, absl::OkStatus());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const bool queued = workers_.TryRun([engine, reactor, request, response] {
+    const bool add_special = !request->has_add_special_tokens() || request->add_special_tokens();
+    for (int32_t id : engine->model().tokenizer->Encode(request->text(), add_special)) response->add_token_ids(id);
+    reactor->Finish(grpc::Status::OK);
+  });
+  if (!queued) reactor->Finish(Busy());
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerContext* ctx,

@@ -8,6 +8,7 @@
 
 #include "engine/engine.h"
 #include "inferd/v1/inferd.grpc.pb.h"
+#include "server/request_workers.h"
 
 namespace inferd {
 
@@ -18,6 +19,13 @@ using InferenceServiceBase = v1::Inference::WithRawCallbackMethod_GenerateStream
 
 class InferenceService final : public InferenceServiceBase {
  public:
+  struct Limits {
+    int64_t max_request_bytes = 4 << 20;  // server.max_request_bytes
+  };
+  // Parsing, chat rendering and tokenizing run on `request_workers` threads, at most 64 requests each queued.
+  InferenceService(Limits limits, int request_workers)
+      : limits_(limits), workers_(request_workers, 64 * request_workers) {}
+
   // Until an engine is set (model loading), generation RPCs answer UNAVAILABLE.
   void SetEngine(std::shared_ptr<Engine> engine) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -47,7 +55,8 @@ class InferenceService final : public InferenceServiceBase {
   }
   mutable std::mutex mu_;
   std::shared_ptr<Engine> engine_;
-  std::atomic<uint64_t> next_id_{1};
+  const Limits limits_;
+  RequestWorkers workers_;
 };
 
 }  // namespace inferd

@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <iostream>
@@ -58,7 +59,9 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  inferd::InferenceService service;
+  // Request preparation (parsing, chat rendering, tokenizing) gets half the cores, at least two threads.
+  const int request_workers = std::max(2, static_cast<int>(std::thread::hardware_concurrency() / 2));
+  inferd::InferenceService service({.max_request_bytes = config->server.max_request_bytes}, request_workers);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -23,13 +23,13 @@
 namespace inferd {
 namespace {
 
-#define BENCH_CUDA(expr)                                                                   \
-  do {                                                                                     \
-    cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_));                    \
-      std::exit(1);                                                                        \
-    }                                                                                      \
+#define BENCH_CUDA(expr)                                               \
+  do {                                                                 \
+    cudaError_t e_ = (expr);                                           \
+    if (e_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                    \
+    }                                                                  \
   } while (0)
 
 // Median milliseconds of `reps` runs of fn, timed with CUDA events after `warmup` runs.
@@ -70,8 +70,8 @@ double ReadCeilingTBs() {
   }
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
-  const double ms = TimeMs([&] { BENCH_CUDA(kernels::ReadReduce(data, bytes / 16, out, prop.multiProcessorCount, 0)); },
-                           5, 20);
+  const double ms =
+      TimeMs([&] { BENCH_CUDA(kernels::ReadReduce(data, bytes / 16, out, prop.multiProcessorCount, 0)); }, 5, 20);
   cudaFree(data);
   cudaFree(out);
   return bytes / (ms * 1e-3) / 1e12;
@@ -144,8 +144,8 @@ std::shared_ptr<TimingSink> Run(Engine& engine, int32_t prompt_len, int32_t new_
   auto sink = std::make_shared<TimingSink>();
   r.sink = sink;
   *submitted = absl::Now();
-  if (absl::Status s = engine.Submit(std::move(r)); !s.ok()) {
-    std::fprintf(stderr, "submit: %s\n", s.ToString().c_str());
+  if (auto s = engine.Submit(std::move(r)); !s.ok()) {
+    std::fprintf(stderr, "submit: %s\n", s.status().ToString().c_str());
     std::exit(1);
   }
   sink->Wait();
@@ -173,8 +173,7 @@ int Main(int argc, char** argv) {
   ReadCeilingTBs();
   const double read_tbs = ReadCeilingTBs();
   const double gemm_tflops = GemmCeilingTflops();
-  std::printf("device %s: read-streaming %.2f TB/s, bf16 GEMM 8192^3 %.0f TFLOP/s\n", prop.name, read_tbs,
-              gemm_tflops);
+  std::printf("device %s: read-streaming %.2f TB/s, bf16 GEMM 8192^3 %.0f TFLOP/s\n", prop.name, read_tbs, gemm_tflops);
 
   Config config;
   config.model.path = model;
@@ -214,7 +213,8 @@ int Main(int argc, char** argv) {
     Run(**engine, len, 1, &submitted);  // warm this shape
     auto p = Run(**engine, len, 1, &submitted);
     const double ttft = absl::ToDoubleSeconds(p->times.front() - submitted);
-    const double flops = 2.0 * params_no_embed * len + 2.0 * c.num_layers * double(len) * len * c.num_heads * c.head_dim;
+    const double flops =
+        2.0 * params_no_embed * len + 2.0 * c.num_layers * double(len) * len * c.num_heads * c.head_dim;
     const double mfu = flops / ttft / (gemm_tflops * 1e12);
     std::printf("%-28s %10.0f tok/s  TTFT %7.1f ms  FLOPs utilisation %.1f%%\n",
                 ("prefill " + std::to_string(len)).c_str(), len / ttft, 1e3 * ttft, 100 * mfu);
@@ -229,4 +229,6 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace inferd
 
-int main(int argc, char** argv) { return inferd::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return inferd::Main(argc, argv);
+}

@@ -4,6 +4,8 @@ import time
 import grpc
 import pytest
 
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from conftest import Server, inferd_pb2 as pb
 
 
@@ -109,3 +111,32 @@ def test_full_queue_is_resource_exhausted():
         running.cancel()
     finally:
         assert s.stop() == 0
+
+
+def test_oversized_requests_are_invalid_argument_naming_the_limit():
+    s = Server(server={"max_request_bytes": 100000})
+    try:
+        for call, req in [(s.stub.Generate, pb.GenerateRequest(text="a" * 200000)),
+                          (s.stub.Tokenize, pb.TokenizeRequest(text="a" * 200000))]:
+            with pytest.raises(grpc.RpcError) as e:
+                call(req)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "server.max_request_bytes = 100000" in e.value.details()
+        assert s.stub.Tokenize(pb.TokenizeRequest(text="a" * 90000)).token_ids
+    finally:
+        assert s.stop() == 0
+
+
+def test_health_and_info_answer_while_large_inputs_are_tokenized(server):
+    # Tokenizing runs on request workers, never on gRPC's threads, and is near-linear in the input.
+    health = health_pb2_grpc.HealthStub(server.channel)
+    text = "a" * (3 << 20)
+    calls = [server.stub.Tokenize.future(pb.TokenizeRequest(text=text)) for _ in range(6)]
+    slowest = 0.0
+    while not all(c.done() for c in calls):
+        t0 = time.monotonic()
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
+        server.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+        slowest = max(slowest, time.monotonic() - t0)
+    assert all(len(c.result().token_ids) > 0 for c in calls)
+    assert slowest < 0.5, f"health + info took {slowest:.3f} s under tokenizing load"

@@ -1,6 +1,7 @@
 """Generation through the real server: streaming, unary, tokenize, batching, cancellation."""
 import json
 import os
+import re
 import threading
 import time
 
@@ -53,6 +54,10 @@ def test_request_id_is_echoed_or_assigned(server):
     assert all(c.request_id == "my-id-1" for c in chunks)
     chunks = list(server.stub.GenerateStream(greedy("Hi", max_tokens=2)))
     assert chunks[0].request_id and all(c.request_id == chunks[0].request_id for c in chunks)
+    # Assigned ids are 128 random bits, so no client can guess (and abort) another's request.
+    ids = {server.stub.Generate(greedy("Hi", max_tokens=1)).request_id for _ in range(20)}
+    assert len(ids) == 20
+    assert all(re.fullmatch(r"req-[0-9a-f]{32}", i) for i in ids), ids
 
 
 def test_greedy_tokens_match_transformers_reference(server):

@@ -48,6 +48,9 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"model: {path: /m}\nscheduler: {max_num_seqs: 64, max_num_batched_tokens: 8}\n",
                               "max_num_batched_tokens = 8"},
                       BadCase{"model: {path: /m}\nscheduler: {max_queue: -1}\n", "scheduler.max_queue = -1"},
+                      BadCase{"model: {path: /m}\nscheduler: {max_queue: 0}\n", "scheduler.max_queue = 0"},
+                      BadCase{"model: {path: /m}\nengine: {dtype: float8}\n", "engine.dtype = 'float8'"},
+                      BadCase{"model: {path: /m}\nserver: {max_request_bytes: 0}\n", "server.max_request_bytes = 0"},
                       BadCase{"model: {path: /m}\nserver: {listen: nowhere}\n", "server.listen = 'nowhere'"},
                       BadCase{"model: [1, 2\n", "not valid YAML"}),
     [](const auto& info) { return "case" + std::to_string(info.index); });

@@ -58,16 +58,32 @@ class FakeBackend : public Backend {
 
 class EngineWithFakeBackend : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Start(/*max_num_seqs=*/64, /*max_queue=*/256); }
+
+  void Start(int32_t max_num_seqs, int32_t max_queue) {
+    engine_.reset();
     Config config;
     config.model.path = testing::ModelDir("llama2-tiny");
     config.engine.num_blocks = 64;
     config.engine.block_size = 4;
+    config.scheduler.max_num_seqs = max_num_seqs;
+    config.scheduler.max_queue = max_queue;
     auto e = Engine::Create(config, [this](const Config&, const Model&) -> absl::StatusOr<std::unique_ptr<Backend>> {
       return std::make_unique<FakeBackend>(&control_);
     });
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);
+  }
+
+  absl::StatusOr<RequestHandle> TrySubmit(const std::string& id, int32_t max_tokens,
+                                          std::shared_ptr<CollectingSink> sink) {
+    Request r;
+    r.id = id;
+    r.prompt = {1, 2, 3, 4, 5, 6};
+    r.stopping.max_tokens = max_tokens;
+    r.stopping.ignore_eos = true;
+    r.sink = sink;
+    return engine_->Submit(std::move(r));
   }
 
   std::shared_ptr<CollectingSink> Submit(const std::string& id, int32_t max_tokens,
@@ -125,6 +141,67 @@ TEST_F(EngineWithFakeBackend, ADeadlinePassingWhileRunningEndsTheRequestAndFrees
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(control_.steps, steps) << "no step runs for a finished request";
   EXPECT_EQ(engine_->Stats().free_blocks, 64);
+}
+
+TEST_F(EngineWithFakeBackend, ALateCancelOfAFinishedRequestNeverTouchesANewOneWithItsId) {
+  auto first = std::make_shared<CollectingSink>();
+  auto a = TrySubmit("same-id", 2, first);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(first->WaitFor(absl::Seconds(10)));
+  control_.step_ms = 5;
+  auto second = std::make_shared<CollectingSink>();
+  auto b = TrySubmit("same-id", 50, second);
+  ASSERT_TRUE(b.ok()) << "a finished request's id may be used again";
+  EXPECT_NE(*a, *b);
+  engine_->Cancel(*a);  // the first RPC's cancellation arrives late
+  ASSERT_TRUE(second->WaitFor(absl::Seconds(10)));
+  EXPECT_EQ(second->finish, FinishReason::kLength) << "the new request ran to its end";
+  EXPECT_EQ(second->tokens.size(), 50u);
+  // Cancel and the public Abort by id both reach the live request.
+  auto third = std::make_shared<CollectingSink>();
+  auto c = TrySubmit("same-id", 1000, third);
+  ASSERT_TRUE(c.ok());
+  engine_->Cancel(*c);
+  ASSERT_TRUE(third->WaitFor(absl::Seconds(10)));
+  EXPECT_EQ(third->finish, FinishReason::kAborted);
+  auto fourth = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(TrySubmit("other-id", 1000, fourth).ok());
+  EXPECT_TRUE(engine_->Abort("other-id"));
+  ASSERT_TRUE(fourth->WaitFor(absl::Seconds(10)));
+  EXPECT_EQ(fourth->finish, FinishReason::kAborted);
+  EXPECT_FALSE(engine_->Abort("other-id")) << "nothing live has that id any more";
+  EXPECT_EQ(engine_->Stats().free_blocks, 64);
+}
+
+TEST_F(EngineWithFakeBackend, TheQueueBoundHoldsExactly) {
+  Start(/*max_num_seqs=*/1, /*max_queue=*/2);
+  control_.step_ms = 5;
+  auto running = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(TrySubmit("running", 1000, running).ok());
+  while (true) {  // until it holds the only seat
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (engine_->Stats().running == 1) break;
+  }
+  // From many threads at once: exactly max_queue more are accepted, every other one is refused.
+  std::atomic<int> accepted{0}, refused{0};
+  std::vector<std::shared_ptr<CollectingSink>> sinks(32);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 32; ++i) {
+    sinks[i] = std::make_shared<CollectingSink>();
+    threads.emplace_back([&, i] {
+      auto h = TrySubmit("q" + std::to_string(i), 1, sinks[i]);
+      if (h.ok()) {
+        ++accepted;
+      } else if (h.status().code() == absl::StatusCode::kResourceExhausted) {
+        ++refused;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(accepted, 2);
+  EXPECT_EQ(refused, 30);
+  engine_->Abort("running");
+  ASSERT_TRUE(running->WaitFor(absl::Seconds(10)));
 }
 
 }  // namespace
