@@ -108,14 +108,13 @@ __global__ void __launch_bounds__(kThreads)
   // Penalties (one entry per distinct id, so no two threads touch one logit).
   for (int32_t e = pb + threadIdx.x; e < pe; e += kThreads) {
     const int32_t t = penalty_tokens[e];
-    float v = l[t];
-    penalty_raw[e] = v;
+    double v = l[t];  // in double, then back to a finite float: a tiny valid penalty must not make inf (NaN)
+    penalty_raw[e] = l[t];
     if ((penalty_flags[e] & kPenaltySeen) && p.repetition_penalty != 1.f) {
       v = v > 0 ? v / p.repetition_penalty : v * p.repetition_penalty;
     }
-    if (penalty_counts[e] > 0) v -= p.frequency_penalty * penalty_counts[e] + p.presence_penalty;
-    if (penalty_flags[e] & kPenaltyBanned) v = -INFINITY;
-    l[t] = v;
+    if (penalty_counts[e] > 0) v -= double{p.frequency_penalty} * penalty_counts[e] + p.presence_penalty;
+    l[t] = (penalty_flags[e] & kPenaltyBanned) ? -INFINITY : static_cast<float>(fmin(fmax(v, -FLT_MAX), FLT_MAX));
   }
   __syncthreads();
 
@@ -139,7 +138,7 @@ __global__ void __launch_bounds__(kThreads)
     if (p.top_k > 0 && p.top_k < vocab) {
       float lo = mn, hi = mx;
       for (int it = 0; it < kSearchSteps; ++it) {
-        const float mid = lo + (hi - lo) * 0.5f;
+        const float mid = 0.5f * lo + 0.5f * hi;  // no overflow at ±FLT_MAX
         int c = 0;
         for (int32_t v = threadIdx.x; v < vocab; v += kThreads) c += l[v] >= mid;
         c = AllReduce<BlockReduceI>(tmp.i, c, SumOp(), &si);
@@ -159,7 +158,7 @@ __global__ void __launch_bounds__(kThreads)
     if (p.top_p < 1.f) {
       float lo = fmaxf(lo_k, mn), hi = mx;
       for (int it = 0; it < kSearchSteps; ++it) {
-        const float mid = lo + (hi - lo) * 0.5f;
+        const float mid = 0.5f * lo + 0.5f * hi;  // no overflow at ±FLT_MAX
         float m = 0.f;
         for (int32_t v = threadIdx.x; v < vocab; v += kThreads) m += l[v] >= mid ? weight(l[v]) : 0.f;
         m = AllReduce<BlockReduceF>(tmp.f, m, SumOp(), &sf);

@@ -1,6 +1,7 @@
 #include "engine/runtime/sampler.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <numeric>
 #include <unordered_map>
@@ -29,6 +30,13 @@ TokenLogprob RawLogprobs(std::span<const float> logits, int32_t top_n, float* lo
   return out;
 }
 
+// A penalized logit stays a finite float: a valid but tiny repetition penalty (1e-45 is inside (0, 10]) would
+// otherwise divide a logit into +inf, and inf - inf is NaN in the softmax. At ±FLT_MAX the token is simply
+// the most (least) likely, which is what such a penalty asks for.
+float Finite(double v) {
+  return static_cast<float>(std::clamp(v, -static_cast<double>(FLT_MAX), static_cast<double>(FLT_MAX)));
+}
+
 void ApplyPenalties(std::span<float> logits, const SamplingRow& ctx) {
   const SamplingParams& p = ctx.params;
   if (p.repetition_penalty != 1.0f) {
@@ -36,7 +44,8 @@ void ApplyPenalties(std::span<float> logits, const SamplingRow& ctx) {
     for (int32_t t : ctx.tokens) {
       if (t < 0 || t >= static_cast<int32_t>(logits.size()) || seen[t]) continue;
       seen[t] = 1;
-      logits[t] = logits[t] > 0 ? logits[t] / p.repetition_penalty : logits[t] * p.repetition_penalty;
+      const double l = logits[t];
+      logits[t] = Finite(l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty);
     }
   }
   if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
@@ -44,7 +53,7 @@ void ApplyPenalties(std::span<float> logits, const SamplingRow& ctx) {
     for (size_t i = ctx.num_prompt_tokens; i < ctx.tokens.size(); ++i) counts[ctx.tokens[i]]++;
     for (const auto& [t, n] : counts) {
       if (t < 0 || t >= static_cast<int32_t>(logits.size())) continue;
-      logits[t] -= p.frequency_penalty * n + p.presence_penalty;
+      logits[t] = Finite(double{logits[t]} - (double{p.frequency_penalty} * n + p.presence_penalty));
     }
   }
 }

@@ -1,12 +1,13 @@
 // Sampling on the device against the host sampler: greedy identical, raw logprobs equal, distributions within
 // 5 standard deviations over many draws, and the same uniform gives the same token alone and in a batch.
+#include "kernels/sampling.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 
 #include "engine/runtime/philox.h"
 #include "engine/runtime/sampler.h"
-#include "kernels/sampling.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace inferd {
@@ -44,7 +45,7 @@ Result RunOnDevice(const Rows& r, int32_t vocab) {
 }
 
 kernels::SamplingRowParams Params(const SamplingParams& p, double u, int32_t top_logprobs = 0) {
-  return {p.temperature, p.top_k,           p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty,
+  return {p.temperature,       p.top_k,      p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty,
           p.frequency_penalty, top_logprobs, u};
 }
 
@@ -150,6 +151,51 @@ TEST(DeviceSampler, DistributionsMatchAndDrawsDependOnlyOnTheUniform) {
     batch.indptr.push_back(0);
   }
   EXPECT_EQ(RunOnDevice(alone, vocab).tokens[0], RunOnDevice(batch, vocab).tokens[4]);
+}
+
+TEST(DeviceSampler, NoValidParametersProduceNanOrAnImpossibleToken) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(2027);
+  auto pick = [&](std::vector<float> extremes, float lo, float hi) {
+    if (rng() % 3 == 0) return extremes[rng() % extremes.size()];
+    return std::uniform_real_distribution<float>(lo, hi)(rng);
+  };
+  const int32_t vocab = 97, rows = 2000;
+  Rows r;
+  std::vector<int32_t> banned(rows);
+  for (int32_t i = 0; i < rows; ++i) {
+    SamplingParams p;
+    p.temperature = pick({0.f, 1e-30f, 1e-6f, 100.f}, 0.f, 100.f);
+    p.top_k = static_cast<int32_t>(rng() % (vocab + 1));
+    p.top_p = pick({1e-38f, 1e-6f, 1.f}, 1e-6f, 1.f);
+    p.min_p = pick({0.f, 1.f}, 0.f, 1.f);
+    p.repetition_penalty = pick({1e-45f, 1e-38f, 1e-6f, 10.f}, 1e-6f, 10.f);
+    p.presence_penalty = pick({-2.f, 2.f}, -2.f, 2.f);
+    p.frequency_penalty = pick({-2.f, 2.f}, -2.f, 2.f);
+    r.params.push_back(Params(p, SamplingUniform(i, 3), 5));
+    const float scale = pick({1e-30f, 1e30f}, 0.f, 50.f);
+    for (int32_t v = 0; v < vocab; ++v) r.logits.push_back(std::normal_distribution<float>(0.f, 1.f)(rng) * scale);
+    banned[i] = static_cast<int32_t>(rng() % vocab);
+    for (int32_t t = 0; t < vocab; t += 3) {  // every third id seen, some in the output
+      r.tokens.push_back(t);
+      r.counts.push_back(t % 2);
+      r.flags.push_back(kernels::kPenaltySeen | (t == banned[i] ? kernels::kPenaltyBanned : 0));
+    }
+    if (banned[i] % 3 != 0) {
+      r.tokens.push_back(banned[i]);
+      r.counts.push_back(0);
+      r.flags.push_back(kernels::kPenaltyBanned);
+    }
+    r.indptr.push_back(static_cast<int32_t>(r.tokens.size()));
+  }
+  const Result got = RunOnDevice(r, vocab);
+  for (int32_t i = 0; i < rows; ++i) {
+    ASSERT_GE(got.tokens[i], 0) << "row " << i;
+    ASSERT_LT(got.tokens[i], vocab) << "row " << i;
+    ASSERT_NE(got.tokens[i], banned[i]) << "row " << i;
+    ASSERT_TRUE(std::isfinite(got.logprobs[i]) && got.logprobs[i] <= 1e-6f) << "row " << i;
+    for (int k = 0; k < 5; ++k) ASSERT_TRUE(std::isfinite(got.top_logprobs[i * kernels::kMaxTopLogprobs + k]));
+  }
 }
 
 }  // namespace

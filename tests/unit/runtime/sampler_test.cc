@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "engine/runtime/philox.h"
 
@@ -124,6 +125,66 @@ TEST(Sampler, PenaltiesAndBannedIds) {
   const std::vector<int32_t> banned = {0};
   SamplingRow bctx{.params = g, .banned = banned};
   EXPECT_EQ(Sample(logits, bctx).token, 1);
+}
+
+// Parameters drawn over their whole documented ranges, extremes included: the sampled token is in the
+// vocabulary, not banned, and had a finite penalized logit; logprobs are finite, at most 0 and sorted.
+TEST(Sampler, NoValidParametersProduceNanOrAnImpossibleToken) {
+  std::mt19937 rng(2026);
+  auto pick = [&](std::vector<float> extremes, float lo, float hi) {
+    if (rng() % 3 == 0) return extremes[rng() % extremes.size()];
+    return std::uniform_real_distribution<float>(lo, hi)(rng);
+  };
+  const int32_t vocab = 97;
+  for (int trial = 0; trial < 3000; ++trial) {
+    SamplingParams p;
+    p.temperature = pick({0.f, 1e-30f, 1e-6f, 100.f}, 0.f, 100.f);
+    p.top_k = static_cast<int32_t>(rng() % (vocab + 1));
+    p.top_p = pick({1e-38f, 1e-6f, 1.f}, 1e-6f, 1.f);
+    p.min_p = pick({0.f, 1.f}, 0.f, 1.f);
+    p.repetition_penalty = pick({1e-45f, 1e-38f, 1e-6f, 10.f}, 1e-6f, 10.f);
+    p.presence_penalty = pick({-2.f, 2.f}, -2.f, 2.f);
+    p.frequency_penalty = pick({-2.f, 2.f}, -2.f, 2.f);
+    const float scale = pick({1e-30f, 1e30f}, 0.f, 50.f);
+    std::vector<float> logits(vocab);
+    for (float& l : logits) l = std::normal_distribution<float>(0.f, 1.f)(rng) * scale;
+    std::vector<int32_t> tokens(rng() % 200);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+    const std::vector<int32_t> banned = {static_cast<int32_t>(rng() % vocab)};
+    SamplingRow row{.params = p,
+                    .uniform = SamplingUniform(trial, 0),
+                    .tokens = tokens,
+                    .num_prompt_tokens = static_cast<int32_t>(tokens.size() / 2),
+                    .banned = banned,
+                    .top_logprobs = 5};
+    std::vector<float> l = logits;
+    const SampleResult r = Sample(l, row);
+    const std::string what = "trial " + std::to_string(trial) + " temperature " + std::to_string(p.temperature) +
+                             " repetition " + std::to_string(p.repetition_penalty);
+    ASSERT_GE(r.token, 0) << what;
+    ASSERT_LT(r.token, vocab) << what;
+    ASSERT_NE(r.token, banned[0]) << what;
+    for (float v : l) ASSERT_FALSE(std::isnan(v)) << what;
+    ASSERT_TRUE(std::isfinite(l[r.token])) << what;
+    ASSERT_TRUE(std::isfinite(r.logprob.logprob) && r.logprob.logprob <= 1e-6f) << what;
+    for (size_t k = 0; k < r.logprob.top.size(); ++k) {
+      ASSERT_TRUE(std::isfinite(r.logprob.top[k].logprob)) << what;
+      if (k > 0) ASSERT_LE(r.logprob.top[k].logprob, r.logprob.top[k - 1].logprob) << what;
+    }
+  }
+}
+
+TEST(Sampler, ATinyRepetitionPenaltyPrefersTheRepeatedTokenInsteadOfBreaking) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.repetition_penalty = 1e-45f;  // inside the documented (0, 10]
+  std::vector<float> logits = {3.0f, 0.5f, 2.0f, -1.0f};
+  const std::vector<int32_t> history = {2};
+  for (int i = 0; i < 20; ++i) {
+    std::vector<float> l = logits;
+    SamplingRow row{.params = p, .uniform = SamplingUniform(9, i), .tokens = history, .num_prompt_tokens = 1};
+    EXPECT_EQ(Sample(l, row).token, 2) << "2.0 / 1e-45 is the largest logit (held at FLT_MAX), draw " << i;
+  }
 }
 
 }  // namespace
