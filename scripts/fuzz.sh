@@ -13,7 +13,8 @@ for target in gguf safetensors; do
   mkdir -p "$work/$target"
   echo "fuzz_$target: $runs runs from tests/fuzz/corpus/$target"
   rc=0
-  build-fuzz/fuzz_$target -runs="$runs" -max_len=16384 -malloc_limit_mb=512 -rss_limit_mb=2048 -timeout=10 \
+  # Reproducers of crashes go to the temporary folder, never into the tree.
+  build-fuzz/fuzz_$target -artifact_prefix="$work/$target-" -runs="$runs" -max_len=16384 -malloc_limit_mb=512 -rss_limit_mb=2048 -timeout=10 \
     -print_final_stats=1 "$work/$target" "tests/fuzz/corpus/$target" >"$work/$target.log" 2>&1 || rc=$?
   if ((rc != 0)); then
     tail -40 "$work/$target.log"

@@ -310,7 +310,9 @@ std::string Tokenizer::TokenBytes(int32_t id, bool skip_special_tokens) const {
   if (id < 0 || id >= vocab_size()) return "";
   if (skip_special_tokens && is_special_[id]) return "";
   const std::string& tok = id_to_token_[id];
-  if (is_special_[id]) return tok;
+  // As Hugging Face's decoders run over every token, a byte-fallback piece such as <0x17> is its byte even
+  // when the file also registers it as an added (special) token.
+  if (is_special_[id] && !(byte_fallback_ && ByteTokenValue(tok) >= 0)) return tok;
   if (byte_level_decoder_) {
     std::string out;
     for (std::string_view c : Utf8Chars(tok)) {

@@ -46,5 +46,22 @@ TEST(Tokenizer, RejectsMalformedJson) {
   EXPECT_FALSE(Tokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [7]}})").ok());
 }
 
+// A byte-fallback piece that the file also lists as a special added token decodes to its byte, as Hugging Face
+// tokenizers 0.23.3 gives for this very document: decode([2, 1, 3]) = "a\x17b", and "ab" skipping specials.
+TEST(Tokenizer, ByteFallbackPiecesRegisteredAsAddedTokensDecodeToTheirByte) {
+  const char* spec = R"({"added_tokens": [
+      {"id": 0, "content": "<unk>", "special": true}, {"id": 1, "content": "<0x17>", "special": true}],
+    "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+    "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                                                {"type": "ByteFallback"}, {"type": "Fuse"}]},
+    "model": {"type": "BPE", "unk_token": "<unk>", "fuse_unk": true, "byte_fallback": true,
+              "vocab": {"<unk>": 0, "<0x17>": 1, "a": 2, "b": 3}, "merges": []}})";
+  auto tok = Tokenizer::FromJson(spec);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::vector<int32_t> ids = {2, 1, 3};
+  EXPECT_EQ((*tok)->Decode(ids, /*skip_special_tokens=*/false), std::string("a\x17") + "b");
+  EXPECT_EQ((*tok)->Decode(ids, /*skip_special_tokens=*/true), "ab");
+}
+
 }  // namespace
 }  // namespace inferd
