@@ -19,15 +19,17 @@ absl::Status NotReady() {
   return absl::UnavailableError("the model is still loading");
 }
 
-absl::Status ParseRequest(const grpc::ByteBuffer& buffer, v1::GenerateRequest* request) {
+// Parses a request from raw bytes, so that bytes protobuf refuses (malformed, or invalid UTF-8 in a string
+// field) are INVALID_ARGUMENT naming the message rather than a transport error.
+absl::Status ParseMessage(const grpc::ByteBuffer& buffer, const char* name, google::protobuf::Message* message) {
   std::vector<grpc::Slice> slices;
-  if (!buffer.Dump(&slices).ok()) return absl::InvalidArgumentError("GenerateRequest could not be read");
+  if (!buffer.Dump(&slices).ok()) return absl::InvalidArgumentError(absl::StrCat(name, " could not be read"));
   std::string bytes;
   for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  if (!request->ParseFromString(bytes)) {
-    return absl::InvalidArgumentError(
-        "GenerateRequest does not parse: a string field (text, stop, request_id) holds invalid UTF-8, or the "
-        "message is malformed; allowed: valid UTF-8 in every string field");
+  if (!message->ParseFromString(bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " does not parse: a string field holds invalid UTF-8, or the message is malformed; allowed: a ", name,
+        " with valid UTF-8 in every string field"));
   }
   return absl::OkStatus();
 }
@@ -82,7 +84,7 @@ absl::StatusOr<Request> Prepare(const std::shared_ptr<Engine>& engine, grpc::Cal
     return absl::DeadlineExceededError("the request's deadline expired before it was tokenized");
   }
   v1::GenerateRequest proto;
-  if (absl::Status st = ParseRequest(wire, &proto); !st.ok()) return st;
+  if (absl::Status st = ParseMessage(wire, "GenerateRequest", &proto); !st.ok()) return st;
   if (engine->draining()) return absl::UnavailableError("the server is draining and takes no new requests");
   const Model& m = engine->model();
   auto request =
@@ -314,78 +316,87 @@ grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext
   return new UnaryGenerateReactor(engine(), ctx, request, result, limits_, &workers_);
 }
 
-grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx,
-                                                     const v1::TokenizeRequest* request,
-                                                     v1::TokenizeResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
+                                                     grpc::ByteBuffer* out) {
   const std::shared_ptr<Engine> engine = this->engine();
   if (!engine) return Answer(ctx, NotReady());
-  if (static_cast<int64_t>(request->text().size()) > limits_.max_request_bytes) {
-    return Answer(ctx, absl::InvalidArgumentError(absl::StrCat("text = ", request->text().size(),
+  if (static_cast<int64_t>(wire->Length()) > limits_.max_request_bytes) {
+    return Answer(ctx, absl::InvalidArgumentError(absl::StrCat("TokenizeRequest = ", wire->Length(),
                                                                " bytes is not allowed; allowed: at most "
                                                                "server.max_request_bytes = ",
                                                                limits_.max_request_bytes)));
   }
-  if (!IsValidUtf8(request->text())) {
-    return Answer(ctx, absl::InvalidArgumentError("text = (invalid UTF-8) is not allowed; allowed: valid UTF-8"));
-  }
+  auto request = std::make_shared<v1::TokenizeRequest>();
+  if (absl::Status st = ParseMessage(*wire, "TokenizeRequest", request.get()); !st.ok()) return Answer(ctx, st);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const bool queued = workers_.TryRun([engine, reactor, request, response] {
+  const bool queued = workers_.TryRun([engine, reactor, request, out] {
+    v1::TokenizeResponse response;
     const bool add_special = !request->has_add_special_tokens() || request->add_special_tokens();
-    for (int32_t id : engine->model().tokenizer->Encode(request->text(), add_special)) response->add_token_ids(id);
+    for (int32_t id : engine->model().tokenizer->Encode(request->text(), add_special)) response.add_token_ids(id);
+    Serialize(response, out);
     reactor->Finish(grpc::Status::OK);
   });
   if (!queued) reactor->Finish(Busy());
   return reactor;
 }
 
-grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerContext* ctx,
-                                                       const v1::DetokenizeRequest* request,
-                                                       v1::DetokenizeResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
+                                                       grpc::ByteBuffer* out) {
   const std::shared_ptr<Engine> engine = this->engine();
   if (!engine) return Answer(ctx, NotReady());
+  v1::DetokenizeRequest request;
+  if (absl::Status st = ParseMessage(*wire, "DetokenizeRequest", &request); !st.ok()) return Answer(ctx, st);
   const int32_t vocab = engine->model().tokenizer->vocab_size();
-  std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
+  std::vector<int32_t> ids(request.token_ids().begin(), request.token_ids().end());
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) {
       return Answer(ctx, absl::InvalidArgumentError(absl::StrCat("token_ids[", i, "] = ", ids[i],
                                                                  " is not allowed; allowed: [0, ", vocab, ")")));
     }
   }
-  const bool skip = !request->has_skip_special_tokens() || request->skip_special_tokens();
-  response->set_text(engine->model().tokenizer->Decode(ids, skip));
+  const bool skip = !request.has_skip_special_tokens() || request.skip_special_tokens();
+  v1::DetokenizeResponse response;
+  response.set_text(engine->model().tokenizer->Decode(ids, skip));
+  Serialize(response, out);
   return Answer(ctx, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* ctx,
-                                                         const v1::GetModelInfoRequest*, v1::ModelInfo* info) {
+grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
+                                                         grpc::ByteBuffer* out) {
+  v1::GetModelInfoRequest request;
+  if (absl::Status st = ParseMessage(*wire, "GetModelInfoRequest", &request); !st.ok()) return Answer(ctx, st);
   const std::shared_ptr<Engine> engine = this->engine();
   if (!engine) return Answer(ctx, NotReady());
   const Model& m = engine->model();
-  info->set_name(m.name);
-  info->set_architecture(m.config.architecture);
-  info->set_vocab_size(m.config.vocab_size);
-  info->set_max_model_len(engine->max_model_len());
-  for (int32_t id : m.eos_token_ids) info->add_eos_token_ids(id);
-  if (m.bos_token_id) info->set_bos_token_id(*m.bos_token_id);
-  info->set_dtype(m.tensors.stored_dtype);
-  info->set_block_size(engine->block_size());
+  v1::ModelInfo info;
+  info.set_name(m.name);
+  info.set_architecture(m.config.architecture);
+  info.set_vocab_size(m.config.vocab_size);
+  info.set_max_model_len(engine->max_model_len());
+  for (int32_t id : m.eos_token_ids) info.add_eos_token_ids(id);
+  if (m.bos_token_id) info.set_bos_token_id(*m.bos_token_id);
+  info.set_dtype(m.tensors.stored_dtype);
+  info.set_block_size(engine->block_size());
+  Serialize(info, out);
   return Answer(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* InferenceService::GetServerInfo(grpc::CallbackServerContext* ctx,
-                                                          const v1::GetServerInfoRequest*, v1::ServerInfo* info) {
-  info->set_version(kVersion);
-  const std::shared_ptr<Engine> engine = this->engine();
-  if (engine) {
+                                                          const grpc::ByteBuffer* wire, grpc::ByteBuffer* out) {
+  v1::GetServerInfoRequest request;
+  if (absl::Status st = ParseMessage(*wire, "GetServerInfoRequest", &request); !st.ok()) return Answer(ctx, st);
+  v1::ServerInfo info;
+  info.set_version(kVersion);
+  if (const std::shared_ptr<Engine> engine = this->engine()) {
     const EngineStats s = engine->Stats();
-    info->set_running_requests(s.running);
-    info->set_waiting_requests(s.waiting);
-    info->set_total_kv_blocks(s.total_blocks);
-    info->set_free_kv_blocks(s.free_blocks);
-    info->set_draining(engine->draining());
-    info->set_backend(engine->backend_name());
+    info.set_running_requests(s.running);
+    info.set_waiting_requests(s.waiting);
+    info.set_total_kv_blocks(s.total_blocks);
+    info.set_free_kv_blocks(s.free_blocks);
+    info.set_draining(engine->draining());
+    info.set_backend(engine->backend_name());
     const MemoryPlan& p = engine->memory_plan();
-    v1::MemoryPlan* mp = info->mutable_memory_plan();
+    v1::MemoryPlan* mp = info.mutable_memory_plan();
     mp->set_device(p.device);
     mp->set_device_total_bytes(p.device_total_bytes);
     mp->set_device_free_bytes(p.device_free_bytes);
@@ -397,14 +408,19 @@ grpc::ServerUnaryReactor* InferenceService::GetServerInfo(grpc::CallbackServerCo
     mp->set_num_blocks(p.num_blocks);
     mp->set_kv_bytes(p.kv_bytes());
   }
+  Serialize(info, out);
   return Answer(ctx, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* InferenceService::Abort(grpc::CallbackServerContext* ctx, const v1::AbortRequest* request,
-                                                  v1::AbortResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::Abort(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
+                                                  grpc::ByteBuffer* out) {
+  v1::AbortRequest request;
+  if (absl::Status st = ParseMessage(*wire, "AbortRequest", &request); !st.ok()) return Answer(ctx, st);
   const std::shared_ptr<Engine> engine = this->engine();
   if (!engine) return Answer(ctx, NotReady());
-  response->set_found(engine->Abort(request->request_id()));
+  v1::AbortResponse response;
+  response.set_found(engine->Abort(request.request_id()));
+  Serialize(response, out);
   return Answer(ctx, absl::OkStatus());
 }
 

@@ -12,10 +12,13 @@
 
 namespace inferd {
 
-// Generate and GenerateStream take raw bytes so that a request the protobuf parser refuses (invalid
-// UTF-8 in a string field) is answered INVALID_ARGUMENT rather than a transport error.
-using InferenceServiceBase = v1::Inference::WithRawCallbackMethod_GenerateStream<
-    v1::Inference::WithRawCallbackMethod_Generate<v1::Inference::CallbackService>>;
+// Every method takes raw bytes so that a request the protobuf parser refuses (malformed, invalid UTF-8 in a
+// string field) is answered INVALID_ARGUMENT naming the message rather than a transport error.
+using InferenceServiceBase =
+    v1::Inference::WithRawCallbackMethod_GenerateStream<v1::Inference::WithRawCallbackMethod_Generate<
+        v1::Inference::WithRawCallbackMethod_Tokenize<v1::Inference::WithRawCallbackMethod_Detokenize<
+            v1::Inference::WithRawCallbackMethod_GetModelInfo<v1::Inference::WithRawCallbackMethod_GetServerInfo<
+                v1::Inference::WithRawCallbackMethod_Abort<v1::Inference::CallbackService>>>>>>>;
 
 class InferenceService final : public InferenceServiceBase {
  public:
@@ -36,16 +39,16 @@ class InferenceService final : public InferenceServiceBase {
                                                              const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* result) override;
-  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
-  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* ctx, const v1::DetokenizeRequest* request,
-                                       v1::DetokenizeResponse* response) override;
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest* request,
-                                         v1::ModelInfo* response) override;
-  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest* request,
-                                          v1::ServerInfo* response) override;
-  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx, const v1::AbortRequest* request,
-                                  v1::AbortResponse* response) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
 
  private:
   // Reactors keep their own reference, so the engine outlives every call that uses it.

@@ -72,6 +72,26 @@ def test_invalid_utf8_text_is_invalid_argument(server):
     assert "UTF-8" in e.value.details()
 
 
+@pytest.mark.parametrize("method, message", [
+    ("Tokenize", "TokenizeRequest"), ("Detokenize", "DetokenizeRequest"), ("GetModelInfo", "GetModelInfoRequest"),
+    ("GetServerInfo", "GetServerInfoRequest"), ("Abort", "AbortRequest"), ("Generate", "GenerateRequest"),
+    ("GenerateStream", "GenerateRequest")])
+def test_malformed_bytes_to_every_rpc_are_invalid_argument_naming_the_message(server, method, message):
+    call = (server.channel.unary_stream if method == "GenerateStream" else server.channel.unary_unary)(
+        f"/inferd.v1.Inference/{method}", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    bad = [b"\xff\xff\xff\xff", b"\x0a\x05ab"]  # a tag that never ends; a field longer than the message
+    if not method.startswith("Get"):  # field 1 is a string (or packed ids): invalid UTF-8 (or a broken varint)
+        bad.append(b"\x0a\x03\xff\xfe\xfd")
+    for raw in bad:
+        with pytest.raises(grpc.RpcError) as e:
+            result = call(raw)
+            if method == "GenerateStream":
+                list(result)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, raw, e.value.code())
+        assert message in e.value.details(), e.value.details()
+    assert server.stub.GetServerInfo(pb.GetServerInfoRequest()).total_kv_blocks > 0
+
+
 def test_deadline_aborts_and_frees_blocks(server):
     r = pb.GenerateRequest(text="Hello", sampling=pb.SamplingParams(temperature=0),
                            stopping=pb.StoppingParams(max_tokens=500, ignore_eos=True))
