@@ -130,8 +130,10 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   };
 
   StreamReactor(std::shared_ptr<Engine> engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* proto,
-                const InferenceService::Limits& limits, RequestWorkers* workers)
-      : engine_(std::move(engine)), sink_(std::make_shared<Sink>(this)) {
+                const InferenceService::Limits& limits, RequestWorkers* workers,
+                std::shared_ptr<std::atomic<int64_t>> active_calls)
+      : engine_(std::move(engine)), sink_(std::make_shared<Sink>(this)), active_calls_(std::move(active_calls)) {
+    ++*active_calls_;
     const int64_t max_bytes = limits.max_request_bytes;
     if (!workers->TryRun([this, ctx, proto, max_bytes] { Start(ctx, *proto, max_bytes); })) FinishOnce(Busy());
   }
@@ -174,6 +176,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void OnDone() override {
     sink_->Detach();
+    --*active_calls_;
     delete this;
   }
 
@@ -216,6 +219,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   std::shared_ptr<Engine> engine_;
   std::shared_ptr<Sink> sink_;
+  std::shared_ptr<std::atomic<int64_t>> active_calls_;
   std::string id_;
   bool last_written_ = false;
   v1::GenerateChunk chunk_;
@@ -256,8 +260,10 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
   };
 
   UnaryGenerateReactor(std::shared_ptr<Engine> engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* proto,
-                       grpc::ByteBuffer* result, const InferenceService::Limits& limits, RequestWorkers* workers)
-      : engine_(std::move(engine)), sink_(std::make_shared<Sink>(this, result)) {
+                       grpc::ByteBuffer* result, const InferenceService::Limits& limits, RequestWorkers* workers,
+                       std::shared_ptr<std::atomic<int64_t>> active_calls)
+      : engine_(std::move(engine)), sink_(std::make_shared<Sink>(this, result)), active_calls_(std::move(active_calls)) {
+    ++*active_calls_;
     const int64_t max_bytes = limits.max_request_bytes;
     if (!workers->TryRun([this, ctx, proto, max_bytes] { Start(ctx, *proto, max_bytes); })) {
       sink_->Detach();
@@ -290,12 +296,14 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
   }
   void OnDone() override {
     sink_->Detach();
+    --*active_calls_;
     delete this;
   }
 
  private:
   std::shared_ptr<Engine> engine_;
   std::shared_ptr<Sink> sink_;
+  std::shared_ptr<std::atomic<int64_t>> active_calls_;
 };
 
 grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::Status& status) {
@@ -308,12 +316,12 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::S
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::GenerateStream(grpc::CallbackServerContext* ctx,
                                                                              const grpc::ByteBuffer* request) {
-  return new StreamReactor(engine(), ctx, request, limits_, &workers_);
+  return new StreamReactor(engine(), ctx, request, limits_, &workers_, active_calls_);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* result) {
-  return new UnaryGenerateReactor(engine(), ctx, request, result, limits_, &workers_);
+  return new UnaryGenerateReactor(engine(), ctx, request, result, limits_, &workers_, active_calls_);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,

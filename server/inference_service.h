@@ -47,6 +47,9 @@ class InferenceService final : public InferenceServiceBase {
                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                           grpc::ByteBuffer* response) override;
+  // Generate and GenerateStream calls not yet done (their last write may still be going out).
+  int64_t active_generate_calls() const { return active_calls_->load(); }
+
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                   grpc::ByteBuffer* response) override;
 
@@ -59,6 +62,7 @@ class InferenceService final : public InferenceServiceBase {
   mutable std::mutex mu_;
   std::shared_ptr<Engine> engine_;
   const Limits limits_;
+  std::shared_ptr<std::atomic<int64_t>> active_calls_ = std::make_shared<std::atomic<int64_t>>(0);
   RequestWorkers workers_;
 };
 

@@ -3,9 +3,12 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <thread>
@@ -16,6 +19,22 @@
 #include "spdlog/spdlog.h"
 
 namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void OnSignal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  const ssize_t unused = write(g_signal_pipe[1], &b, 1);  // async-signal-safe
+  (void)unused;
+}
+
+// Blocks until SIGINT or SIGTERM arrives; returns its number.
+int WaitForSignal() {
+  unsigned char b = 0;
+  while (read(g_signal_pipe[0], &b, 1) != 1) {
+  }
+  return b;
+}
 
 constexpr const char* kUsage = "usage: inferd --config FILE [--listen HOST:PORT]";
 
@@ -52,12 +71,18 @@ int Run(int argc, char** argv) {
   }
   spdlog::info("effective config:\n{}", inferd::ConfigToYaml(*config));
 
-  // Signals are taken by sigwait below, so every thread started from here on blocks them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT and SIGTERM become bytes on a pipe, whichever thread the kernel picks (libraries start threads of
+  // their own before main, so blocking the signals in ours is not enough).
+  if (pipe(g_signal_pipe) != 0) {
+    std::cerr << "inferd: cannot create the signal pipe: " << std::strerror(errno) << "\n";
+    return 1;
+  }
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
 
   // Request preparation (parsing, chat rendering, tokenizing) gets half the cores, at least two threads.
   const int request_workers = std::max(2, static_cast<int>(std::thread::hardware_concurrency() / 2));
@@ -90,9 +115,15 @@ int Run(int argc, char** argv) {
   spdlog::info("ready: model '{}' on the {} backend, max_model_len {}", live->model().name, live->backend_name(),
                live->max_model_len());
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = WaitForSignal();
   spdlog::info("signal {}: draining (up to {} s)", sig, config->server.drain_timeout_s);
+  // A second signal while draining ends the process at once.
+  std::thread([] {
+    const int again = WaitForSignal();
+    spdlog::warn("signal {} again: exiting now without finishing the drain (exit code {})", again, 128 + again);
+    spdlog::default_logger()->flush();
+    std::_Exit(128 + again);
+  }).detach();
   health->SetServingStatus(false);
   live->StartDraining();
   const auto drain_end = std::chrono::steady_clock::now() +
@@ -102,9 +133,14 @@ int Run(int argc, char** argv) {
     if (s.running == 0 && s.waiting == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // What still runs ends with UNAVAILABLE; then the server closes once those last writes are out.
+  // What still runs ends with UNAVAILABLE; once those last writes are out (at most 5 s), the server closes
+  // everything else at once: health watches and idle connections would otherwise hold it to a deadline.
   live->Stop();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  const auto writes_end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (service.active_generate_calls() > 0 && std::chrono::steady_clock::now() < writes_end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  server->Shutdown(std::chrono::system_clock::now());
   service.SetEngine(nullptr);
   live.reset();
   server->Wait();

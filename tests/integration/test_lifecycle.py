@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from conftest import INFERD_BIN, MODELS, Server, inferd_pb2 as pb
+from conftest import INFERD_BIN, MODELS, SOURCE_DIR, Server, inferd_pb2 as pb
 
 
 def test_health_serving_and_reflection_lists_the_service(server):
@@ -127,3 +127,33 @@ def test_malformed_safetensors_exits_non_zero_naming_the_problem(tmp_path, case,
     r = run_inferd(f"model: {{path: {d}}}\n")
     assert r.returncode == 1, r.stderr
     assert message in r.stderr and "model.safetensors" in r.stderr
+
+
+def test_idle_server_with_open_watches_and_connections_exits_at_once():
+    import socket
+    s = Server()
+    watch = health_pb2_grpc.HealthStub(s.channel).Watch(health_pb2.HealthCheckRequest())
+    assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+    sock = socket.create_connection(("127.0.0.1", s.port))  # a client that connected and said nothing
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=10) == 0
+    assert time.monotonic() - t0 < 1.0, "nothing was running: the exit is immediate"
+    sock.close()
+
+
+def test_a_second_signal_during_the_drain_exits_at_once_with_a_log_line():
+    # The bundled SmolLM2 on the cpu backend: 400 tokens take far longer than this test waits.
+    s = Server(model=os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"), engine={"cpu_kv_cache_gib": 0.25}, server={"drain_timeout_s": 60})
+    stream = s.stub.GenerateStream(pb.GenerateRequest(
+        text="Hello", sampling=pb.SamplingParams(temperature=0),
+        stopping=pb.StoppingParams(max_tokens=400, ignore_eos=True)))
+    next(stream)  # running: the drain would wait for it
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert s.proc.poll() is None, "still draining"
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGINT)
+    assert s.proc.wait(timeout=10) == 128 + signal.SIGINT
+    assert time.monotonic() - t0 < 1.0
+    assert "again: exiting now" in s.logs()
