@@ -49,4 +49,8 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path);
 // The effective config as YAML, for the start-up log.
 std::string ConfigToYaml(const Config& config);
 
+// Errors caused by a config value, wherever found (parsing, or start-up checking it against the model and the
+// machine), say so by starting with "config: "; the server exits 2 for them.
+bool IsConfigError(const absl::Status& status);
+
 }  // namespace inferd

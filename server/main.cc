@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "engine/config.h"
+#include "engine/config_fields.h"
 #include "engine/engine.h"
 #include "server/inference_service.h"
 #include "spdlog/spdlog.h"
@@ -36,7 +37,9 @@ int WaitForSignal() {
   return b;
 }
 
-constexpr const char* kUsage = "usage: inferd --config FILE [--listen HOST:PORT]";
+constexpr const char* kUsage =
+    "usage: inferd --config FILE [--listen HOST:PORT]\n"
+    "       inferd --config-reference    (every config key as a markdown table)";
 
 int Run(int argc, char** argv) {
   std::string config_path, listen;
@@ -44,6 +47,9 @@ int Run(int argc, char** argv) {
     const std::string arg = argv[i];
     if ((arg == "--config" || arg == "--listen") && i + 1 < argc) {
       (arg == "--config" ? config_path : listen) = argv[++i];
+    } else if (arg == "--config-reference") {
+      std::cout << inferd::ConfigReferenceMarkdown();
+      return 0;
     } else if (arg == "--help" || arg == "-h") {
       std::cout << kUsage << "\n";
       return 0;
@@ -107,7 +113,7 @@ int Run(int argc, char** argv) {
   if (!engine.ok()) {
     std::cerr << "inferd: cannot start: " << engine.status().message() << "\n";
     server->Shutdown(std::chrono::system_clock::now());
-    return 1;
+    return inferd::IsConfigError(engine.status()) ? 2 : 1;  // a config value the model or machine cannot take
   }
   std::shared_ptr<inferd::Engine> live = std::move(*engine);
   service.SetEngine(live);

@@ -1,5 +1,7 @@
 #include "engine/runtime/memory_plan.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +12,11 @@ namespace {
 
 constexpr double kMiB = 1048576.0;
 constexpr int64_t kMaxBlocks = 1 << 24;
+
+int64_t HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? int64_t{pages} * page : 0;
+}
 
 }  // namespace
 
@@ -37,7 +44,7 @@ absl::Status SizeKvPool(const EngineSection& engine, MemoryPlan* plan) {
     if (engine.num_blocks > 0) {
       if (engine.num_blocks > fits) {
         return absl::ResourceExhaustedError(absl::StrFormat(
-            "engine.num_blocks = %d needs %.1f MiB of KV cache but engine.gpu_memory_utilization = %g leaves "
+            "config: engine.num_blocks = %d needs %.1f MiB of KV cache but engine.gpu_memory_utilization = %g leaves "
             "%.1f MiB after weights (%.1f MiB), activations (%.1f MiB) and other (%.1f MiB); at most %d blocks fit",
             engine.num_blocks, engine.num_blocks * static_cast<double>(plan->kv_bytes_per_block) / kMiB,
             engine.gpu_memory_utilization, std::max<int64_t>(0, kv_budget) / kMiB, plan->weight_bytes / kMiB,
@@ -49,7 +56,7 @@ absl::Status SizeKvPool(const EngineSection& engine, MemoryPlan* plan) {
     }
     if (plan->num_blocks < 1) {
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "no KV block fits: engine.gpu_memory_utilization = %g of %.1f MiB free gives %.1f MiB, and weights "
+          "config: no KV block fits: engine.gpu_memory_utilization = %g of %.1f MiB free gives %.1f MiB, and weights "
           "(%.1f MiB), activations (%.1f MiB) and other (%.1f MiB) take %.1f MiB; raise it or lower "
           "scheduler.max_num_batched_tokens",
           engine.gpu_memory_utilization, plan->device_free_bytes / kMiB, plan->budget_bytes / kMiB,
@@ -62,8 +69,21 @@ absl::Status SizeKvPool(const EngineSection& engine, MemoryPlan* plan) {
                          ? engine.num_blocks
                          : static_cast<int32_t>(std::min<int64_t>(kv_budget / plan->kv_bytes_per_block, kMaxBlocks));
   if (plan->num_blocks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("engine.cpu_kv_cache_gib = ", engine.cpu_kv_cache_gib,
+    return absl::InvalidArgumentError(absl::StrCat("config: engine.cpu_kv_cache_gib = ", engine.cpu_kv_cache_gib,
                                                    " holds no KV block of ", plan->kv_bytes_per_block, " bytes"));
+  }
+  // Checked before anything is allocated: a pool larger than the machine would only fail later, and badly.
+  const int64_t host = HostMemoryBytes();
+  if (host > 0 && taken + plan->kv_bytes() > host) {
+    const std::string setting = engine.num_blocks > 0
+                                    ? absl::StrCat("engine.num_blocks = ", engine.num_blocks)
+                                    : absl::StrCat("engine.cpu_kv_cache_gib = ", engine.cpu_kv_cache_gib);
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "config: %s asks for a %.1f MiB KV cache, which with weights and activations (%.1f MiB) exceeds this "
+        "machine's %.1f MiB of memory; allowed: at most %d blocks of %.1f KiB",
+        setting, plan->kv_bytes() / kMiB, taken / kMiB, host / kMiB,
+        static_cast<int>(std::max<int64_t>(0, (host - taken) / plan->kv_bytes_per_block)),
+        plan->kv_bytes_per_block / 1024.0));
   }
   plan->budget_bytes = taken + plan->kv_bytes();
   return absl::OkStatus();

@@ -36,11 +36,27 @@ def run_inferd(config_text):
     ("model: {path: /m}\nscheduler: {max_num_seqs: 0}\n", 2, "scheduler.max_num_seqs = 0"),
     ("model: {path: /nonexistent/model}\n", 1, "/nonexistent/model"),
     (f"model: {{path: {MODELS}/llama3-tiny}}\nengine: {{backend: cuda}}\n", 1, "engine.backend"),
+    # Config values that only the model or the machine can refuse are config errors too: exit 2.
+    (f"model: {{path: {MODELS}/llama3-tiny, max_model_len: 100000}}\n", 2, "model.max_model_len = 100000"),
+    (f"model: {{path: {MODELS}/llama3-tiny}}\nengine: {{num_blocks: 16777216}}\n", 2, "engine.num_blocks = 16777216"),
+    (f"model: {{path: {MODELS}/llama3-tiny}}\nengine: {{cpu_kv_cache_gib: 1024}}\n", 2, "engine.cpu_kv_cache_gib = 1024"),
+    ("model: {path: /m}\nmodel: {path: /n}\n", 2, "section 'model' is given twice"),
+    ("model: {path: /m, path: /n}\n", 2, "model.path is given twice"),
 ])
 def test_bad_config_or_model_stops_with_a_message(config, rc, message):
     r = run_inferd(config)
     assert r.returncode == rc, r.stderr
     assert message in r.stderr
+
+
+def test_a_port_out_of_range_is_a_config_error():
+    fd, path = tempfile.mkstemp(suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"model: {{path: {MODELS}/llama3-tiny}}\n")
+    r = subprocess.run([INFERD_BIN, "--config", path, "--listen", "127.0.0.1:99999"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "PORT in 0..65535" in r.stderr
 
 
 def test_unsupported_or_truncated_model_is_refused_at_start(tmp_path):

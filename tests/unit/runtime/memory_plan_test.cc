@@ -66,5 +66,21 @@ TEST(MemoryPlan, CpuKvComesFromItsOwnSetting) {
   EXPECT_EQ(SizeKvPool(e, &p).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(MemoryPlan, CpuRefusesMoreThanTheMachineHasBeforeAllocating) {
+  MemoryPlan p;
+  p.device = "cpu";
+  p.kv_bytes_per_block = 8 * kMiB;
+  EngineSection e;
+  e.num_blocks = 1 << 24;  // 128 TiB
+  absl::Status s = SizeKvPool(e, &p);
+  EXPECT_TRUE(IsConfigError(s)) << s;
+  EXPECT_NE(s.message().find("engine.num_blocks = 16777216"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("exceeds this machine's"), std::string::npos) << s;
+  e.num_blocks = 0;
+  e.cpu_kv_cache_gib = 1024;
+  s = SizeKvPool(e, &p);
+  EXPECT_NE(s.message().find("engine.cpu_kv_cache_gib = 1024"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace inferd

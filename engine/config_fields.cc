@@ -1,0 +1,185 @@
+#include "engine/config_fields.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace inferd {
+namespace {
+
+absl::Status WrongType(const std::string& name, const YAML::Node& v, const char* type) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("config: ", name, " has value '", YAML::Dump(v), "' of the wrong type; allowed: ", type));
+}
+
+template <typename T>
+absl::Status OutOfRange(const std::string& name, T value, const std::string& allowed) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("config: ", name, " = ", value, " is out of range; allowed: ", allowed));
+}
+
+template <typename T>
+using Member = std::function<T&(Config&)>;
+
+// An integer in [lo, hi].
+template <typename T>
+ConfigField Int(std::string section, std::string key, Member<T> member, T def, T lo, T hi, std::string allowed,
+                std::string doc) {
+  ConfigField f{section, key, absl::StrCat(def), allowed, doc, nullptr, nullptr};
+  const std::string name = f.name();
+  f.read = [=](const YAML::Node& v, Config* c) -> absl::Status {
+    long long x = 0;
+    try {
+      x = v.as<long long>();
+    } catch (const YAML::Exception&) {
+      return WrongType(name, v, "an integer");
+    }
+    if (x < lo || x > hi) return OutOfRange(name, x, allowed);
+    member(*c) = static_cast<T>(x);
+    return absl::OkStatus();
+  };
+  f.write = [=](const Config& c, YAML::Emitter* out) { *out << member(const_cast<Config&>(c)); };
+  return f;
+}
+
+// A real number in (lo, hi] (lo_open) or [lo, hi].
+ConfigField Real(std::string section, std::string key, Member<double> member, double lo, double hi, bool lo_open,
+                 std::string def_text, std::string allowed, std::string doc) {
+  ConfigField f{section, key, def_text, allowed, doc, nullptr, nullptr};
+  const std::string name = f.name();
+  f.read = [=](const YAML::Node& v, Config* c) -> absl::Status {
+    double x = 0;
+    try {
+      x = v.as<double>();
+    } catch (const YAML::Exception&) {
+      return WrongType(name, v, "a number");
+    }
+    if (!std::isfinite(x) || (lo_open ? x <= lo : x < lo) || x > hi) return OutOfRange(name, x, allowed);
+    member(*c) = x;
+    return absl::OkStatus();
+  };
+  f.write = [=](const Config& c, YAML::Emitter* out) { *out << member(const_cast<Config&>(c)); };
+  return f;
+}
+
+// A string; `choices` non-empty restricts it to those.
+ConfigField Text(std::string section, std::string key, Member<std::string> member, std::string def_text,
+                 std::vector<std::string> choices, std::string allowed, std::string doc) {
+  ConfigField f{section, key, def_text, allowed, doc, nullptr, nullptr};
+  const std::string name = f.name();
+  f.read = [=](const YAML::Node& v, Config* c) -> absl::Status {
+    if (!v.IsScalar()) return WrongType(name, v, "a string");
+    const std::string s = v.as<std::string>();
+    if (!choices.empty() && std::find(choices.begin(), choices.end(), s) == choices.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: ", name, " = '", s, "' is not allowed; allowed: ", absl::StrJoin(choices, ", ")));
+    }
+    member(*c) = s;
+    return absl::OkStatus();
+  };
+  f.write = [=](const Config& c, YAML::Emitter* out) { *out << member(const_cast<Config&>(c)); };
+  return f;
+}
+
+// HOST:PORT with a port in 0..65535 (0: any free port).
+absl::Status CheckListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : listen.substr(colon + 1);
+  bool digits = !port.empty() && port.size() <= 5;
+  for (char ch : port) digits = digits && ch >= '0' && ch <= '9';
+  if (colon == std::string::npos || colon == 0 || !digits || std::stoi(port) > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("config: server.listen = '", listen,
+                                                   "' is not allowed; allowed: HOST:PORT with PORT in 0..65535"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<ConfigField> MakeFields() {
+  std::vector<ConfigField> f;
+  // model
+  f.push_back(Text(
+      "model", "path", [](Config& c) -> std::string& { return c.model.path; }, "(required)", {}, "file or directory",
+      "a GGUF file, or a Hugging Face model directory; default config: "
+      "`models/SmolLM2-135M-Instruct.Q4_1.gguf`"));
+  f.push_back(Text(
+      "model", "name", [](Config& c) -> std::string& { return c.model.name; }, "GGUF `general.name` or directory name",
+      {}, "string", "name reported by `GetModelInfo`"));
+  f.push_back(Int<int32_t>(
+      "model", "max_model_len", [](Config& c) -> int32_t& { return c.model.max_model_len; }, 0, 0, 1 << 24, "0..2^24",
+      "0 = the model's `max_position_embeddings`; larger than the model's is refused; always "
+      "capped by the KV pool"));
+  // engine
+  f.push_back(Text(
+      "engine", "backend", [](Config& c) -> std::string& { return c.engine.backend; }, "auto", {"auto", "cpu", "cuda"},
+      "auto, cpu, cuda",
+      "`auto` = cuda when the build has CUDA, a GPU is visible and the model's head_dim is 64, 128 or "
+      "256; else cpu, and the log says why"));
+  f.push_back(Text(
+      "engine", "dtype", [](Config& c) -> std::string& { return c.engine.dtype; }, "auto",
+      {"auto", "bfloat16", "float16"}, "auto, bfloat16, float16",
+      "cuda weights and activations; auto = bfloat16 (GGUF and fp32 files are converted at load)"));
+  f.push_back(Int<int32_t>(
+      "engine", "block_size", [](Config& c) -> int32_t& { return c.engine.block_size; }, 16, 1, 256, "1..256",
+      "tokens per KV block"));
+  f.push_back(Int<int32_t>(
+      "engine", "num_blocks", [](Config& c) -> int32_t& { return c.engine.num_blocks; }, 0, 0, 1 << 24, "0..2^24",
+      "0 = from the memory plan; more than fit the device (cuda) or the host's memory (cpu) is "
+      "refused, naming both numbers"));
+  f.push_back(Real(
+      "engine", "gpu_memory_utilization", [](Config& c) -> double& { return c.engine.gpu_memory_utilization; }, 0, 1,
+      true, "0.9", "(0, 1]",
+      "cuda: share of the device memory free at start-up that inferd may take; the KV pool gets what "
+      "weights, the measured peak activations and library workspaces leave"));
+  f.push_back(Real(
+      "engine", "cpu_kv_cache_gib", [](Config& c) -> double& { return c.engine.cpu_kv_cache_gib; }, 0, 1024, true,
+      "1.0", "(0, 1024]", "KV pool of the cpu backend; more than the host's memory is refused"));
+  f.push_back(Int<int32_t>(
+      "engine", "num_threads", [](Config& c) -> int32_t& { return c.engine.num_threads; }, 0, 0, 1024, "0..1024",
+      "cpu backend threads, 0 = all cores"));
+  // scheduler
+  f.push_back(Int<int32_t>(
+      "scheduler", "max_num_seqs", [](Config& c) -> int32_t& { return c.scheduler.max_num_seqs; }, 64, 1, 4096,
+      "1..4096", "sequences per step"));
+  f.push_back(Int<int32_t>(
+      "scheduler", "max_num_batched_tokens", [](Config& c) -> int32_t& { return c.scheduler.max_num_batched_tokens; },
+      2048, 1, 1 << 20, "max_num_seqs..2^20", "tokens per step (prefill is chunked to fit)"));
+  f.push_back(Int<int32_t>(
+      "scheduler", "max_queue", [](Config& c) -> int32_t& { return c.scheduler.max_queue; }, 256, 1, 1000000, "1..10^6",
+      "requests accepted and not yet started before RESOURCE_EXHAUSTED; the bound holds exactly"));
+  // server
+  f.push_back(Text(
+      "server", "listen", [](Config& c) -> std::string& { return c.server.listen; }, "0.0.0.0:50051", {},
+      "HOST:PORT, PORT 0..65535", "0 picks a free port"));
+  f.push_back(Real(
+      "server", "drain_timeout_s", [](Config& c) -> double& { return c.server.drain_timeout_s; }, 0, 3600, false, "30",
+      "0..3600", "on SIGTERM, how long running requests may finish"));
+  f.push_back(Int<int64_t>(
+      "server", "max_request_bytes", [](Config& c) -> int64_t& { return c.server.max_request_bytes; }, 4 << 20, 1,
+      64 << 20, "1..64 MiB",
+      "a larger GenerateRequest (or Tokenize text) is INVALID_ARGUMENT; over 64 MiB gRPC refuses "
+      "it with RESOURCE_EXHAUSTED"));
+  return f;
+}
+
+}  // namespace
+
+const std::vector<ConfigField>& ConfigFields() {
+  static const std::vector<ConfigField> fields = MakeFields();
+  return fields;
+}
+
+absl::Status CheckListenAddress(const std::string& listen) {
+  return CheckListen(listen);
+}
+
+std::string ConfigReferenceMarkdown() {
+  std::string s = "| key | default | allowed | meaning |\n|---|---|---|---|\n";
+  for (const ConfigField& f : ConfigFields()) {
+    absl::StrAppend(&s, "| `", f.name(), "` | ", f.default_text, " | ", f.allowed, " | ", f.doc, " |\n");
+  }
+  return s;
+}
+
+}  // namespace inferd
