@@ -25,6 +25,9 @@ struct SamplingParams {
 
 // The most stop_token_ids a request may give (backends size their per-step sampling buffers by it).
 constexpr int32_t kMaxStopTokenIds = 256;
+// Stop strings are matched after every generated token: at most this many, of at most this many bytes.
+constexpr int32_t kMaxStopStrings = 64;
+constexpr int32_t kMaxStopStringBytes = 1024;
 
 struct StoppingParams {
   int32_t max_tokens = 16;

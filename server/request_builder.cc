@@ -119,9 +119,17 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
     }
     stop.min_tokens = t.min_tokens();
   }
+  // Stop strings are checked after every token on the engine's output path: their number and size are bounded.
+  if (t.stop_size() > kMaxStopStrings) {
+    return Bad("stopping.stop", absl::StrCat(t.stop_size(), " strings"), absl::StrCat("at most ", kMaxStopStrings));
+  }
   for (int i = 0; i < t.stop_size(); ++i) {
     const std::string& s = t.stop(i);
     if (s.empty()) return Bad(absl::StrCat("stopping.stop[", i, "]"), "\"\"", "a non-empty string");
+    if (s.size() > kMaxStopStringBytes) {
+      return Bad(absl::StrCat("stopping.stop[", i, "]"), absl::StrCat("(", s.size(), " bytes)"),
+                 absl::StrCat("at most ", kMaxStopStringBytes, " bytes"));
+    }
     if (!IsValidUtf8(s)) return Bad(absl::StrCat("stopping.stop[", i, "]"), "(invalid UTF-8)", "valid UTF-8");
     stop.stop.push_back(s);
   }

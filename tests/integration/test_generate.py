@@ -65,6 +65,7 @@ def test_greedy_tokens_match_transformers_reference(server):
     for case in ref["cases"]:
         want = [s["token"] for s in case["steps"]]
         got = list(server.stub.Generate(greedy(ids=case["prompt_ids"], max_tokens=len(want))).token_ids)
+        assert len(got) == len(want), "ignore_eos: exactly max_tokens come back"
         for i, (g, w) in enumerate(zip(got, want)):
             if g != w:
                 assert case["steps"][i]["margin"] < 1e-2, f"step {i}: {g} != {w}"
@@ -85,7 +86,7 @@ def test_tokenize_matches_hugging_face_and_round_trips(server):
 
 def test_logprobs_when_asked(server):
     r = server.stub.Generate(greedy("Hello", max_tokens=4, output=pb.OutputOptions(top_logprobs=3)))
-    assert len(r.logprobs) == 4
+    assert len(r.logprobs) == 4 and len(r.token_ids) == 4
     for tok, lp in zip(r.token_ids, r.logprobs):
         assert lp.token_id == tok and len(lp.top) == 3
         assert lp.top[0].token_id == tok, "greedy picks the top token"

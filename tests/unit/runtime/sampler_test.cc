@@ -47,22 +47,24 @@ TEST(Sampler, TemperatureOneMatchesTheSoftmax) {
   }
 }
 
-TEST(Sampler, TopKTopPAndMinPCutTheTail) {
+TEST(Sampler, TopKTopPAndMinPKeepTheHeadInItsProportions) {
+  // p = 0.1, 0.2, 0.3, 0.4. Each cut keeps tokens 2 and 3 here, which must then come 3 : 4 (not just "not 0, 1").
   const std::vector<float> logits = {0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};
   SamplingParams k;
   k.top_k = 2;
-  auto hk = Histogram(logits, k, 4000, 3);
-  EXPECT_EQ(hk.count(0) + hk.count(1), 0u);
-  EXPECT_NEAR(hk[3] / 4000.0, 4.0 / 7.0, 0.04);
   SamplingParams tp;
   tp.top_p = 0.65f;  // 0.4 + 0.3 reaches it
-  auto hp = Histogram(logits, tp, 4000, 4);
-  EXPECT_EQ(hp.count(0) + hp.count(1), 0u);
   SamplingParams mp;
-  mp.min_p = 0.6f;  // keeps p >= 0.24: tokens 2 and 3
-  auto hm = Histogram(logits, mp, 4000, 5);
-  EXPECT_EQ(hm.count(0) + hm.count(1), 0u);
-  EXPECT_GT(hm[2], 0);
+  mp.min_p = 0.6f;  // keeps p >= 0.24
+  const int n = 8000;
+  uint64_t seed = 3;
+  for (const SamplingParams* p : {&k, &tp, &mp}) {
+    auto h = Histogram(logits, *p, n, seed++);
+    EXPECT_EQ(h.count(0) + h.count(1), 0u) << "the tail is cut";
+    const double sd = std::sqrt(4.0 / 7 * 3.0 / 7 / n);
+    EXPECT_NEAR(h[3] / double(n), 4.0 / 7.0, 5 * sd) << "top_k " << p->top_k << " top_p " << p->top_p;
+    EXPECT_NEAR(h[2] / double(n), 3.0 / 7.0, 5 * sd) << "top_k " << p->top_k << " top_p " << p->top_p;
+  }
 }
 
 TEST(Sampler, SeedReproducesAndDifferentSeedsDiffer) {
