@@ -178,9 +178,10 @@ TEST_F(EngineWithFakeBackend, TheQueueBoundHoldsExactly) {
   control_.step_ms = 5;
   auto running = std::make_shared<CollectingSink>();
   ASSERT_TRUE(TrySubmit("running", 1000, running).ok());
-  while (true) {  // until it holds the only seat
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (engine_->Stats().running != 1) {  // until it holds the only seat
+    ASSERT_LT(absl::Now(), give_up) << "the first request never started";
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    if (engine_->Stats().running == 1) break;
   }
   // From many threads at once: exactly max_queue more are accepted, every other one is refused.
   std::atomic<int> accepted{0}, refused{0};
