@@ -208,6 +208,11 @@ void Engine::PublishStats() {
   stats_.waiting = scheduler_ ? static_cast<int32_t>(scheduler_->waiting().size()) : 0;
   stats_.total_blocks = pool_->num_total();
   stats_.free_blocks = pool_->num_free();
+  if (backend_) {
+    const StepCounters k = backend_->counters();
+    stats_.steps = k.steps;
+    stats_.device_busy_s = k.device_busy_s;
+  }
 }
 
 void Engine::TakeQueued() {

@@ -32,6 +32,7 @@ struct EngineStats {
   int32_t total_blocks = 0;
   int32_t free_blocks = 0;
   int64_t steps = 0;
+  double device_busy_s = 0;  // summed device time of the steps (cuda: CUDA events around each step's compute)
 };
 
 class Engine {

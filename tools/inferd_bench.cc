@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -133,27 +134,43 @@ class TimingSink : public OutputSink {
   std::condition_variable cv_;
 };
 
-std::shared_ptr<TimingSink> Run(Engine& engine, int32_t prompt_len, int32_t new_tokens, absl::Time* submitted) {
-  std::mt19937 rng(prompt_len);
+// Submits one request of random prompt tokens (greedy, ignore_eos) without waiting.
+std::shared_ptr<TimingSink> Start(Engine& engine, int32_t prompt_len, int32_t new_tokens, uint64_t salt) {
+  static std::atomic<uint64_t> serial{0};
+  std::mt19937 rng(static_cast<uint32_t>(prompt_len * 7919 + salt));
   Request r;
-  r.id = "bench-" + std::to_string(prompt_len) + "-" + std::to_string(new_tokens) + "-" + std::to_string(rng());
+  r.id = "bench-" + std::to_string(serial++);
   for (int32_t i = 0; i < prompt_len; ++i) r.prompt.push_back(static_cast<int32_t>(rng() % 600));
   r.sampling.temperature = 0;
   r.stopping.max_tokens = new_tokens;
   r.stopping.ignore_eos = true;
   auto sink = std::make_shared<TimingSink>();
   r.sink = sink;
-  *submitted = absl::Now();
   if (auto s = engine.Submit(std::move(r)); !s.ok()) {
     std::fprintf(stderr, "submit: %s\n", s.status().ToString().c_str());
     std::exit(1);
   }
-  sink->Wait();
-  if (!sink->error.ok()) {
-    std::fprintf(stderr, "request failed: %s\n", sink->error.ToString().c_str());
+  return sink;
+}
+
+void WaitOk(TimingSink& sink) {
+  sink.Wait();
+  if (!sink.error.ok()) {
+    std::fprintf(stderr, "request failed: %s\n", sink.error.ToString().c_str());
     std::exit(1);
   }
+}
+
+std::shared_ptr<TimingSink> Run(Engine& engine, int32_t prompt_len, int32_t new_tokens, absl::Time* submitted) {
+  *submitted = absl::Now();
+  auto sink = Start(engine, prompt_len, new_tokens, 0);
+  WaitOk(*sink);
   return sink;
+}
+
+// Share of wall time between two stats snapshots in which the device ran no step.
+double IdleShare(const EngineStats& a, const EngineStats& b, double wall_s) {
+  return wall_s > 0 ? std::max(0.0, 1.0 - (b.device_busy_s - a.device_busy_s) / wall_s) : 0.0;
 }
 
 int Main(int argc, char** argv) {
@@ -178,8 +195,9 @@ int Main(int argc, char** argv) {
   Config config;
   config.model.path = model;
   config.engine.backend = "cuda";
-  config.scheduler.max_num_seqs = 8;
-  config.scheduler.max_num_batched_tokens = 4096;
+  config.scheduler.max_num_seqs = 256;
+  config.scheduler.max_num_batched_tokens = 8192;
+  config.scheduler.max_queue = 1000;
   const absl::Time t0 = absl::Now();
   auto engine = Engine::Create(config);
   if (!engine.ok()) {
@@ -201,14 +219,17 @@ int Main(int argc, char** argv) {
   absl::Time submitted;
   Run(**engine, 128, 16, &submitted);  // warm-up
   // Latency: 128-token prompt, 256 new tokens.
+  const EngineStats s0 = (*engine)->Stats();
   auto lat = Run(**engine, 128, 256, &submitted);
   const double decode_s = absl::ToDoubleSeconds(lat->times.back() - lat->times.front());
   const double tok_s = (lat->times.size() - 1) / decode_s;
   const double step_bytes = (plan.weight_bytes - embed_bytes) + kv_per_token * (128 + 128);
   const double mbu = step_bytes * tok_s / (read_tbs * 1e12);
-  std::printf("%-28s %10.1f tok/s  %7.2f ms/token  bandwidth utilisation %.1f%%\n", "decode, batch 1", tok_s,
-              1e3 / tok_s, 100 * mbu);
-  out["decode_batch1"] = {{"tokens_per_s", tok_s}, {"ms_per_token", 1e3 / tok_s}, {"bandwidth_utilisation", mbu}};
+  const double idle = IdleShare(s0, (*engine)->Stats(), absl::ToDoubleSeconds(lat->times.back() - submitted));
+  std::printf("%-28s %10.1f tok/s  %7.2f ms/token  bandwidth utilisation %.1f%%  GPU idle %.1f%%\n",
+              "latency (decode, batch 1)", tok_s, 1e3 / tok_s, 100 * mbu, 100 * idle);
+  out["decode_batch1"] = {
+      {"tokens_per_s", tok_s}, {"ms_per_token", 1e3 / tok_s}, {"bandwidth_utilisation", mbu}, {"gpu_idle_share", idle}};
   for (int32_t len : {512, 4096}) {
     Run(**engine, len, 1, &submitted);  // warm this shape
     auto p = Run(**engine, len, 1, &submitted);
@@ -220,6 +241,45 @@ int Main(int argc, char** argv) {
                 ("prefill " + std::to_string(len)).c_str(), len / ttft, 1e3 * ttft, 100 * mfu);
     out["prefill_" + std::to_string(len)] = {
         {"tokens_per_s", len / ttft}, {"ttft_ms", 1e3 * ttft}, {"flops_utilisation", mfu}};
+  }
+  // Decode at batch B: B requests of 512 prompt tokens and 128 new ones started together; decode tokens/s from
+  // the moment the last one has its first token.
+  for (int32_t B : {1, 8, 32, 64, 128, 256}) {
+    std::vector<std::shared_ptr<TimingSink>> sinks;
+    for (int32_t i = 0; i < B; ++i) sinks.push_back(Start(**engine, 512, 128, 100 + i));
+    for (auto& s : sinks) WaitOk(*s);
+    absl::Time t0 = absl::InfinitePast(), t1 = absl::InfinitePast();
+    for (auto& s : sinks) {
+      t0 = std::max(t0, s->times.front());
+      t1 = std::max(t1, s->times.back());
+    }
+    int64_t after = 0;
+    for (auto& s : sinks) {
+      for (const absl::Time& t : s->times) after += t > t0;
+    }
+    const double secs = absl::ToDoubleSeconds(t1 - t0);
+    const double rate = secs > 0 ? after / secs : 0;
+    const double bytes = (plan.weight_bytes - embed_bytes) + B * kv_per_token * (512 + 64);
+    const double util = rate > 0 ? bytes * (rate / B) / (read_tbs * 1e12) : 0;
+    std::printf("%-28s %10.0f tok/s  %7.2f ms/step   bandwidth utilisation %.1f%%\n",
+                ("decode, batch " + std::to_string(B)).c_str(), rate, rate > 0 ? 1e3 * B / rate : 0, 100 * util);
+    out["decode_batch" + std::to_string(B)] = {{"tokens_per_s", rate}, {"bandwidth_utilisation", util}};
+  }
+  // Throughput: 1000 requests of 512 + 128 tokens submitted at once.
+  {
+    const EngineStats a = (*engine)->Stats();
+    const absl::Time t0 = absl::Now();
+    std::vector<std::shared_ptr<TimingSink>> sinks;
+    for (int32_t i = 0; i < 1000; ++i) sinks.push_back(Start(**engine, 512, 128, 5000 + i));
+    for (auto& s : sinks) WaitOk(*s);
+    const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+    const double idle_t = IdleShare(a, (*engine)->Stats(), secs);
+    std::printf("%-28s %10.0f tok/s total, %.0f generated tok/s, %.1f s, GPU idle %.1f%%\n",
+                "throughput (1000 x 512+128)", 1000 * 640 / secs, 1000 * 128 / secs, secs, 100 * idle_t);
+    out["throughput"] = {{"total_tokens_per_s", 1000 * 640 / secs},
+                         {"generated_tokens_per_s", 1000 * 128 / secs},
+                         {"seconds", secs},
+                         {"gpu_idle_share", idle_t}};
   }
   std::printf("start-up %.1f s\n", startup_s);
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(1) << "\n";

@@ -60,6 +60,12 @@ struct StepLimits {
   int32_t block_size = 0;
 };
 
+// Where a backend's time went, summed over every step since start-up.
+struct StepCounters {
+  int64_t steps = 0;
+  double device_busy_s = 0;  // cuda: compute stream from the step's first kernel to its sampled ids (events)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -72,6 +78,8 @@ class Backend {
   // Runs the model over the step's tokens, writing their K/V into the pool, and samples one token for
   // every logits row.
   virtual absl::Status Step(const StepInput& input, StepOutput* output) = 0;
+  // Read by the engine thread only (the engine copies it out for others).
+  virtual StepCounters counters() const { return {}; }
 };
 
 }  // namespace inferd

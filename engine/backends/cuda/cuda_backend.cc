@@ -69,13 +69,14 @@ class CudaBackend : public Backend {
 
   ~CudaBackend() override {
     if (compute_) cudaStreamSynchronize(compute_);
-    for (cudaEvent_t e : {inputs_ready_, sampled_, outputs_ready_})
+    for (cudaEvent_t e : {inputs_ready_, sampled_, outputs_ready_, compute_start_, compute_end_})
       if (e) cudaEventDestroy(e);
     for (cudaStream_t s : {compute_, copy_})
       if (s) cudaStreamDestroy(s);
   }
 
   std::string name() const override { return "cuda"; }
+  StepCounters counters() const override { return counters_; }
   absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) override;
   absl::Status AllocateKvCache(const MemoryPlan& plan) override;
   absl::Status Step(const StepInput& input, StepOutput* output) override;
@@ -108,6 +109,8 @@ class CudaBackend : public Backend {
   std::unique_ptr<cuda::Gemm> gemm_;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cudaEvent_t inputs_ready_ = nullptr, sampled_ = nullptr, outputs_ready_ = nullptr;
+  cudaEvent_t compute_start_ = nullptr, compute_end_ = nullptr;  // timing events around each step's compute
+  StepCounters counters_;
 
   // Activations: [max tokens, ...] and [max seqs, ...] (logits rows).
   DeviceBuffer x_, xn_, qkv_, attn_, tmp_, gate_up_, act_, last_, last_delta_, last_n_, logits_, penalty_raw_;
@@ -133,6 +136,8 @@ absl::Status CudaBackend<T>::AllocateWorkspace() {
   for (cudaEvent_t* e : {&inputs_ready_, &sampled_, &outputs_ready_}) {
     INFERD_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
+  INFERD_CUDA(cudaEventCreate(&compute_start_));
+  INFERD_CUDA(cudaEventCreate(&compute_end_));
   const int64_t Tn = limits_.max_num_batched_tokens, R = limits_.max_num_seqs;
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
   const int64_t q_dim = int64_t{cfg_.num_heads} * D, qkv_dim = q_dim + 2 * int64_t{cfg_.num_kv_heads} * D;
@@ -409,13 +414,19 @@ absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
       cudaMemcpyAsync(inputs_dev_.get(), inputs_host_.get(), inputs_host_.bytes(), cudaMemcpyHostToDevice, copy_));
   INFERD_CUDA(cudaEventRecord(inputs_ready_, copy_));
   INFERD_CUDA(cudaStreamWaitEvent(compute_, inputs_ready_));
+  INFERD_CUDA(cudaEventRecord(compute_start_, compute_));
   INFERD_RETURN_IF_ERROR(Forward(in));
+  INFERD_CUDA(cudaEventRecord(compute_end_, compute_));
   INFERD_CUDA(cudaEventRecord(sampled_, compute_));
   INFERD_CUDA(cudaStreamWaitEvent(copy_, sampled_));
   INFERD_CUDA(
       cudaMemcpyAsync(outputs_host_.get(), outputs_dev_.get(), outputs_host_.bytes(), cudaMemcpyDeviceToHost, copy_));
   INFERD_CUDA(cudaEventRecord(outputs_ready_, copy_));
   INFERD_CUDA(cudaEventSynchronize(outputs_ready_));
+  float busy_ms = 0;
+  INFERD_CUDA(cudaEventElapsedTime(&busy_ms, compute_start_, compute_end_));
+  ++counters_.steps;
+  counters_.device_busy_s += busy_ms * 1e-3;
   const int32_t R = in.num_logits();
   const char* host = outputs_host_.get<char>();
   const int32_t* tokens = reinterpret_cast<const int32_t*>(host + out_.tokens);
