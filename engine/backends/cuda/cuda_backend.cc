@@ -47,7 +47,7 @@ struct InputOffsets {
   size_t kv_last_page_len, logits_indices;               // [max seqs]
   size_t params;                                         // [max seqs] SamplingRowParams
   size_t penalty_indptr;                                 // [max seqs + 1]
-  size_t kv_indices;                                     // [max pages]
+  size_t kv_indices;                                     // [max pages]; the last section copied from the start
   size_t penalty_tokens, penalty_counts, penalty_flags;  // [max penalty entries]
 };
 
@@ -410,8 +410,18 @@ absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
   }
   size_t penalties = 0;
   INFERD_RETURN_IF_ERROR(Pack(in, &penalties));
-  INFERD_CUDA(
-      cudaMemcpyAsync(inputs_dev_.get(), inputs_host_.get(), inputs_host_.bytes(), cudaMemcpyHostToDevice, copy_));
+  // Only what this step uses goes up: the fixed-size sections and the used page table in one copy, penalty
+  // entries (sized for the worst case, megabytes) only when a row has any.
+  const size_t head = in_.kv_indices + in.kv_indices.size() * sizeof(int32_t);
+  INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get(), inputs_host_.get(), head, cudaMemcpyHostToDevice, copy_));
+  if (penalties > 0) {
+    for (auto [offset, bytes] : {std::pair{in_.penalty_tokens, penalties * sizeof(int32_t)},
+                                 std::pair{in_.penalty_counts, penalties * sizeof(int32_t)},
+                                 std::pair{in_.penalty_flags, penalties * sizeof(uint8_t)}}) {
+      INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get<char>() + offset, inputs_host_.get<char>() + offset, bytes,
+                                  cudaMemcpyHostToDevice, copy_));
+    }
+  }
   INFERD_CUDA(cudaEventRecord(inputs_ready_, copy_));
   INFERD_CUDA(cudaStreamWaitEvent(compute_, inputs_ready_));
   INFERD_CUDA(cudaEventRecord(compute_start_, compute_));
