@@ -83,6 +83,22 @@ ConfigField Text(std::string section, std::string key, Member<std::string> membe
   return f;
 }
 
+// true or false.
+ConfigField Flag(std::string section, std::string key, Member<bool> member, bool def, std::string doc) {
+  ConfigField f{section, key, def ? "true" : "false", "true, false", doc, nullptr, nullptr};
+  const std::string name = f.name();
+  f.read = [=](const YAML::Node& v, Config* c) -> absl::Status {
+    try {
+      member(*c) = v.as<bool>();
+    } catch (const YAML::Exception&) {
+      return WrongType(name, v, "true or false");
+    }
+    return absl::OkStatus();
+  };
+  f.write = [=](const Config& c, YAML::Emitter* out) { *out << member(const_cast<Config&>(c)); };
+  return f;
+}
+
 // HOST:PORT with a port in 0..65535 (0: any free port).
 absl::Status CheckListen(const std::string& listen) {
   const size_t colon = listen.rfind(':');
@@ -120,6 +136,10 @@ std::vector<ConfigField> MakeFields() {
       "engine", "dtype", [](Config& c) -> std::string& { return c.engine.dtype; }, "auto",
       {"auto", "bfloat16", "float16"}, "auto, bfloat16, float16",
       "cuda weights and activations; auto = bfloat16 (GGUF and fp32 files are converted at load)"));
+  f.push_back(Flag(
+      "engine", "cuda_graphs", [](Config& c) -> bool& { return c.engine.cuda_graphs; }, true,
+      "cuda: decode steps replay CUDA graphs captured at start-up for batches of 1, 2, 4, … "
+      "max_num_seqs rows (padded)"));
   f.push_back(Int<int32_t>(
       "engine", "block_size", [](Config& c) -> int32_t& { return c.engine.block_size; }, 16, 1, 256, "1..256",
       "tokens per KV block"));

@@ -14,8 +14,7 @@ namespace inferd::kernels {
 // dst[i, :] = src[rows[i], :]. Embedding lookup (rows = token ids) and picking the rows that need logits.
 // src: [*, cols], rows: [num_rows], dst: [num_rows, cols].
 template <typename T>
-cudaError_t GatherRows(const T* src, const int32_t* rows, T* dst, int64_t num_rows, int64_t cols,
-                       cudaStream_t stream);
+cudaError_t GatherRows(const T* src, const int32_t* rows, T* dst, int64_t num_rows, int64_t cols, cudaStream_t stream);
 
 // residual += delta (rounded to T), then out = weight ⊙ normalize(residual). delta may be null (norm only).
 // residual, delta, out: [rows, n]; weight: [n].

@@ -32,10 +32,12 @@ struct AttentionPlan {
 
 // Plans one step. qo_indptr_host, kv_indptr_host: [num_seqs + 1] on the host. Copies the schedule into
 // int_workspace through int_workspace_pinned on `stream`; keep the pinned buffer untouched until the copy ran.
+// decode_graph: every row is one query token and the run is (or will be) replayed from a CUDA graph captured
+// for this num_seqs — the plan's layout then depends on num_seqs alone, and KV is never split.
 cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void* int_workspace_pinned,
                                const int32_t* qo_indptr_host, const int32_t* kv_indptr_host, int32_t num_tokens,
                                int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
-                               int32_t page_size, AttentionPlan* plan, cudaStream_t stream);
+                               int32_t page_size, bool decode_graph, AttentionPlan* plan, cudaStream_t stream);
 
 // out[t, h * head_dim + d] = softmax(q·Kᵀ · sm_scale) · V over the causal context of row t. q rows are
 // q_row_stride elements apart (q may sit inside a fused qkv row). Device arrays as in the header comment.

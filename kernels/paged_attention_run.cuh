@@ -54,6 +54,10 @@ Params MakeParams(const flashinfer::PrefillPlanInfo& info, void* float_ws, void*
   p.padded_batch_size = info.padded_batch_size;
   p.max_total_num_rows = info.total_num_rows;
   p.partition_kv = info.split_kv;
+  if (info.enable_cuda_graph) {  // padding CTAs are masked off; the row count is read on the device
+    p.block_valid_mask = reinterpret_cast<bool*>(at(int_ws, info.block_valid_mask_offset));
+    p.total_num_rows = reinterpret_cast<uint32_t*>(at(int_ws, info.total_num_rows_offset));
+  }
   return p;
 }
 

@@ -23,6 +23,7 @@ struct CudaCase {
   int32_t block_size;
   int32_t max_num_batched_tokens;
   const char* dtype = "auto";  // engine.dtype
+  bool cuda_graphs = true;     // engine.cuda_graphs: decode steps replay captured graphs
 };
 
 class CudaParity : public ::testing::TestWithParam<CudaCase> {};
@@ -40,6 +41,7 @@ TEST_P(CudaParity, GreedyTokensMatchTransformersUntilANearTie) {
   config.engine.backend = "cuda";
   config.engine.block_size = c.block_size;
   config.engine.dtype = c.dtype;
+  config.engine.cuda_graphs = c.cuda_graphs;
   config.engine.gpu_memory_utilization = 0.3;
   config.scheduler.max_num_seqs = 8;
   config.scheduler.max_num_batched_tokens = c.max_num_batched_tokens;
@@ -101,14 +103,15 @@ INSTANTIATE_TEST_SUITE_P(
                       CudaCase{"mistral-hd128-g3", "", 16, 2048}, CudaCase{"mistral-hd128-g3", "-bf16", 16, 2048},
                       CudaCase{"llama3-hd64", "-bf16", 1, 13}, CudaCase{"qwen2-hd128", "-bf16", 3, 24},
                       CudaCase{"mistral-hd128-g3", "", 16, 2048, "float16"},
-                      CudaCase{"llama3-hd64", "", 16, 2048, "float16"}),
+                      CudaCase{"llama3-hd64", "", 16, 2048, "float16"},
+                      CudaCase{"qwen2-hd128", "-bf16", 16, 2048, "auto", false}),
     [](const auto& info) {
       std::string n = info.param.model;
       for (char& ch : n)
         if (ch == '-') ch = '_';
       return n + (info.param.reference_suffix[0] ? "_bf16ref" : "_fp32ref") + "_bs" +
              std::to_string(info.param.block_size) + "_budget" + std::to_string(info.param.max_num_batched_tokens) +
-             "_" + info.param.dtype;
+             "_" + info.param.dtype + (info.param.cuda_graphs ? "" : "_eager");
     });
 
 TEST(CudaBackend, AModelWithAnUnsupportedHeadDimIsRefusedForCudaAndServedByAuto) {

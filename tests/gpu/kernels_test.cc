@@ -126,6 +126,7 @@ TEST(Kernels, RopeRotatesQAndKAndWritesKvIntoTheirSlots) {
 struct AttentionCase {
   int32_t head_dim, heads, kv_heads, block_size;
   std::vector<std::pair<int32_t, int32_t>> seqs;
+  bool decode_graph = false;  // the plan a decode CUDA graph replays (rows of one token, KV never split)
 };
 
 class PagedAttentionTest : public ::testing::TestWithParam<AttentionCase> {};
@@ -163,12 +164,12 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   CUDA_OK(cudaMallocHost(&iws_host, kernels::kAttentionIntWorkspaceBytes));
   kernels::AttentionPlan plan;
   const int32_t S = static_cast<int32_t>(c.seqs.size());
-  CUDA_OK(kernels::PlanPagedAttention(fws, iws, iws_host, qo_indptr.data(), kv_indptr.data(), T, S, c.heads,
-                                      c.kv_heads, D, bs, &plan, nullptr));
+  CUDA_OK(kernels::PlanPagedAttention(fws, iws, iws_host, qo_indptr.data(), kv_indptr.data(), T, S, c.heads, c.kv_heads,
+                                      D, bs, c.decode_graph, &plan, nullptr));
   const float scale = 1.f / std::sqrt(float(D));
   CUDA_OK(kernels::RunPagedAttention<bf16>(plan, fws, iws, dq.get(), q_stride, dk.get(), dv.get(), d_qo.get(),
-                                           d_kv.get(), d_pages.get(), d_last.get(), out.get(), S, c.heads,
-                                           c.kv_heads, D, bs, scale, nullptr));
+                                           d_kv.get(), d_pages.get(), d_last.get(), out.get(), S, c.heads, c.kv_heads,
+                                           D, bs, scale, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<double> ref(T * int64_t{c.heads} * D);
   for (int32_t s = 0; s < S; ++s) {
@@ -202,17 +203,19 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   cudaFreeHost(iws_host);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, PagedAttentionTest,
-    ::testing::Values(
-        // decode rows only, MHA, page size 1
-        AttentionCase{64, 4, 4, 1, {{1, 1}, {17, 1}, {97, 1}}},
-        // prefill chunks attending to earlier pages next to decodes, GQA group 4
-        AttentionCase{128, 8, 2, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}},
-        // group 3 (no CUDA-core decode kernel has it), head_dim 128
-        AttentionCase{128, 6, 2, 16, {{2048, 5}, {33, 1}}},
-        // head_dim 256, group 8, odd page size
-        AttentionCase{256, 8, 1, 8, {{97, 97}, {64, 1}, {5, 2}}}));
+INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionTest,
+                         ::testing::Values(
+                             // decode rows only, MHA, page size 1
+                             AttentionCase{64, 4, 4, 1, {{1, 1}, {17, 1}, {97, 1}}},
+                             // prefill chunks attending to earlier pages next to decodes, GQA group 4
+                             AttentionCase{128, 8, 2, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}},
+                             // group 3 (no CUDA-core decode kernel has it), head_dim 128
+                             AttentionCase{128, 6, 2, 16, {{2048, 5}, {33, 1}}},
+                             // head_dim 256, group 8, odd page size
+                             AttentionCase{256, 8, 1, 8, {{97, 97}, {64, 1}, {5, 2}}},
+                             // decode rows under the CUDA-graph plan: GQA 4 and 3, long and short contexts
+                             AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true},
+                             AttentionCase{128, 6, 2, 16, {{97, 1}, {5, 1}, {1000, 1}}, true}));
 
 }  // namespace
 }  // namespace inferd

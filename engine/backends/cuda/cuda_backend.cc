@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/backends/cuda/cuda_check.h"
 #include "engine/backends/cuda/cuda_weights.h"
 #include "engine/backends/cuda/device_buffer.h"
@@ -59,8 +61,10 @@ struct OutputOffsets {
 template <typename T>
 class CudaBackend : public Backend {
  public:
-  CudaBackend(const Model& model, CudaWeights weights, cudaDataType_t dtype, int64_t free_at_start, std::string device)
-      : cfg_(model.config),
+  CudaBackend(const Model& model, CudaWeights weights, cudaDataType_t dtype, int64_t free_at_start, std::string device,
+              bool cuda_graphs)
+      : use_graphs_(cuda_graphs),
+        cfg_(model.config),
         num_eos_(static_cast<int64_t>(model.eos_token_ids.size())),
         w_(std::move(weights)),
         dtype_(dtype),
@@ -69,6 +73,7 @@ class CudaBackend : public Backend {
 
   ~CudaBackend() override {
     if (compute_) cudaStreamSynchronize(compute_);
+    for (auto& [rows, g] : graphs_) cudaGraphExecDestroy(g.exec);
     for (cudaEvent_t e : {inputs_ready_, sampled_, outputs_ready_, compute_start_, compute_end_})
       if (e) cudaEventDestroy(e);
     for (cudaStream_t s : {compute_, copy_})
@@ -86,7 +91,14 @@ class CudaBackend : public Backend {
   absl::Status AllocateInputs(int64_t max_pages, int64_t max_penalties);
   absl::Status AllocatePool(int32_t num_blocks);
   absl::Status Pack(const StepInput& in, size_t* penalty_entries);
-  absl::Status Forward(const StepInput& in);
+  absl::Status Upload(const StepInput& in, size_t penalty_entries);
+  absl::Status Plan(const StepInput& in, bool decode_graph, k::AttentionPlan* plan);
+  absl::Status Forward(const StepInput& in, const k::AttentionPlan& plan);
+  // Decode steps replay a CUDA graph captured at start-up for the smallest bucket that holds them; the rows
+  // past the step's own are padding that reads and writes the reserved block only.
+  StepInput PadDecode(const StepInput& in, int32_t rows) const;
+  absl::Status CaptureDecodeGraphs();
+  int32_t DecodeBucket(const StepInput& in) const;
   T* K(int layer) const { return kv_.get<T>() + int64_t{layer} * 2 * layer_kv_elems_; }
   T* V(int layer) const { return K(layer) + layer_kv_elems_; }
   template <typename U>
@@ -98,6 +110,13 @@ class CudaBackend : public Backend {
     return reinterpret_cast<U*>(inputs_host_.get<char>() + off);
   }
 
+  struct DecodeGraph {
+    cudaGraphExec_t exec = nullptr;
+    k::AttentionPlan plan;  // the plan its attention was captured with; a replay must plan the same layout
+  };
+  const bool use_graphs_;
+  std::map<int32_t, DecodeGraph> graphs_;  // by padded batch size
+  int32_t reserved_block_ = -1;            // the pool's last block, outside the scheduler's pool
   const ModelConfig& cfg_;
   int64_t num_eos_;  // ids banned before min_tokens, with the request's stop ids
   CudaWeights w_;
@@ -268,12 +287,15 @@ absl::StatusOr<MemoryPlan> CudaBackend<T>::MeasureMemory(const StepLimits& limit
   plan.activation_bytes = activation_bytes_;
   plan.other_bytes = std::max<int64_t>(0, free_at_start_ - static_cast<int64_t>(free) - w_.bytes - activation_bytes_);
   plan.kv_bytes_per_block = 2 * int64_t{cfg_.num_layers} * bs * cfg_.num_kv_heads * cfg_.head_dim * sizeof(T);
+  plan.other_bytes += plan.kv_bytes_per_block;  // the reserved block that padded decode rows use
   return plan;
 }
 
 template <typename T>
 absl::Status CudaBackend<T>::AllocateKvCache(const MemoryPlan& plan) {
-  INFERD_RETURN_IF_ERROR(AllocatePool(plan.num_blocks));
+  INFERD_RETURN_IF_ERROR(AllocatePool(plan.num_blocks + 1));
+  reserved_block_ = plan.num_blocks;
+  if (use_graphs_) INFERD_RETURN_IF_ERROR(CaptureDecodeGraphs());
   spdlog::info("cuda: KV pool of {} blocks ({:.1f} MiB) allocated", plan.num_blocks, kv_.bytes() / 1048576.0);
   return absl::OkStatus();
 }
@@ -347,17 +369,103 @@ absl::Status CudaBackend<T>::Pack(const StepInput& in, size_t* penalty_entries) 
 }
 
 template <typename T>
-absl::Status CudaBackend<T>::Forward(const StepInput& in) {
+absl::Status CudaBackend<T>::Upload(const StepInput& in, size_t penalties) {
+  // Only what this step uses goes up: the fixed-size sections and the used page table in one copy, penalty
+  // entries (sized for the worst case, megabytes) only when a row has any.
+  const size_t head = in_.kv_indices + in.kv_indices.size() * sizeof(int32_t);
+  INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get(), inputs_host_.get(), head, cudaMemcpyHostToDevice, copy_));
+  if (penalties > 0) {
+    for (auto [offset, bytes] : {std::pair{in_.penalty_tokens, penalties * sizeof(int32_t)},
+                                 std::pair{in_.penalty_counts, penalties * sizeof(int32_t)},
+                                 std::pair{in_.penalty_flags, penalties * sizeof(uint8_t)}}) {
+      INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get<char>() + offset, inputs_host_.get<char>() + offset, bytes,
+                                  cudaMemcpyHostToDevice, copy_));
+    }
+  }
+  INFERD_CUDA(cudaEventRecord(inputs_ready_, copy_));
+  return absl::OkStatus();
+}
+
+// Graph buckets: 1, 2, 4, ... up to max_num_seqs (itself the last), only for batches whose every row is one
+// new token that samples.
+template <typename T>
+int32_t CudaBackend<T>::DecodeBucket(const StepInput& in) const {
+  if (graphs_.empty() || in.num_seqs() == 0 || in.num_tokens() != in.num_seqs() || in.num_logits() != in.num_seqs()) {
+    return 0;
+  }
+  auto it = graphs_.lower_bound(in.num_seqs());
+  return it == graphs_.end() ? 0 : it->first;
+}
+
+template <typename T>
+StepInput CudaBackend<T>::PadDecode(const StepInput& in, int32_t rows) const {
+  StepInput p = in;
+  const int32_t bs = in.block_size;
+  for (int32_t r = in.num_seqs(); r < rows; ++r) {
+    p.token_ids.push_back(0);
+    p.positions.push_back(0);
+    p.slot_mapping.push_back(reserved_block_ * bs);
+    p.query_start.push_back(p.query_start.back() + 1);
+    p.context_lens.push_back(1);
+    p.kv_indices.push_back(reserved_block_);
+    p.kv_indptr.push_back(p.kv_indptr.back() + 1);
+    p.kv_last_page_len.push_back(1);
+    p.logits_indices.push_back(r);
+    p.sampling.push_back(SamplingRow{.params = SamplingParams{.temperature = 0}, .position = 1});
+  }
+  return p;
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::CaptureDecodeGraphs() {
+  std::vector<int32_t> buckets;
+  for (int32_t b = 1; b < limits_.max_num_seqs; b *= 2) buckets.push_back(b);
+  buckets.push_back(limits_.max_num_seqs);
+  for (int32_t rows : buckets) {
+    StepInput empty;
+    empty.block_size = limits_.block_size;
+    empty.query_start = {0};
+    empty.kv_indptr = {0};
+    const StepInput in = PadDecode(empty, rows);  // every row on the reserved block
+    size_t penalties = 0;
+    INFERD_RETURN_IF_ERROR(Pack(in, &penalties));
+    INFERD_RETURN_IF_ERROR(Upload(in, penalties));
+    INFERD_CUDA(cudaStreamWaitEvent(compute_, inputs_ready_));
+    DecodeGraph g;
+    INFERD_RETURN_IF_ERROR(Plan(in, /*decode_graph=*/true, &g.plan));
+    INFERD_RETURN_IF_ERROR(Forward(in, g.plan));  // once eagerly: cuBLASLt picks its algorithms outside capture
+    cudaGraph_t graph = nullptr;
+    INFERD_CUDA(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal));
+    const absl::Status captured = Forward(in, g.plan);
+    const cudaError_t ended = cudaStreamEndCapture(compute_, &graph);
+    INFERD_RETURN_IF_ERROR(captured);
+    INFERD_CUDA(ended);
+    const cudaError_t made = cudaGraphInstantiate(&g.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    INFERD_CUDA(made);
+    graphs_[rows] = g;
+  }
+  INFERD_CUDA(cudaStreamSynchronize(compute_));
+  spdlog::info("cuda: decode graphs captured for batches of {} rows", absl::StrJoin(buckets, ", "));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::Plan(const StepInput& in, bool decode_graph, k::AttentionPlan* plan) {
+  INFERD_KERNEL(k::PlanPagedAttention(attn_float_ws_.get(), attn_int_ws_.get(), attn_int_ws_host_.get(),
+                                      InHost<int32_t>(in_.qo_indptr), InHost<int32_t>(in_.kv_indptr), in.num_tokens(),
+                                      in.num_seqs(), cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, in.block_size,
+                                      decode_graph, plan, compute_));
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::Forward(const StepInput& in, const k::AttentionPlan& plan) {
   const int64_t Tn = in.num_tokens(), R = in.num_logits();
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
   const int64_t q_dim = int64_t{cfg_.num_heads} * D, qkv_dim = q_dim + 2 * int64_t{cfg_.num_kv_heads} * D;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   cudaStream_t s = compute_;
-  k::AttentionPlan plan;
-  INFERD_KERNEL(k::PlanPagedAttention(attn_float_ws_.get(), attn_int_ws_.get(), attn_int_ws_host_.get(),
-                                      InHost<int32_t>(in_.qo_indptr), InHost<int32_t>(in_.kv_indptr),
-                                      static_cast<int32_t>(Tn), in.num_seqs(), cfg_.num_heads, cfg_.num_kv_heads,
-                                      cfg_.head_dim, in.block_size, &plan, s));
   INFERD_KERNEL(k::GatherRows(w_.embed.get<T>(), In<int32_t>(in_.token_ids), x_.get<T>(), Tn, H, s));
   for (int layer = 0; layer < cfg_.num_layers; ++layer) {
     const CudaLayerWeights& L = w_.layers[layer];
@@ -408,24 +516,27 @@ absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
     INFERD_CHECK(in.token_ids[t] >= 0 && in.token_ids[t] < cfg_.vocab_size, "step token ids are in the vocabulary");
     INFERD_CHECK(in.slot_mapping[t] >= 0 && in.slot_mapping[t] < num_slots_, "slot mapping points into the pool");
   }
+  const int32_t bucket = DecodeBucket(in);
+  const StepInput padded = bucket > 0 ? PadDecode(in, bucket) : StepInput();
+  const StepInput& run = bucket > 0 ? padded : in;
   size_t penalties = 0;
-  INFERD_RETURN_IF_ERROR(Pack(in, &penalties));
-  // Only what this step uses goes up: the fixed-size sections and the used page table in one copy, penalty
-  // entries (sized for the worst case, megabytes) only when a row has any.
-  const size_t head = in_.kv_indices + in.kv_indices.size() * sizeof(int32_t);
-  INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get(), inputs_host_.get(), head, cudaMemcpyHostToDevice, copy_));
-  if (penalties > 0) {
-    for (auto [offset, bytes] : {std::pair{in_.penalty_tokens, penalties * sizeof(int32_t)},
-                                 std::pair{in_.penalty_counts, penalties * sizeof(int32_t)},
-                                 std::pair{in_.penalty_flags, penalties * sizeof(uint8_t)}}) {
-      INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get<char>() + offset, inputs_host_.get<char>() + offset, bytes,
-                                  cudaMemcpyHostToDevice, copy_));
-    }
-  }
-  INFERD_CUDA(cudaEventRecord(inputs_ready_, copy_));
+  INFERD_RETURN_IF_ERROR(Pack(run, &penalties));
+  INFERD_RETURN_IF_ERROR(Upload(run, penalties));
   INFERD_CUDA(cudaStreamWaitEvent(compute_, inputs_ready_));
   INFERD_CUDA(cudaEventRecord(compute_start_, compute_));
-  INFERD_RETURN_IF_ERROR(Forward(in));
+  k::AttentionPlan plan;
+  INFERD_RETURN_IF_ERROR(Plan(run, /*decode_graph=*/bucket > 0, &plan));
+  const DecodeGraph* graph = bucket > 0 ? &graphs_.at(bucket) : nullptr;
+  if (graph && !std::equal(std::begin(plan.words), std::end(plan.words), std::begin(graph->plan.words))) {
+    // The graph froze another attention layout: run this step's kernels directly (same plan, same result).
+    spdlog::warn("cuda: decode graph for {} rows skipped: the attention plan changed layout", bucket);
+    graph = nullptr;
+  }
+  if (graph) {
+    INFERD_CUDA(cudaGraphLaunch(graph->exec, compute_));
+  } else {
+    INFERD_RETURN_IF_ERROR(Forward(run, plan));
+  }
   INFERD_CUDA(cudaEventRecord(compute_end_, compute_));
   INFERD_CUDA(cudaEventRecord(sampled_, compute_));
   INFERD_CUDA(cudaStreamWaitEvent(copy_, sampled_));
@@ -484,10 +595,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, c
                weights.bytes / 1048576.0);
   if (fp16) {
     return std::make_unique<CudaBackend<__half>>(model, std::move(weights), dtype, static_cast<int64_t>(free),
-                                                 prop.name);
+                                                 prop.name, engine.cuda_graphs);
   }
   return std::make_unique<CudaBackend<__nv_bfloat16>>(model, std::move(weights), dtype, static_cast<int64_t>(free),
-                                                      prop.name);
+                                                      prop.name, engine.cuda_graphs);
 }
 
 }  // namespace inferd
