@@ -9,6 +9,7 @@
 #include "engine/runtime/philox.h"
 #include "engine/runtime/sampler.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/unit/random_sampling.h"
 
 namespace inferd {
 namespace {
@@ -156,25 +157,13 @@ TEST(DeviceSampler, DistributionsMatchAndDrawsDependOnlyOnTheUniform) {
 TEST(DeviceSampler, NoValidParametersProduceNanOrAnImpossibleToken) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(2027);
-  auto pick = [&](std::vector<float> extremes, float lo, float hi) {
-    if (rng() % 3 == 0) return extremes[rng() % extremes.size()];
-    return std::uniform_real_distribution<float>(lo, hi)(rng);
-  };
   const int32_t vocab = 97, rows = 2000;
   Rows r;
   std::vector<int32_t> banned(rows);
   for (int32_t i = 0; i < rows; ++i) {
-    SamplingParams p;
-    p.temperature = pick({0.f, 1e-30f, 1e-6f, 100.f}, 0.f, 100.f);
-    p.top_k = static_cast<int32_t>(rng() % (vocab + 1));
-    p.top_p = pick({1e-38f, 1e-6f, 1.f}, 1e-6f, 1.f);
-    p.min_p = pick({0.f, 1.f}, 0.f, 1.f);
-    p.repetition_penalty = pick({1e-45f, 1e-38f, 1e-6f, 10.f}, 1e-6f, 10.f);
-    p.presence_penalty = pick({-2.f, 2.f}, -2.f, 2.f);
-    p.frequency_penalty = pick({-2.f, 2.f}, -2.f, 2.f);
-    r.params.push_back(Params(p, SamplingUniform(i, 3), 5));
-    const float scale = pick({1e-30f, 1e30f}, 0.f, 50.f);
-    for (int32_t v = 0; v < vocab; ++v) r.logits.push_back(std::normal_distribution<float>(0.f, 1.f)(rng) * scale);
+    r.params.push_back(Params(testing::RandomSamplingParams(rng, vocab), SamplingUniform(i, 3), 5));
+    const std::vector<float> logits = testing::RandomLogits(rng, vocab);
+    r.logits.insert(r.logits.end(), logits.begin(), logits.end());
     banned[i] = static_cast<int32_t>(rng() % vocab);
     for (int32_t t = 0; t < vocab; t += 3) {  // every third id seen, some in the output
       r.tokens.push_back(t);

@@ -96,6 +96,44 @@ class Server:
         return self.proc.returncode
 
 
+def cancel_half_of_streams(stub, requests):
+    """Consumes one stream per request on its own thread, cancelling every even one after 3 tokens. Returns
+    {index: tokens received or "cancelled"} and the unexpected errors."""
+    import threading
+    streams = [stub.GenerateStream(r) for r in requests]
+    done, errors = {}, []
+
+    def consume(i, s):
+        try:
+            n = 0
+            for chunk in s:
+                n += len(chunk.token_ids)
+                if i % 2 == 0 and n >= 3:
+                    s.cancel()
+            done[i] = n
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED or i % 2 == 1:
+                errors.append((i, e.code(), e.details()))
+            done[i] = "cancelled"
+
+    threads = [threading.Thread(target=consume, args=(i, s)) for i, s in enumerate(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    return done, errors
+
+
+def wait_until_idle(stub, timeout=5):
+    """GetServerInfo once nothing runs and every block is free (or the last answer at the timeout)."""
+    deadline = time.time() + timeout
+    while True:
+        info = stub.GetServerInfo(inferd_pb2.GetServerInfoRequest())
+        if (info.running_requests == 0 and info.free_kv_blocks == info.total_kv_blocks) or time.time() > deadline:
+            return info
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def server():
     s = Server()

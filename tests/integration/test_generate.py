@@ -9,7 +9,7 @@ import grpc
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import MODELS, SOURCE_DIR, inferd_pb2 as pb
+from conftest import MODELS, SOURCE_DIR, cancel_half_of_streams, inferd_pb2 as pb, wait_until_idle
 
 PROMPTS = ["The scheduler batches tokens", "Hello world", "def forward(self, x):", "日本語のテキスト 😀",
            "the model serves requests", "paged cache of blocks", "I'm here, you're there", "1234 5678"]
@@ -151,37 +151,12 @@ def test_32_concurrent_streams_each_equal_their_solo_run(server):
 
 
 def test_cancelling_half_of_32_streams_frees_every_block(server):
-    streams, done, errors = [], {}, []
-    for i in range(32):
-        streams.append(server.stub.GenerateStream(greedy(PROMPTS[i % len(PROMPTS)], max_tokens=300)))
-
-    def consume(i, s):
-        try:
-            n = 0
-            for chunk in s:
-                n += len(chunk.token_ids)
-                if i % 2 == 0 and n >= 3:
-                    s.cancel()
-            done[i] = n
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED or i % 2 == 1:
-                errors.append((i, e.code(), e.details()))
-            done[i] = "cancelled"
-
-    threads = [threading.Thread(target=consume, args=(i, s)) for i, s in enumerate(streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    done, errors = cancel_half_of_streams(server.stub, [greedy(PROMPTS[i % len(PROMPTS)], max_tokens=300)
+                                                        for i in range(32)])
     assert not errors, errors
     assert all(done[i] == "cancelled" for i in range(0, 32, 2))
     assert all(done[i] == 300 for i in range(1, 32, 2))
-    deadline = time.time() + 5
-    while True:
-        info = server.stub.GetServerInfo(pb.GetServerInfoRequest())
-        if info.free_kv_blocks == info.total_kv_blocks or time.time() > deadline:
-            break
-        time.sleep(0.05)
+    info = wait_until_idle(server.stub)
     assert info.running_requests == 0 and info.waiting_requests == 0
     assert info.free_kv_blocks == info.total_kv_blocks > 0
 

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "integration"))
-from conftest import Server, inferd_pb2 as pb  # noqa: E402
+from conftest import Server, cancel_half_of_streams, inferd_pb2 as pb, wait_until_idle  # noqa: E402
 
 MODELS = os.environ.get("INFERD_GPU_MODELS", "")
 pytestmark = pytest.mark.skipif(not MODELS, reason="INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)")
@@ -132,33 +132,11 @@ def test_seeded_sampling_reproduces_alone_and_in_a_crowd(server):
 
 
 def test_cancelling_half_of_32_streams_frees_every_block(server):
-    streams, errors = [], []
-    for i in range(32):
-        streams.append(server.stub.GenerateStream(greedy(PROMPTS[i % len(PROMPTS)], max_tokens=200)))
-
-    def consume(i, s):
-        try:
-            n = 0
-            for chunk in s:
-                n += len(chunk.token_ids)
-                if i % 2 == 0 and n >= 3:
-                    s.cancel()
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                errors.append((i, e.code(), e.details()))
-
-    threads = [threading.Thread(target=consume, args=(i, s)) for i, s in enumerate(streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    done, errors = cancel_half_of_streams(server.stub, [greedy(PROMPTS[i % len(PROMPTS)], max_tokens=200)
+                                                        for i in range(32)])
     assert not errors, errors
-    deadline = time.time() + 5
-    while True:
-        info = server.stub.GetServerInfo(pb.GetServerInfoRequest())
-        if info.free_kv_blocks == info.total_kv_blocks or time.time() > deadline:
-            break
-        time.sleep(0.05)
+    assert all(done[i] == 200 for i in range(1, 32, 2))
+    info = wait_until_idle(server.stub)
     assert info.running_requests == 0 and info.free_kv_blocks == info.total_kv_blocks
 
 

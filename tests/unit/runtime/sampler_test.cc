@@ -7,6 +7,7 @@
 #include <random>
 
 #include "engine/runtime/philox.h"
+#include "tests/unit/random_sampling.h"
 
 namespace inferd {
 namespace {
@@ -133,23 +134,10 @@ TEST(Sampler, PenaltiesAndBannedIds) {
 // vocabulary, not banned, and had a finite penalized logit; logprobs are finite, at most 0 and sorted.
 TEST(Sampler, NoValidParametersProduceNanOrAnImpossibleToken) {
   std::mt19937 rng(2026);
-  auto pick = [&](std::vector<float> extremes, float lo, float hi) {
-    if (rng() % 3 == 0) return extremes[rng() % extremes.size()];
-    return std::uniform_real_distribution<float>(lo, hi)(rng);
-  };
   const int32_t vocab = 97;
   for (int trial = 0; trial < 3000; ++trial) {
-    SamplingParams p;
-    p.temperature = pick({0.f, 1e-30f, 1e-6f, 100.f}, 0.f, 100.f);
-    p.top_k = static_cast<int32_t>(rng() % (vocab + 1));
-    p.top_p = pick({1e-38f, 1e-6f, 1.f}, 1e-6f, 1.f);
-    p.min_p = pick({0.f, 1.f}, 0.f, 1.f);
-    p.repetition_penalty = pick({1e-45f, 1e-38f, 1e-6f, 10.f}, 1e-6f, 10.f);
-    p.presence_penalty = pick({-2.f, 2.f}, -2.f, 2.f);
-    p.frequency_penalty = pick({-2.f, 2.f}, -2.f, 2.f);
-    const float scale = pick({1e-30f, 1e30f}, 0.f, 50.f);
-    std::vector<float> logits(vocab);
-    for (float& l : logits) l = std::normal_distribution<float>(0.f, 1.f)(rng) * scale;
+    const SamplingParams p = testing::RandomSamplingParams(rng, vocab);
+    const std::vector<float> logits = testing::RandomLogits(rng, vocab);
     std::vector<int32_t> tokens(rng() % 200);
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
     const std::vector<int32_t> banned = {static_cast<int32_t>(rng() % vocab)};
