@@ -394,7 +394,9 @@ int32_t CudaBackend<T>::DecodeBucket(const StepInput& in) const {
     return 0;
   }
   auto it = graphs_.lower_bound(in.num_seqs());
-  return it == graphs_.end() ? 0 : it->first;
+  if (it == graphs_.end()) return 0;
+  const int64_t padded_pages = static_cast<int64_t>(in.kv_indices.size()) + (it->first - in.num_seqs());
+  return padded_pages <= max_pages_ ? it->first : 0;  // padding takes one page per row
 }
 
 template <typename T>
