@@ -28,6 +28,7 @@ struct EngineSection {
 struct SchedulerSection {
   int32_t max_num_seqs = 64;              // requests in one step: 1..4096
   int32_t max_num_batched_tokens = 2048;  // tokens in one step: 1..1048576, >= max_num_seqs
+  bool prefix_caching = true;             // new requests reuse the KV blocks of a known prompt prefix
   int32_t max_queue = 256;                // accepted, not yet started requests before RESOURCE_EXHAUSTED: 1..1000000
 };
 

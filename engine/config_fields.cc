@@ -165,6 +165,11 @@ std::vector<ConfigField> MakeFields() {
   f.push_back(Int<int32_t>(
       "scheduler", "max_num_batched_tokens", [](Config& c) -> int32_t& { return c.scheduler.max_num_batched_tokens; },
       2048, 1, 1 << 20, "max_num_seqs..2^20", "tokens per step (prefill is chunked to fit)"));
+  f.push_back(Flag(
+      "scheduler", "prefix_caching", [](Config& c) -> bool& { return c.scheduler.prefix_caching; }, true,
+      "a new request reuses the cached KV blocks of its longest known prompt prefix (full blocks, "
+      "chained hashes checked against their tokens); free cached blocks are evicted least recently "
+      "used first; `usage.cached_prompt_tokens` reports the reuse"));
   f.push_back(Int<int32_t>(
       "scheduler", "max_queue", [](Config& c) -> int32_t& { return c.scheduler.max_queue; }, 256, 1, 1000000, "1..10^6",
       "requests accepted and not yet started before RESOURCE_EXHAUSTED; the bound holds exactly"));

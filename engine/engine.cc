@@ -84,7 +84,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
 
   e->pool_ = std::make_unique<BlockPool>(plan.num_blocks);
   e->scheduler_ = std::make_unique<Scheduler>(
-      SchedulerLimits{config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens, config.engine.block_size},
+      SchedulerLimits{config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens, config.engine.block_size,
+                      config.scheduler.prefix_caching},
       e->pool_.get());
   int64_t max_len = mc.max_position_embeddings;
   if (config.model.max_model_len > 0) {
@@ -263,7 +264,7 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status err
   out.finish = reason;
   out.error = std::move(error);
   const absl::Time now = absl::Now();
-  out.usage = {seq->num_prompt_tokens, seq->num_output_tokens(), 0};
+  out.usage = {seq->num_prompt_tokens, seq->num_output_tokens(), seq->num_cached_tokens};
   auto secs = [&](absl::Time t) { return t == absl::InfinitePast() ? 0.0 : absl::ToDoubleSeconds(t - seq->arrival); };
   out.timing = {secs(seq->first_scheduled), secs(seq->first_token), absl::ToDoubleSeconds(now - seq->arrival)};
   std::shared_ptr<OutputSink> sink = seq->request.sink;

@@ -1,9 +1,12 @@
-// The paged KV-cache block pool: which blocks are free and how many sequences hold each one.
-// It holds ids and reference counts only; the backend owns the memory the ids index.
+// The paged KV-cache block pool: which blocks are free, how many sequences hold each one, and which full
+// blocks still hold a known prefix (prefix caching). It holds ids, reference counts and token ids only; the
+// backend owns the memory the ids index.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 namespace inferd {
@@ -15,21 +18,44 @@ class BlockPool {
   BlockPool& operator=(const BlockPool&) = delete;
 
   int32_t num_total() const { return static_cast<int32_t>(ref_counts_.size()); }
-  int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
+  // Blocks no sequence holds, cached ones included (those are evicted, oldest first, when needed).
+  int32_t num_free() const { return num_free_; }
+  // Free blocks that still hold a cached prefix.
+  int32_t num_cached() const { return num_cached_free_; }
   bool CanAllocate(int32_t n) const { return n <= num_free(); }
 
-  // Takes n free blocks (ref count 1 each). The caller must have checked CanAllocate.
+  // Takes n free blocks (ref count 1 each), the least recently freed first; a cached one forgets its prefix.
+  // The caller must have checked CanAllocate.
   [[nodiscard]] std::vector<int32_t> Allocate(int32_t n);
-  // Drops one reference to each block; a block with no references is free again.
+  // Drops one reference to each block; a block with no references is free again (and stays cached).
   void Free(std::span<const int32_t> blocks);
   int32_t RefCount(int32_t block) const;
+
+  // Prefix caching. A full block is keyed by a chained hash of (the previous block's key, its token ids); the
+  // tokens are kept too, so a hash collision can never hand out a wrong block.
+  static uint64_t BlockKey(uint64_t parent_key, std::span<const int32_t> tokens);
+  // Marks a full, computed block as holding these tokens after `parent_key`; the first block with a key wins.
+  void Remember(int32_t block, uint64_t key, std::span<const int32_t> tokens);
+  // A block holding exactly these tokens under this key, with one more reference taken; nullopt if none.
+  std::optional<int32_t> Reuse(uint64_t key, std::span<const int32_t> tokens);
 
   // Aborts naming the broken invariant: free list and ref counts disagree, duplicates, bad ids.
   void CheckInvariants() const;
 
  private:
+  void Unlink(int32_t block);
+  void PushBack(int32_t block);
+  void Forget(int32_t block);
+
   std::vector<int32_t> ref_counts_;  // [num_blocks]
-  std::vector<int32_t> free_;        // stack of free block ids; lowest ids handed out first
+  // Free blocks in a doubly linked list, least recently freed at the head: prev_/next_ index it, -1 ends it.
+  std::vector<int32_t> prev_, next_;
+  std::vector<char> on_free_list_;
+  int32_t head_ = -1, tail_ = -1, num_free_ = 0, num_cached_free_ = 0;
+  // Cached prefixes: key of each block (0 = none), its tokens, and the block of each key.
+  std::vector<uint64_t> key_;
+  std::vector<std::vector<int32_t>> tokens_;
+  std::unordered_map<uint64_t, int32_t> by_key_;
 };
 
 // Blocks needed to hold num_tokens tokens.

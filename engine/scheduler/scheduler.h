@@ -15,6 +15,7 @@ struct SchedulerLimits {
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 2048;
   int32_t block_size = 16;
+  bool prefix_caching = false;  // a new sequence reuses cached full blocks of its longest known prefix
 };
 
 struct ScheduledSeq {
@@ -52,6 +53,11 @@ class Scheduler {
 
  private:
   bool AllocateFor(Sequence* seq, int32_t num_tokens);
+  // Takes the cached blocks of seq's longest known prefix (all but its last token) and counts them computed.
+  void ReusePrefix(Sequence* seq);
+  // Registers seq's blocks that are full and computed, so later sequences can reuse them.
+  void RememberFullBlocks(Sequence* seq);
+  void DropBlocks(Sequence* seq);
   void Preempt(Sequence* seq);
 
   SchedulerLimits limits_;

@@ -16,6 +16,8 @@ struct Sequence {
   int32_t num_prompt_tokens = 0;
   int32_t num_computed = 0;          // tokens whose K/V are in the cache
   std::vector<int32_t> block_table;  // block ids; token i lives in block_table[i / block_size]
+  std::vector<uint64_t> block_keys;  // prefix-cache keys of its full, computed blocks (a prefix of block_table)
+  int32_t num_cached_tokens = 0;     // prompt tokens taken from the prefix cache when it was first admitted
   int32_t num_preemptions = 0;
 
   absl::Time arrival;

@@ -182,3 +182,20 @@ def test_model_and_server_info(server):
     assert mp.kv_bytes == mp.num_blocks * mp.kv_bytes_per_block > 0
     assert mp.budget_bytes == mp.weight_bytes + mp.activation_bytes + mp.other_bytes + mp.kv_bytes
     assert mp.weight_bytes > 0 and mp.activation_bytes > 0
+
+
+def test_a_shared_prefix_is_reused_and_changes_no_output(server):
+    # The same long prompt twice: the second reuses every full block but the last token's, and generates the
+    # same greedy tokens and logprobs as the first.
+    prompt = " ".join(["the model serves requests over a paged cache of blocks"] * 12)
+    first = server.stub.Generate(greedy(prompt, max_tokens=24, output=pb.OutputOptions(top_logprobs=2)))
+    second = server.stub.Generate(greedy(prompt, max_tokens=24, output=pb.OutputOptions(top_logprobs=2)))
+    n = first.usage.prompt_tokens
+    assert n > 64
+    assert second.usage.cached_prompt_tokens == (n - 1) // 16 * 16, (n, second.usage.cached_prompt_tokens)
+    assert list(second.token_ids) == list(first.token_ids)
+    for a, b in zip(first.logprobs, second.logprobs):
+        assert abs(a.logprob - b.logprob) < 1e-4
+    # Another question after the same long preamble reuses the preamble's blocks.
+    other = server.stub.Generate(greedy(prompt + " and answers", max_tokens=4))
+    assert other.usage.cached_prompt_tokens >= (n - 1) // 16 * 16 - 16

@@ -115,9 +115,67 @@ TEST(Scheduler, AbortWhileWaitingFreesNothingAndLeavesQueue) {
   EXPECT_EQ(h.pool_.num_free(), 4);
 }
 
-TEST(Scheduler, RandomizedArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
+TEST(Scheduler, PrefixCachingReusesFullBlocksOfAKnownPrefix) {
+  // block_size 4, 8 blocks. Every prompt is token 7 repeated, so equal lengths share their prefix.
+  SchedulerHarness h({.max_num_seqs = 4, .max_num_batched_tokens = 32, .block_size = 4, .prefix_caching = true}, 8);
+  h.Add('A', 10);
+  EXPECT_EQ(SchedulerHarness::Describe(h.Step()), "A10+");  // 3 blocks; blocks 0 and 1 are full and cached
+  EXPECT_EQ(h.pool_.num_free(), 5);
+  h.Add('B', 10);
+  const StepPlan plan = h.Step();
+  EXPECT_EQ(SchedulerHarness::Describe(plan), "A1+ B2+") << "B reuses 8 cached tokens and computes only 2";
+  const Sequence& a = *h.seqs_.at('A');
+  const Sequence& b = *h.seqs_.at('B');
+  EXPECT_EQ(b.num_cached_tokens, 8);
+  EXPECT_EQ(b.block_table[0], a.block_table[0]);
+  EXPECT_EQ(b.block_table[1], a.block_table[1]);
+  EXPECT_NE(b.block_table[2], a.block_table[2]) << "the partly filled block is never shared";
+  EXPECT_EQ(h.pool_.RefCount(a.block_table[0]), 2);
+  EXPECT_EQ(h.pool_.num_free(), 4);
+  // Both finish: every block is free again, the full ones still cached for the next request.
+  h.Finish('A');
+  h.Finish('B');
+  EXPECT_EQ(h.pool_.num_free(), 8);
+  EXPECT_GT(h.pool_.num_cached(), 0);
+  h.Add('C', 9);
+  EXPECT_EQ(SchedulerHarness::Describe(h.Step()), "C1+") << "8 of C's 9 tokens are cached";
+  EXPECT_EQ(h.seqs_.at('C')->num_cached_tokens, 8);
+  // A prompt that is exactly the cached blocks still computes its last token itself (it samples).
+  h.Add('D', 8);
+  EXPECT_EQ(SchedulerHarness::Describe(h.Step()), "C1+ D4+");
+  EXPECT_EQ(h.seqs_.at('D')->num_cached_tokens, 4);
+  h.pool_.CheckInvariants();
+}
+
+TEST(BlockPool, EvictsTheLeastRecentlyFreedCachedBlockFirstAndNeverAWrongOne) {
+  BlockPool pool(3);
+  const std::vector<int32_t> blocks = pool.Allocate(3);
+  const std::vector<int32_t> t0 = {1, 2}, t1 = {3, 4}, t2 = {5, 6};
+  const uint64_t k0 = BlockPool::BlockKey(0, t0), k1 = BlockPool::BlockKey(k0, t1), k2 = BlockPool::BlockKey(0, t2);
+  pool.Remember(blocks[0], k0, t0);
+  pool.Remember(blocks[1], k1, t1);
+  pool.Remember(blocks[2], k2, t2);
+  pool.Free(std::vector<int32_t>{blocks[2]});
+  pool.Free(std::vector<int32_t>{blocks[0]});
+  pool.Free(std::vector<int32_t>{blocks[1]});
+  EXPECT_EQ(pool.num_cached(), 3);
+  const std::vector<int32_t> one = pool.Allocate(1);
+  EXPECT_EQ(one[0], blocks[2]) << "the least recently freed goes first";
+  EXPECT_FALSE(pool.Reuse(k2, t2).has_value()) << "an evicted block's prefix is gone";
+  EXPECT_FALSE(pool.Reuse(k0, t1).has_value()) << "a key with other tokens is never handed out";
+  auto again = pool.Reuse(k0, t0);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(*again, blocks[0]);
+  EXPECT_EQ(pool.num_free(), 1);
+  pool.CheckInvariants();
+}
+
+class RandomizedScheduler : public ::testing::TestWithParam<bool> {};
+
+TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
   std::mt19937 rng(42);
-  const SchedulerLimits limits{.max_num_seqs = 5, .max_num_batched_tokens = 24, .block_size = 4};
+  const SchedulerLimits limits{
+      .max_num_seqs = 5, .max_num_batched_tokens = 24, .block_size = 4, .prefix_caching = GetParam()};
   SchedulerHarness h(limits, 20);
   std::map<char, int32_t> target;  // total length at which the test finishes the sequence
   char next = 'A';
@@ -135,9 +193,12 @@ TEST(Scheduler, RandomizedArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
     ASSERT_LE(plan.num_tokens, limits.max_num_batched_tokens);
     ASSERT_LE(static_cast<int32_t>(plan.seqs.size()), limits.max_num_seqs);
     if (!h.seqs_.empty()) ASSERT_FALSE(plan.empty()) << "a non-empty scheduler always makes progress";
-    int32_t held = 0;
-    for (const auto& [name, seq] : h.seqs_) held += static_cast<int32_t>(seq->block_table.size());
-    ASSERT_EQ(held + h.pool_.num_free(), h.pool_.num_total()) << "every block is held by one sequence or free";
+    std::map<int32_t, int32_t> holders;  // block -> sequences holding it (shared prefix blocks: several)
+    for (const auto& [name, seq] : h.seqs_)
+      for (int32_t b : seq->block_table) holders[b]++;
+    for (const auto& [b, n] : holders) ASSERT_EQ(h.pool_.RefCount(b), n) << "block " << b;
+    ASSERT_EQ(static_cast<int32_t>(holders.size()) + h.pool_.num_free(), h.pool_.num_total())
+        << "every block is held or free";
     std::vector<char> done;
     for (const auto& [name, seq] : h.seqs_) {
       if (seq->num_tokens() >= target[name] && seq->num_computed == seq->num_tokens() - 1)
@@ -154,6 +215,8 @@ TEST(Scheduler, RandomizedArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
   for (auto it = h.seqs_.begin(); it != h.seqs_.end();) h.Finish((it++)->first);
   EXPECT_EQ(h.pool_.num_free(), h.pool_.num_total());
 }
+
+INSTANTIATE_TEST_SUITE_P(PrefixCaching, RandomizedScheduler, ::testing::Bool());
 
 }  // namespace
 }  // namespace inferd
