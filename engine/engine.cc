@@ -200,6 +200,7 @@ EngineStats Engine::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   EngineStats s = stats_;
   s.waiting += static_cast<int32_t>(submitted_.size());
+  s.unfinished = static_cast<int32_t>(live_ids_.size());
   return s;
 }
 

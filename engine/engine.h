@@ -29,6 +29,7 @@ using RequestHandle = uint64_t;
 struct EngineStats {
   int32_t running = 0;
   int32_t waiting = 0;
+  int32_t unfinished = 0;  // accepted and not yet finished, wherever they are (queued, scheduled, mid-step)
   int32_t total_blocks = 0;
   int32_t free_blocks = 0;
   int64_t steps = 0;

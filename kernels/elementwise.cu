@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <cstdint>
+
 #include "kernels/block_reduce.cuh"
 #include "kernels/elementwise.h"
 
@@ -60,44 +63,98 @@ __global__ void AddRmsNormKernel(T* __restrict__ residual, const T* __restrict__
   for (int64_t i = threadIdx.x; i < n; i += kNormThreads) o[i] = To<T>(F(weight[i]) * Round<T>(F(x[i]) * inv));
 }
 
+// One thread per output element over all rows: a decode step's few rows still spread over the whole GPU.
+// The same with 16-byte accesses, each row read once into registers: up to kVecs vectors of 8 per thread, for rows
+// of n % 8 == 0 and n ≤ kNormVecThreads · kVecs · 8. One block per row still, but no serial chain of loads.
+constexpr int kNormVecThreads = 512;
+constexpr int kNormVecs = 4;
+
 template <typename T>
-__global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t inter) {
-  const T* g = gate_up + int64_t{blockIdx.x} * 2 * inter;
-  T* o = out + int64_t{blockIdx.x} * inter;
-  for (int64_t i = threadIdx.x; i < inter; i += blockDim.x) {
-    const float x = F(g[i]);
-    o[i] = To<T>(Round<T>(x / (1.f + expf(-x))) * F(g[inter + i]));
+__global__ void __launch_bounds__(kNormVecThreads)
+    AddRmsNormVecKernel(T* __restrict__ residual, const T* __restrict__ delta, const T* __restrict__ weight,
+                        T* __restrict__ out, int64_t n, float eps) {
+  const int64_t nv = n / 8;
+  uint4* x = reinterpret_cast<uint4*>(residual + int64_t{blockIdx.x} * n);
+  const uint4* d = delta ? reinterpret_cast<const uint4*>(delta + int64_t{blockIdx.x} * n) : nullptr;
+  uint4* o = reinterpret_cast<uint4*>(out + int64_t{blockIdx.x} * n);
+  const uint4* w = reinterpret_cast<const uint4*>(weight);
+  float v[kNormVecs][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kNormVecs; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kNormVecThreads;
+    if (i >= nv) break;
+    uint4 xv = x[i];
+    T* xe = reinterpret_cast<T*>(&xv);
+    if (d) {
+      const uint4 dv = d[i];
+      const T* de = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) xe[e] = To<T>(F(xe[e]) + F(de[e]));
+      x[i] = xv;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      v[j][e] = F(xe[e]);
+      ss += v[j][e] * v[j][e];
+    }
+  }
+  const float inv = rsqrtf(BlockSum<kNormVecThreads>(ss) / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int j = 0; j < kNormVecs; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kNormVecThreads;
+    if (i >= nv) break;
+    const uint4 wv = w[i];
+    const T* we = reinterpret_cast<const T*>(&wv);
+    uint4 ov;
+    T* oe = reinterpret_cast<T*>(&ov);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) oe[e] = To<T>(F(we[e]) * Round<T>(v[j][e] * inv));
+    o[i] = ov;
   }
 }
 
-// One block per token; thread j of the block handles rotary pair j of every q and k head, then copies K and V.
+template <typename T>
+__global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t inter) {
+  const int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (e >= rows * inter) return;
+  const int64_t r = e / inter, i = e % inter;
+  const T* g = gate_up + r * 2 * inter;
+  const float x = F(g[i]);
+  out[e] = To<T>(Round<T>(x / (1.f + expf(-x))) * F(g[inter + i]));
+}
+
+// One block per (token, q or k head): thread j rotates pair j of that head; a k head's block then writes K and V
+// of its kv head into the token's slot.
 template <typename T>
 __global__ void RopeWriteKvKernel(T* __restrict__ qkv, const int32_t* __restrict__ positions,
                                   const int32_t* __restrict__ slots, const float* __restrict__ inv_freq,
                                   T* __restrict__ k_cache, T* __restrict__ v_cache, int32_t num_heads,
                                   int32_t num_kv_heads, int32_t head_dim) {
   const int64_t t = blockIdx.x;
+  const int32_t h = blockIdx.y;  // q heads, then k heads
   const int32_t half = head_dim / 2;
   const int64_t kv_dim = int64_t{num_kv_heads} * head_dim;
   T* row = qkv + t * (int64_t{num_heads} * head_dim + 2 * kv_dim);
+  T* head = row + int64_t{h} * head_dim;
   const float pos = static_cast<float>(positions[t]);
+  const bool is_k = h >= num_heads;
+  const int64_t slot = is_k ? slots[t] : 0;
+  const int64_t kv_off = slot * kv_dim + int64_t{h - num_heads} * head_dim;
   for (int32_t j = threadIdx.x; j < half; j += blockDim.x) {
     const float angle = pos * inv_freq[j];
     const float c = Round<T>(cosf(angle)), s = Round<T>(sinf(angle));
-    for (int32_t h = 0; h < num_heads + num_kv_heads; ++h) {
-      T* v = row + int64_t{h} * head_dim;
-      const float a = F(v[j]), b = F(v[j + half]);
-      v[j] = To<T>(a * c - b * s);
-      v[j + half] = To<T>(b * c + a * s);
+    const float a = F(head[j]), b = F(head[j + half]);
+    const T ra = To<T>(a * c - b * s), rb = To<T>(b * c + a * s);
+    head[j] = ra;
+    head[j + half] = rb;
+    if (is_k) {
+      const T* v = head + kv_dim;  // the same kv head's V
+      k_cache[kv_off + j] = ra;
+      k_cache[kv_off + j + half] = rb;
+      v_cache[kv_off + j] = v[j];
+      v_cache[kv_off + j + half] = v[j + half];
     }
-  }
-  __syncthreads();
-  const int64_t slot = slots[t];
-  const T* k = row + int64_t{num_heads} * head_dim;
-  const T* v = k + kv_dim;
-  for (int64_t i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-    k_cache[slot * kv_dim + i] = k[i];
-    v_cache[slot * kv_dim + i] = v[i];
   }
 }
 
@@ -116,7 +173,14 @@ cudaError_t AddRmsNorm(T* residual, const T* delta, const T* weight, T* out, int
                        cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (cudaError_t e = Check(rows); e != cudaSuccess) return e;
-  AddRmsNormKernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(residual, delta, weight, out, n, eps);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (n % 8 == 0 && n <= int64_t{kNormVecThreads} * kNormVecs * 8 && aligned(residual) && aligned(delta) &&
+      aligned(weight) && aligned(out)) {
+    AddRmsNormVecKernel<T>
+        <<<static_cast<unsigned>(rows), kNormVecThreads, 0, stream>>>(residual, delta, weight, out, n, eps);
+  } else {
+    AddRmsNormKernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(residual, delta, weight, out, n, eps);
+  }
   return cudaGetLastError();
 }
 
@@ -124,7 +188,9 @@ template <typename T>
 cudaError_t SiluMul(const T* gate_up, T* out, int64_t rows, int64_t inter, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (cudaError_t e = Check(rows); e != cudaSuccess) return e;
-  SiluMulKernel<T><<<static_cast<unsigned>(rows), 256, 0, stream>>>(gate_up, out, inter);
+  const int64_t blocks = (rows * inter + 255) / 256;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  SiluMulKernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(gate_up, out, rows, inter);
   return cudaGetLastError();
 }
 
@@ -135,8 +201,9 @@ cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, 
   if (num_tokens <= 0) return cudaSuccess;
   if (head_dim % 2 != 0) return cudaErrorInvalidValue;
   if (cudaError_t e = Check(num_tokens); e != cudaSuccess) return e;
-  RopeWriteKvKernel<T><<<static_cast<unsigned>(num_tokens), 128, 0, stream>>>(
-      qkv, positions, slots, inv_freq, k_cache, v_cache, num_heads, num_kv_heads, head_dim);
+  const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(num_heads + num_kv_heads));
+  RopeWriteKvKernel<T><<<grid, std::min(head_dim / 2, 128), 0, stream>>>(qkv, positions, slots, inv_freq, k_cache,
+                                                                         v_cache, num_heads, num_kv_heads, head_dim);
   return cudaGetLastError();
 }
 

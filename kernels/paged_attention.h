@@ -33,7 +33,8 @@ struct AttentionPlan {
 // Plans one step. qo_indptr_host, kv_indptr_host: [num_seqs + 1] on the host. Copies the schedule into
 // int_workspace through int_workspace_pinned on `stream`; keep the pinned buffer untouched until the copy ran.
 // decode_graph: every row is one query token and the run is (or will be) replayed from a CUDA graph captured
-// for this num_seqs — the plan's layout then depends on num_seqs alone, and KV is never split.
+// for this num_seqs — the plan's layout then depends on num_seqs alone: FlashInfer pads the grid to a fixed
+// size and always splits KV, writing each step's split into the workspace the graph reads.
 cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void* int_workspace_pinned,
                                const int32_t* qo_indptr_host, const int32_t* kv_indptr_host, int32_t num_tokens,
                                int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,

@@ -19,7 +19,7 @@ cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void*
         kAttentionIntWorkspaceBytes, info, const_cast<int32_t*>(qo_indptr_host), const_cast<int32_t*>(kv_indptr_host),
         num_tokens, num_seqs, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size,
         /*enable_cuda_graph=*/decode_graph, /*sizeof_dtype_o=*/2, /*window_left=*/-1, /*fixed_split_size=*/-1,
-        /*disable_split_kv=*/decode_graph, /*num_colocated_ctas=*/0, /*uniform_q_len=*/decode_graph ? 1 : 0, stream);
+        /*disable_split_kv=*/false, /*num_colocated_ctas=*/0, /*uniform_q_len=*/decode_graph ? 1 : 0, stream);
     if (err != cudaSuccess) return err;
     const std::vector<int64_t> words = info.ToVector();
     for (size_t i = 0; i < words.size() && i < 15; ++i) plan->words[i] = words[i];

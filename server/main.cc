@@ -136,7 +136,7 @@ int Run(int argc, char** argv) {
                          std::chrono::milliseconds(static_cast<int64_t>(config->server.drain_timeout_s * 1000));
   while (std::chrono::steady_clock::now() < drain_end) {
     const inferd::EngineStats s = live->Stats();
-    if (s.running == 0 && s.waiting == 0) break;
+    if (s.unfinished == 0) break;  // running and waiting lag a step behind: a request mid-step counts in neither
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // What still runs ends with UNAVAILABLE; once those last writes are out (at most 5 s), the server closes

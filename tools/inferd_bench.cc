@@ -1,7 +1,7 @@
 // inferd-bench: the engine in-process (no gRPC in the timed path) on a model and the cuda backend, against
 // ceilings measured first on the same GPU: read-streaming bandwidth (a large read-only reduction) and the
 // cuBLASLt bf16 GEMM rate at 8192³. Prints a table and writes JSON.
-//   inferd-bench --model DIR [--json FILE]
+//   inferd-bench --model DIR [--json FILE] [--sections products,latency,prefill,decode,throughput]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,14 +10,19 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/backends/cuda/gemm.h"
 #include "engine/engine.h"
+#include "engine/model/model_config.h"
+#include "kernels/gemv.h"
 #include "kernels/read_bandwidth.h"
 #include "nlohmann/json.hpp"
 
@@ -109,6 +114,124 @@ double GemmCeilingTflops() {
   return 2.0 * n * n * n / (ms * 1e-3) / 1e12;
 }
 
+// The decode step's matrix products (each layer's q/k/v, o, gate/up and down, then the LM head) at m = 1..16
+// rows, through cuBLASLt and through the streaming kernel, each reading a fresh region of a 2 GiB pool so no
+// weight is served from L2. Prints the weight bandwidth of each and the per-step chain, and returns it as JSON.
+nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs) {
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+    bool lm_head;  // fp32 output, once per step
+  };
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const std::vector<Shape> shapes = {{"qkv", (c.num_heads + 2 * int64_t{c.num_kv_heads}) * D, H, false},
+                                     {"o", H, c.num_heads * D, false},
+                                     {"gate_up", 2 * I, H, false},
+                                     {"down", H, I, false},
+                                     {"lm_head", c.vocab_size, H, true}};
+  const int64_t pool_bytes = int64_t{2} << 30;
+  int64_t ws = 0;
+  auto gemm = cuda::Gemm::Create(CUDA_R_16BF, &ws);
+  if (!gemm.ok()) {
+    std::fprintf(stderr, "%s\n", gemm.status().ToString().c_str());
+    std::exit(1);
+  }
+  char* pool;
+  void *x, *y;
+  BENCH_CUDA(cudaMalloc(&pool, pool_bytes));
+  BENCH_CUDA(cudaMalloc(&x, 16 * std::max(H, I) * 2));
+  BENCH_CUDA(cudaMalloc(&y, 16 * c.vocab_size * 4));
+  {
+    std::vector<uint16_t> host(size_t{1} << 24);  // random bf16 in [-1, 1), repeated over the pool
+    std::mt19937 rng(3);
+    for (uint16_t& v : host) v = static_cast<uint16_t>(0x3c00 + (rng() % 0x0300)) | ((rng() & 1) << 15);
+    for (int64_t off = 0; off < pool_bytes; off += host.size() * 2) {
+      BENCH_CUDA(cudaMemcpy(pool + off, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    }
+    BENCH_CUDA(cudaMemcpy(x, host.data(), 16 * std::max(H, I) * 2, cudaMemcpyHostToDevice));
+  }
+  nlohmann::json out = nlohmann::json::array();
+  std::printf("decode-step products (weights streamed; %% of the read ceiling):\n");
+  std::printf("%4s %-8s %22s %22s\n", "m", "product", "cuBLASLt", "streaming kernel");
+  double chain_bytes = 0;
+  for (const Shape& sh : shapes) chain_bytes += sh.n * sh.k * 2.0 * (sh.lm_head ? 1 : c.num_layers);
+  // The whole chain of one decode step, captured in one CUDA graph: each layer's products read the next
+  // regions of the pool, then the LM head.
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreate(&stream));  // a blocking stream: TimeMs's events on the default stream order with it
+  auto chain_ms = [&](int64_t m) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    int64_t off = 0;
+    BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int layer = 0; layer <= c.num_layers; ++layer) {
+      for (const Shape& sh : shapes) {
+        if (sh.lm_head != (layer == c.num_layers)) continue;
+        const int64_t bytes = sh.n * sh.k * 2;
+        if (off + bytes > pool_bytes) off = 0;
+        const absl::Status st = (*gemm)->Run(x, pool + off, y, m, sh.n, sh.k, nullptr, sh.lm_head, stream);
+        if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
+        off += bytes;
+      }
+    }
+    BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+    BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    const double ms = TimeMs([&] { BENCH_CUDA(cudaGraphLaunch(exec, stream)); }, 3, 9);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return ms;
+  };
+  for (int64_t m : {1, 2, 3, 4, 6, 8, 16}) {
+    double chain[2] = {0, 0};
+    for (int path = 0; path < 2; ++path) {
+      if (path == 1 && m > kernels::kGemvMaxRows) continue;
+      (*gemm)->set_gemv_max_rows(path == 0 ? 0 : kernels::kGemvMaxRows);
+      chain[path] = chain_ms(m);
+    }
+    for (const Shape& sh : shapes) {
+      const int64_t bytes = sh.n * sh.k * 2;
+      const int64_t regions = std::max<int64_t>(1, pool_bytes / bytes);
+      double ms[2] = {0, 0};
+      for (int path = 0; path < 2; ++path) {
+        if (path == 1 && m > kernels::kGemvMaxRows) continue;
+        (*gemm)->set_gemv_max_rows(path == 0 ? 0 : kernels::kGemvMaxRows);
+        int64_t i = 0;
+        ms[path] = TimeMs(
+            [&] {
+              const void* w = pool + (i++ % regions) * bytes;
+              const absl::Status st = (*gemm)->Run(x, w, y, m, sh.n, sh.k, nullptr, sh.lm_head, 0);
+              if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
+            },
+            3, 21);
+      }
+      auto cell = [&](double t) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%7.1f us %5.1f%%", 1e3 * t, 100 * bytes / (t * 1e-3) / (read_tbs * 1e12));
+        return t > 0 ? std::string(buf) : std::string("-");
+      };
+      std::printf("%4lld %-8s %22s %22s\n", static_cast<long long>(m), sh.name, cell(ms[0]).c_str(),
+                  cell(ms[1]).c_str());
+      out.push_back(
+          {{"m", m}, {"product", sh.name}, {"bytes", bytes}, {"cublaslt_ms", ms[0]}, {"streaming_ms", ms[1]}});
+    }
+    for (int path = 0; path < 2; ++path) {
+      if (chain[path] <= 0) continue;
+      std::printf("%4lld chain in a graph, %-9s %7.2f ms  %.2f TB/s  %5.1f%%\n", static_cast<long long>(m),
+                  path == 0 ? "cuBLASLt" : "streaming", chain[path], chain_bytes / (chain[path] * 1e-3) / 1e12,
+                  100 * chain_bytes / (chain[path] * 1e-3) / (read_tbs * 1e12));
+      out.push_back({{"m", m},
+                     {"product", "chain"},
+                     {"bytes", chain_bytes},
+                     {path == 0 ? "cublaslt_ms" : "streaming_ms", chain[path]}});
+    }
+  }
+  cudaStreamDestroy(stream);
+  cudaFree(pool);
+  cudaFree(x);
+  cudaFree(y);
+  return out;
+}
+
 // Host times of each token of one request.
 class TimingSink : public OutputSink {
  public:
@@ -135,11 +258,13 @@ class TimingSink : public OutputSink {
 };
 
 // Submits one request of random prompt tokens (greedy, ignore_eos) without waiting.
-std::shared_ptr<TimingSink> Start(Engine& engine, int32_t prompt_len, int32_t new_tokens, uint64_t salt) {
-  static std::atomic<uint64_t> serial{0};
-  std::mt19937 rng(static_cast<uint32_t>(prompt_len * 7919 + salt));
+// Every prompt is different, so no request reuses another's cached prefix.
+std::shared_ptr<TimingSink> Start(Engine& engine, int32_t prompt_len, int32_t new_tokens) {
+  static std::atomic<uint32_t> serial{0};
+  const uint32_t n = serial++;
+  std::mt19937 rng(n);
   Request r;
-  r.id = "bench-" + std::to_string(serial++);
+  r.id = "bench-" + std::to_string(n);
   for (int32_t i = 0; i < prompt_len; ++i) r.prompt.push_back(static_cast<int32_t>(rng() % 600));
   r.sampling.temperature = 0;
   r.stopping.max_tokens = new_tokens;
@@ -163,7 +288,7 @@ void WaitOk(TimingSink& sink) {
 
 std::shared_ptr<TimingSink> Run(Engine& engine, int32_t prompt_len, int32_t new_tokens, absl::Time* submitted) {
   *submitted = absl::Now();
-  auto sink = Start(engine, prompt_len, new_tokens, 0);
+  auto sink = Start(engine, prompt_len, new_tokens);
   WaitOk(*sink);
   return sink;
 }
@@ -175,13 +300,17 @@ double IdleShare(const EngineStats& a, const EngineStats& b, double wall_s) {
 
 int Main(int argc, char** argv) {
   std::string model, json_path;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  std::string sections = "products,latency,prefill,decode,throughput";
+  for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--model") model = argv[i + 1];
-    if (a == "--json") json_path = argv[i + 1];
+    if (i + 1 < argc && a == "--sections") sections = argv[++i];
+    if (i + 1 < argc && a == "--model") model = argv[++i];
+    if (i + 1 < argc && a == "--json") json_path = argv[++i];
   }
   if (model.empty()) {
-    std::fprintf(stderr, "usage: inferd-bench --model DIR [--json FILE]\n");
+    std::fprintf(stderr,
+                 "usage: inferd-bench --model DIR [--json FILE] [--sections LIST]\n"
+                 "  LIST: comma-separated of products,latency,prefill,decode,throughput (default: all)\n");
     return 2;
   }
   cudaDeviceProp prop;
@@ -191,6 +320,20 @@ int Main(int argc, char** argv) {
   const double read_tbs = ReadCeilingTBs();
   const double gemm_tflops = GemmCeilingTflops();
   std::printf("device %s: read-streaming %.2f TB/s, bf16 GEMM 8192^3 %.0f TFLOP/s\n", prop.name, read_tbs, gemm_tflops);
+  const auto want = [&](const std::string& name) {
+    return absl::StrContains(absl::StrCat(",", sections, ","), absl::StrCat(",", name, ","));
+  };
+  nlohmann::json products;
+  if (want("products")) {
+    std::ifstream f(model + "/config.json");
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    auto mc = ParseModelConfig(text);
+    if (!mc.ok()) {
+      std::fprintf(stderr, "%s/config.json: %s\n", model.c_str(), mc.status().ToString().c_str());
+      return 1;
+    }
+    products = DecodeProducts(*mc, read_tbs);
+  }
 
   Config config;
   config.model.path = model;
@@ -210,27 +353,30 @@ int Main(int argc, char** argv) {
   const double embed_bytes = 2.0 * c.vocab_size * c.hidden_size;
   const double kv_per_token = 2.0 * c.num_layers * c.num_kv_heads * c.head_dim * 2;
   const double params_no_embed = plan.weight_bytes / 2.0 - c.vocab_size * double(c.hidden_size);
-  nlohmann::json out = {{"device", prop.name},
-                        {"read_ceiling_tb_s", read_tbs},
-                        {"gemm_ceiling_tflop_s", gemm_tflops},
-                        {"startup_s", startup_s},
-                        {"weight_bytes", plan.weight_bytes}};
+  nlohmann::json out = {
+      {"device", prop.name},    {"read_ceiling_tb_s", read_tbs},     {"gemm_ceiling_tflop_s", gemm_tflops},
+      {"startup_s", startup_s}, {"weight_bytes", plan.weight_bytes}, {"decode_products", products}};
 
   absl::Time submitted;
   Run(**engine, 128, 16, &submitted);  // warm-up
   // Latency: 128-token prompt, 256 new tokens.
-  const EngineStats s0 = (*engine)->Stats();
-  auto lat = Run(**engine, 128, 256, &submitted);
-  const double decode_s = absl::ToDoubleSeconds(lat->times.back() - lat->times.front());
-  const double tok_s = (lat->times.size() - 1) / decode_s;
-  const double step_bytes = (plan.weight_bytes - embed_bytes) + kv_per_token * (128 + 128);
-  const double mbu = step_bytes * tok_s / (read_tbs * 1e12);
-  const double idle = IdleShare(s0, (*engine)->Stats(), absl::ToDoubleSeconds(lat->times.back() - submitted));
-  std::printf("%-28s %10.1f tok/s  %7.2f ms/token  bandwidth utilisation %.1f%%  GPU idle %.1f%%\n",
-              "latency (decode, batch 1)", tok_s, 1e3 / tok_s, 100 * mbu, 100 * idle);
-  out["decode_batch1"] = {
-      {"tokens_per_s", tok_s}, {"ms_per_token", 1e3 / tok_s}, {"bandwidth_utilisation", mbu}, {"gpu_idle_share", idle}};
+  if (want("latency")) {
+    const EngineStats s0 = (*engine)->Stats();
+    auto lat = Run(**engine, 128, 256, &submitted);
+    const double decode_s = absl::ToDoubleSeconds(lat->times.back() - lat->times.front());
+    const double tok_s = (lat->times.size() - 1) / decode_s;
+    const double step_bytes = (plan.weight_bytes - embed_bytes) + kv_per_token * (128 + 128);
+    const double mbu = step_bytes * tok_s / (read_tbs * 1e12);
+    const double idle = IdleShare(s0, (*engine)->Stats(), absl::ToDoubleSeconds(lat->times.back() - submitted));
+    std::printf("%-28s %10.1f tok/s  %7.2f ms/token  bandwidth utilisation %.1f%%  GPU idle %.1f%%\n",
+                "latency (decode, batch 1)", tok_s, 1e3 / tok_s, 100 * mbu, 100 * idle);
+    out["decode_batch1"] = {{"tokens_per_s", tok_s},
+                            {"ms_per_token", 1e3 / tok_s},
+                            {"bandwidth_utilisation", mbu},
+                            {"gpu_idle_share", idle}};
+  }
   for (int32_t len : {512, 4096}) {
+    if (!want("prefill")) break;
     Run(**engine, len, 1, &submitted);  // warm this shape
     auto p = Run(**engine, len, 1, &submitted);
     const double ttft = absl::ToDoubleSeconds(p->times.front() - submitted);
@@ -245,8 +391,9 @@ int Main(int argc, char** argv) {
   // Decode at batch B: B requests of 512 prompt tokens and 128 new ones started together; decode tokens/s from
   // the moment the last one has its first token.
   for (int32_t B : {1, 8, 32, 64, 128, 256}) {
+    if (!want("decode")) break;
     std::vector<std::shared_ptr<TimingSink>> sinks;
-    for (int32_t i = 0; i < B; ++i) sinks.push_back(Start(**engine, 512, 128, 100 + i));
+    for (int32_t i = 0; i < B; ++i) sinks.push_back(Start(**engine, 512, 128));
     for (auto& s : sinks) WaitOk(*s);
     absl::Time t0 = absl::InfinitePast(), t1 = absl::InfinitePast();
     for (auto& s : sinks) {
@@ -266,11 +413,11 @@ int Main(int argc, char** argv) {
     out["decode_batch" + std::to_string(B)] = {{"tokens_per_s", rate}, {"bandwidth_utilisation", util}};
   }
   // Throughput: 1000 requests of 512 + 128 tokens submitted at once.
-  {
+  if (want("throughput")) {
     const EngineStats a = (*engine)->Stats();
     const absl::Time t0 = absl::Now();
     std::vector<std::shared_ptr<TimingSink>> sinks;
-    for (int32_t i = 0; i < 1000; ++i) sinks.push_back(Start(**engine, 512, 128, 5000 + i));
+    for (int32_t i = 0; i < 1000; ++i) sinks.push_back(Start(**engine, 512, 128));
     for (auto& s : sinks) WaitOk(*s);
     const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
     const double idle_t = IdleShare(a, (*engine)->Stats(), secs);

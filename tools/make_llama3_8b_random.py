@@ -3,7 +3,9 @@
 intermediate 14336, vocab 128256, llama3 rope) in Hugging Face layout, for benchmarks on the GPU machine, where
 16 GB cannot travel. Weights are drawn on the GPU with torch and written as 4 safetensors shards.
 
-    python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-random
+    python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-random [--config-only]
+
+--config-only writes config.json alone (enough for `inferd-bench --products-only`).
 """
 import json
 import os
@@ -33,6 +35,8 @@ def main():
                             "original_max_position_embeddings": 8192}, "rope_theta": 500000.0}
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
+    if "--config-only" in sys.argv[2:]:
+        return
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}, f)
     gen = torch.Generator(device="cuda").manual_seed(8)

@@ -63,7 +63,8 @@ TEST_P(AddRmsNormTest, MatchesReferenceWithinBf16Rounding) {
 
 INSTANTIATE_TEST_SUITE_P(OddSizes, AddRmsNormTest,
                          ::testing::Values(std::make_tuple(1, 1), std::make_tuple(3, 17), std::make_tuple(17, 576),
-                                           std::make_tuple(5, 4096), std::make_tuple(2, 5000)));
+                                           std::make_tuple(5, 4096), std::make_tuple(2, 5000), std::make_tuple(3, 8192),
+                                           std::make_tuple(2, 16384), std::make_tuple(1, 16392)));
 
 TEST(Kernels, SiluMulMatchesReference) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
@@ -126,7 +127,7 @@ TEST(Kernels, RopeRotatesQAndKAndWritesKvIntoTheirSlots) {
 struct AttentionCase {
   int32_t head_dim, heads, kv_heads, block_size;
   std::vector<std::pair<int32_t, int32_t>> seqs;
-  bool decode_graph = false;  // the plan a decode CUDA graph replays (rows of one token, KV never split)
+  bool decode_graph = false;  // the plan a decode CUDA graph replays (rows of one token, a fixed padded grid)
 };
 
 class PagedAttentionTest : public ::testing::TestWithParam<AttentionCase> {};

@@ -143,6 +143,25 @@ TEST_F(EngineWithFakeBackend, ADeadlinePassingWhileRunningEndsTheRequestAndFrees
   EXPECT_EQ(engine_->Stats().free_blocks, 64);
 }
 
+// A drain waits on `unfinished`: it counts a request from Submit to its last output, also in the moments when it
+// is neither running nor waiting in the last published step counts (taken from the queue, mid-step).
+TEST_F(EngineWithFakeBackend, UnfinishedCountsARequestFromSubmitToItsLastOutput) {
+  control_.step_ms = 25;
+  EXPECT_EQ(engine_->Stats().unfinished, 0);
+  auto sink = Submit("a", 40);
+  EXPECT_EQ(engine_->Stats().unfinished, 1);
+  int observations = 0;
+  while (!sink->WaitFor(absl::Microseconds(200))) {
+    ++observations;
+    if (engine_->Stats().unfinished == 0) {
+      ASSERT_TRUE(sink->WaitFor(absl::Milliseconds(100))) << "unfinished read 0 while the request had tokens to go";
+    }
+  }
+  EXPECT_GT(observations, 100);
+  EXPECT_EQ(sink->tokens.size(), 40u);
+  EXPECT_EQ(engine_->Stats().unfinished, 0);
+}
+
 TEST_F(EngineWithFakeBackend, ALateCancelOfAFinishedRequestNeverTouchesANewOneWithItsId) {
   auto first = std::make_shared<CollectingSink>();
   auto a = TrySubmit("same-id", 2, first);

@@ -446,8 +446,9 @@ absl::Status CudaBackend<T>::CaptureDecodeGraphs() {
     cudaGraphDestroy(graph);
     INFERD_CUDA(made);
     graphs_[rows] = g;
+    // The next bucket rewrites the pinned inputs and attention schedule that this bucket's copies read.
+    INFERD_CUDA(cudaStreamSynchronize(compute_));
   }
-  INFERD_CUDA(cudaStreamSynchronize(compute_));
   spdlog::info("cuda: decode graphs captured for batches of {} rows", absl::StrJoin(buckets, ", "));
   return absl::OkStatus();
 }

@@ -1,11 +1,28 @@
 #include "engine/backends/cuda/gemm.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "absl/strings/str_cat.h"
+#include "kernels/gemv.h"
 
 namespace inferd::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+// Up to 2 rows the streaming kernel beats cuBLASLt on the 8B model's decode chain (5.27-5.33 vs 5.53 ms), at 3
+// they tie, from 4 cuBLASLt wins: `inferd-bench --products-only`, kernels/NOTES.md.
+constexpr int64_t kStreamingMaxRows = 2;
+
+template <typename T>
+cudaError_t RunGemv(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, const void* bias,
+                    bool out_fp32, cudaStream_t stream) {
+  const T* xt = static_cast<const T*>(x);
+  const T* wt = static_cast<const T*>(w);
+  const T* bt = static_cast<const T*>(bias);
+  return out_fp32 ? kernels::Gemv<T, float>(xt, wt, bt, static_cast<float*>(y), m, n, k, stream)
+                  : kernels::Gemv<T, T>(xt, wt, bt, static_cast<T*>(y), m, n, k, stream);
+}
 
 }  // namespace
 
@@ -22,6 +39,7 @@ Gemm::~Gemm() {
 absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(cudaDataType_t dtype, int64_t* device_bytes) {
   std::unique_ptr<Gemm> g(new Gemm());
   g->dtype_ = dtype;
+  g->gemv_max_rows_ = kStreamingMaxRows;
   INFERD_CUBLAS(cublasLtCreate(&g->handle_));
   INFERD_RETURN_IF_ERROR(g->workspace_.Allocate(kWorkspaceBytes, device_bytes));
   return g;
@@ -40,8 +58,7 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool 
   if (bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    INFERD_CUBLAS(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &dtype_, sizeof(dtype_)));
+    INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &dtype_, sizeof(dtype_)));
   }
   INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, dtype_, k, n, k));
   INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, dtype_, k, m, k));
@@ -52,7 +69,8 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool 
   INFERD_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   cublasLtMatmulHeuristicResult_t result;
   int found = 0;
-  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  const cublasStatus_t s =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   INFERD_CUBLAS(s);
   if (found == 0) {
@@ -66,6 +84,11 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool 
 absl::Status Gemm::Run(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, const void* bias,
                        bool out_fp32, cudaStream_t stream) {
   if (m == 0) return absl::OkStatus();
+  if (m <= gemv_max_rows_ && kernels::GemvSupports(x, w, m, k)) {
+    const cudaError_t e = dtype_ == CUDA_R_16BF ? RunGemv<__nv_bfloat16>(x, w, y, m, n, k, bias, out_fp32, stream)
+                                                : RunGemv<__half>(x, w, y, m, n, k, bias, out_fp32, stream);
+    return FromCuda(e, "kernels::Gemv");
+  }
   INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32));
   if (bias) {
     INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));

@@ -1,6 +1,7 @@
-// Y[m, n] = X[m, k] · W[n, k]ᵀ (+ bias[n]) through cuBLASLt: bf16/fp16 operands, fp32 accumulation, output in
-// the operand dtype or fp32 (logits). Row-major on our side; the algorithm is chosen by cuBLASLt's heuristic once
-// per shape and cached.
+// Y[m, n] = X[m, k] · W[n, k]ᵀ (+ bias[n]): bf16/fp16 operands, fp32 accumulation, output in the operand dtype
+// or fp32 (logits). Products of up to gemv_max_rows() rows (decode steps) run our weight-streaming kernel
+// (kernels/gemv.h); larger ones run cuBLASLt, with its heuristic's algorithm chosen once per shape and cached.
+// Row-major on our side.
 #pragma once
 
 #include <cublasLt.h>
@@ -22,6 +23,9 @@ class Gemm {
   // y: [m, n] of the operand dtype, or fp32 when out_fp32. bias: [n] of the operand dtype, or null.
   absl::Status Run(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, const void* bias,
                    bool out_fp32, cudaStream_t stream);
+  // Products of at most this many rows use the streaming kernel (0: cuBLASLt for every product).
+  int64_t gemv_max_rows() const { return gemv_max_rows_; }
+  void set_gemv_max_rows(int64_t rows) { gemv_max_rows_ = rows; }
 
  private:
   struct Plan {
@@ -34,6 +38,7 @@ class Gemm {
   Gemm() = default;
   cublasLtHandle_t handle_ = nullptr;
   cudaDataType_t dtype_ = CUDA_R_16BF;
+  int64_t gemv_max_rows_ = 0;
   DeviceBuffer workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, Plan> plans_;
 };

@@ -1,0 +1,24 @@
+// Matrix products of a few rows, as decode steps run them: Y[m, n] = X[m, k] · W[n, k]ᵀ (+ bias[n]) for
+// m ≤ kGemvMaxRows. Such products read all of W and almost nothing else, so they are bound by how fast W streams
+// from memory; these kernels read each weight once with 16-byte loads, several in flight per thread, and keep
+// every row of X beside it. T = __nv_bfloat16 or __half, fp32 accumulation, Y in T (rounded once) or fp32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace inferd::kernels {
+
+inline constexpr int kGemvMaxRows = 8;
+
+// True when Gemv can run this shape: 1 ≤ m ≤ kGemvMaxRows, k a multiple of 8 and x, w 16-byte aligned.
+bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k);
+
+// x: [m, k], w: [n, k], bias: [n] or null, y: [m, n]. Returns cudaErrorInvalidValue where GemvSupports is false.
+template <typename T, typename Out>
+cudaError_t Gemv(const T* x, const T* w, const T* bias, Out* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+
+}  // namespace inferd::kernels

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine: where a batch-1 decode step's time goes, by kernel, from Nsight Compute's per-kernel
+# durations (clocks left alone) over a window of the latency run's steps. Needs the bundle and the 8B model
+# that gpu_run.sh bench writes.
+#   bash scripts/profile_decode.sh [MODEL_DIR]      writes $OUT/profile_decode.{csv,txt}
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-results}
+M=${1:-/tmp/llama3-8b-random}
+BUNDLE=/tmp/inferd-bundle
+export LD_LIBRARY_PATH="$BUNDLE/lib:${LD_LIBRARY_PATH:-}"
+# Skip start-up and the warm-up request; then 600 kernels: about three decode steps.
+ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 6000 --launch-count 600 \
+  "$BUNDLE/bin/inferd-bench" --model "$M" --sections latency > "$OUT/profile_decode.csv" 2> "$OUT/profile_decode.err"
+python3 - "$OUT/profile_decode.csv" <<'PY' | tee "$OUT/profile_decode.txt"
+import csv, collections, re, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]
+name_i, val_i, unit_i = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
+total, by = 0.0, collections.defaultdict(lambda: [0.0, 0])
+for r in rows[1:]:
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[r[unit_i]]
+    us = float(r[val_i].replace(",", "")) * scale
+    words = [w for w in re.findall(r"([A-Za-z_]\w*)\s*[<(]", r[name_i]) if w not in ("anonymous", "unnamed", "void")]
+    name = (words[0] if words else r[name_i])[:70]
+    by[name][0] += us
+    by[name][1] += 1
+    total += us
+print(f"{len(rows) - 1} kernels, {total:.0f} us in all")
+for name, (us, n) in sorted(by.items(), key=lambda kv: -kv[1][0]):
+    print(f"{100 * us / total:5.1f}%  {us:9.1f} us  {n:4d} x {us / n:7.2f} us  {name}")
+PY

@@ -1,0 +1,122 @@
+// The small-batch product kernel against an fp64 reference of the same rounded inputs, on random data and odd
+// shapes, with and without bias, rounded (bf16, fp16) and fp32 outputs; outputs poisoned before each run.
+// Tolerance per element: fp32 accumulation (1e-5 of Σ|w·x|) plus one rounding of the output dtype.
+#include "kernels/gemv.h"
+
+#include <cuda_fp16.h>
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+#include "tests/gpu/gpu_test_util.h"
+
+namespace inferd {
+namespace {
+
+using testing::Dev;
+using testing::Random;
+
+template <typename T>
+float ToF(T v) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(v);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(v);
+  } else {
+    return v;
+  }
+}
+template <typename T>
+T FromF(float v) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half(v);
+  } else {
+    return __float2bfloat16(v);
+  }
+}
+template <typename T>
+std::vector<T> Round(const std::vector<float>& v) {
+  std::vector<T> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FromF<T>(v[i]);
+  return out;
+}
+
+// (m, n, k, bias)
+using Shape = std::tuple<int, int, int, bool>;
+
+template <typename T, typename Out>
+void CheckShape(const Shape& shape, uint32_t seed) {
+  const auto [m, n, k, with_bias] = shape;
+  std::mt19937 rng(seed);
+  const std::vector<T> x = Round<T>(Random(size_t(m) * k, rng));
+  const std::vector<T> w = Round<T>(Random(size_t(n) * k, rng, 0.05f));
+  const std::vector<T> bias = Round<T>(Random(n, rng));
+  Dev<T> dx(x), dw(w), db(bias);
+  Dev<Out> dy(size_t(m) * n);
+  ASSERT_TRUE(kernels::GemvSupports(dx.get(), dw.get(), m, k));
+  CUDA_OK((kernels::Gemv<T, Out>(dx.get(), dw.get(), with_bias ? db.get() : nullptr, dy.get(), m, n, k, nullptr)));
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<Out> y = dy.Host();
+  const double out_eps = std::is_same_v<Out, float> ? 1e-7 : (std::is_same_v<Out, __half> ? 1e-3 : 8e-3);
+  int bad = 0;
+  for (int r = 0; r < m; ++r) {
+    for (int c = 0; c < n; ++c) {
+      double ref = with_bias ? ToF(bias[c]) : 0.0, mag = std::abs(ref);
+      for (int i = 0; i < k; ++i) {
+        const double p = double(ToF(x[size_t(r) * k + i])) * ToF(w[size_t(c) * k + i]);
+        ref += p;
+        mag += std::abs(p);
+      }
+      const double got = ToF(y[size_t(r) * n + c]);
+      const double tol = 1e-5 * mag + out_eps * std::abs(ref) + 1e-30;
+      if (!(std::abs(got - ref) <= tol) && ++bad <= 5) {
+        ADD_FAILURE() << "y[" << r << ", " << c << "] = " << got << ", reference " << ref << " (tolerance " << tol
+                      << ") for m=" << m << " n=" << n << " k=" << k;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+class GemvTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(GemvTest, Bf16MatchesReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  CheckShape<__nv_bfloat16, __nv_bfloat16>(GetParam(), 1);
+}
+TEST_P(GemvTest, Bf16WithFp32OutputMatchesReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  CheckShape<__nv_bfloat16, float>(GetParam(), 2);
+}
+TEST_P(GemvTest, Fp16MatchesReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  CheckShape<__half, __half>(GetParam(), 3);
+}
+TEST_P(GemvTest, Fp16WithFp32OutputMatchesReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  CheckShape<__half, float>(GetParam(), 4);
+}
+
+// Every row count; k below one lane sweep (8), between sweeps (264, 1000), past the unrolled loop (4104);
+// n not a multiple of the warps per block.
+INSTANTIATE_TEST_SUITE_P(OddShapes, GemvTest,
+                         ::testing::Values(Shape{1, 37, 8, false}, Shape{2, 129, 264, true},
+                                           Shape{3, 1001, 1000, false}, Shape{4, 67, 4104, true},
+                                           Shape{5, 250, 2056, false}, Shape{6, 33, 1032, true},
+                                           Shape{7, 513, 520, false}, Shape{8, 130, 4096, true},
+                                           Shape{8, 3, 14336, false}));
+
+TEST(Gemv, RefusesShapesItCannotRun) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  Dev<__nv_bfloat16> x(size_t{64}), w(size_t{64});
+  Dev<float> y(size_t{64});
+  EXPECT_FALSE(kernels::GemvSupports(x.get(), w.get(), 0, 8));
+  EXPECT_FALSE(kernels::GemvSupports(x.get(), w.get(), kernels::kGemvMaxRows + 1, 8));
+  EXPECT_FALSE(kernels::GemvSupports(x.get(), w.get(), 1, 12));
+  EXPECT_FALSE(kernels::GemvSupports(x.get() + 1, w.get(), 1, 8));
+  EXPECT_EQ((kernels::Gemv<__nv_bfloat16, float>(x.get(), w.get(), nullptr, y.get(), 1, 4, 12, nullptr)),
+            cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace inferd
