@@ -26,6 +26,11 @@ absl::Status Validate(const Config& c) {
         absl::StrCat("config: scheduler.max_num_batched_tokens = ", c.scheduler.max_num_batched_tokens,
                      " is out of range; allowed: scheduler.max_num_seqs (", c.scheduler.max_num_seqs, ") .. 1048576"));
   }
+  if (c.scheduler.long_prefill_chunk > c.scheduler.max_num_batched_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: scheduler.long_prefill_chunk = ", c.scheduler.long_prefill_chunk,
+        " is out of range; allowed: 0..scheduler.max_num_batched_tokens (", c.scheduler.max_num_batched_tokens, ")"));
+  }
   return CheckListenAddress(c.server.listen);
 }
 

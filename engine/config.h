@@ -30,6 +30,9 @@ struct SchedulerSection {
   int32_t max_num_batched_tokens = 2048;  // tokens in one step: 1..1048576, >= max_num_seqs
   bool prefix_caching = true;             // new requests reuse the KV blocks of a known prompt prefix
   int32_t max_queue = 256;                // accepted, not yet started requests before RESOURCE_EXHAUSTED: 1..1000000
+  int64_t max_queued_tokens = 1 << 20;    // their prompt tokens before RESOURCE_EXHAUSTED: 1..2^31
+  int32_t long_prefill_chunk = 0;         // prompt tokens of one request per step while others wait; 0 = budget / 4
+  double priority_aging_s = 30;           // waiting this long raises a request's priority by one; 0 = no aging
 };
 
 struct ServerSection {

@@ -173,6 +173,20 @@ std::vector<ConfigField> MakeFields() {
   f.push_back(Int<int32_t>(
       "scheduler", "max_queue", [](Config& c) -> int32_t& { return c.scheduler.max_queue; }, 256, 1, 1000000, "1..10^6",
       "requests accepted and not yet started before RESOURCE_EXHAUSTED; the bound holds exactly"));
+  f.push_back(Int<int64_t>(
+      "scheduler", "max_queued_tokens", [](Config& c) -> int64_t& { return c.scheduler.max_queued_tokens; },
+      int64_t{1} << 20, 1, int64_t{1} << 31, "1..2^31",
+      "prompt tokens of the requests accepted and not yet started; one more is RESOURCE_EXHAUSTED"));
+  f.push_back(Int<int32_t>(
+      "scheduler", "long_prefill_chunk", [](Config& c) -> int32_t& { return c.scheduler.long_prefill_chunk; }, 0, 0,
+      1 << 20, "0..max_num_batched_tokens",
+      "prompt tokens one request may compute in a step while others wait (alone it takes the whole "
+      "step), so a long prompt never holds back a newcomer's first token; 0 = max_num_batched_tokens / 4"));
+  f.push_back(Real(
+      "scheduler", "priority_aging_s", [](Config& c) -> double& { return c.scheduler.priority_aging_s; }, 0, 86400,
+      false, "30", "0..86400",
+      "each this many seconds of waiting raise a request's priority by one, so low priorities cannot starve; "
+      "0 = no aging"));
   // server
   f.push_back(Text(
       "server", "listen", [](Config& c) -> std::string& { return c.server.listen; }, "0.0.0.0:50051", {},

@@ -83,10 +83,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   spdlog::info("memory plan: {}", plan.ToString());
 
   e->pool_ = std::make_unique<BlockPool>(plan.num_blocks);
-  e->scheduler_ = std::make_unique<Scheduler>(
-      SchedulerLimits{config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens, config.engine.block_size,
-                      config.scheduler.prefix_caching},
-      e->pool_.get());
+  e->scheduler_ =
+      std::make_unique<Scheduler>(SchedulerLimits{.max_num_seqs = config.scheduler.max_num_seqs,
+                                                  .max_num_batched_tokens = config.scheduler.max_num_batched_tokens,
+                                                  .block_size = config.engine.block_size,
+                                                  .prefix_caching = config.scheduler.prefix_caching,
+                                                  .long_prefill_chunk = config.scheduler.long_prefill_chunk,
+                                                  .priority_aging_s = config.scheduler.priority_aging_s},
+                                  e->pool_.get());
   int64_t max_len = mc.max_position_embeddings;
   if (config.model.max_model_len > 0) {
     if (config.model.max_model_len > mc.max_position_embeddings) {
@@ -164,9 +168,16 @@ absl::StatusOr<RequestHandle> Engine::Submit(Request request) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the waiting queue is full (scheduler.max_queue = ", config_.scheduler.max_queue, "); retry later"));
   }
+  const int64_t prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  if (not_started_tokens_ + prompt_tokens > config_.scheduler.max_queued_tokens) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the waiting queue holds ", not_started_tokens_, " prompt tokens; this request's ", prompt_tokens,
+        " would pass scheduler.max_queued_tokens = ", config_.scheduler.max_queued_tokens, "; retry later"));
+  }
   const RequestHandle handle = next_handle_++;
   live_ids_.emplace(request.id, handle);
   ++not_started_;
+  not_started_tokens_ += prompt_tokens;
   request.handle = handle;
   request.arrival = absl::Now();
   submitted_.push_back(std::move(request));
@@ -194,6 +205,7 @@ void Engine::MarkStarted(Sequence* seq, absl::Time now) {
   seq->first_scheduled = now;
   std::lock_guard<std::mutex> lock(mu_);
   --not_started_;
+  not_started_tokens_ -= seq->num_prompt_tokens;
 }
 
 EngineStats Engine::Stats() const {
@@ -210,6 +222,14 @@ void Engine::PublishStats() {
   stats_.waiting = scheduler_ ? static_cast<int32_t>(scheduler_->waiting().size()) : 0;
   stats_.total_blocks = pool_->num_total();
   stats_.free_blocks = pool_->num_free();
+  stats_.cached_blocks = pool_->num_cached();
+  if (scheduler_) {
+    const CapacityCounters& k = scheduler_->counters();
+    stats_.preemptions = k.preemptions;
+    stats_.preempted_tokens = k.preempted_tokens;
+    stats_.prefix_query_tokens = k.prefix_query_tokens;
+    stats_.prefix_hit_tokens = k.prefix_hit_tokens;
+  }
   if (backend_) {
     const StepCounters k = backend_->counters();
     stats_.steps = k.steps;
@@ -271,7 +291,10 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status err
   std::shared_ptr<OutputSink> sink = seq->request.sink;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (seq->first_scheduled == absl::InfinitePast()) --not_started_;
+    if (seq->first_scheduled == absl::InfinitePast()) {
+      --not_started_;
+      not_started_tokens_ -= seq->num_prompt_tokens;
+    }
     auto it = live_ids_.find(seq->request.id);
     if (it != live_ids_.end() && it->second == seq->seq_id) live_ids_.erase(it);
   }
@@ -289,7 +312,11 @@ void Engine::Loop() {
       if (stop_) return;
     }
     TakeQueued();
-    const StepPlan plan = scheduler_->Schedule();
+    const StepPlan plan = scheduler_->Schedule(absl::Now());
+    for (const Sequence* seq : plan.preempted) {
+      spdlog::info("request '{}' (priority {}) preempted, #{}: {} computed tokens to recompute", seq->request.id,
+                   seq->priority(), seq->num_preemptions, seq->num_tokens() - 1);
+    }
     if (!plan.empty()) RunStep(plan);
     PublishStats();
     if (plan.empty() && !active_.empty()) {

@@ -31,7 +31,12 @@ struct EngineStats {
   int32_t waiting = 0;
   int32_t unfinished = 0;  // accepted and not yet finished, wherever they are (queued, scheduled, mid-step)
   int32_t total_blocks = 0;
-  int32_t free_blocks = 0;
+  int32_t free_blocks = 0;          // held by no request (cached ones included)
+  int32_t cached_blocks = 0;        // free blocks that still hold a reusable prefix
+  int64_t preemptions = 0;          // requests sent back to waiting to free blocks or a slot
+  int64_t preempted_tokens = 0;     // computed tokens those preemptions threw away
+  int64_t prefix_query_tokens = 0;  // prompt tokens looked up in the prefix cache at first admission
+  int64_t prefix_hit_tokens = 0;    // of those, found cached
   int64_t steps = 0;
   double device_busy_s = 0;  // summed device time of the steps (cuda: CUDA events around each step's compute)
 };
@@ -99,7 +104,8 @@ class Engine {
   std::vector<RequestHandle> aborts_;
   std::unordered_map<std::string, RequestHandle> live_ids_;  // ids submitted and not yet finished
   RequestHandle next_handle_ = 1;
-  int32_t not_started_ = 0;  // accepted and never scheduled: what scheduler.max_queue bounds
+  int32_t not_started_ = 0;         // accepted and never scheduled: what scheduler.max_queue bounds
+  int64_t not_started_tokens_ = 0;  // their prompt tokens: what scheduler.max_queued_tokens bounds
   bool stop_ = false;
   EngineStats stats_;
 

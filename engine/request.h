@@ -89,6 +89,7 @@ struct Request {
   StoppingParams stopping;
   int32_t top_logprobs = 0;
   bool skip_special_tokens = true;
+  int32_t priority = 0;  // higher runs first; equal priorities in arrival order
   absl::Time deadline = absl::InfiniteFuture();
   absl::Time arrival;   // set by Engine::Submit
   uint64_t handle = 0;  // set by Engine::Submit: the engine's identity of this request

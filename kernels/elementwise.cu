@@ -2,6 +2,7 @@
 #include <cstdint>
 
 #include "kernels/block_reduce.cuh"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/elementwise.h"
 
 namespace inferd::kernels {
@@ -73,6 +74,7 @@ template <typename T>
 __global__ void __launch_bounds__(kNormVecThreads)
     AddRmsNormVecKernel(T* __restrict__ residual, const T* __restrict__ delta, const T* __restrict__ weight,
                         T* __restrict__ out, int64_t n, float eps) {
+  AllowDependentsToLaunch();  // the product after the norm may start streaming its weights
   const int64_t nv = n / 8;
   uint4* x = reinterpret_cast<uint4*>(residual + int64_t{blockIdx.x} * n);
   const uint4* d = delta ? reinterpret_cast<const uint4*>(delta + int64_t{blockIdx.x} * n) : nullptr;
@@ -116,6 +118,7 @@ __global__ void __launch_bounds__(kNormVecThreads)
 
 template <typename T>
 __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t inter) {
+  AllowDependentsToLaunch();  // the down product may start streaming its weights
   const int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (e >= rows * inter) return;
   const int64_t r = e / inter, i = e % inter;

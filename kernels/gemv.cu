@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "kernels/dependent_launch.cuh"
 #include "kernels/gemv.h"
 
 namespace inferd::kernels {
@@ -90,12 +91,24 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int r = 0; r < M; ++r) acc[j][r] = 0.f;
   }
   int64_t c = lane;
-  for (; c + (kSteps - 1) * 32 < chunks; c += kSteps * 32) {
-    uint4 wv[kSteps][R];
+  // The first batch of weights streams in while the kernel that writes X may still run (dependent launch).
+  uint4 wv[kSteps][R];
+  const bool full_batch = c + (kSteps - 1) * 32 < chunks;
+  if (full_batch) {
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
 #pragma unroll
       for (int j = 0; j < R; ++j) wv[u][j] = LoadOnce(wr[j] + c + u * 32);
+    }
+  }
+  WaitForPrerequisites();
+  for (bool first = true; c + (kSteps - 1) * 32 < chunks; c += kSteps * 32, first = false) {
+    if (!first) {
+#pragma unroll
+      for (int u = 0; u < kSteps; ++u) {
+#pragma unroll
+        for (int j = 0; j < R; ++j) wv[u][j] = LoadOnce(wr[j] + c + u * 32);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) Accumulate<T, M, R>(wv[u], x, k, c + u * 32, acc);
@@ -137,8 +150,16 @@ template <typename T, typename Out, int M>
 cudaError_t LaunchRows(const T* x, const T* w, const T* bias, Out* y, int64_t n, int64_t k, cudaStream_t stream) {
   constexpr int R = RowsPerWarp<M>();
   const int64_t blocks = (n + kWarps * R - 1) / (kWarps * R);
-  GemvKernel<T, Out, M, R><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(x, w, bias, y, n, k);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kWarps * 32);
+  config.stream = stream;
+  cudaLaunchAttribute early;
+  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &early;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, GemvKernel<T, Out, M, R>, x, w, bias, y, n, k);
 }
 
 template <typename T, typename Out, int... Ms>

@@ -2,6 +2,8 @@
 // m ≤ kGemvMaxRows. Such products read all of W and almost nothing else, so they are bound by how fast W streams
 // from memory; these kernels read each weight once with 16-byte loads, several in flight per thread, and keep
 // every row of X beside it. T = __nv_bfloat16 or __half, fp32 accumulation, Y in T (rounded once) or fp32.
+// Launched as a programmatic dependent (kernels/dependent_launch.cuh): it starts streaming W while the kernel
+// before it on the stream finishes, and reads X only once that kernel is done.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -119,8 +119,22 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
 
   int32_t token = 0;
+  // Greedy rows end here: kUnroll independent loads per thread in flight (the ties rule makes the order moot).
   ArgMax best{-INFINITY, vocab};
-  for (int32_t v = threadIdx.x; v < vocab; v += kThreads) best = ArgMaxOp()(best, ArgMax{l[v], v});
+  constexpr int kUnroll = 8;
+  for (int32_t base = 0; base < vocab; base += kThreads * kUnroll) {
+    float x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int32_t v = base + u * kThreads + threadIdx.x;
+      x[u] = v < vocab ? l[v] : -INFINITY;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int32_t v = base + u * kThreads + threadIdx.x;
+      if (v < vocab) best = ArgMaxOp()(best, ArgMax{x[u], v});
+    }
+  }
   best = AllReduce<BlockReduceA>(tmp.a, best, ArgMaxOp(), &sa);
   if (best.index >= vocab) best.index = 0;  // every logit is -inf: nothing is allowed; fall back to id 0
   if (p.temperature == 0.f || !(best.value > -INFINITY)) {

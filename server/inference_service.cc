@@ -262,7 +262,9 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
   UnaryGenerateReactor(std::shared_ptr<Engine> engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* proto,
                        grpc::ByteBuffer* result, const InferenceService::Limits& limits, RequestWorkers* workers,
                        std::shared_ptr<std::atomic<int64_t>> active_calls)
-      : engine_(std::move(engine)), sink_(std::make_shared<Sink>(this, result)), active_calls_(std::move(active_calls)) {
+      : engine_(std::move(engine)),
+        sink_(std::make_shared<Sink>(this, result)),
+        active_calls_(std::move(active_calls)) {
     ++*active_calls_;
     const int64_t max_bytes = limits.max_request_bytes;
     if (!workers->TryRun([this, ctx, proto, max_bytes] { Start(ctx, *proto, max_bytes); })) {
@@ -401,6 +403,14 @@ grpc::ServerUnaryReactor* InferenceService::GetServerInfo(grpc::CallbackServerCo
     info.set_waiting_requests(s.waiting);
     info.set_total_kv_blocks(s.total_blocks);
     info.set_free_kv_blocks(s.free_blocks);
+    info.set_used_kv_blocks(s.total_blocks - s.free_blocks);
+    info.set_cached_kv_blocks(s.cached_blocks);
+    info.set_prefix_cache_hit_tokens(s.prefix_hit_tokens);
+    info.set_prefix_cache_query_tokens(s.prefix_query_tokens);
+    info.set_prefix_cache_hit_rate(s.prefix_query_tokens > 0 ? double(s.prefix_hit_tokens) / s.prefix_query_tokens
+                                                             : 0.0);
+    info.set_preemptions_total(s.preemptions);
+    info.set_preempted_tokens_total(s.preempted_tokens);
     info.set_draining(engine->draining());
     info.set_backend(engine->backend_name());
     const MemoryPlan& p = engine->memory_plan();

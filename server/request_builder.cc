@@ -155,6 +155,7 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
     r.top_logprobs = p.output().top_logprobs();
   }
   r.skip_special_tokens = !p.output().has_skip_special_tokens() || p.output().skip_special_tokens();
+  r.priority = p.priority();
   return r;
 }
 

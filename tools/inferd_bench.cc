@@ -393,8 +393,11 @@ int Main(int argc, char** argv) {
   for (int32_t B : {1, 8, 32, 64, 128, 256}) {
     if (!want("decode")) break;
     std::vector<std::shared_ptr<TimingSink>> sinks;
+    const EngineStats before = (*engine)->Stats();
+    const absl::Time started = absl::Now();
     for (int32_t i = 0; i < B; ++i) sinks.push_back(Start(**engine, 512, 128));
     for (auto& s : sinks) WaitOk(*s);
+    const double idle = IdleShare(before, (*engine)->Stats(), absl::ToDoubleSeconds(absl::Now() - started));
     absl::Time t0 = absl::InfinitePast(), t1 = absl::InfinitePast();
     for (auto& s : sinks) {
       t0 = std::max(t0, s->times.front());
@@ -408,9 +411,11 @@ int Main(int argc, char** argv) {
     const double rate = secs > 0 ? after / secs : 0;
     const double bytes = (plan.weight_bytes - embed_bytes) + B * kv_per_token * (512 + 64);
     const double util = rate > 0 ? bytes * (rate / B) / (read_tbs * 1e12) : 0;
-    std::printf("%-28s %10.0f tok/s  %7.2f ms/step   bandwidth utilisation %.1f%%\n",
-                ("decode, batch " + std::to_string(B)).c_str(), rate, rate > 0 ? 1e3 * B / rate : 0, 100 * util);
-    out["decode_batch" + std::to_string(B)] = {{"tokens_per_s", rate}, {"bandwidth_utilisation", util}};
+    std::printf("%-28s %10.0f tok/s  %7.2f ms/step   bandwidth utilisation %.1f%%  GPU idle %.1f%%\n",
+                ("decode, batch " + std::to_string(B)).c_str(), rate, rate > 0 ? 1e3 * B / rate : 0, 100 * util,
+                100 * idle);
+    out["decode_batch" + std::to_string(B)] = {
+        {"tokens_per_s", rate}, {"bandwidth_utilisation", util}, {"gpu_idle_share", idle}};
   }
   // Throughput: 1000 requests of 512 + 128 tokens submitted at once.
   if (want("throughput")) {

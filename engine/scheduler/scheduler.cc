@@ -1,116 +1,157 @@
 #include "engine/scheduler/scheduler.h"
 
 #include <algorithm>
-#include <optional>
-#include <span>
+#include <climits>
+#include <cmath>
 
 #include "engine/check.h"
 
 namespace inferd {
 
-Scheduler::Scheduler(SchedulerLimits limits, BlockPool* pool) : limits_(limits), pool_(pool) {
+Scheduler::Scheduler(SchedulerLimits limits, BlockPool* pool)
+    : limits_(limits), capacity_(limits.block_size, limits.prefix_caching, pool) {
   INFERD_CHECK(limits_.max_num_batched_tokens >= limits_.max_num_seqs, "the token budget covers one decode per seq");
+  if (limits_.long_prefill_chunk <= 0) limits_.long_prefill_chunk = std::max(1, limits_.max_num_batched_tokens / 4);
 }
 
 void Scheduler::Add(Sequence* seq) {
   waiting_.push_back(seq);
 }
 
-bool Scheduler::AllocateFor(Sequence* seq, int32_t num_tokens) {
-  const int32_t need = BlocksFor(num_tokens, limits_.block_size) - static_cast<int32_t>(seq->block_table.size());
-  if (need <= 0) return true;
-  if (!pool_->CanAllocate(need)) return false;
-  const std::vector<int32_t> blocks = pool_->Allocate(need);
-  seq->block_table.insert(seq->block_table.end(), blocks.begin(), blocks.end());
-  return true;
-}
-
-void Scheduler::DropBlocks(Sequence* seq) {
-  pool_->Free(seq->block_table);
-  seq->block_table.clear();
-  seq->block_keys.clear();
-  seq->num_computed = 0;
-}
-
-void Scheduler::ReusePrefix(Sequence* seq) {
-  if (!limits_.prefix_caching || !seq->block_table.empty()) return;
-  const int32_t bs = limits_.block_size;
-  const int32_t max_blocks = (seq->num_tokens() - 1) / bs;  // the last token is always computed: it samples
-  uint64_t parent = 0;
-  for (int32_t i = 0; i < max_blocks; ++i) {
-    const std::span<const int32_t> tokens(seq->tokens.data() + int64_t{i} * bs, bs);
-    const uint64_t key = BlockPool::BlockKey(parent, tokens);
-    const std::optional<int32_t> block = pool_->Reuse(key, tokens);
-    if (!block) break;
-    seq->block_table.push_back(*block);
-    seq->block_keys.push_back(key);
-    parent = key;
+int64_t Scheduler::EffectivePriority(const Sequence& seq, absl::Time now) const {
+  int64_t p = seq.priority();
+  if (limits_.priority_aging_s > 0 && now > seq.arrival) {
+    p += static_cast<int64_t>(std::floor(absl::ToDoubleSeconds(now - seq.arrival) / limits_.priority_aging_s));
   }
-  seq->num_computed = static_cast<int32_t>(seq->block_table.size()) * bs;
+  return p;
 }
 
-void Scheduler::RememberFullBlocks(Sequence* seq) {
-  if (!limits_.prefix_caching) return;
-  const int32_t bs = limits_.block_size;
-  const int32_t full = seq->num_computed / bs;
-  for (int32_t i = static_cast<int32_t>(seq->block_keys.size()); i < full; ++i) {
-    const std::span<const int32_t> tokens(seq->tokens.data() + int64_t{i} * bs, bs);
-    const uint64_t key = BlockPool::BlockKey(i == 0 ? 0 : seq->block_keys[i - 1], tokens);
-    pool_->Remember(seq->block_table[i], key, tokens);
-    seq->block_keys.push_back(key);
+void Scheduler::OrderWaiting(absl::Time now) {
+  // Higher (aged) priority first, then arrival (seq ids grow with arrival).
+  auto before = [&](const Sequence* a, const Sequence* b) {
+    const int64_t pa = EffectivePriority(*a, now), pb = EffectivePriority(*b, now);
+    return pa != pb ? pa > pb : a->seq_id < b->seq_id;
+  };
+  if (!std::is_sorted(waiting_.begin(), waiting_.end(), before)) {
+    std::stable_sort(waiting_.begin(), waiting_.end(), before);
   }
 }
 
-void Scheduler::Preempt(Sequence* seq) {
-  // Recompute: the blocks go back (full ones stay cached) and the sequence (prompt + output so far) is
-  // prefilled again later, from its cached prefix when that is still there.
-  DropBlocks(seq);
-  seq->num_preemptions++;
-  waiting_.push_front(seq);
+int32_t Scheduler::PreemptRunning(Sequence* victim, StepPlan* plan) {
+  int32_t refunded = 0;
+  auto scheduled =
+      std::find_if(plan->seqs.begin(), plan->seqs.end(), [victim](const ScheduledSeq& s) { return s.seq == victim; });
+  if (scheduled != plan->seqs.end()) {
+    refunded = scheduled->num_new;
+    plan->seqs.erase(scheduled);
+  }
+  running_.erase(std::find(running_.begin(), running_.end(), victim));
+  capacity_.Preempt(victim);
+  plan->preempted.push_back(victim);
+  waiting_.push_front(victim);  // ordered with the rest at the next step
+  return refunded;
 }
 
-StepPlan Scheduler::Schedule() {
-  StepPlan plan;
-  int32_t budget = limits_.max_num_batched_tokens;
-
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
-    Sequence* seq = running_[i];
-    const int32_t num_new = std::min(seq->num_tokens() - seq->num_computed, budget);
-    INFERD_CHECK(num_new > 0, "a running sequence always has a token to compute");
-    bool self_preempted = false;
-    while (!AllocateFor(seq, seq->num_computed + num_new)) {
-      Sequence* victim = running_.back();
-      running_.pop_back();
-      Preempt(victim);
-      plan.preempted.push_back(victim);
+void Scheduler::GrantRunning(StepPlan* plan) {
+  // Composition: every decode gets its token (the budget is at least max_num_seqs); prefilling prompts share
+  // what is left, in admission order, each capped while others wait.
+  int32_t decodes = 0;
+  for (const Sequence* seq : running_) decodes += seq->num_tokens() - seq->num_computed == 1;
+  int32_t prefill_budget = limits_.max_num_batched_tokens - decodes;
+  std::vector<std::pair<Sequence*, int32_t>> wants;
+  for (Sequence* seq : running_) {
+    const int32_t remaining = seq->num_tokens() - seq->num_computed;
+    INFERD_CHECK(remaining > 0, "a running sequence always has a token to compute");
+    int32_t n = 1;
+    if (remaining > 1) {
+      n = std::min({remaining, prefill_budget, waiting_.empty() ? remaining : limits_.long_prefill_chunk});
+      prefill_budget -= n;
+    }
+    if (n > 0) wants.emplace_back(seq, n);
+  }
+  // Capacity: blocks go to the highest priority first (then the earliest admitted).
+  std::stable_sort(wants.begin(), wants.end(), [](const auto& a, const auto& b) {
+    return a.first->priority() != b.first->priority() ? a.first->priority() > b.first->priority()
+                                                      : a.first->admitted_order < b.first->admitted_order;
+  });
+  std::vector<Sequence*> ungranted;
+  for (const auto& [seq, n] : wants) ungranted.push_back(seq);
+  for (const auto& [seq, n] : wants) {
+    if (std::find(plan->preempted.begin(), plan->preempted.end(), seq) != plan->preempted.end()) continue;
+    ungranted.erase(std::find(ungranted.begin(), ungranted.end(), seq));  // there: not preempted yet
+    bool granted = true;
+    while (!capacity_.Grow(seq, seq->num_computed + n)) {
+      Sequence* victim = Capacity::ChooseVictim(ungranted, seq, INT32_MAX);
+      if (!victim && !seq->awaiting_progress()) victim = seq;
+      // Everyone left is awaiting progress: preempting one of them again beats standing still.
+      if (!victim) victim = Capacity::ChooseVictim(ungranted, seq, INT32_MAX, /*spare_awaiting=*/false);
+      if (!victim) {
+        granted = false;  // nothing can make room: it waits for blocks this step
+        break;
+      }
+      PreemptRunning(victim, plan);
+      ungranted.erase(std::remove(ungranted.begin(), ungranted.end(), victim), ungranted.end());
       if (victim == seq) {
-        self_preempted = true;
+        granted = false;
         break;
       }
     }
-    if (self_preempted) break;
-    plan.seqs.push_back({seq, seq->num_computed, num_new, seq->num_computed + num_new == seq->num_tokens()});
-    budget -= num_new;
-    ++i;
+    if (granted) {
+      plan->seqs.push_back({seq, seq->num_computed, n, seq->num_computed + n == seq->num_tokens()});
+    }
   }
+}
 
-  // New work is admitted only when nothing had to be preempted, so a preempted sequence goes first.
-  while (plan.preempted.empty() && !waiting_.empty() && budget > 0 &&
-         static_cast<int32_t>(running_.size()) < limits_.max_num_seqs) {
+void Scheduler::Admit(StepPlan* plan) {
+  int32_t budget = limits_.max_num_batched_tokens;
+  for (const ScheduledSeq& s : plan->seqs) budget -= s.num_new;
+  const uint64_t first_this_step = admissions_ + 1;
+  // Running sequences a newcomer may displace: not admitted in this step.
+  auto displaceable = [&] {
+    std::vector<Sequence*> v;
+    for (Sequence* s : running_) {
+      if (s->admitted_order < first_this_step) v.push_back(s);
+    }
+    return v;
+  };
+  while (!waiting_.empty() && budget > 0) {
     Sequence* seq = waiting_.front();
-    ReusePrefix(seq);
-    const int32_t num_new = std::min(seq->num_tokens() - seq->num_computed, budget);
-    if (!AllocateFor(seq, seq->num_computed + num_new)) {
-      DropBlocks(seq);  // the reused blocks go back until it fits
+    if (static_cast<int32_t>(running_.size()) >= limits_.max_num_seqs) {
+      Sequence* victim = Capacity::ChooseVictim(displaceable(), seq, seq->priority());
+      if (!victim) break;
+      budget += PreemptRunning(victim, plan);
+      std::swap(waiting_[0], waiting_[1]);  // the newcomer stays at the head, the victim right behind it
+    }
+    capacity_.ReusePrefix(seq);
+    const int32_t remaining = seq->num_tokens() - seq->num_computed;
+    const int32_t n = std::min({remaining, budget, waiting_.size() > 1 ? limits_.long_prefill_chunk : remaining});
+    bool fits = capacity_.Grow(seq, seq->num_computed + n);
+    while (!fits) {
+      Sequence* victim = Capacity::ChooseVictim(displaceable(), seq, seq->priority());
+      if (!victim) break;
+      budget += PreemptRunning(victim, plan);
+      std::swap(waiting_[0], waiting_[1]);
+      fits = capacity_.Grow(seq, seq->num_computed + n);
+    }
+    if (!fits) {
+      capacity_.Release(seq);  // the reused blocks go back (still cached) until it fits
       break;
     }
-    if (seq->num_preemptions == 0) seq->num_cached_tokens = seq->num_computed;
+    capacity_.Admitted(seq);
+    seq->admitted_order = ++admissions_;
     waiting_.pop_front();
     running_.push_back(seq);
-    plan.seqs.push_back({seq, seq->num_computed, num_new, seq->num_computed + num_new == seq->num_tokens()});
-    budget -= num_new;
+    plan->seqs.push_back({seq, seq->num_computed, n, seq->num_computed + n == seq->num_tokens()});
+    budget -= n;
   }
+}
 
+StepPlan Scheduler::Schedule(absl::Time now) {
+  StepPlan plan;
+  OrderWaiting(now);
+  GrantRunning(&plan);
+  // New work is admitted only when blocks did not run short, so preempted sequences are not overtaken.
+  if (plan.preempted.empty()) Admit(&plan);
   for (const ScheduledSeq& s : plan.seqs) plan.num_tokens += s.num_new;
   INFERD_CHECK(plan.num_tokens <= limits_.max_num_batched_tokens, "a step stays within max_num_batched_tokens");
   INFERD_CHECK(static_cast<int32_t>(plan.seqs.size()) <= limits_.max_num_seqs, "a step stays within max_num_seqs");
@@ -121,7 +162,7 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled
   size_t next = 0;
   for (const ScheduledSeq& s : plan.seqs) {
     s.seq->num_computed = s.start + s.num_new;
-    RememberFullBlocks(s.seq);
+    capacity_.RememberFullBlocks(s.seq);
     if (s.wants_token) {
       INFERD_CHECK(next < sampled.size(), "one sampled token per sequence that wanted one");
       s.seq->tokens.push_back(sampled[next++]);
@@ -137,7 +178,7 @@ void Scheduler::Finish(Sequence* seq) {
   };
   drop(running_);
   drop(waiting_);
-  DropBlocks(seq);
+  capacity_.Release(seq);
 }
 
 }  // namespace inferd

@@ -1,12 +1,16 @@
-// Continuous batching: decides, step by step, which sequences run and how many tokens each computes.
-// Pure logic over a BlockPool; it owns no tensors and no threads.
+// Continuous batching: decides, step by step, which sequences run and how many tokens each computes. The batch's
+// composition (token budget, prefill chunks, max_num_seqs, priority order) is decided here; whether blocks fit,
+// prefix reuse and who is preempted are Capacity's (capacity.h). Pure logic over a BlockPool; no tensors, no
+// threads, no clock (the caller passes the time).
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "engine/kv_cache/block_pool.h"
+#include "engine/scheduler/capacity.h"
 #include "engine/scheduler/sequence.h"
 
 namespace inferd {
@@ -16,6 +20,12 @@ struct SchedulerLimits {
   int32_t max_num_batched_tokens = 2048;
   int32_t block_size = 16;
   bool prefix_caching = false;  // a new sequence reuses cached full blocks of its longest known prefix
+  // Prompt tokens one sequence may compute in a step while other requests wait (alone it takes the whole
+  // budget); 0 = a quarter of max_num_batched_tokens.
+  int32_t long_prefill_chunk = 0;
+  // Every this many seconds of waiting raise a waiting request's priority by one (0 = never), so a stream of
+  // high-priority requests cannot starve a low one forever.
+  double priority_aging_s = 0;
 };
 
 struct ScheduledSeq {
@@ -26,7 +36,7 @@ struct ScheduledSeq {
 };
 
 struct StepPlan {
-  std::vector<ScheduledSeq> seqs;    // running sequences first, then newly admitted ones
+  std::vector<ScheduledSeq> seqs;    // running sequences (by priority), then newly admitted ones
   std::vector<Sequence*> preempted;  // sent back to waiting this step; their blocks are free
   int32_t num_tokens = 0;            // sum of num_new
   bool empty() const { return seqs.empty(); }
@@ -36,11 +46,17 @@ class Scheduler {
  public:
   Scheduler(SchedulerLimits limits, BlockPool* pool);
 
-  // Queues a new sequence at the back of the waiting queue.
+  // Queues a new sequence (its arrival and request.priority set).
   void Add(Sequence* seq);
-  // Chooses this step's batch: running sequences first (preempting the most recent when blocks run
-  // out), then waiting ones while the token budget, max_num_seqs and free blocks allow.
-  StepPlan Schedule();
+  // Chooses this step's batch at time `now`:
+  //  1. running sequences: decodes take one token each, prompts still prefilling share the rest of the budget
+  //     (capped at long_prefill_chunk while others wait); blocks are granted highest priority first, and when
+  //     they run out the lowest-priority, most recently admitted sequence is preempted (recompute) — never one
+  //     that has not passed the point of its last preemption, unless nothing else can move;
+  //  2. if nothing was preempted, waiting sequences by priority (aged) then arrival, while the budget,
+  //     max_num_seqs and blocks allow; one that does not fit may preempt running ones of lower priority, and
+  //     otherwise waits at the head of the queue (no smaller request overtakes it).
+  StepPlan Schedule(absl::Time now);
   // Applies a step's results: advances num_computed, appends the sampled token of each sequence that
   // wanted one (sampled[i] belongs to the i-th such sequence in plan order).
   void Update(const StepPlan& plan, const std::vector<int32_t>& sampled);
@@ -50,20 +66,22 @@ class Scheduler {
   const std::deque<Sequence*>& running() const { return running_; }
   const std::deque<Sequence*>& waiting() const { return waiting_; }
   const SchedulerLimits& limits() const { return limits_; }
+  const CapacityCounters& counters() const { return capacity_.counters(); }
 
  private:
-  bool AllocateFor(Sequence* seq, int32_t num_tokens);
-  // Takes the cached blocks of seq's longest known prefix (all but its last token) and counts them computed.
-  void ReusePrefix(Sequence* seq);
-  // Registers seq's blocks that are full and computed, so later sequences can reuse them.
-  void RememberFullBlocks(Sequence* seq);
-  void DropBlocks(Sequence* seq);
-  void Preempt(Sequence* seq);
+  int64_t EffectivePriority(const Sequence& seq, absl::Time now) const;
+  void OrderWaiting(absl::Time now);
+  void GrantRunning(StepPlan* plan);
+  void Admit(StepPlan* plan);
+  // Preempts a running sequence, dropping it from the plan if it was scheduled (returns the tokens it had
+  // there); it waits again.
+  int32_t PreemptRunning(Sequence* victim, StepPlan* plan);
 
   SchedulerLimits limits_;
-  BlockPool* pool_;
+  Capacity capacity_;
   std::deque<Sequence*> waiting_;
   std::deque<Sequence*> running_;
+  uint64_t admissions_ = 0;
 };
 
 }  // namespace inferd

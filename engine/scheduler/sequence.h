@@ -19,6 +19,8 @@ struct Sequence {
   std::vector<uint64_t> block_keys;  // prefix-cache keys of its full, computed blocks (a prefix of block_table)
   int32_t num_cached_tokens = 0;     // prompt tokens taken from the prefix cache when it was first admitted
   int32_t num_preemptions = 0;
+  int32_t tokens_at_preemption = 0;  // num_tokens() when last preempted: until it grows, it is not preempted again
+  uint64_t admitted_order = 0;       // increases with every admission: the most recent is preempted first
 
   absl::Time arrival;
   absl::Time first_scheduled = absl::InfinitePast();
@@ -26,6 +28,9 @@ struct Sequence {
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+  int32_t priority() const { return request.priority; }
+  // Preempted and not yet past the point it was preempted at: preempting it again would only throw work away.
+  bool awaiting_progress() const { return num_preemptions > 0 && num_tokens() <= tokens_at_preemption; }
 };
 
 }  // namespace inferd

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <map>
 #include <memory>
 #include <random>
@@ -15,8 +16,11 @@ class SchedulerHarness {
  public:
   SchedulerHarness(SchedulerLimits limits, int32_t num_blocks) : pool_(num_blocks), scheduler_(limits, &pool_) {}
 
-  void Add(char name, int32_t prompt_len) {
+  void Add(char name, int32_t prompt_len, int32_t priority = 0) {
     auto seq = std::make_unique<Sequence>();
+    seq->seq_id = ++serial_;
+    seq->arrival = now_;
+    seq->request.priority = priority;
     seq->request.id = std::string(1, name);
     seq->tokens.assign(prompt_len, 7);
     seq->num_prompt_tokens = prompt_len;
@@ -25,7 +29,7 @@ class SchedulerHarness {
   }
 
   StepPlan Step() {
-    StepPlan plan = scheduler_.Schedule();
+    StepPlan plan = scheduler_.Schedule(now_);
     std::vector<int32_t> sampled;
     for (const ScheduledSeq& s : plan.seqs) {
       if (s.wants_token) sampled.push_back(100);
@@ -58,7 +62,15 @@ class SchedulerHarness {
   BlockPool pool_;
   Scheduler scheduler_;
   std::map<char, std::unique_ptr<Sequence>> seqs_;
+  absl::Time now_ = absl::UnixEpoch();  // the test moves the clock
+  uint64_t serial_ = 0;
 };
+
+std::string PreemptedNames(const StepPlan& plan) {
+  std::string s;
+  for (const Sequence* seq : plan.preempted) s += seq->request.id;
+  return s;
+}
 
 struct ExpectedStep {
   std::string scheduled;
@@ -70,8 +82,8 @@ struct ExpectedStep {
 };
 
 TEST(Scheduler, StepTableWithChunkedPrefillPreemptionAndFinish) {
-  // block_size 4, 6 blocks, at most 3 sequences and 8 tokens per step.
-  SchedulerHarness h({.max_num_seqs = 3, .max_num_batched_tokens = 8, .block_size = 4}, 6);
+  // block_size 4, 6 blocks, at most 3 sequences and 8 tokens per step, no cap on one prompt's share.
+  SchedulerHarness h({.max_num_seqs = 3, .max_num_batched_tokens = 8, .block_size = 4, .long_prefill_chunk = 8}, 6);
   h.Add('A', 6);
   h.Add('B', 5);
   h.Add('C', 3);
@@ -86,11 +98,9 @@ TEST(Scheduler, StepTableWithChunkedPrefillPreemptionAndFinish) {
   for (size_t i = 0; i < table.size(); ++i) {
     const ExpectedStep& e = table[i];
     const StepPlan plan = h.Step();
-    std::string preempted;
-    for (const Sequence* s : plan.preempted) preempted += s->request.id;
     SCOPED_TRACE("step " + std::to_string(i + 1));
     EXPECT_EQ(SchedulerHarness::Describe(plan), e.scheduled);
-    EXPECT_EQ(preempted, e.preempted);
+    EXPECT_EQ(PreemptedNames(plan), e.preempted);
     EXPECT_EQ(SchedulerHarness::Names(h.scheduler_.running()), e.running);
     EXPECT_EQ(SchedulerHarness::Names(h.scheduler_.waiting()), e.waiting);
     EXPECT_EQ(h.pool_.num_free(), e.free_blocks);
@@ -101,6 +111,139 @@ TEST(Scheduler, StepTableWithChunkedPrefillPreemptionAndFinish) {
   h.Finish('B');
   h.Finish('C');
   EXPECT_EQ(h.pool_.num_free(), 6) << "finished sequences return every block";
+}
+
+// Runs a table of steps: before each, the named sequences arrive (name, prompt length, priority).
+struct Arrival {
+  char name;
+  int32_t prompt_len;
+  int32_t priority = 0;
+};
+struct TableStep {
+  std::vector<Arrival> arrive;
+  std::string scheduled, preempted, running, waiting;
+  int32_t free_blocks;
+  int32_t cached_blocks = 0;
+};
+void RunTable(SchedulerHarness& h, const std::vector<TableStep>& table, absl::Duration tick = absl::Seconds(1)) {
+  for (size_t i = 0; i < table.size(); ++i) {
+    const TableStep& e = table[i];
+    for (const Arrival& a : e.arrive) h.Add(a.name, a.prompt_len, a.priority);
+    const StepPlan plan = h.Step();
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    EXPECT_EQ(SchedulerHarness::Describe(plan), e.scheduled);
+    EXPECT_EQ(PreemptedNames(plan), e.preempted);
+    EXPECT_EQ(SchedulerHarness::Names(h.scheduler_.running()), e.running);
+    EXPECT_EQ(SchedulerHarness::Names(h.scheduler_.waiting()), e.waiting);
+    EXPECT_EQ(h.pool_.num_free(), e.free_blocks);
+    EXPECT_EQ(h.pool_.num_cached(), e.cached_blocks);
+    h.now_ += tick;
+  }
+}
+
+TEST(Scheduler, ALongPromptLeavesRoomForANewcomersFirstTokenEveryStep) {
+  // 16 tokens per step, a prompt takes at most 4 of them while others wait; 40 blocks of 4.
+  SchedulerHarness h({.max_num_seqs = 4, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 4}, 40);
+  RunTable(h, {
+                  {{{'L', 60}}, "L16", "", "L", "", 36},     // alone, the long prompt takes the whole step
+                  {{{'S', 3}}, "L4 S3+", "", "LS", "", 34},  // a newcomer: L is capped, S gets its token now
+                  {{}, "L15 S1+", "", "LS", "", 30},  // S's decode comes first; with nobody waiting L takes the rest
+                  {{{'T', 2}, {'U', 2}}, "L4 S1+ T2+ U2+", "", "LSTU", "", 26},  // two more, both in one step
+                  {{}, "L13 S1+ T1+ U1+", "", "LSTU", "", 23},
+                  {{}, "L8+ S1+ T1+ U1+", "", "LSTU", "", 21},  // L's last chunk samples
+              });
+}
+
+TEST(Scheduler, HigherPriorityOvertakesTheQueueAndPreemptsLowerOnesForASlot) {
+  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4}, 20);
+  RunTable(h, {
+                  {{{'A', 4}, {'B', 4}, {'C', 4}}, "A4+ B4+", "", "AB", "C", 18},
+                  {{{'H', 4, 5}}, "A1+ H4+", "B", "AH", "BC", 17},   // H takes a slot from B (lower, most recent)
+                  {{{'I', 4, 5}}, "H1+ I4+", "A", "HI", "ABC", 17},  // I takes A's: running order is by priority
+                  {{{'J', 4, 1}}, "H1+ I1+", "", "HI", "JABC", 16},  // J may displace neither (not lower than J)
+              });
+  // H finishes: J goes first (priority), then the preempted ones in arrival order.
+  h.Finish('H');
+  RunTable(h, {{{}, "I1+ J4+", "", "IJ", "ABC", 17}});
+  EXPECT_EQ(h.seqs_.at('A')->num_preemptions, 1);
+  EXPECT_EQ(h.seqs_.at('B')->num_preemptions, 1);
+}
+
+TEST(Scheduler, WaitingRaisesPriorityWithAgingSoLowOnesDoNotStarve) {
+  // One sequence at a time; aging: one level per 10 s of waiting; the clock moves 1 s per step.
+  SchedulerHarness h({.max_num_seqs = 1,
+                      .max_num_batched_tokens = 8,
+                      .block_size = 4,
+                      .long_prefill_chunk = 8,
+                      .priority_aging_s = 10},
+                     8);
+  h.Add('R', 4, 9);  // outranks everyone: never displaced
+  h.Step();
+  h.Add('L', 4, 0);  // arrives at t = 1
+  h.now_ += absl::Seconds(1);
+  for (int t = 2; t < 12; ++t) {
+    h.now_ = absl::UnixEpoch() + absl::Seconds(t);
+    h.Add(static_cast<char>('a' + t), 4, 1);  // a higher-priority newcomer every second
+    h.Step();
+  }
+  // At t = 11 L has waited 10 s: level 1, as high as every newcomer's, and it arrived first.
+  h.Finish('R');
+  h.now_ = absl::UnixEpoch() + absl::Seconds(11);
+  EXPECT_EQ(SchedulerHarness::Describe(h.Step()), "L4+");
+}
+
+TEST(Scheduler, PreemptionTakesTheMostRecentAndCountsTheWorkLost) {
+  // 4 blocks of 4; A and B grow until they collide.
+  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4);
+  RunTable(h, {
+                  {{{'A', 7}, {'B', 5}}, "A7+ B5+", "", "AB", "", 0},
+                  {{}, "A1+ B1+", "", "AB", "", 0},
+                  {{}, "A1+", "B", "A", "B", 1},  // A needs a 3rd block: B (more recent) goes, 6 tokens lost
+                  {{}, "A1+", "", "A", "B", 1},   // B needs 2 blocks to come back (7 tokens); 1 is free
+              });
+  h.Finish('A');
+  RunTable(h, {{{}, "B7+", "", "B", "", 2}});
+  const Sequence& b = *h.seqs_.at('B');
+  EXPECT_EQ(b.num_tokens(), 8);
+  EXPECT_FALSE(b.awaiting_progress()) << "it sampled a token past the one it was preempted at";
+  // C arrives and both grow: now C, the most recent, is the one that goes.
+  RunTable(h, {{{{'C', 7}}, "B1+ C7+", "", "BC", "", 0}, {{}, "B1+", "C", "B", "C", 1}});
+  EXPECT_EQ(h.scheduler_.counters().preemptions, 2);
+  EXPECT_EQ(h.scheduler_.counters().preempted_tokens, 6 + 7);
+}
+
+TEST(Capacity, VictimsAreTheLowestPriorityThenMostRecentSparingThoseAwaitingProgress) {
+  Sequence x, y, z;
+  x.admitted_order = 1;
+  y.admitted_order = 2;
+  z.admitted_order = 3;
+  z.request.priority = 1;
+  y.tokens = {1, 2, 3};
+  y.num_preemptions = 1;
+  y.tokens_at_preemption = 3;  // preempted at 3 tokens and not past them yet
+  ASSERT_TRUE(y.awaiting_progress());
+  const std::vector<Sequence*> all = {&x, &y, &z};
+  EXPECT_EQ(Capacity::ChooseVictim(all, nullptr, INT32_MAX), &x) << "y is spared, z outranks";
+  EXPECT_EQ(Capacity::ChooseVictim(all, nullptr, INT32_MAX, /*spare_awaiting=*/false), &y);
+  EXPECT_EQ(Capacity::ChooseVictim(all, &x, INT32_MAX), &z) << "never the sequence that needs the room";
+  EXPECT_EQ(Capacity::ChooseVictim(all, nullptr, 0), nullptr) << "only priorities below 0";
+  y.tokens.push_back(4);
+  EXPECT_EQ(Capacity::ChooseVictim(all, nullptr, INT32_MAX), &y) << "past its preemption point, the most recent";
+}
+
+TEST(Scheduler, WhenOnlySequencesAwaitingProgressCanMakeRoomTheLowestGoesAnyway) {
+  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4);
+  h.Add('A', 8);
+  h.Add('B', 8);
+  h.Step();  // both hold 2 full blocks
+  Sequence& a = *h.seqs_.at('A');
+  Sequence& b = *h.seqs_.at('B');
+  a.num_preemptions = b.num_preemptions = 1;  // as if both had just come back from a preemption
+  a.tokens_at_preemption = b.tokens_at_preemption = 9;
+  ASSERT_TRUE(a.awaiting_progress() && b.awaiting_progress());
+  const StepPlan plan = h.Step();  // both need a third block; none is free
+  EXPECT_EQ(PreemptedNames(plan), "B") << "rather than stand still, the most recent one goes";
+  EXPECT_EQ(SchedulerHarness::Describe(plan), "A1+");
 }
 
 TEST(Scheduler, AbortWhileWaitingFreesNothingAndLeavesQueue) {
@@ -174,23 +317,34 @@ class RandomizedScheduler : public ::testing::TestWithParam<bool> {};
 
 TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
   std::mt19937 rng(42);
-  const SchedulerLimits limits{
-      .max_num_seqs = 5, .max_num_batched_tokens = 24, .block_size = 4, .prefix_caching = GetParam()};
+  const SchedulerLimits limits{.max_num_seqs = 5,
+                               .max_num_batched_tokens = 24,
+                               .block_size = 4,
+                               .prefix_caching = GetParam(),
+                               .long_prefill_chunk = 6,
+                               .priority_aging_s = 5};
   SchedulerHarness h(limits, 20);
   std::map<char, int32_t> target;  // total length at which the test finishes the sequence
   char next = 'A';
   int finished = 0;
+  int64_t preemptions = 0;
   for (int step = 0; step < 3000 && finished < 200; ++step) {
     if (h.seqs_.size() < 12 && rng() % 3 == 0) {
       const char name = static_cast<char>('A' + (next++ - 'A') % 52);
       if (!h.seqs_.count(name)) {
         const int32_t prompt = 1 + static_cast<int32_t>(rng() % 30);
-        h.Add(name, prompt);
+        h.Add(name, prompt, static_cast<int32_t>(rng() % 3));
         target[name] = prompt + 1 + static_cast<int32_t>(rng() % 40);  // ≤ 71 tokens = 18 blocks ≤ pool
       }
     }
+    h.now_ += absl::Milliseconds(rng() % 1000);
     const StepPlan plan = h.Step();
+    preemptions += static_cast<int64_t>(plan.preempted.size());
+    ASSERT_EQ(h.scheduler_.counters().preemptions, preemptions);
     ASSERT_LE(plan.num_tokens, limits.max_num_batched_tokens);
+    // Every live sequence is in exactly one queue, and only running ones hold blocks.
+    ASSERT_EQ(h.scheduler_.running().size() + h.scheduler_.waiting().size(), h.seqs_.size());
+    for (const Sequence* seq : h.scheduler_.waiting()) ASSERT_TRUE(seq->block_table.empty()) << seq->request.id;
     ASSERT_LE(static_cast<int32_t>(plan.seqs.size()), limits.max_num_seqs);
     if (!h.seqs_.empty()) ASSERT_FALSE(plan.empty()) << "a non-empty scheduler always makes progress";
     std::map<int32_t, int32_t> holders;  // block -> sequences holding it (shared prefix blocks: several)
@@ -212,6 +366,7 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
     }
   }
   EXPECT_GE(finished, 200);
+  EXPECT_GT(preemptions, 0) << "the pool is small enough that the run exercises preemption";
   for (auto it = h.seqs_.begin(); it != h.seqs_.end();) h.Finish((it++)->first);
   EXPECT_EQ(h.pool_.num_free(), h.pool_.num_total());
 }

@@ -1,0 +1,81 @@
+#include "engine/scheduler/capacity.h"
+
+#include <optional>
+#include <span>
+
+namespace inferd {
+
+bool Capacity::Grow(Sequence* seq, int32_t num_tokens) {
+  const int32_t need = BlocksFor(num_tokens, block_size_) - static_cast<int32_t>(seq->block_table.size());
+  if (need <= 0) return true;
+  if (!pool_->CanAllocate(need)) return false;
+  const std::vector<int32_t> blocks = pool_->Allocate(need);
+  seq->block_table.insert(seq->block_table.end(), blocks.begin(), blocks.end());
+  return true;
+}
+
+void Capacity::ReusePrefix(Sequence* seq) {
+  if (!seq->block_table.empty()) return;
+  if (prefix_caching_) {
+    const int32_t max_blocks = (seq->num_tokens() - 1) / block_size_;  // the last token is computed: it samples
+    uint64_t parent = 0;
+    for (int32_t i = 0; i < max_blocks; ++i) {
+      const std::span<const int32_t> tokens(seq->tokens.data() + int64_t{i} * block_size_, block_size_);
+      const uint64_t key = BlockPool::BlockKey(parent, tokens);
+      const std::optional<int32_t> block = pool_->Reuse(key, tokens);
+      if (!block) break;
+      seq->block_table.push_back(*block);
+      seq->block_keys.push_back(key);
+      parent = key;
+    }
+  }
+  seq->num_computed = static_cast<int32_t>(seq->block_table.size()) * block_size_;
+}
+
+void Capacity::Admitted(Sequence* seq) {
+  if (seq->num_preemptions > 0) return;
+  seq->num_cached_tokens = seq->num_computed;
+  counters_.prefix_query_tokens += seq->num_prompt_tokens;
+  counters_.prefix_hit_tokens += seq->num_computed;
+}
+
+void Capacity::RememberFullBlocks(Sequence* seq) {
+  if (!prefix_caching_) return;
+  const int32_t full = seq->num_computed / block_size_;
+  for (int32_t i = static_cast<int32_t>(seq->block_keys.size()); i < full; ++i) {
+    const std::span<const int32_t> tokens(seq->tokens.data() + int64_t{i} * block_size_, block_size_);
+    const uint64_t key = BlockPool::BlockKey(i == 0 ? 0 : seq->block_keys[i - 1], tokens);
+    pool_->Remember(seq->block_table[i], key, tokens);
+    seq->block_keys.push_back(key);
+  }
+}
+
+void Capacity::Release(Sequence* seq) {
+  pool_->Free(seq->block_table);
+  seq->block_table.clear();
+  seq->block_keys.clear();
+  seq->num_computed = 0;
+}
+
+void Capacity::Preempt(Sequence* seq) {
+  counters_.preemptions++;
+  counters_.preempted_tokens += seq->num_computed;
+  Release(seq);
+  seq->num_preemptions++;
+  seq->tokens_at_preemption = seq->num_tokens();
+}
+
+Sequence* Capacity::ChooseVictim(const std::vector<Sequence*>& candidates, const Sequence* for_seq, int32_t below,
+                                 bool spare_awaiting) {
+  Sequence* victim = nullptr;
+  for (Sequence* s : candidates) {
+    if (s == for_seq || (spare_awaiting && s->awaiting_progress()) || s->priority() >= below) continue;
+    if (!victim || s->priority() < victim->priority() ||
+        (s->priority() == victim->priority() && s->admitted_order > victim->admitted_order)) {
+      victim = s;
+    }
+  }
+  return victim;
+}
+
+}  // namespace inferd

@@ -1,0 +1,57 @@
+// The capacity decisions of a step: do a sequence's blocks fit, which cached prefix a new sequence reuses, and
+// who is preempted when blocks (or sequence slots) run out. Batch composition — token budget, chunk sizes,
+// max_num_seqs, order — is the scheduler's (scheduler.h). Pure logic over a BlockPool.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "engine/kv_cache/block_pool.h"
+#include "engine/scheduler/sequence.h"
+
+namespace inferd {
+
+struct CapacityCounters {
+  int64_t preemptions = 0;          // sequences sent back to waiting
+  int64_t preempted_tokens = 0;     // computed tokens those preemptions threw away (recomputed later)
+  int64_t prefix_query_tokens = 0;  // prompt tokens of first admissions, looked up in the prefix cache
+  int64_t prefix_hit_tokens = 0;    // of those, taken from cached blocks
+};
+
+class Capacity {
+ public:
+  Capacity(int32_t block_size, bool prefix_caching, BlockPool* pool)
+      : block_size_(block_size), prefix_caching_(prefix_caching), pool_(pool) {}
+
+  // Gives seq blocks for its first num_tokens tokens; false (nothing taken) when the pool is short.
+  bool Grow(Sequence* seq, int32_t num_tokens);
+  // Takes the cached blocks of seq's longest known prefix (all but its last token) and counts them computed.
+  // For a sequence holding no blocks.
+  void ReusePrefix(Sequence* seq);
+  // Records an admission: on the first, its reused prompt tokens (usage.cached_prompt_tokens, hit counters).
+  void Admitted(Sequence* seq);
+  // Registers seq's blocks that are full and computed, so later sequences can reuse them.
+  void RememberFullBlocks(Sequence* seq);
+  // Frees seq's blocks (full computed ones stay cached) and forgets its progress.
+  void Release(Sequence* seq);
+  // Recompute preemption: releases seq's blocks and counts the work lost. The caller requeues it.
+  void Preempt(Sequence* seq);
+
+  // Who to preempt among `candidates` to make room for `for_seq`: the lowest priority, then the most recently
+  // admitted; only priorities below `below` (INT32_MAX for any); unless spare_awaiting is false, never one
+  // awaiting progress since its last preemption. nullptr when none qualifies.
+  static Sequence* ChooseVictim(const std::vector<Sequence*>& candidates, const Sequence* for_seq, int32_t below,
+                                bool spare_awaiting = true);
+
+  const CapacityCounters& counters() const { return counters_; }
+  const BlockPool& pool() const { return *pool_; }
+
+ private:
+  int32_t block_size_;
+  bool prefix_caching_;
+  BlockPool* pool_;
+  CapacityCounters counters_;
+};
+
+}  // namespace inferd

@@ -1,0 +1,146 @@
+"""The scheduler under pressure, through the real server: a deliberately tiny KV pool, preemption, priorities,
+admission bounds, prefix reuse. Outputs must not depend on scheduling; no block may leak."""
+import random
+import threading
+import time
+
+import grpc
+
+from conftest import Server, cancel_half_of_streams, inferd_pb2 as pb, wait_until_idle
+
+TINY_POOL = {"backend": "cpu", "block_size": 16, "num_blocks": 24}  # 384 tokens in all
+
+
+def greedy(text, max_tokens, priority=0):
+    return pb.GenerateRequest(text=text, priority=priority, sampling=pb.SamplingParams(temperature=0),
+                              stopping=pb.StoppingParams(max_tokens=max_tokens, ignore_eos=True))
+
+
+def info(s):
+    return s.stub.GetServerInfo(pb.GetServerInfoRequest())
+
+
+def test_64_concurrent_requests_on_a_tiny_pool_preempt_and_still_equal_their_solo_runs():
+    s = Server(engine=TINY_POOL)
+    try:
+        requests = [greedy(f"request {i}: tell me about block {i * 7}", max_tokens=40) for i in range(64)]
+        solo = [list(s.stub.Generate(r).token_ids) for r in requests]
+        assert info(s).preemptions_total == 0, "one at a time, nothing is preempted"
+        futures = [s.stub.Generate.future(r) for r in requests]
+        together = [list(f.result(timeout=300).token_ids) for f in futures]
+        assert together == solo
+        i = wait_until_idle(s.stub)
+        assert i.preemptions_total > 0, "64 requests of 4 blocks each cannot share 24 blocks without preemption"
+        assert i.preempted_tokens_total > 0
+        assert i.running_requests == 0 and i.free_kv_blocks == i.total_kv_blocks == 24
+        assert "preempted" in s.logs(), "every preemption is logged"
+    finally:
+        assert s.stop() == 0
+
+
+def test_cancelling_half_of_the_streams_at_random_points_on_a_tiny_pool_returns_every_block():
+    s = Server(engine=TINY_POOL)
+    try:
+        rng = random.Random(7)
+        requests = [greedy(f"stream {i} " * rng.randint(1, 12), max_tokens=rng.randint(8, 60)) for i in range(32)]
+        done, errors = cancel_half_of_streams(s.stub, requests)
+        assert not errors, errors
+        assert len(done) == 32
+        i = wait_until_idle(s.stub)
+        assert i.running_requests == 0 and i.waiting_requests == 0
+        assert i.free_kv_blocks == i.total_kv_blocks, "every block is back (free or cached)"
+        assert i.used_kv_blocks == 0
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_repeated_long_prompt_reports_cached_tokens_and_a_lower_time_to_first_token():
+    s = Server(scheduler={"max_num_batched_tokens": 128})
+    try:
+        prompt = " ".join(f"fact {i} about paged attention and its blocks" for i in range(22))
+        first = s.stub.Generate(greedy(prompt, max_tokens=4))
+        second = s.stub.Generate(greedy(prompt, max_tokens=4))
+        n = first.usage.prompt_tokens
+        assert n > 256, n  # several steps of 128 tokens the first time
+        assert first.usage.cached_prompt_tokens == 0
+        assert second.usage.cached_prompt_tokens == (n - 1) // 16 * 16
+        assert list(second.token_ids) == list(first.token_ids)
+        assert second.timing.time_to_first_token_s < first.timing.time_to_first_token_s
+        i = info(s)
+        assert i.prefix_cache_hit_tokens == second.usage.cached_prompt_tokens
+        assert i.prefix_cache_query_tokens == 2 * n
+        assert abs(i.prefix_cache_hit_rate - i.prefix_cache_hit_tokens / (2 * n)) < 1e-9
+        assert i.cached_kv_blocks > 0
+    finally:
+        assert s.stop() == 0
+
+
+def test_the_queued_token_bound_is_resource_exhausted_naming_it():
+    s = Server(scheduler={"max_num_seqs": 1, "max_num_batched_tokens": 64, "max_queued_tokens": 100})
+    try:
+        running = s.stub.GenerateStream(greedy("Hello", max_tokens=480))
+        next(running)  # it holds the only seat
+        sixty = pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5] * 60), sampling=pb.SamplingParams(temperature=0),
+                                   stopping=pb.StoppingParams(max_tokens=1))
+        queued = s.stub.Generate.future(sixty)
+        end = time.time() + 10
+        while info(s).waiting_requests < 1 and time.time() < end:
+            time.sleep(0.01)
+        try:
+            s.stub.Generate(sixty)
+            raise AssertionError("120 queued prompt tokens passed a bound of 100")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "scheduler.max_queued_tokens = 100" in e.details(), e.details()
+        running.cancel()
+        assert queued.result(timeout=60).usage.prompt_tokens == 60
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_request_the_pool_can_never_hold_is_refused_at_once():
+    s = Server(engine=TINY_POOL)
+    try:
+        assert s.stub.GetModelInfo(pb.GetModelInfoRequest()).max_model_len == 384, "capped by the pool"
+        t0 = time.monotonic()
+        try:
+            s.stub.Generate(greedy("Hello there", max_tokens=380), timeout=10)
+            raise AssertionError("a request longer than the whole pool was accepted")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "max_model_len = 384" in e.details(), e.details()
+        assert time.monotonic() - t0 < 2
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_high_priority_request_overtakes_a_queue_of_low_ones():
+    s = Server(scheduler={"max_num_seqs": 1, "max_num_batched_tokens": 64})
+    try:
+        high = greedy("an urgent question", max_tokens=16, priority=10)
+        solo_high = list(s.stub.Generate(high).token_ids)
+        lows = [greedy(f"a patient question {i}", max_tokens=200) for i in range(4)]
+        solo_lows = [list(s.stub.Generate(r).token_ids) for r in lows]
+        finished = {}
+
+        def run(name, request):
+            finished[name] = (list(s.stub.Generate(request, timeout=300).token_ids), time.monotonic())
+
+        threads = [threading.Thread(target=run, args=(f"low{i}", r)) for i, r in enumerate(lows)]
+        for t in threads:
+            t.start()
+        end = time.time() + 10
+        while info(s).waiting_requests < 3 and time.time() < end:
+            time.sleep(0.005)
+        assert info(s).running_requests == 1
+        t = threading.Thread(target=run, args=("high", high))
+        t.start()
+        for th in threads + [t]:
+            th.join(timeout=300)
+        assert finished["high"][0] == solo_high
+        for i in range(4):
+            assert finished[f"low{i}"][0] == solo_lows[i], "preempted or not, a greedy output is the same"
+            assert finished["high"][1] < finished[f"low{i}"][1], f"low{i} finished before the high one"
+        assert info(s).preemptions_total >= 1, "the high one took the seat of a running low one"
+    finally:
+        assert s.stop() == 0
