@@ -5,10 +5,10 @@
 
 namespace inferd {
 
-bool Capacity::Grow(Sequence* seq, int32_t num_tokens) {
+bool Capacity::Grow(Sequence* seq, int32_t num_tokens, int32_t headroom) {
   const int32_t need = BlocksFor(num_tokens, block_size_) - static_cast<int32_t>(seq->block_table.size());
   if (need <= 0) return true;
-  if (!pool_->CanAllocate(need)) return false;
+  if (!pool_->CanAllocate(need + headroom)) return false;
   const std::vector<int32_t> blocks = pool_->Allocate(need);
   seq->block_table.insert(seq->block_table.end(), blocks.begin(), blocks.end());
   return true;

@@ -24,8 +24,9 @@ class Capacity {
   Capacity(int32_t block_size, bool prefix_caching, BlockPool* pool)
       : block_size_(block_size), prefix_caching_(prefix_caching), pool_(pool) {}
 
-  // Gives seq blocks for its first num_tokens tokens; false (nothing taken) when the pool is short.
-  bool Grow(Sequence* seq, int32_t num_tokens);
+  // Gives seq blocks for its first num_tokens tokens, if `headroom` blocks stay free after; false (nothing
+  // taken) otherwise.
+  bool Grow(Sequence* seq, int32_t num_tokens, int32_t headroom = 0);
   // Takes the cached blocks of seq's longest known prefix (all but its last token) and counts them computed.
   // For a sequence holding no blocks.
   void ReusePrefix(Sequence* seq);

@@ -125,13 +125,16 @@ void Scheduler::Admit(StepPlan* plan) {
     capacity_.ReusePrefix(seq);
     const int32_t remaining = seq->num_tokens() - seq->num_computed;
     const int32_t n = std::min({remaining, budget, waiting_.size() > 1 ? limits_.long_prefill_chunk : remaining});
-    bool fits = capacity_.Grow(seq, seq->num_computed + n);
+    // A newcomer leaves one block free per running sequence, for their next tokens: admitting into the last
+    // free blocks would only preempt someone at the next block boundary (a preemption storm).
+    const auto headroom = [&] { return static_cast<int32_t>(running_.size()); };
+    bool fits = capacity_.Grow(seq, seq->num_computed + n, headroom());
     while (!fits) {
       Sequence* victim = Capacity::ChooseVictim(displaceable(), seq, seq->priority());
       if (!victim) break;
       budget += PreemptRunning(victim, plan);
       std::swap(waiting_[0], waiting_[1]);
-      fits = capacity_.Grow(seq, seq->num_computed + n);
+      fits = capacity_.Grow(seq, seq->num_computed + n, headroom());
     }
     if (!fits) {
       capacity_.Release(seq);  // the reused blocks go back (still cached) until it fits

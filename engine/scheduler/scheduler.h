@@ -54,8 +54,9 @@ class Scheduler {
   //     they run out the lowest-priority, most recently admitted sequence is preempted (recompute) — never one
   //     that has not passed the point of its last preemption, unless nothing else can move;
   //  2. if nothing was preempted, waiting sequences by priority (aged) then arrival, while the budget,
-  //     max_num_seqs and blocks allow; one that does not fit may preempt running ones of lower priority, and
-  //     otherwise waits at the head of the queue (no smaller request overtakes it).
+  //     max_num_seqs and blocks allow — leaving one block free per running sequence, so admissions do not
+  //     cause preemptions at the next block boundary; one that does not fit may preempt running ones of lower
+  //     priority, and otherwise waits at the head of the queue (no smaller request overtakes it).
   StepPlan Schedule(absl::Time now);
   // Applies a step's results: advances num_computed, appends the sampled token of each sequence that
   // wanted one (sampled[i] belongs to the i-th such sequence in plan order).

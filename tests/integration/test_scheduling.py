@@ -130,9 +130,12 @@ def test_a_high_priority_request_overtakes_a_queue_of_low_ones():
         for t in threads:
             t.start()
         end = time.time() + 10
-        while info(s).waiting_requests < 3 and time.time() < end:
+        while time.time() < end:
+            i = info(s)
+            if i.running_requests == 1 and i.waiting_requests == 3:
+                break  # one low runs, three wait
             time.sleep(0.005)
-        assert info(s).running_requests == 1
+        assert i.running_requests == 1 and i.waiting_requests == 3, i
         t = threading.Thread(target=run, args=("high", high))
         t.start()
         for th in threads + [t]:

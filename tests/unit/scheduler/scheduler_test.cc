@@ -81,7 +81,7 @@ struct ExpectedStep {
   char finish_after = 0;  // the test finishes this sequence after the step
 };
 
-TEST(Scheduler, StepTableWithChunkedPrefillPreemptionAndFinish) {
+TEST(Scheduler, StepTableWithChunkedPrefillHeadroomAndFinish) {
   // block_size 4, 6 blocks, at most 3 sequences and 8 tokens per step, no cap on one prompt's share.
   SchedulerHarness h({.max_num_seqs = 3, .max_num_batched_tokens = 8, .block_size = 4, .long_prefill_chunk = 8}, 6);
   h.Add('A', 6);
@@ -89,11 +89,11 @@ TEST(Scheduler, StepTableWithChunkedPrefillPreemptionAndFinish) {
   h.Add('C', 3);
   const std::vector<ExpectedStep> table = {
       {"A6+ B2", "", "AB", "C", 3},        // A prefills whole; B gets the last 2 tokens of budget
-      {"A1+ B3+ C3+", "", "ABC", "", 1},   // B finishes its prefill; C is admitted
-      {"A1+ B1+ C1+", "", "ABC", "", 1},   // all decode; every sequence still fits its blocks
-      {"A1+ B1+", "C", "AB", "C", 1},      // C needs a 2nd block: none free, so C (most recent) is preempted
-      {"A1+ B1+", "", "AB", "C", 1, 'A'},  // C (5 tokens, 2 blocks) cannot come back yet; then A finishes
-      {"B1+ C5+", "", "BC", "", 1},        // A's 3 blocks are back: B grows, C recomputes prompt + output
+      {"A1+ B3+", "", "AB", "C", 2},       // C's block would leave less than one free block per running one
+      {"A1+ B1+", "", "AB", "C", 2},       // all decode; C still waits rather than be preempted later
+      {"A1+ B1+", "", "AB", "C", 1},       // A takes its 3rd block: the headroom it was kept for
+      {"A1+ B1+", "", "AB", "C", 1, 'A'},  // then A finishes
+      {"B1+ C3+", "", "BC", "", 2},        // A's 3 blocks are back: B grows, C is admitted
   };
   for (size_t i = 0; i < table.size(); ++i) {
     const ExpectedStep& e = table[i];
@@ -106,8 +106,7 @@ TEST(Scheduler, StepTableWithChunkedPrefillPreemptionAndFinish) {
     EXPECT_EQ(h.pool_.num_free(), e.free_blocks);
     if (e.finish_after) h.Finish(e.finish_after);
   }
-  EXPECT_EQ(h.seqs_.at('C')->num_preemptions, 1);
-  EXPECT_EQ(h.seqs_.at('C')->num_tokens(), 6) << "3 prompt + 2 before preemption + 1 after";
+  EXPECT_EQ(h.seqs_.at('C')->num_preemptions, 0);
   h.Finish('B');
   h.Finish('C');
   EXPECT_EQ(h.pool_.num_free(), 6) << "finished sequences return every block";
@@ -196,20 +195,22 @@ TEST(Scheduler, PreemptionTakesTheMostRecentAndCountsTheWorkLost) {
   // 4 blocks of 4; A and B grow until they collide.
   SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4);
   RunTable(h, {
-                  {{{'A', 7}, {'B', 5}}, "A7+ B5+", "", "AB", "", 0},
+                  {{{'A', 3}, {'B', 3}}, "A3+ B3+", "", "AB", "", 2},
+                  {{}, "A1+ B1+", "", "AB", "", 2},
+                  {{}, "A1+ B1+", "", "AB", "", 0},  // both take their 2nd block
                   {{}, "A1+ B1+", "", "AB", "", 0},
-                  {{}, "A1+", "B", "A", "B", 1},  // A needs a 3rd block: B (more recent) goes, 6 tokens lost
-                  {{}, "A1+", "", "A", "B", 1},   // B needs 2 blocks to come back (7 tokens); 1 is free
+                  {{}, "A1+ B1+", "", "AB", "", 0},
+                  {{}, "A1+ B1+", "", "AB", "", 0},
+                  {{}, "A1+", "B", "A", "B", 1},  // A needs a 3rd block: B (more recent) goes, 8 tokens lost
+                  {{}, "A1+", "", "A", "B", 1},   // B needs 3 blocks and one spare: it waits
               });
   h.Finish('A');
-  RunTable(h, {{{}, "B7+", "", "B", "", 2}});
+  RunTable(h, {{{}, "B9+", "", "B", "", 1}});
   const Sequence& b = *h.seqs_.at('B');
-  EXPECT_EQ(b.num_tokens(), 8);
+  EXPECT_EQ(b.num_tokens(), 10);
   EXPECT_FALSE(b.awaiting_progress()) << "it sampled a token past the one it was preempted at";
-  // C arrives and both grow: now C, the most recent, is the one that goes.
-  RunTable(h, {{{{'C', 7}}, "B1+ C7+", "", "BC", "", 0}, {{}, "B1+", "C", "B", "C", 1}});
-  EXPECT_EQ(h.scheduler_.counters().preemptions, 2);
-  EXPECT_EQ(h.scheduler_.counters().preempted_tokens, 6 + 7);
+  EXPECT_EQ(h.scheduler_.counters().preemptions, 1);
+  EXPECT_EQ(h.scheduler_.counters().preempted_tokens, 8);
 }
 
 TEST(Capacity, VictimsAreTheLowestPriorityThenMostRecentSparingThoseAwaitingProgress) {
@@ -232,18 +233,22 @@ TEST(Capacity, VictimsAreTheLowestPriorityThenMostRecentSparingThoseAwaitingProg
 }
 
 TEST(Scheduler, WhenOnlySequencesAwaitingProgressCanMakeRoomTheLowestGoesAnyway) {
-  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4);
-  h.Add('A', 8);
-  h.Add('B', 8);
-  h.Step();  // both hold 2 full blocks
+  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4}, 3);
+  h.Add('A', 4, 0);
+  h.Add('B', 4, 1);
+  EXPECT_EQ(SchedulerHarness::Describe(h.Step()), "B4+ A4+");
+  const std::vector<int32_t> taken = h.pool_.Allocate(1);  // the last free block goes elsewhere
   Sequence& a = *h.seqs_.at('A');
   Sequence& b = *h.seqs_.at('B');
-  a.num_preemptions = b.num_preemptions = 1;  // as if both had just come back from a preemption
-  a.tokens_at_preemption = b.tokens_at_preemption = 9;
+  for (Sequence* s : {&a, &b}) {  // as if both had just come back from a preemption
+    s->num_preemptions = 1;
+    s->tokens_at_preemption = s->num_tokens();
+  }
   ASSERT_TRUE(a.awaiting_progress() && b.awaiting_progress());
-  const StepPlan plan = h.Step();  // both need a third block; none is free
-  EXPECT_EQ(PreemptedNames(plan), "B") << "rather than stand still, the most recent one goes";
-  EXPECT_EQ(SchedulerHarness::Describe(plan), "A1+");
+  const StepPlan plan = h.Step();  // both need a 2nd block; none is free
+  EXPECT_EQ(PreemptedNames(plan), "A") << "rather than stand still, the lower priority goes";
+  EXPECT_EQ(SchedulerHarness::Describe(plan), "B1+");
+  h.pool_.Free(taken);
 }
 
 TEST(Scheduler, AbortWhileWaitingFreesNothingAndLeavesQueue) {
