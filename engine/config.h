@@ -22,6 +22,7 @@ struct EngineSection {
   int32_t num_blocks = 0;               // 0 = from the memory plan
   double gpu_memory_utilization = 0.9;  // share of device memory inferd may use: (0, 1]
   double cpu_kv_cache_gib = 1.0;        // KV pool size of the cpu backend: (0, 1024]
+  double swap_space_gib = 0;            // host memory for preempted requests' KV (swap instead of recompute)
   int32_t num_threads = 0;              // cpu backend threads; 0 = all cores
 };
 

@@ -155,6 +155,11 @@ std::vector<ConfigField> MakeFields() {
   f.push_back(Real(
       "engine", "cpu_kv_cache_gib", [](Config& c) -> double& { return c.engine.cpu_kv_cache_gib; }, 0, 1024, true,
       "1.0", "(0, 1024]", "KV pool of the cpu backend; more than the host's memory is refused"));
+  f.push_back(Real(
+      "engine", "swap_space_gib", [](Config& c) -> double& { return c.engine.swap_space_gib; }, 0, 1024, false, "0",
+      "0..1024",
+      "host memory where a preempted request's KV blocks wait (pinned on cuda), so it resumes without "
+      "recomputing; 0 = preemption recomputes; more than the host's memory is refused"));
   f.push_back(Int<int32_t>(
       "engine", "num_threads", [](Config& c) -> int32_t& { return c.engine.num_threads; }, 0, 0, 1024, "0..1024",
       "cpu backend threads, 0 = all cores"));

@@ -83,6 +83,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   spdlog::info("memory plan: {}", plan.ToString());
 
   e->pool_ = std::make_unique<BlockPool>(plan.num_blocks);
+  if (plan.num_swap_blocks > 0) {
+    INFERD_RETURN_IF_ERROR(e->backend_->AllocateSwapSpace(plan.num_swap_blocks));
+    e->swap_pool_ = std::make_unique<BlockPool>(plan.num_swap_blocks);
+    spdlog::info("swap space: {} blocks ({:.1f} MiB of host memory)", plan.num_swap_blocks,
+                 plan.num_swap_blocks * static_cast<double>(plan.kv_bytes_per_block) / 1048576.0);
+  }
   e->scheduler_ =
       std::make_unique<Scheduler>(SchedulerLimits{.max_num_seqs = config.scheduler.max_num_seqs,
                                                   .max_num_batched_tokens = config.scheduler.max_num_batched_tokens,
@@ -90,7 +96,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
                                                   .prefix_caching = config.scheduler.prefix_caching,
                                                   .long_prefill_chunk = config.scheduler.long_prefill_chunk,
                                                   .priority_aging_s = config.scheduler.priority_aging_s},
-                                  e->pool_.get());
+                                  e->pool_.get(), e->swap_pool_.get());
   int64_t max_len = mc.max_position_embeddings;
   if (config.model.max_model_len > 0) {
     if (config.model.max_model_len > mc.max_position_embeddings) {
@@ -229,6 +235,7 @@ void Engine::PublishStats() {
     stats_.preempted_tokens = k.preempted_tokens;
     stats_.prefix_query_tokens = k.prefix_query_tokens;
     stats_.prefix_hit_tokens = k.prefix_hit_tokens;
+    stats_.swapped_preemptions = k.swapped_preemptions;
   }
   if (backend_) {
     const StepCounters k = backend_->counters();
@@ -314,8 +321,24 @@ void Engine::Loop() {
     TakeQueued();
     const StepPlan plan = scheduler_->Schedule(absl::Now());
     for (const Sequence* seq : plan.preempted) {
-      spdlog::info("request '{}' (priority {}) preempted, #{}: {} computed tokens to recompute", seq->request.id,
-                   seq->priority(), seq->num_preemptions, seq->num_tokens() - 1);
+      if (seq->swapped_blocks.empty()) {
+        spdlog::info("request '{}' (priority {}) preempted, #{}: {} computed tokens to recompute", seq->request.id,
+                     seq->priority(), seq->num_preemptions, seq->num_tokens() - 1);
+      } else {
+        spdlog::info("request '{}' (priority {}) preempted, #{}: {} blocks swapped out to host memory",
+                     seq->request.id, seq->priority(), seq->num_preemptions, seq->swapped_blocks.size());
+      }
+    }
+    if (!plan.swap_out.empty() || !plan.swap_in.empty()) {
+      if (absl::Status st = backend_->SwapBlocks(plan.swap_out, plan.swap_in); !st.ok()) {
+        // The copies' requests cannot go on: their KV is unknown. They end with the error, like a failed step.
+        spdlog::error("KV swap failed: {}", st.ToString());
+        std::vector<Sequence*> lost(plan.preempted.begin(), plan.preempted.end());
+        for (const ScheduledSeq& sc : plan.seqs) lost.push_back(sc.seq);
+        for (Sequence* seq : lost) FinishSequence(seq, FinishReason::kAborted, st);
+        PublishStats();
+        continue;
+      }
     }
     if (!plan.empty()) RunStep(plan);
     PublishStats();

@@ -35,6 +35,7 @@ struct EngineStats {
   int32_t cached_blocks = 0;        // free blocks that still hold a reusable prefix
   int64_t preemptions = 0;          // requests sent back to waiting to free blocks or a slot
   int64_t preempted_tokens = 0;     // computed tokens those preemptions threw away
+  int64_t swapped_preemptions = 0;  // preemptions that kept the KV in host swap space instead
   int64_t prefix_query_tokens = 0;  // prompt tokens looked up in the prefix cache at first admission
   int64_t prefix_hit_tokens = 0;    // of those, found cached
   int64_t steps = 0;
@@ -92,6 +93,7 @@ class Engine {
   std::unique_ptr<Backend> backend_;
   MemoryPlan memory_plan_;  // as allocated
   std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<BlockPool> swap_pool_;  // host swap space in blocks (engine.swap_space_gib), or null
   std::unique_ptr<Scheduler> scheduler_;
   int32_t max_model_len_ = 0;
   // Owned by the engine thread.

@@ -411,6 +411,7 @@ grpc::ServerUnaryReactor* InferenceService::GetServerInfo(grpc::CallbackServerCo
                                                              : 0.0);
     info.set_preemptions_total(s.preemptions);
     info.set_preempted_tokens_total(s.preempted_tokens);
+    info.set_swapped_preemptions_total(s.swapped_preemptions);
     info.set_draining(engine->draining());
     info.set_backend(engine->backend_name());
     const MemoryPlan& p = engine->memory_plan();

@@ -58,6 +58,13 @@ class BlockPool {
   std::unordered_map<uint64_t, int32_t> by_key_;
 };
 
+// A KV block copied between the device pool and host swap space (a preempted request's KV kept on the host).
+struct BlockCopy {
+  int32_t device_block = 0;
+  int32_t host_block = 0;
+  bool operator==(const BlockCopy&) const = default;
+};
+
 // Blocks needed to hold num_tokens tokens.
 inline int32_t BlocksFor(int32_t num_tokens, int32_t block_size) {
   return (num_tokens + block_size - 1) / block_size;

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/kv_cache/block_pool.h"
 #include "engine/request.h"
 #include "engine/runtime/memory_plan.h"
 
@@ -75,6 +76,12 @@ class Backend {
   virtual absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) = 0;
   // Allocates the KV pool of plan.num_blocks blocks. Called once, before the first Step.
   virtual absl::Status AllocateKvCache(const MemoryPlan& plan) = 0;
+  // Host swap space of num_blocks KV blocks (engine.swap_space_gib), where preempted requests keep their KV.
+  // Called once, after AllocateKvCache, only when swap space is configured.
+  virtual absl::Status AllocateSwapSpace(int32_t num_blocks) = 0;
+  // Copies each `out` device block to its host block, then each `in` host block to its device block; both
+  // are done before the next Step reads or writes the pool.
+  virtual absl::Status SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) = 0;
   // Runs the model over the step's tokens, writing their K/V into the pool, and samples one token for
   // every logits row.
   virtual absl::Status Step(const StepInput& input, StepOutput* output) = 0;

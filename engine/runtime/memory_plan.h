@@ -19,13 +19,15 @@ struct MemoryPlan {
   int64_t other_bytes = 0;         // cuda: context, library handles and workspaces taken since start-up
   int64_t kv_bytes_per_block = 0;  // K and V of all layers for one block
   int32_t num_blocks = 0;
+  int32_t num_swap_blocks = 0;     // host swap space, in blocks (engine.swap_space_gib)
 
   int64_t kv_bytes() const { return int64_t{num_blocks} * kv_bytes_per_block; }
   std::string ToString() const;
 };
 
 // Sets plan->num_blocks: engine.num_blocks when set, else what the budget leaves after weights, activations
-// and other bytes (cuda), or engine.cpu_kv_cache_gib (cpu). Fails naming the setting when nothing fits.
+// and other bytes (cuda), or engine.cpu_kv_cache_gib (cpu); and num_swap_blocks from engine.swap_space_gib.
+// Fails naming the setting when nothing fits, or when host memory cannot hold what is asked of it.
 absl::Status SizeKvPool(const EngineSection& engine, MemoryPlan* plan);
 
 }  // namespace inferd

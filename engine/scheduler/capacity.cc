@@ -57,12 +57,45 @@ void Capacity::Release(Sequence* seq) {
   seq->num_computed = 0;
 }
 
-void Capacity::Preempt(Sequence* seq) {
+void Capacity::Preempt(Sequence* seq, std::vector<BlockCopy>* swap_out) {
   counters_.preemptions++;
-  counters_.preempted_tokens += seq->num_computed;
-  Release(seq);
   seq->num_preemptions++;
   seq->tokens_at_preemption = seq->num_tokens();
+  const int32_t computed = BlocksFor(seq->num_computed, block_size_);
+  if (swap_pool_ && computed > 0 && swap_pool_->CanAllocate(computed)) {
+    seq->swapped_blocks = swap_pool_->Allocate(computed);
+    for (int32_t i = 0; i < computed; ++i) swap_out->push_back({seq->block_table[i], seq->swapped_blocks[i]});
+    counters_.swapped_preemptions++;
+    counters_.swapped_blocks += computed;
+    const int32_t keep = seq->num_computed;
+    Release(seq);
+    seq->num_computed = keep;  // its KV waits on the host
+    return;
+  }
+  counters_.preempted_tokens += seq->num_computed;
+  Release(seq);
+}
+
+bool Capacity::SwapIn(Sequence* seq, int32_t num_tokens, int32_t headroom, std::vector<BlockCopy>* swap_in) {
+  const int32_t need = BlocksFor(num_tokens, block_size_);
+  const int32_t swapped = static_cast<int32_t>(seq->swapped_blocks.size());
+  if (!seq->block_table.empty() || need < swapped || !pool_->CanAllocate(need + headroom)) return false;
+  seq->block_table = pool_->Allocate(need);
+  for (int32_t i = 0; i < swapped; ++i) swap_in->push_back({seq->block_table[i], seq->swapped_blocks[i]});
+  swapped_in_.insert(swapped_in_.end(), seq->swapped_blocks.begin(), seq->swapped_blocks.end());
+  seq->swapped_blocks.clear();
+  return true;
+}
+
+void Capacity::ReleaseSwappedIn() {
+  if (swap_pool_) swap_pool_->Free(swapped_in_);
+  swapped_in_.clear();
+}
+
+void Capacity::Finish(Sequence* seq) {
+  if (swap_pool_ && !seq->swapped_blocks.empty()) swap_pool_->Free(seq->swapped_blocks);
+  seq->swapped_blocks.clear();
+  Release(seq);
 }
 
 Sequence* Capacity::ChooseVictim(const std::vector<Sequence*>& candidates, const Sequence* for_seq, int32_t below,

@@ -8,8 +8,8 @@
 
 namespace inferd {
 
-Scheduler::Scheduler(SchedulerLimits limits, BlockPool* pool)
-    : limits_(limits), capacity_(limits.block_size, limits.prefix_caching, pool) {
+Scheduler::Scheduler(SchedulerLimits limits, BlockPool* pool, BlockPool* swap_pool)
+    : limits_(limits), capacity_(limits.block_size, limits.prefix_caching, pool, swap_pool) {
   INFERD_CHECK(limits_.max_num_batched_tokens >= limits_.max_num_seqs, "the token budget covers one decode per seq");
   if (limits_.long_prefill_chunk <= 0) limits_.long_prefill_chunk = std::max(1, limits_.max_num_batched_tokens / 4);
 }
@@ -46,7 +46,7 @@ int32_t Scheduler::PreemptRunning(Sequence* victim, StepPlan* plan) {
     plan->seqs.erase(scheduled);
   }
   running_.erase(std::find(running_.begin(), running_.end(), victim));
-  capacity_.Preempt(victim);
+  capacity_.Preempt(victim, &plan->swap_out);
   plan->preempted.push_back(victim);
   waiting_.push_front(victim);  // ordered with the rest at the next step
   return refunded;
@@ -122,22 +122,27 @@ void Scheduler::Admit(StepPlan* plan) {
       budget += PreemptRunning(victim, plan);
       std::swap(waiting_[0], waiting_[1]);  // the newcomer stays at the head, the victim right behind it
     }
-    capacity_.ReusePrefix(seq);
+    const bool swapped = !seq->swapped_blocks.empty();
+    if (!swapped) capacity_.ReusePrefix(seq);
     const int32_t remaining = seq->num_tokens() - seq->num_computed;
     const int32_t n = std::min({remaining, budget, waiting_.size() > 1 ? limits_.long_prefill_chunk : remaining});
     // A newcomer leaves one block free per running sequence, for their next tokens: admitting into the last
     // free blocks would only preempt someone at the next block boundary (a preemption storm).
     const auto headroom = [&] { return static_cast<int32_t>(running_.size()); };
-    bool fits = capacity_.Grow(seq, seq->num_computed + n, headroom());
+    const auto fit = [&] {
+      return swapped ? capacity_.SwapIn(seq, seq->num_computed + n, headroom(), &plan->swap_in)
+                     : capacity_.Grow(seq, seq->num_computed + n, headroom());
+    };
+    bool fits = fit();
     while (!fits) {
       Sequence* victim = Capacity::ChooseVictim(displaceable(), seq, seq->priority());
       if (!victim) break;
       budget += PreemptRunning(victim, plan);
       std::swap(waiting_[0], waiting_[1]);
-      fits = capacity_.Grow(seq, seq->num_computed + n, headroom());
+      fits = fit();
     }
     if (!fits) {
-      capacity_.Release(seq);  // the reused blocks go back (still cached) until it fits
+      if (!swapped) capacity_.Release(seq);  // the reused blocks go back (still cached) until it fits
       break;
     }
     capacity_.Admitted(seq);
@@ -151,6 +156,7 @@ void Scheduler::Admit(StepPlan* plan) {
 
 StepPlan Scheduler::Schedule(absl::Time now) {
   StepPlan plan;
+  capacity_.ReleaseSwappedIn();
   OrderWaiting(now);
   GrantRunning(&plan);
   // New work is admitted only when blocks did not run short, so preempted sequences are not overtaken.
@@ -181,7 +187,7 @@ void Scheduler::Finish(Sequence* seq) {
   };
   drop(running_);
   drop(waiting_);
-  capacity_.Release(seq);
+  capacity_.Finish(seq);
 }
 
 }  // namespace inferd

@@ -38,20 +38,25 @@ struct ScheduledSeq {
 struct StepPlan {
   std::vector<ScheduledSeq> seqs;    // running sequences (by priority), then newly admitted ones
   std::vector<Sequence*> preempted;  // sent back to waiting this step; their blocks are free
+  // KV copies to run before the step, outs first: blocks of preempted sequences to host swap space, and
+  // blocks of readmitted ones back.
+  std::vector<BlockCopy> swap_out, swap_in;
   int32_t num_tokens = 0;            // sum of num_new
   bool empty() const { return seqs.empty(); }
 };
 
 class Scheduler {
  public:
-  Scheduler(SchedulerLimits limits, BlockPool* pool);
+  // swap_pool: host swap space for preempted sequences' KV, or null (preemption recomputes).
+  Scheduler(SchedulerLimits limits, BlockPool* pool, BlockPool* swap_pool = nullptr);
 
   // Queues a new sequence (its arrival and request.priority set).
   void Add(Sequence* seq);
   // Chooses this step's batch at time `now`:
   //  1. running sequences: decodes take one token each, prompts still prefilling share the rest of the budget
   //     (capped at long_prefill_chunk while others wait); blocks are granted highest priority first, and when
-  //     they run out the lowest-priority, most recently admitted sequence is preempted (recompute) — never one
+  //     they run out the lowest-priority, most recently admitted sequence is preempted (swapped out to host
+  //     memory when swap space has room, else recomputed later) — never one
   //     that has not passed the point of its last preemption, unless nothing else can move;
   //  2. if nothing was preempted, waiting sequences by priority (aged) then arrival, while the budget,
   //     max_num_seqs and blocks allow — leaving one block free per running sequence, so admissions do not

@@ -38,6 +38,23 @@ def test_64_concurrent_requests_on_a_tiny_pool_preempt_and_still_equal_their_sol
         assert s.stop() == 0
 
 
+def test_with_swap_space_preempted_requests_resume_from_host_memory_with_the_same_outputs():
+    s = Server(engine={**TINY_POOL, "swap_space_gib": 0.01})
+    try:
+        requests = [greedy(f"request {i}: tell me about block {i * 7}", max_tokens=40) for i in range(64)]
+        solo = [list(s.stub.Generate(r).token_ids) for r in requests]
+        futures = [s.stub.Generate.future(r) for r in requests]
+        together = [list(f.result(timeout=300).token_ids) for f in futures]
+        assert together == solo
+        i = wait_until_idle(s.stub)
+        assert i.swapped_preemptions_total > 0, "preemptions went to swap space"
+        assert i.preempted_tokens_total < 40 * i.preemptions_total
+        assert i.running_requests == 0 and i.free_kv_blocks == i.total_kv_blocks
+        assert "swapped out to host memory" in s.logs()
+    finally:
+        assert s.stop() == 0
+
+
 def test_cancelling_half_of_the_streams_at_random_points_on_a_tiny_pool_returns_every_block():
     s = Server(engine=TINY_POOL)
     try:

@@ -2,7 +2,7 @@
 and output lengths, priorities, deadlines, 30% cancelled at random points, 64 clients at once. At the end nothing
 runs or waits, every KV block is back, and every request is accounted for with an expected status.
 
-    .venv/bin/python tests/soak/scheduler_soak.py [--requests N] [--seed S]
+    .venv/bin/python tests/soak/scheduler_soak.py [--requests N] [--seed S] [--swap-gib G]
 
 Outside the default test run (a few minutes); needs a build (bash scripts/test.sh makes one).
 """
@@ -27,8 +27,9 @@ def main():
     ap.add_argument("--requests", type=int, default=10000)
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--swap-gib", type=float, default=0, help="engine.swap_space_gib (0: preemption recomputes)")
     args = ap.parse_args()
-    s = Server(engine={"backend": "cpu", "block_size": 16, "num_blocks": 48},
+    s = Server(engine={"backend": "cpu", "block_size": 16, "num_blocks": 48, "swap_space_gib": args.swap_gib},
                scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 256, "max_queue": 64,
                           "long_prefill_chunk": 64, "priority_aging_s": 1})
     outcomes = collections.Counter()
@@ -79,7 +80,8 @@ def main():
     print(f"{total} requests in {elapsed:.0f} s: {dict(outcomes)}")
     print(f"after: running {info.running_requests}, waiting {info.waiting_requests}, free blocks "
           f"{info.free_kv_blocks}/{info.total_kv_blocks} ({info.cached_kv_blocks} cached), preemptions "
-          f"{info.preemptions_total} ({info.preempted_tokens_total} tokens recomputed), prefix cache hit rate "
+          f"{info.preemptions_total} ({info.swapped_preemptions_total} to swap space, {info.preempted_tokens_total} "
+          f"tokens recomputed), prefix cache hit rate "
           f"{info.prefix_cache_hit_rate:.3f}; server exit {rc}")
     ok = (total == args.requests and set(outcomes) <= EXPECTED and info.running_requests == 0
           and info.waiting_requests == 0 and info.free_kv_blocks == info.total_kv_blocks and rc == 0)

@@ -60,6 +60,8 @@ class CpuBackend : public Backend {
   std::string name() const override { return "cpu"; }
   absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) override;
   absl::Status AllocateKvCache(const MemoryPlan& plan) override;
+  absl::Status AllocateSwapSpace(int32_t num_blocks) override;
+  absl::Status SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) override;
   absl::Status Step(const StepInput& input, StepOutput* output) override;
 
  private:
@@ -75,6 +77,8 @@ class CpuBackend : public Backend {
   std::vector<float> inv_freq_;                    // [head_dim / 2]
   std::vector<std::unique_ptr<float[]>> k_cache_;  // [layers][num_blocks, block_size, num_kv_heads, head_dim]
   std::vector<std::unique_ptr<float[]>> v_cache_;  // same layout as k_cache_
+  std::unique_ptr<float[]> swap_;                  // [swap blocks][layers][K, V][block_size, num_kv_heads, head_dim]
+  int32_t num_swap_blocks_ = 0;
 };
 
 absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
@@ -110,6 +114,39 @@ absl::Status CpuBackend::AllocateKvCache(const MemoryPlan& plan) {
     if (!k_cache_.back() || !v_cache_.back()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the KV cache of ", plan.num_blocks, " blocks does not fit in host memory"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AllocateSwapSpace(int32_t num_blocks) {
+  const size_t block = size_t(block_size_) * cfg_.num_kv_heads * cfg_.head_dim;
+  swap_.reset(new (std::nothrow) float[size_t(num_blocks) * cfg_.num_layers * 2 * block]);
+  if (!swap_) return absl::ResourceExhaustedError(absl::StrCat("swap space of ", num_blocks, " blocks does not fit"));
+  num_swap_blocks_ = num_blocks;
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) {
+  const size_t block = size_t(block_size_) * cfg_.num_kv_heads * cfg_.head_dim;
+  const int64_t num_blocks = num_slots_ / block_size_;
+  auto host = [&](int32_t h, int layer, int kv) { return swap_.get() + ((size_t(h) * cfg_.num_layers + layer) * 2 + kv) * block; };
+  for (const auto* copies : {&out, &in}) {
+    for (const BlockCopy& c : *copies) {
+      INFERD_CHECK(c.device_block >= 0 && c.device_block < num_blocks && c.host_block >= 0 &&
+                       c.host_block < num_swap_blocks_,
+                   "swap copies name blocks of the pool and the swap space");
+      for (int layer = 0; layer < cfg_.num_layers; ++layer) {
+        float* k = k_cache_[layer].get() + size_t(c.device_block) * block;
+        float* v = v_cache_[layer].get() + size_t(c.device_block) * block;
+        if (copies == &out) {
+          std::copy_n(k, block, host(c.host_block, layer, 0));
+          std::copy_n(v, block, host(c.host_block, layer, 1));
+        } else {
+          std::copy_n(host(c.host_block, layer, 0), block, k);
+          std::copy_n(host(c.host_block, layer, 1), block, v);
+        }
+      }
     }
   }
   return absl::OkStatus();

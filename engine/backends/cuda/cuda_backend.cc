@@ -17,6 +17,7 @@
 #include "engine/check.h"
 #include "engine/status_macros.h"
 #include "kernels/elementwise.h"
+#include "kernels/kv_swap.h"
 #include "kernels/paged_attention.h"
 #include "kernels/sampling.h"
 #include "spdlog/spdlog.h"
@@ -84,6 +85,8 @@ class CudaBackend : public Backend {
   StepCounters counters() const override { return counters_; }
   absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) override;
   absl::Status AllocateKvCache(const MemoryPlan& plan) override;
+  absl::Status AllocateSwapSpace(int32_t num_blocks) override;
+  absl::Status SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) override;
   absl::Status Step(const StepInput& input, StepOutput* output) override;
 
  private:
@@ -144,6 +147,12 @@ class CudaBackend : public Backend {
 
   // KV pool: per layer K then V, each [num_blocks, block_size, num_kv_heads, head_dim].
   DeviceBuffer kv_;
+  // Host swap space, pinned and mapped: [swap block][layer][K, V][block]; and the copy lists the swap kernel
+  // reads (mapped too): device blocks then host blocks, for the outs then the ins.
+  PinnedBuffer swap_, swap_lists_;
+  char* swap_dev_ = nullptr;
+  int32_t* swap_lists_dev_ = nullptr;
+  int32_t num_swap_blocks_ = 0;
   int64_t layer_kv_elems_ = 0;
   int64_t num_slots_ = 0;
 };
@@ -297,6 +306,51 @@ absl::Status CudaBackend<T>::AllocateKvCache(const MemoryPlan& plan) {
   reserved_block_ = plan.num_blocks;
   if (use_graphs_) INFERD_RETURN_IF_ERROR(CaptureDecodeGraphs());
   spdlog::info("cuda: KV pool of {} blocks ({:.1f} MiB) allocated", plan.num_blocks, kv_.bytes() / 1048576.0);
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::AllocateSwapSpace(int32_t num_blocks) {
+  const int64_t block_bytes = int64_t{limits_.block_size} * cfg_.num_kv_heads * cfg_.head_dim * sizeof(T);
+  INFERD_RETURN_IF_ERROR(swap_.Allocate(int64_t{num_blocks} * 2 * cfg_.num_layers * block_bytes));
+  const int64_t max_copies = std::max<int64_t>(num_blocks, num_slots_ / limits_.block_size);
+  INFERD_RETURN_IF_ERROR(swap_lists_.Allocate(4 * max_copies * sizeof(int32_t)));
+  void* p = nullptr;
+  INFERD_CUDA(cudaHostGetDevicePointer(&p, swap_.get(), 0));
+  swap_dev_ = static_cast<char*>(p);
+  INFERD_CUDA(cudaHostGetDevicePointer(&p, swap_lists_.get(), 0));
+  swap_lists_dev_ = static_cast<int32_t*>(p);
+  num_swap_blocks_ = num_blocks;
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) {
+  if (out.empty() && in.empty()) return absl::OkStatus();
+  INFERD_CHECK(num_swap_blocks_ > 0 && int64_t(out.size() + in.size()) * 4 * sizeof(int32_t) <= swap_lists_.bytes(),
+               "swap copies fit the lists sized for the pool");
+  INFERD_CUDA(cudaStreamSynchronize(compute_));  // the last swap's kernels have read the lists
+  int32_t* lists = swap_lists_.get<int32_t>();
+  size_t at = 0;
+  for (std::span<const BlockCopy> copies : {out, in}) {
+    for (size_t i = 0; i < copies.size(); ++i) {
+      INFERD_CHECK(copies[i].device_block >= 0 && copies[i].device_block < reserved_block_ &&
+                       copies[i].host_block >= 0 && copies[i].host_block < num_swap_blocks_,
+                   "swap copies name blocks of the pool and the swap space");
+      lists[at + i] = copies[i].device_block;
+      lists[at + copies.size() + i] = copies[i].host_block;
+    }
+    at += 2 * copies.size();
+  }
+  const int64_t block_bytes = int64_t{limits_.block_size} * cfg_.num_kv_heads * cfg_.head_dim * sizeof(T);
+  const int64_t layer_bytes = layer_kv_elems_ * sizeof(T);
+  const int32_t n_out = static_cast<int32_t>(out.size()), n_in = static_cast<int32_t>(in.size());
+  // Same stream as the steps: outs read blocks before the next step reuses them; ins land before it reads them.
+  INFERD_KERNEL(k::CopyKvBlocks(kv_.get<char>(), swap_dev_, swap_lists_dev_, swap_lists_dev_ + n_out, n_out,
+                                cfg_.num_layers, layer_bytes, block_bytes, /*to_host=*/true, compute_));
+  INFERD_KERNEL(k::CopyKvBlocks(kv_.get<char>(), swap_dev_, swap_lists_dev_ + 2 * n_out,
+                                swap_lists_dev_ + 2 * n_out + n_in, n_in, cfg_.num_layers, layer_bytes, block_bytes,
+                                /*to_host=*/false, compute_));
   return absl::OkStatus();
 }
 

@@ -14,7 +14,11 @@ namespace {
 // Sequences are named by one letter; the fake "model" samples token 100 for everyone.
 class SchedulerHarness {
  public:
-  SchedulerHarness(SchedulerLimits limits, int32_t num_blocks) : pool_(num_blocks), scheduler_(limits, &pool_) {}
+  // swap_blocks > 0: host swap space of that many blocks.
+  SchedulerHarness(SchedulerLimits limits, int32_t num_blocks, int32_t swap_blocks = 0)
+      : pool_(num_blocks),
+        swap_pool_(std::max(swap_blocks, 1)),
+        scheduler_(limits, &pool_, swap_blocks > 0 ? &swap_pool_ : nullptr) {}
 
   void Add(char name, int32_t prompt_len, int32_t priority = 0) {
     auto seq = std::make_unique<Sequence>();
@@ -60,6 +64,7 @@ class SchedulerHarness {
   }
 
   BlockPool pool_;
+  BlockPool swap_pool_;
   Scheduler scheduler_;
   std::map<char, std::unique_ptr<Sequence>> seqs_;
   absl::Time now_ = absl::UnixEpoch();  // the test moves the clock
@@ -213,6 +218,65 @@ TEST(Scheduler, PreemptionTakesTheMostRecentAndCountsTheWorkLost) {
   EXPECT_EQ(h.scheduler_.counters().preempted_tokens, 8);
 }
 
+TEST(Scheduler, SwapPreemptionKeepsTheKvOnTheHostAndResumesWithoutRecomputing) {
+  // The collision of PreemptionTakesTheMostRecent..., now with 4 blocks of host swap space.
+  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4, 4);
+  RunTable(h, {
+                  {{{'A', 3}, {'B', 3}}, "A3+ B3+", "", "AB", "", 2},
+                  {{}, "A1+ B1+", "", "AB", "", 2},
+                  {{}, "A1+ B1+", "", "AB", "", 0},
+                  {{}, "A1+ B1+", "", "AB", "", 0},
+                  {{}, "A1+ B1+", "", "AB", "", 0},
+                  {{}, "A1+ B1+", "", "AB", "", 0},
+              });
+  const std::vector<int32_t> b_blocks = h.seqs_.at('B')->block_table;
+  StepPlan plan = h.Step();  // A needs a 3rd block: B goes to the host, both of its computed blocks
+  EXPECT_EQ(SchedulerHarness::Describe(plan), "A1+");
+  EXPECT_EQ(PreemptedNames(plan), "B");
+  ASSERT_EQ(plan.swap_out.size(), 2u);
+  EXPECT_EQ(plan.swap_out[0].device_block, b_blocks[0]);
+  EXPECT_EQ(plan.swap_out[1].device_block, b_blocks[1]);
+  const Sequence& b = *h.seqs_.at('B');
+  EXPECT_EQ(b.num_computed, 8) << "nothing is lost";
+  EXPECT_EQ(b.swapped_blocks.size(), 2u);
+  EXPECT_EQ(h.swap_pool_.num_free(), 2);
+  h.Finish('A');
+  plan = h.Step();  // B comes back with its 8 tokens copied in: it computes only its 9th
+  EXPECT_EQ(SchedulerHarness::Describe(plan), "B1+");
+  ASSERT_EQ(plan.swap_in.size(), 2u);
+  EXPECT_EQ(plan.swap_in[0].device_block, b.block_table[0]);
+  EXPECT_EQ(plan.swap_in[1].device_block, b.block_table[1]);
+  EXPECT_EQ(h.swap_pool_.num_free(), 2) << "host blocks are read by this step's copies: free from the next step";
+  h.Step();
+  EXPECT_EQ(h.swap_pool_.num_free(), 4);
+  EXPECT_EQ(h.scheduler_.counters().swapped_preemptions, 1);
+  EXPECT_EQ(h.scheduler_.counters().preempted_tokens, 0);
+}
+
+TEST(Scheduler, WithoutRoomInSwapSpacePreemptionRecomputes) {
+  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4, 1);
+  h.Add('A', 3);
+  h.Add('B', 3);
+  for (int i = 0; i < 6; ++i) h.Step();
+  const StepPlan plan = h.Step();
+  EXPECT_EQ(PreemptedNames(plan), "B");
+  EXPECT_TRUE(plan.swap_out.empty()) << "B's 2 blocks do not fit 1 block of swap space";
+  EXPECT_EQ(h.seqs_.at('B')->num_computed, 0);
+  EXPECT_EQ(h.scheduler_.counters().preempted_tokens, 8);
+}
+
+TEST(Scheduler, AbortingASwappedOutSequenceFreesItsHostBlocks) {
+  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4, 4);
+  h.Add('A', 3);
+  h.Add('B', 3);
+  for (int i = 0; i < 7; ++i) h.Step();
+  ASSERT_EQ(h.seqs_.at('B')->swapped_blocks.size(), 2u);
+  h.Finish('B');
+  EXPECT_EQ(h.swap_pool_.num_free(), 4);
+  h.Finish('A');
+  EXPECT_EQ(h.pool_.num_free(), 4);
+}
+
 TEST(Capacity, VictimsAreTheLowestPriorityThenMostRecentSparingThoseAwaitingProgress) {
   Sequence x, y, z;
   x.admitted_order = 1;
@@ -318,21 +382,22 @@ TEST(BlockPool, EvictsTheLeastRecentlyFreedCachedBlockFirstAndNeverAWrongOne) {
   pool.CheckInvariants();
 }
 
-class RandomizedScheduler : public ::testing::TestWithParam<bool> {};
+// (prefix caching, swap space)
+class RandomizedScheduler : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
   std::mt19937 rng(42);
   const SchedulerLimits limits{.max_num_seqs = 5,
                                .max_num_batched_tokens = 24,
                                .block_size = 4,
-                               .prefix_caching = GetParam(),
+                               .prefix_caching = std::get<0>(GetParam()),
                                .long_prefill_chunk = 6,
                                .priority_aging_s = 5};
-  SchedulerHarness h(limits, 20);
+  SchedulerHarness h(limits, 20, std::get<1>(GetParam()) ? 12 : 0);
   std::map<char, int32_t> target;  // total length at which the test finishes the sequence
   char next = 'A';
   int finished = 0;
-  int64_t preemptions = 0;
+  int64_t preemptions = 0, swapped = 0;
   for (int step = 0; step < 3000 && finished < 200; ++step) {
     if (h.seqs_.size() < 12 && rng() % 3 == 0) {
       const char name = static_cast<char>('A' + (next++ - 'A') % 52);
@@ -350,6 +415,14 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
     // Every live sequence is in exactly one queue, and only running ones hold blocks.
     ASSERT_EQ(h.scheduler_.running().size() + h.scheduler_.waiting().size(), h.seqs_.size());
     for (const Sequence* seq : h.scheduler_.waiting()) ASSERT_TRUE(seq->block_table.empty()) << seq->request.id;
+    // Host blocks: each held by one swapped-out sequence (or read by this step's swap-ins), the rest free.
+    std::map<int32_t, int32_t> host_holders;
+    for (const auto& [name, seq] : h.seqs_)
+      for (int32_t b : seq->swapped_blocks) ASSERT_EQ(++host_holders[b], 1) << "host block " << b << " held twice";
+    for (const BlockCopy& c : plan.swap_in) ASSERT_EQ(host_holders.count(c.host_block), 0u);
+    ASSERT_EQ(static_cast<int32_t>(host_holders.size() + plan.swap_in.size()) + h.swap_pool_.num_free(),
+              h.swap_pool_.num_total());
+    swapped += static_cast<int64_t>(plan.swap_out.size());
     ASSERT_LE(static_cast<int32_t>(plan.seqs.size()), limits.max_num_seqs);
     if (!h.seqs_.empty()) ASSERT_FALSE(plan.empty()) << "a non-empty scheduler always makes progress";
     std::map<int32_t, int32_t> holders;  // block -> sequences holding it (shared prefix blocks: several)
@@ -372,11 +445,12 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
   }
   EXPECT_GE(finished, 200);
   EXPECT_GT(preemptions, 0) << "the pool is small enough that the run exercises preemption";
+  if (std::get<1>(GetParam())) EXPECT_GT(swapped, 0) << "and swapping";
   for (auto it = h.seqs_.begin(); it != h.seqs_.end();) h.Finish((it++)->first);
   EXPECT_EQ(h.pool_.num_free(), h.pool_.num_total());
 }
 
-INSTANTIATE_TEST_SUITE_P(PrefixCaching, RandomizedScheduler, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(PrefixCachingAndSwap, RandomizedScheduler, ::testing::Combine(::testing::Bool(), ::testing::Bool()));
 
 }  // namespace
 }  // namespace inferd
