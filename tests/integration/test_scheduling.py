@@ -1,12 +1,13 @@
 """The scheduler under pressure, through the real server: a deliberately tiny KV pool, preemption, priorities,
 admission bounds, prefix reuse. Outputs must not depend on scheduling; no block may leak."""
+import os
 import random
 import threading
 import time
 
 import grpc
 
-from conftest import Server, cancel_half_of_streams, inferd_pb2 as pb, wait_until_idle
+from conftest import SOURCE_DIR, Server, cancel_half_of_streams, inferd_pb2 as pb, wait_until_idle
 
 TINY_POOL = {"backend": "cpu", "block_size": 16, "num_blocks": 24}  # 384 tokens in all
 
@@ -162,5 +163,36 @@ def test_a_high_priority_request_overtakes_a_queue_of_low_ones():
             assert finished[f"low{i}"][0] == solo_lows[i], "preempted or not, a greedy output is the same"
             assert finished["high"][1] < finished[f"low{i}"][1], f"low{i} finished before the high one"
         assert info(s).preemptions_total >= 1, "the high one took the seat of a running low one"
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_long_prompt_does_not_hold_back_a_newcomers_first_token():
+    # The bundled SmolLM2 (slow enough on the cpu that a long prefill takes many steps): a ~400-token prompt in
+    # 32-token steps, capped at 8 tokens per step while others wait. A short request arriving during that
+    # prefill gets its first token within a step or two, long before the long prompt does.
+    model = os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    s = Server(model=model, engine={"backend": "cpu", "cpu_kv_cache_gib": 0.25},
+               scheduler={"max_num_seqs": 8, "max_num_batched_tokens": 32, "long_prefill_chunk": 8})
+    try:
+        long_prompt = " ".join(f"item {i} is on shelf {i % 7}" for i in range(60))
+        firsts = {}
+
+        def first_token(name, request):
+            t0 = time.monotonic()
+            for chunk in s.stub.GenerateStream(request, timeout=600):
+                if chunk.token_ids:
+                    firsts[name] = time.monotonic() - t0
+                    return
+
+        long_thread = threading.Thread(target=first_token, args=("long", greedy(long_prompt, max_tokens=2)))
+        long_thread.start()
+        end = time.time() + 30
+        while info(s).running_requests < 1 and time.time() < end:
+            time.sleep(0.01)
+        first_token("short", greedy("Hi", max_tokens=2))
+        long_thread.join(timeout=600)
+        assert "long" not in firsts or firsts["short"] < firsts["long"]
+        assert firsts["short"] < 0.3 * firsts["long"], firsts
     finally:
         assert s.stop() == 0
