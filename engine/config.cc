@@ -31,6 +31,12 @@ absl::Status Validate(const Config& c) {
         "config: scheduler.long_prefill_chunk = ", c.scheduler.long_prefill_chunk,
         " is out of range; allowed: 0..scheduler.max_num_batched_tokens (", c.scheduler.max_num_batched_tokens, ")"));
   }
+  if (!c.server.metrics_listen.empty()) {
+    if (absl::Status st = CheckListenAddress(c.server.metrics_listen); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("config: server.metrics_listen = '", c.server.metrics_listen,
+                                                     "' is not HOST:PORT with PORT 0..65535 (or empty for off)"));
+    }
+  }
   return CheckListenAddress(c.server.listen);
 }
 

@@ -40,6 +40,8 @@ struct ServerSection {
   std::string listen = "0.0.0.0:50051";
   double drain_timeout_s = 30;          // graceful shutdown: how long running requests may finish
   int64_t max_request_bytes = 4 << 20;  // a larger GenerateRequest or Tokenize text is INVALID_ARGUMENT: 1..64 MiB
+  std::string metrics_listen = "0.0.0.0:9090";  // Prometheus /metrics; "" = off
+  double liveness_timeout_s = 30;  // health NOT_SERVING when no step ran this long with work pending; 0 = off
 };
 
 struct Config {

@@ -204,6 +204,14 @@ std::vector<ConfigField> MakeFields() {
       64 << 20, "1..64 MiB",
       "a larger GenerateRequest (or Tokenize text) is INVALID_ARGUMENT; over 64 MiB gRPC refuses "
       "it with RESOURCE_EXHAUSTED"));
+  f.push_back(Text(
+      "server", "metrics_listen", [](Config& c) -> std::string& { return c.server.metrics_listen; }, "0.0.0.0:9090", {},
+      "HOST:PORT, or empty", "Prometheus metrics at /metrics; empty = off"));
+  f.push_back(Real(
+      "server", "liveness_timeout_s", [](Config& c) -> double& { return c.server.liveness_timeout_s; }, 0, 86400, false,
+      "30", "0..86400",
+      "health reports NOT_SERVING while requests are pending and no step has finished for this long (and "
+      "SERVING again once steps resume); 0 = off"));
   return f;
 }
 

@@ -50,6 +50,8 @@ struct Engine::SequenceState {
   std::unique_ptr<OutputProcessor> output;
   uint64_t seed = 0;                      // the client's, or drawn at admission
   std::vector<int32_t> banned_until_min;  // eos and stop ids, not sampled before min_tokens
+  std::vector<double> inter_token_s;      // between consecutive output tokens (metrics)
+  absl::Time last_token;
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
@@ -229,6 +231,7 @@ void Engine::PublishStats() {
   stats_.total_blocks = pool_->num_total();
   stats_.free_blocks = pool_->num_free();
   stats_.cached_blocks = pool_->num_cached();
+  stats_.engine_steps = engine_steps_;
   if (scheduler_) {
     const CapacityCounters& k = scheduler_->counters();
     stats_.preemptions = k.preemptions;
@@ -306,6 +309,11 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status err
     if (it != live_ids_.end() && it->second == seq->seq_id) live_ids_.erase(it);
   }
   const RequestHandle handle = seq->seq_id;
+  if (on_request_) {
+    FinishedRequest f{reason, out.error.code(), out.usage, out.timing, {}};
+    if (auto it = active_.find(handle); it != active_.end()) f.inter_token_s = std::move(it->second->inter_token_s);
+    on_request_(f);
+  }
   active_.erase(handle);  // destroys *seq: nothing below reads it
   PublishStats();         // a client that saw its request finish sees its blocks free
   sink->Push(std::move(out));
@@ -325,8 +333,8 @@ void Engine::Loop() {
         spdlog::info("request '{}' (priority {}) preempted, #{}: {} computed tokens to recompute", seq->request.id,
                      seq->priority(), seq->num_preemptions, seq->num_tokens() - 1);
       } else {
-        spdlog::info("request '{}' (priority {}) preempted, #{}: {} blocks swapped out to host memory",
-                     seq->request.id, seq->priority(), seq->num_preemptions, seq->swapped_blocks.size());
+        spdlog::info("request '{}' (priority {}) preempted, #{}: {} blocks swapped out to host memory", seq->request.id,
+                     seq->priority(), seq->num_preemptions, seq->swapped_blocks.size());
       }
     }
     if (!plan.swap_out.empty() || !plan.swap_in.empty()) {
@@ -374,6 +382,10 @@ void Engine::RunStep(const StepPlan& plan) {
     return;
   }
   scheduler_->Update(plan, output.tokens);
+  ++engine_steps_;
+  if (on_step_) {
+    on_step_({static_cast<int32_t>(plan.seqs.size()), plan.num_tokens, absl::ToDoubleSeconds(absl::Now() - now)});
+  }
 
   const absl::Time done = absl::Now();
   size_t r = 0;
@@ -383,7 +395,12 @@ void Engine::RunStep(const StepPlan& plan) {
     SequenceState& st = *active_.at(seq->seq_id);
     const int32_t token = output.tokens[r];
     TokenLogprob& logprob = output.logprobs[r++];
-    if (seq->first_token == absl::InfinitePast()) seq->first_token = done;
+    if (seq->first_token == absl::InfinitePast()) {
+      seq->first_token = done;
+    } else {
+      st.inter_token_s.push_back(absl::ToDoubleSeconds(done - st.last_token));
+    }
+    st.last_token = done;
     FinishReason finish = FinishReason::kNone;
     std::string text = st.output->Add(token, seq->num_output_tokens(), &finish);
     RequestOutput out;

@@ -38,8 +38,25 @@ struct EngineStats {
   int64_t swapped_preemptions = 0;  // preemptions that kept the KV in host swap space instead
   int64_t prefix_query_tokens = 0;  // prompt tokens looked up in the prefix cache at first admission
   int64_t prefix_hit_tokens = 0;    // of those, found cached
-  int64_t steps = 0;
-  double device_busy_s = 0;  // summed device time of the steps (cuda: CUDA events around each step's compute)
+  int64_t steps = 0;                // steps the backend ran (0 for a backend that does not count them)
+  int64_t engine_steps = 0;         // steps the engine ran: liveness reads progress from it
+  double device_busy_s = 0;         // summed device time of the steps (cuda: CUDA events around each step's compute)
+};
+
+// One request as it ended, for metrics.
+struct FinishedRequest {
+  FinishReason finish = FinishReason::kNone;
+  absl::StatusCode code = absl::StatusCode::kOk;  // kOk unless the engine could not serve it
+  Usage usage;
+  Timing timing;
+  std::vector<double> inter_token_s;  // between consecutive output tokens
+};
+
+// One step as it ran, for metrics.
+struct StepRecord {
+  int32_t num_seqs = 0;
+  int32_t num_tokens = 0;
+  double wall_s = 0;  // host time from scheduling to the sampled tokens
 };
 
 class Engine {
@@ -70,6 +87,12 @@ class Engine {
   bool draining() const { return draining_; }
 
   EngineStats Stats() const;
+  // Called on the engine thread when a request ends and after each step; must not block. Set before serving.
+  void SetObservers(std::function<void(const FinishedRequest&)> on_request,
+                    std::function<void(const StepRecord&)> on_step) {
+    on_request_ = std::move(on_request);
+    on_step_ = std::move(on_step);
+  }
   const Model& model() const { return *model_; }
   const MemoryPlan& memory_plan() const { return memory_plan_; }
   std::string backend_name() const { return backend_->name(); }
@@ -98,6 +121,9 @@ class Engine {
   int32_t max_model_len_ = 0;
   // Owned by the engine thread.
   std::unordered_map<RequestHandle, std::unique_ptr<SequenceState>> active_;
+  std::function<void(const FinishedRequest&)> on_request_;
+  std::function<void(const StepRecord&)> on_step_;
+  int64_t engine_steps_ = 0;
 
   // Shared with callers of Submit/Abort.
   mutable std::mutex mu_;

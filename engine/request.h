@@ -39,7 +39,23 @@ struct StoppingParams {
 };
 
 enum class FinishReason { kNone, kLength, kEos, kStopString, kStopToken, kAborted };
-const char* FinishReasonName(FinishReason reason);
+inline const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kStopString:
+      return "stop_string";
+    case FinishReason::kStopToken:
+      return "stop_token";
+    case FinishReason::kAborted:
+      return "aborted";
+  }
+  return "none";
+}
 
 struct TopLogprob {
   int32_t token_id = 0;

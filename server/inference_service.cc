@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/tokenizer/utf8.h"
+#include "server/metrics.h"
 #include "server/request_builder.h"
 #include "server/status_mapping.h"
 
@@ -131,8 +132,11 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   StreamReactor(std::shared_ptr<Engine> engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* proto,
                 const InferenceService::Limits& limits, RequestWorkers* workers,
-                std::shared_ptr<std::atomic<int64_t>> active_calls)
-      : engine_(std::move(engine)), sink_(std::make_shared<Sink>(this)), active_calls_(std::move(active_calls)) {
+                std::shared_ptr<std::atomic<int64_t>> active_calls, Metrics* metrics)
+      : engine_(std::move(engine)),
+        sink_(std::make_shared<Sink>(this)),
+        active_calls_(std::move(active_calls)),
+        metrics_(metrics) {
     ++*active_calls_;
     const int64_t max_bytes = limits.max_request_bytes;
     if (!workers->TryRun([this, ctx, proto, max_bytes] { Start(ctx, *proto, max_bytes); })) FinishOnce(Busy());
@@ -214,12 +218,14 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void FinishOnceLocked(const grpc::Status& status) {
     if (sink_->finished_) return;
     sink_->finished_ = true;
+    if (metrics_) metrics_->CountCall(status.error_code());
     Finish(status);
   }
 
   std::shared_ptr<Engine> engine_;
   std::shared_ptr<Sink> sink_;
   std::shared_ptr<std::atomic<int64_t>> active_calls_;
+  Metrics* metrics_;
   std::string id_;
   bool last_written_ = false;
   v1::GenerateChunk chunk_;
@@ -240,7 +246,7 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
         UnaryGenerateReactor* r = reactor_;
         reactor_ = nullptr;
         if (output.error.ok()) Serialize(result_, wire_);
-        r->Finish(ToGrpcStatus(output.error));
+        r->FinishCounted(ToGrpcStatus(output.error));
       }
     }
     void Detach() {
@@ -261,15 +267,16 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
 
   UnaryGenerateReactor(std::shared_ptr<Engine> engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* proto,
                        grpc::ByteBuffer* result, const InferenceService::Limits& limits, RequestWorkers* workers,
-                       std::shared_ptr<std::atomic<int64_t>> active_calls)
+                       std::shared_ptr<std::atomic<int64_t>> active_calls, Metrics* metrics)
       : engine_(std::move(engine)),
         sink_(std::make_shared<Sink>(this, result)),
-        active_calls_(std::move(active_calls)) {
+        active_calls_(std::move(active_calls)),
+        metrics_(metrics) {
     ++*active_calls_;
     const int64_t max_bytes = limits.max_request_bytes;
     if (!workers->TryRun([this, ctx, proto, max_bytes] { Start(ctx, *proto, max_bytes); })) {
       sink_->Detach();
-      Finish(Busy());
+      FinishCounted(Busy());
     }
   }
 
@@ -279,7 +286,7 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
     std::lock_guard<std::mutex> lock(sink_->mu_);
     auto fail = [&](const grpc::Status& status) {
       sink_->reactor_ = nullptr;
-      Finish(status);
+      FinishCounted(status);
     };
     if (sink_->cancelled_) return fail(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
     if (!request.ok()) return fail(ToGrpcStatus(request.status()));
@@ -301,11 +308,16 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
     --*active_calls_;
     delete this;
   }
+  void FinishCounted(const grpc::Status& status) {
+    if (metrics_) metrics_->CountCall(status.error_code());
+    Finish(status);
+  }
 
  private:
   std::shared_ptr<Engine> engine_;
   std::shared_ptr<Sink> sink_;
   std::shared_ptr<std::atomic<int64_t>> active_calls_;
+  Metrics* metrics_;
 };
 
 grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::Status& status) {
@@ -318,12 +330,12 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::S
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::GenerateStream(grpc::CallbackServerContext* ctx,
                                                                              const grpc::ByteBuffer* request) {
-  return new StreamReactor(engine(), ctx, request, limits_, &workers_, active_calls_);
+  return new StreamReactor(engine(), ctx, request, limits_, &workers_, active_calls_, metrics_);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* result) {
-  return new UnaryGenerateReactor(engine(), ctx, request, result, limits_, &workers_, active_calls_);
+  return new UnaryGenerateReactor(engine(), ctx, request, result, limits_, &workers_, active_calls_, metrics_);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,

@@ -8,6 +8,7 @@
 
 #include "engine/engine.h"
 #include "inferd/v1/inferd.grpc.pb.h"
+#include "server/metrics.h"
 #include "server/request_workers.h"
 
 namespace inferd {
@@ -29,6 +30,8 @@ class InferenceService final : public InferenceServiceBase {
   InferenceService(Limits limits, int request_workers)
       : limits_(limits), workers_(request_workers, 64 * request_workers) {}
 
+  // Generate calls are counted by status there, when set (before serving).
+  void SetMetrics(Metrics* metrics) { metrics_ = metrics; }
   // Until an engine is set (model loading), generation RPCs answer UNAVAILABLE.
   void SetEngine(std::shared_ptr<Engine> engine) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -62,6 +65,7 @@ class InferenceService final : public InferenceServiceBase {
   mutable std::mutex mu_;
   std::shared_ptr<Engine> engine_;
   const Limits limits_;
+  Metrics* metrics_ = nullptr;
   std::shared_ptr<std::atomic<int64_t>> active_calls_ = std::make_shared<std::atomic<int64_t>>(0);
   RequestWorkers workers_;
 };

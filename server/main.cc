@@ -1,4 +1,5 @@
-// inferd: serves a Llama-family model over gRPC. Usage: inferd --config FILE [--listen HOST:PORT]
+// inferd: serves a Llama-family model over gRPC.
+// Usage: inferd --config FILE [--listen HOST:PORT] [--metrics-listen HOST:PORT|""]
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -11,12 +12,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "engine/config.h"
 #include "engine/config_fields.h"
 #include "engine/engine.h"
 #include "server/inference_service.h"
+#include "server/liveness.h"
+#include "server/metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -38,15 +42,18 @@ int WaitForSignal() {
 }
 
 constexpr const char* kUsage =
-    "usage: inferd --config FILE [--listen HOST:PORT]\n"
+    "usage: inferd --config FILE [--listen HOST:PORT] [--metrics-listen HOST:PORT|\"\"]\n"
     "       inferd --config-reference    (every config key as a markdown table)";
 
 int Run(int argc, char** argv) {
   std::string config_path, listen;
+  std::optional<std::string> metrics_listen;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if ((arg == "--config" || arg == "--listen") && i + 1 < argc) {
       (arg == "--config" ? config_path : listen) = argv[++i];
+    } else if (arg == "--metrics-listen" && i + 1 < argc) {
+      metrics_listen = argv[++i];
     } else if (arg == "--config-reference") {
       std::cout << inferd::ConfigReferenceMarkdown();
       return 0;
@@ -67,11 +74,12 @@ int Run(int argc, char** argv) {
     std::cerr << "inferd: " << config.status().message() << "\n";
     return 2;
   }
-  if (!listen.empty()) {
-    config->server.listen = listen;
+  if (!listen.empty() || metrics_listen) {
+    if (!listen.empty()) config->server.listen = listen;
+    if (metrics_listen) config->server.metrics_listen = *metrics_listen;
     auto checked = inferd::ParseConfig(inferd::ConfigToYaml(*config));
     if (!checked.ok()) {
-      std::cerr << "inferd: --listen: " << checked.status().message() << "\n";
+      std::cerr << "inferd: --listen / --metrics-listen: " << checked.status().message() << "\n";
       return 2;
     }
   }
@@ -107,6 +115,18 @@ int Run(int argc, char** argv) {
   }
   auto* health = server->GetHealthCheckService();
   health->SetServingStatus(false);
+  std::unique_ptr<inferd::Metrics> metrics;
+  if (!config->server.metrics_listen.empty()) {
+    auto started = inferd::Metrics::Start(config->server.metrics_listen);
+    if (!started.ok()) {
+      std::cerr << "inferd: " << started.status().message() << "\n";
+      server->Shutdown(std::chrono::system_clock::now());
+      return 2;
+    }
+    metrics = *std::move(started);
+    service.SetMetrics(metrics.get());
+    spdlog::info("metrics on {} at /metrics", config->server.metrics_listen);
+  }
   spdlog::info("listening on {} (port {}); loading the model", config->server.listen, port);
 
   auto engine = inferd::Engine::Create(*config);
@@ -116,8 +136,11 @@ int Run(int argc, char** argv) {
     return inferd::IsConfigError(engine.status()) ? 2 : 1;  // a config value the model or machine cannot take
   }
   std::shared_ptr<inferd::Engine> live = std::move(*engine);
+  if (metrics) metrics->Attach(live);
   service.SetEngine(live);
-  health->SetServingStatus(true);
+  health->SetServingStatus(true);  // after the engine's warm-up step
+  inferd::Liveness liveness(live, config->server.liveness_timeout_s,
+                            [health](bool serving) { health->SetServingStatus(serving); });
   spdlog::info("ready: model '{}' on the {} backend, max_model_len {}", live->model().name, live->backend_name(),
                live->max_model_len());
 
@@ -130,6 +153,7 @@ int Run(int argc, char** argv) {
     spdlog::default_logger()->flush();
     std::_Exit(128 + again);
   }).detach();
+  liveness.Stop();
   health->SetServingStatus(false);
   live->StartDraining();
   const auto drain_end = std::chrono::steady_clock::now() +

@@ -49,7 +49,7 @@ class Server:
         cfg = {"model": {"path": os.path.join(MODELS, model)},
                "engine": {"backend": "cpu", "block_size": 16, "cpu_kv_cache_gib": 0.05},
                "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 512, "max_queue": 256},
-               "server": {"listen": "127.0.0.1:1", "drain_timeout_s": 10}}
+               "server": {"listen": "127.0.0.1:1", "drain_timeout_s": 10, "metrics_listen": '""'}}
         for section, values in sections.items():
             cfg[section].update(values)
         fd, self.config_path = tempfile.mkstemp(suffix=".yaml")

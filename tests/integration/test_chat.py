@@ -99,7 +99,7 @@ def test_a_template_that_does_not_parse_stops_start_up(tmp_path):
     d = mistral_with_template(tmp_path, "{% for m in messages %}{{ m.content }}\n{% macro f() %}{% endmacro %}{% endfor %}")
     conf = tmp_path / "c.yaml"
     conf.write_text(f"model: {{path: {d}}}\n")
-    r = subprocess.run([INFERD_BIN, "--config", str(conf), "--listen", "127.0.0.1:0"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run([INFERD_BIN, "--config", str(conf), "--listen", "127.0.0.1:0", "--metrics-listen", ""],
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert "chat template line 2" in r.stderr and "macro" in r.stderr

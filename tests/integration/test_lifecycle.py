@@ -27,8 +27,8 @@ def run_inferd(config_text):
     fd, path = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         f.write(config_text)
-    return subprocess.run([INFERD_BIN, "--config", path, "--listen", "127.0.0.1:0"], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([INFERD_BIN, "--config", path, "--listen", "127.0.0.1:0", "--metrics-listen", ""],
+                          capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("config, rc, message", [

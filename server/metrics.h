@@ -1,0 +1,35 @@
+// Prometheus metrics on server.metrics_listen (path /metrics), through prometheus-cpp (metrics and their text
+// format) served by cpp-httplib: requests by finish
+// reason and by gRPC status, latency and length histograms, per-step batch sizes, and the engine's state
+// (running and waiting requests, KV blocks, prefix cache, preemptions) read at each scrape.
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+
+namespace inferd {
+
+class Metrics {
+ public:
+  // Serves /metrics on `listen` (HOST:PORT); fails naming server.metrics_listen when it cannot.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& listen);
+  ~Metrics();
+
+  // Installs the engine's observers and reads its state at every scrape. Before the engine serves.
+  void Attach(std::shared_ptr<Engine> engine);
+  // A Generate or GenerateStream call ended with this status (refused ones included).
+  void CountCall(grpc::StatusCode code);
+
+  struct Impl;
+
+ private:
+  explicit Metrics(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace inferd

@@ -1,0 +1,167 @@
+"""Observability through the real server: /metrics scraped by a real Prometheus (Debian's `prometheus`, started
+on loopback) and checked by `promtool`; health that flips to NOT_SERVING when the engine makes no progress."""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from conftest import SOURCE_DIR, Server, free_port, inferd_pb2 as pb
+
+FAMILIES = [
+    "inferd_requests_total", "inferd_request_success_total", "inferd_time_to_first_token_seconds_bucket",
+    "inferd_time_per_output_token_seconds_bucket", "inferd_inter_token_latency_seconds_bucket",
+    "inferd_e2e_request_latency_seconds_bucket", "inferd_request_queue_time_seconds_bucket",
+    "inferd_request_prompt_tokens_bucket", "inferd_request_generation_tokens_bucket", "inferd_num_requests_running",
+    "inferd_num_requests_waiting", "inferd_kv_blocks", "inferd_kv_cache_usage_ratio", "inferd_prefix_cache_hit_rate",
+    "inferd_preemptions_total", "inferd_step_batch_size_bucket", "inferd_step_tokens_bucket", "inferd_steps_total",
+]
+
+
+def greedy(text, max_tokens):
+    return pb.GenerateRequest(text=text, sampling=pb.SamplingParams(temperature=0),
+                              stopping=pb.StoppingParams(max_tokens=max_tokens, ignore_eos=True))
+
+
+def scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def sample(text, name, **labels):
+    """The value of the sample `name{labels}` in exposition text (labels given must all match)."""
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, value = line.rsplit(" ", 1)
+        if head.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            return float(value)
+    return None
+
+
+def test_metrics_are_exposed_valid_and_scraped_by_a_real_prometheus():
+    port = free_port()
+    s = Server(server={"metrics_listen": f"127.0.0.1:{port}"})
+    prom = None
+    try:
+        for i in range(6):
+            s.stub.Generate(greedy(f"hello {i} " * 3, max_tokens=8))
+        try:
+            s.stub.Generate(pb.GenerateRequest(text="x", sampling=pb.SamplingParams(temperature=-1)))
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+        text = scrape(port)
+        for family in FAMILIES:
+            assert family in text, family
+        assert sample(text, "inferd_requests_total", code="OK") == 6
+        assert sample(text, "inferd_requests_total", code="INVALID_ARGUMENT") == 1
+        assert sample(text, "inferd_request_success_total", finish_reason="length") == 6
+        assert sample(text, "inferd_request_generation_tokens_count") == 6
+        assert sample(text, "inferd_request_generation_tokens_sum") == 48
+        assert sample(text, "inferd_inter_token_latency_seconds_count") == 6 * 7
+        assert sample(text, "inferd_kv_blocks", state="free") > 0
+        promtool = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        assert promtool.returncode == 0, promtool.stdout + promtool.stderr
+
+        # A real Prometheus scrapes it every 0.5 s; its HTTP API must then answer for the families.
+        data = tempfile.mkdtemp(prefix="inferd-prom-")
+        web = free_port()
+        with open(os.path.join(data, "prometheus.yml"), "w") as f:
+            f.write("global:\n  scrape_interval: 500ms\nscrape_configs:\n  - job_name: inferd\n"
+                    f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n")
+        prom = subprocess.Popen(["prometheus", f"--config.file={data}/prometheus.yml", f"--storage.tsdb.path={data}",
+                                 f"--web.listen-address=127.0.0.1:{web}"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+
+        def query(expr):
+            url = f"http://127.0.0.1:{web}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.load(r)["data"]["result"]
+
+        end = time.time() + 60
+        while time.time() < end:
+            try:
+                if query('inferd_requests_total{code="OK"}'):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.25)
+        assert float(query('inferd_requests_total{code="OK"}')[0]["value"][1]) == 6
+        for expr in ["inferd_num_requests_running", 'inferd_kv_blocks{state="used"}',
+                     "histogram_quantile(0.5, inferd_time_to_first_token_seconds_bucket)",
+                     "inferd_prefix_cache_hit_rate", "inferd_preemptions_total", "inferd_steps_total"]:
+            assert query(expr), expr
+        # Every query of the Grafana dashboard in docker/ is valid PromQL over these series.
+        with open(os.path.join(SOURCE_DIR, "docker", "grafana-dashboard.json")) as f:
+            dashboard = json.load(f)
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                query(target["expr"].replace("$__rate_interval", "1m"))  # HTTP 400 on a bad query
+    finally:
+        if prom:
+            prom.terminate()
+            prom.wait(timeout=20)
+        assert s.stop() == 0
+
+
+def test_a_busy_port_for_metrics_is_a_config_error_naming_it():
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+        cfg.write(f"model: {{path: {os.path.join(SOURCE_DIR, 'tests', 'fixtures', 'models', 'llama3-tiny')}}}\n"
+                  f"engine: {{backend: cpu, cpu_kv_cache_gib: 0.05}}\n"
+                  f"server: {{listen: '127.0.0.1:0', metrics_listen: '127.0.0.1:{port}'}}\n")
+        cfg.close()
+        r = subprocess.run([os.environ.get("INFERD_BIN", os.path.join(SOURCE_DIR, "build", "server", "inferd")),
+                            "--config", cfg.name], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert "server.metrics_listen" in r.stderr and str(port) in r.stderr
+
+
+def test_health_reports_not_serving_while_the_engine_makes_no_progress_and_serving_again():
+    # A 600-token prefill in one step of the bundled SmolLM2 on the cpu takes seconds: no step finishes for
+    # longer than server.liveness_timeout_s while a request is pending.
+    model = os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    s = Server(model=model, engine={"backend": "cpu", "cpu_kv_cache_gib": 0.25},
+               scheduler={"max_num_seqs": 4, "max_num_batched_tokens": 2048},
+               server={"liveness_timeout_s": 0.3})
+    try:
+        statuses = []
+        watch = health_pb2_grpc.HealthStub(s.channel).Watch(health_pb2.HealthCheckRequest())
+
+        def follow():
+            try:
+                for r in watch:
+                    statuses.append(r.status)
+            except grpc.RpcError:
+                pass
+
+        t = threading.Thread(target=follow)
+        t.start()
+        long_prompt = " ".join(f"item {i} is on shelf {i % 7}" for i in range(90))
+        result = s.stub.Generate(greedy(long_prompt, max_tokens=1), timeout=600)
+        assert result.usage.prompt_tokens > 500
+        end = time.time() + 10
+        while statuses[-1:] != [health_pb2.HealthCheckResponse.SERVING] and time.time() < end:
+            time.sleep(0.05)
+        watch.cancel()
+        t.join(timeout=10)
+        SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+        assert NOT_SERVING in statuses, statuses
+        assert statuses[0] == SERVING and statuses[-1] == SERVING, statuses
+        logs = s.logs()
+        assert "liveness: no engine step" in logs and "liveness: engine steps resumed" in logs
+    finally:
+        assert s.stop() == 0
