@@ -71,5 +71,23 @@ if [[ "$what" == all || "$what" == bench ]]; then
   "$BUNDLE/bin/inferd-bench" --model "$M" --json "$OUT/bench_8b.json" > "$OUT/bench_8b.txt" 2>&1 || status=1
   grep -E "memory plan|built its weights|engine ready" "$OUT/bench_8b.txt"
   grep -v "^\[20" "$OUT/bench_8b.txt"
+  echo "== inferd plan against the start-up's real plan (same free memory, same limits)"
+  printf "model: {path: %s}\nscheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192}\n" "$M" > /tmp/plan_8b.yaml
+  free_gib=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['memory_plan']['device_free_bytes'] / 2**30)" "$OUT/bench_8b.json")
+  "$BUNDLE/bin/inferd" plan --config /tmp/plan_8b.yaml --gpu-memory-gib "$free_gib" --json > "$OUT/plan_8b.json" || status=1
+  python3 - "$OUT/plan_8b.json" "$OUT/bench_8b.json" <<'PY' || status=1
+import json, sys
+plan = json.load(open(sys.argv[1]))["plans"][0]
+real = json.load(open(sys.argv[2]))["memory_plan"]
+worst = 0
+for key in ["weight_bytes", "activation_bytes", "other_bytes", "num_blocks"]:
+    ratio = plan[key] / real[key]
+    print(f"{key:18s} plan {plan[key]:>14} real {real[key]:>14}  plan/real {ratio:.4f}")
+    if key != "other_bytes":
+        worst = max(worst, abs(ratio - 1))
+total = lambda p: p["weight_bytes"] + p["activation_bytes"] + p["other_bytes"] + p["num_blocks"] * p["kv_bytes_per_block"]
+print(f"{'total':18s} plan {total(plan):>14} real {total(real):>14}  plan/real {total(plan) / total(real):.4f}")
+sys.exit(0 if worst <= 0.02 and abs(total(plan) / total(real) - 1) <= 0.02 else 1)
+PY
 fi
 exit $status

@@ -21,6 +21,7 @@
 #include "server/inference_service.h"
 #include "server/liveness.h"
 #include "server/metrics.h"
+#include "server/plan.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -43,7 +44,8 @@ int WaitForSignal() {
 
 constexpr const char* kUsage =
     "usage: inferd --config FILE [--listen HOST:PORT] [--metrics-listen HOST:PORT|\"\"]\n"
-    "       inferd --config-reference    (every config key as a markdown table)";
+    "       inferd --config-reference    (every config key as a markdown table)\n"
+    "       inferd plan --config FILE [--gpu-memory-gib N]    (the cuda memory plan, without starting)";
 
 int Run(int argc, char** argv) {
   std::string config_path, listen;
@@ -181,5 +183,6 @@ int Run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "plan") return inferd::RunPlan(argc, argv);
   return Run(argc, argv);
 }

@@ -353,9 +353,20 @@ int Main(int argc, char** argv) {
   const double embed_bytes = 2.0 * c.vocab_size * c.hidden_size;
   const double kv_per_token = 2.0 * c.num_layers * c.num_kv_heads * c.head_dim * 2;
   const double params_no_embed = plan.weight_bytes / 2.0 - c.vocab_size * double(c.hidden_size);
-  nlohmann::json out = {
-      {"device", prop.name},    {"read_ceiling_tb_s", read_tbs},     {"gemm_ceiling_tflop_s", gemm_tflops},
-      {"startup_s", startup_s}, {"weight_bytes", plan.weight_bytes}, {"decode_products", products}};
+  nlohmann::json out = {{"device", prop.name},
+                        {"read_ceiling_tb_s", read_tbs},
+                        {"gemm_ceiling_tflop_s", gemm_tflops},
+                        {"startup_s", startup_s},
+                        {"weight_bytes", plan.weight_bytes},
+                        {"decode_products", products},
+                        {"memory_plan",
+                         {{"device_free_bytes", plan.device_free_bytes},
+                          {"budget_bytes", plan.budget_bytes},
+                          {"weight_bytes", plan.weight_bytes},
+                          {"activation_bytes", plan.activation_bytes},
+                          {"other_bytes", plan.other_bytes},
+                          {"kv_bytes_per_block", plan.kv_bytes_per_block},
+                          {"num_blocks", plan.num_blocks}}}};
 
   absl::Time submitted;
   Run(**engine, 128, 16, &submitted);  // warm-up

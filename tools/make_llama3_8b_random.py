@@ -3,16 +3,15 @@
 intermediate 14336, vocab 128256, llama3 rope) in Hugging Face layout, for benchmarks on the GPU machine, where
 16 GB cannot travel. Weights are drawn on the GPU with torch and written as 4 safetensors shards.
 
-    python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-random [--config-only]
+    python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-random [--config-only | --sparse]
 
---config-only writes config.json alone (enough for `inferd-bench --products-only`).
+--config-only writes config.json alone (enough for `inferd-bench --sections products`); --sparse writes one
+model.safetensors whose header lists every tensor and whose data is a sparse file of zeros (instant, no disk
+space: for `inferd plan`, which reads shapes only).
 """
 import json
 import os
 import sys
-
-import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_test_models import LLAMA3_PATTERN, byte_level  # noqa: E402
@@ -37,6 +36,11 @@ def main():
         json.dump(cfg, f, indent=2)
     if "--config-only" in sys.argv[2:]:
         return
+    if "--sparse" in sys.argv[2:]:
+        write_sparse(out)
+        return
+    import torch
+    from safetensors.torch import save_file
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}, f)
     gen = torch.Generator(device="cuda").manual_seed(8)
@@ -67,6 +71,30 @@ def main():
     with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=1)
     print(f"wrote {out}: {sum(t.numel() for s in shards for t in s.values()) / 1e9:.2f} B parameters")
+
+
+def write_sparse(out):
+    shapes = {"model.embed_tokens.weight": (V, H), "lm_head.weight": (V, H), "model.norm.weight": (H,)}
+    for l in range(L):
+        p = f"model.layers.{l}."
+        shapes.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                       p + "self_attn.q_proj.weight": (NH * D, H), p + "self_attn.k_proj.weight": (NKV * D, H),
+                       p + "self_attn.v_proj.weight": (NKV * D, H), p + "self_attn.o_proj.weight": (H, NH * D),
+                       p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+                       p + "mlp.down_proj.weight": (H, I)})
+    header, at = {}, 0
+    for name, shape in shapes.items():
+        n = 2
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [at, at + n]}
+        at += n
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        f.truncate(8 + len(text) + at)
+    print(f"wrote {out}: {at // 2 / 1e9:.2f} B parameters (sparse)")
 
 
 if __name__ == "__main__":

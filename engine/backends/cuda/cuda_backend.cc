@@ -15,6 +15,7 @@
 #include "engine/backends/cuda/device_buffer.h"
 #include "engine/backends/cuda/gemm.h"
 #include "engine/check.h"
+#include "engine/runtime/device_memory.h"
 #include "engine/status_macros.h"
 #include "kernels/elementwise.h"
 #include "kernels/kv_swap.h"
@@ -30,6 +31,10 @@ using cuda::CudaWeights;
 using cuda::DeviceBuffer;
 using cuda::PinnedBuffer;
 namespace k = kernels;
+
+// `inferd plan` computes this backend's allocations without a GPU (engine/runtime/device_memory.h).
+static_assert(kPlanAttentionWorkspaceBytes == k::kAttentionFloatWorkspaceBytes + k::kAttentionIntWorkspaceBytes);
+static_assert(kPlanMaxTopLogprobs == k::kMaxTopLogprobs);
 
 #define INFERD_KERNEL(expr) INFERD_RETURN_IF_ERROR(::inferd::cuda::FromCuda((expr), #expr))
 
@@ -294,6 +299,10 @@ absl::StatusOr<MemoryPlan> CudaBackend<T>::MeasureMemory(const StepLimits& limit
   plan.device_free_bytes = free_at_start_;
   plan.weight_bytes = w_.bytes;
   plan.activation_bytes = activation_bytes_;
+  if (const int64_t planned = DeviceActivationBytes(cfg_, limits_, sizeof(T)); planned != activation_bytes_) {
+    spdlog::warn("cuda: activations take {} bytes, `inferd plan` computes {}: its formula needs updating",
+                 activation_bytes_, planned);
+  }
   plan.other_bytes = std::max<int64_t>(0, free_at_start_ - static_cast<int64_t>(free) - w_.bytes - activation_bytes_);
   plan.kv_bytes_per_block = 2 * int64_t{cfg_.num_layers} * bs * cfg_.num_kv_heads * cfg_.head_dim * sizeof(T);
   plan.other_bytes += plan.kv_bytes_per_block;  // the reserved block that padded decode rows use

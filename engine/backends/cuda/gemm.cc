@@ -4,12 +4,14 @@
 #include <cuda_fp16.h>
 
 #include "absl/strings/str_cat.h"
+#include "engine/runtime/device_memory.h"
 #include "kernels/gemv.h"
 
 namespace inferd::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+static_assert(kWorkspaceBytes == kPlanGemmWorkspaceBytes, "inferd plan counts this workspace");
 // Up to 2 rows the streaming kernel beats cuBLASLt on the 8B model's decode chain (5.27-5.33 vs 5.53 ms), at 3
 // they tie, from 4 cuBLASLt wins: `inferd-bench --products-only`, kernels/NOTES.md.
 constexpr int64_t kStreamingMaxRows = 2;

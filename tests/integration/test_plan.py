@@ -1,0 +1,50 @@
+"""`inferd plan`: the cuda memory plan of a config without a GPU, on the Llama-3-8B shape (a sparse
+safetensors file: shapes without data) and an 80 GB GPU."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import INFERD_BIN, SOURCE_DIR
+
+H, I, L, NH, NKV, V, D = 4096, 14336, 32, 32, 8, 128256, 128
+
+
+def plan(tmp_path, *args):
+    model = tmp_path / "llama3-8b"
+    subprocess.run([sys.executable, os.path.join(SOURCE_DIR, "tools", "make_llama3_8b_random.py"), str(model),
+                    "--sparse"], check=True, capture_output=True)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{path: {model}}}\nscheduler: {{max_num_seqs: 256, max_num_batched_tokens: 8192}}\n")
+    return subprocess.run([INFERD_BIN, "plan", "--config", str(cfg), *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_llama3_8b_bf16_on_an_80_gb_gpu(tmp_path):
+    r = plan(tmp_path, "--gpu-memory-gib", "80", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    budget = int(80 * 2**30 * 0.9)
+    assert out["budget_bytes"] == budget
+    params = V * H * 2 + H + L * (2 * H + (NH + 2 * NKV) * D * H + H * NH * D + 3 * I * H)
+    assert params == 8_030_261_248
+    Tn, R = 8192, 256
+    activations = 2 * Tn * (3 * H + (NH + 2 * NKV) * D + NH * D + 3 * I) + 2 * 3 * R * H + 4 * R * V \
+        + (136 << 20) + 4 * (D // 2) + (32 << 20) + 2 * 1024 + 2 * 20480
+    for p in out["plans"]:
+        assert p["weight_bytes"] == 2 * params  # 15316.5 MiB
+        assert p["activation_bytes"] == activations  # 1323.3 MiB, what the H100's start-up measured
+        assert p["kv_bytes_per_block"] == 2 * L * 16 * NKV * D * 2 == 2 << 20  # 128 KiB per token
+        assert p["num_blocks"] == (budget - p["weight_bytes"] - p["activation_bytes"] - p["other_bytes"]) // (2 << 20)
+        assert 28_000 < p["num_blocks"] < 29_000
+        assert p["sequences_at_4096"] == p["num_blocks"] // 256
+    assert [p["dtype"] for p in out["plans"]] == ["bfloat16", "float16"]
+    table = plan(tmp_path, "--gpu-memory-gib", "80")
+    assert "15316.5" in table.stdout and "1323.3" in table.stdout and "131072" in table.stdout
+
+
+def test_without_a_gpu_it_asks_for_the_memory(tmp_path):
+    r = plan(tmp_path)
+    if r.returncode == 0:
+        return  # a GPU is visible: the plan used its free memory
+    assert r.returncode == 2 and "--gpu-memory-gib" in r.stderr
