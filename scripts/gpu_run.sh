@@ -2,7 +2,8 @@
 # Runs on the GPU machine in one call: makes the GPU test models and their transformers references, runs the
 # kernel, sampler and whole-model parity tests, the CPU tests, one serving run under compute-sanitizer, then
 # writes the Llama-3-8B-shaped random model and benchmarks it. Results go to $OUT (or ./gpu-results).
-#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|bench|all]
+#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|bench|sweep|all]
+# sweep: the 8B model served by inferd on cuda, `inferd-bench serve` at a list of request rates (CSV in $OUT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -89,5 +90,21 @@ total = lambda p: p["weight_bytes"] + p["activation_bytes"] + p["other_bytes"] +
 print(f"{'total':18s} plan {total(plan):>14} real {total(real):>14}  plan/real {total(plan) / total(real):.4f}")
 sys.exit(0 if worst <= 0.02 and abs(total(plan) / total(real) - 1) <= 0.02 else 1)
 PY
+fi
+if [[ "$what" == sweep ]]; then
+  M=/tmp/llama3-8b-random
+  [[ -f $M/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M" || status=1
+  printf "model: {path: %s}\nengine: {backend: cuda}\nscheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192, max_queue: 4096}\nserver: {listen: '127.0.0.1:50051', metrics_listen: '127.0.0.1:9090'}\n" "$M" > /tmp/sweep.yaml
+  "$BUNDLE/bin/inferd" --config /tmp/sweep.yaml > "$OUT/sweep_server.log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 120); do
+    python3 -c "import grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; import sys; sys.exit(0 if g.HealthStub(grpc.insecure_channel('127.0.0.1:50051')).Check(h.HealthCheckRequest(), timeout=1).status == 1 else 1)" 2>/dev/null && break
+    sleep 1
+  done
+  "$BUNDLE/bin/inferd-bench" serve --address 127.0.0.1:50051 --num-prompts 300 --warmup 4 --random-input-len 512 \
+    --random-output-len 128 --request-rates "${SWEEP_RATES:-1,2,4,8,16,32,inf}" --goodput ttft:1000,tpot:50 \
+    --csv "$OUT/sweep_8b.csv" --json "$OUT/sweep_8b.json" 2>/dev/null | tee "$OUT/sweep_8b.txt" || status=1
+  curl -s 127.0.0.1:9090/metrics > "$OUT/sweep_metrics.txt" || true
+  kill -TERM $server; wait $server
 fi
 exit $status

@@ -2,6 +2,13 @@
 // ceilings measured first on the same GPU: read-streaming bandwidth (a large read-only reduction) and the
 // cuBLASLt bf16 GEMM rate at 8192³. Prints a table and writes JSON.
 //   inferd-bench --model DIR [--json FILE] [--sections products,latency,prefill,decode,throughput]
+//   inferd-bench serve ...   (the serving benchmark against a running server: tools/serve_bench.cc)
+#include <cstdio>
+#include <string>
+
+#include "tools/serve_bench.h"
+
+#if INFERD_WITH_CUDA
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -452,6 +459,14 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace inferd
 
+#endif  // INFERD_WITH_CUDA
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "serve") return inferd::ServeMain(argc, argv);
+#if INFERD_WITH_CUDA
   return inferd::Main(argc, argv);
+#else
+  std::fprintf(stderr, "inferd-bench: built without CUDA: only `inferd-bench serve` is available\n");
+  return 2;
+#endif
 }
