@@ -101,8 +101,8 @@ if [[ "$what" == sweep ]]; then
     python3 -c "import grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; import sys; sys.exit(0 if g.HealthStub(grpc.insecure_channel('127.0.0.1:50051')).Check(h.HealthCheckRequest(), timeout=1).status == 1 else 1)" 2>/dev/null && break
     sleep 1
   done
-  "$BUNDLE/bin/inferd-bench" serve --address 127.0.0.1:50051 --num-prompts 300 --warmup 4 --random-input-len 512 \
-    --random-output-len 128 --request-rates "${SWEEP_RATES:-1,2,4,8,16,32,inf}" --goodput ttft:1000,tpot:50 \
+  "$BUNDLE/bin/inferd-bench" serve --address 127.0.0.1:50051 --num-prompts 200 --warmup 4 --random-input-len 512 \
+    --random-output-len 128 --request-rates "${SWEEP_RATES:-4,8,16,32,64,inf}" --goodput ttft:1000,tpot:50 \
     --csv "$OUT/sweep_8b.csv" --json "$OUT/sweep_8b.json" 2>/dev/null | tee "$OUT/sweep_8b.txt" || status=1
   curl -s 127.0.0.1:9090/metrics > "$OUT/sweep_metrics.txt" || true
   kill -TERM $server; wait $server
