@@ -24,6 +24,7 @@ struct EngineSection {
   double cpu_kv_cache_gib = 1.0;        // KV pool size of the cpu backend: (0, 1024]
   double swap_space_gib = 0;            // host memory for preempted requests' KV (swap instead of recompute)
   int32_t num_threads = 0;              // cpu backend threads; 0 = all cores
+  int32_t profile_steps = 0;            // log a time breakdown of each of the first N steps
 };
 
 struct SchedulerSection {

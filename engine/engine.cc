@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/trace.h"
 #if INFERD_WITH_CUDA
 #include "engine/backends/cuda/cuda_backend.h"
 #endif
@@ -327,7 +328,12 @@ void Engine::Loop() {
       if (stop_) return;
     }
     TakeQueued();
-    const StepPlan plan = scheduler_->Schedule(absl::Now());
+    const absl::Time scheduling = absl::Now();
+    const StepPlan plan = [&] {
+      TraceRange range("schedule");
+      return scheduler_->Schedule(scheduling);
+    }();
+    last_schedule_s_ = absl::ToDoubleSeconds(absl::Now() - scheduling);
     for (const Sequence* seq : plan.preempted) {
       if (seq->swapped_blocks.empty()) {
         spdlog::info("request '{}' (priority {}) preempted, #{}: {} computed tokens to recompute", seq->request.id,
@@ -376,7 +382,10 @@ void Engine::RunStep(const StepPlan& plan) {
     row.top_logprobs = seq.request.top_logprobs;
   }
   StepOutput output;
-  if (absl::Status st = backend_->Step(input, &output); !st.ok()) {
+  const absl::Time step_start = absl::Now();
+  absl::Status stepped = backend_->Step(input, &output);
+  const double backend_s = absl::ToDoubleSeconds(absl::Now() - step_start);
+  if (absl::Status st = std::move(stepped); !st.ok()) {
     spdlog::error("step failed: {}", st.ToString());
     for (const ScheduledSeq& s : plan.seqs) FinishSequence(s.seq, FinishReason::kAborted, st);
     return;
@@ -386,6 +395,7 @@ void Engine::RunStep(const StepPlan& plan) {
   if (on_step_) {
     on_step_({static_cast<int32_t>(plan.seqs.size()), plan.num_tokens, absl::ToDoubleSeconds(absl::Now() - now)});
   }
+  TraceRange outputs_range("outputs");
 
   const absl::Time done = absl::Now();
   size_t r = 0;
@@ -412,6 +422,24 @@ void Engine::RunStep(const StepPlan& plan) {
       continue;
     }
     seq->request.sink->Push(std::move(out));
+  }
+  if (engine_steps_ <= config_.engine.profile_steps) {
+    const StepCounters k = backend_->counters();
+    const double outputs_s = absl::ToDoubleSeconds(absl::Now() - done);
+    const double total = last_schedule_s_ + backend_s + outputs_s;
+    if (k.last_device_s > 0) {
+      spdlog::info(
+          "step {}: {} seqs, {} tokens, {:.3f} ms: schedule {:.3f} ms, prepare inputs {:.3f} ms (pack, copy, plan), "
+          "GPU compute {:.3f} ms, then waiting and copying back {:.3f} ms, outputs {:.3f} ms; GPU idle {:.1f}%",
+          engine_steps_, plan.seqs.size(), plan.num_tokens, 1e3 * total, 1e3 * last_schedule_s_, 1e3 * k.last_prepare_s,
+          1e3 * k.last_device_s, 1e3 * std::max(0.0, backend_s - k.last_prepare_s - k.last_device_s), 1e3 * outputs_s,
+          100 * std::max(0.0, 1 - k.last_device_s / total));
+    } else {
+      spdlog::info(
+          "step {}: {} seqs, {} tokens, {:.3f} ms: schedule {:.3f} ms, {} backend step {:.3f} ms, outputs {:.3f} ms",
+          engine_steps_, plan.seqs.size(), plan.num_tokens, 1e3 * total, 1e3 * last_schedule_s_, backend_->name(),
+          1e3 * backend_s, 1e3 * outputs_s);
+    }
   }
 }
 

@@ -124,6 +124,7 @@ class Engine {
   std::function<void(const FinishedRequest&)> on_request_;
   std::function<void(const StepRecord&)> on_step_;
   int64_t engine_steps_ = 0;
+  double last_schedule_s_ = 0;  // host time of the last Schedule() (engine.profile_steps)
 
   // Shared with callers of Submit/Abort.
   mutable std::mutex mu_;

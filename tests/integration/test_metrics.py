@@ -165,3 +165,15 @@ def test_health_reports_not_serving_while_the_engine_makes_no_progress_and_servi
         assert "liveness: no engine step" in logs and "liveness: engine steps resumed" in logs
     finally:
         assert s.stop() == 0
+
+
+def test_profile_steps_logs_where_the_first_steps_time_went():
+    s = Server(engine={"backend": "cpu", "cpu_kv_cache_gib": 0.05, "profile_steps": 2})
+    try:
+        s.stub.Generate(greedy("hello there", max_tokens=4))
+        logs = s.logs()
+        assert "step 1: 1 seqs" in logs and "step 2: 1 seqs, 1 tokens" in logs, logs
+        assert "schedule" in logs and "cpu backend step" in logs and "outputs" in logs
+        assert "step 3:" not in logs
+    finally:
+        assert s.stop() == 0

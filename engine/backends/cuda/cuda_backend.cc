@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -17,6 +18,7 @@
 #include "engine/check.h"
 #include "engine/runtime/device_memory.h"
 #include "engine/status_macros.h"
+#include "engine/trace.h"
 #include "kernels/elementwise.h"
 #include "kernels/kv_swap.h"
 #include "kernels/paged_attention.h"
@@ -534,6 +536,7 @@ absl::Status CudaBackend<T>::Forward(const StepInput& in, const k::AttentionPlan
   cudaStream_t s = compute_;
   INFERD_KERNEL(k::GatherRows(w_.embed.get<T>(), In<int32_t>(in_.token_ids), x_.get<T>(), Tn, H, s));
   for (int layer = 0; layer < cfg_.num_layers; ++layer) {
+    TraceRange range("layer");
     const CudaLayerWeights& L = w_.layers[layer];
     INFERD_KERNEL(k::AddRmsNorm(x_.get<T>(), layer == 0 ? nullptr : tmp_.get<T>(), L.input_norm.get<T>(), xn_.get<T>(),
                                 Tn, H, eps, s));
@@ -582,16 +585,23 @@ absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
     INFERD_CHECK(in.token_ids[t] >= 0 && in.token_ids[t] < cfg_.vocab_size, "step token ids are in the vocabulary");
     INFERD_CHECK(in.slot_mapping[t] >= 0 && in.slot_mapping[t] < num_slots_, "slot mapping points into the pool");
   }
+  const auto prepare_start = std::chrono::steady_clock::now();
   const int32_t bucket = DecodeBucket(in);
   const StepInput padded = bucket > 0 ? PadDecode(in, bucket) : StepInput();
   const StepInput& run = bucket > 0 ? padded : in;
   size_t penalties = 0;
-  INFERD_RETURN_IF_ERROR(Pack(run, &penalties));
-  INFERD_RETURN_IF_ERROR(Upload(run, penalties));
+  {
+    TraceRange range("pack and copy inputs");
+    INFERD_RETURN_IF_ERROR(Pack(run, &penalties));
+    INFERD_RETURN_IF_ERROR(Upload(run, penalties));
+  }
   INFERD_CUDA(cudaStreamWaitEvent(compute_, inputs_ready_));
   INFERD_CUDA(cudaEventRecord(compute_start_, compute_));
   k::AttentionPlan plan;
-  INFERD_RETURN_IF_ERROR(Plan(run, /*decode_graph=*/bucket > 0, &plan));
+  {
+    TraceRange range("plan attention");
+    INFERD_RETURN_IF_ERROR(Plan(run, /*decode_graph=*/bucket > 0, &plan));
+  }
   const DecodeGraph* graph = bucket > 0 ? &graphs_.at(bucket) : nullptr;
   if (graph && !std::equal(std::begin(plan.words), std::end(plan.words), std::begin(graph->plan.words))) {
     // The graph froze another attention layout: run this step's kernels directly (same plan, same result).
@@ -599,21 +609,28 @@ absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
     graph = nullptr;
   }
   if (graph) {
+    TraceRange range("forward and sample (decode graph)");
     INFERD_CUDA(cudaGraphLaunch(graph->exec, compute_));
   } else {
+    TraceRange range("forward and sample");
     INFERD_RETURN_IF_ERROR(Forward(run, plan));
   }
+  counters_.last_prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - prepare_start).count();
   INFERD_CUDA(cudaEventRecord(compute_end_, compute_));
   INFERD_CUDA(cudaEventRecord(sampled_, compute_));
   INFERD_CUDA(cudaStreamWaitEvent(copy_, sampled_));
   INFERD_CUDA(
       cudaMemcpyAsync(outputs_host_.get(), outputs_dev_.get(), outputs_host_.bytes(), cudaMemcpyDeviceToHost, copy_));
   INFERD_CUDA(cudaEventRecord(outputs_ready_, copy_));
-  INFERD_CUDA(cudaEventSynchronize(outputs_ready_));
+  {
+    TraceRange range("wait for sampled tokens");
+    INFERD_CUDA(cudaEventSynchronize(outputs_ready_));
+  }
   float busy_ms = 0;
   INFERD_CUDA(cudaEventElapsedTime(&busy_ms, compute_start_, compute_end_));
   ++counters_.steps;
   counters_.device_busy_s += busy_ms * 1e-3;
+  counters_.last_device_s = busy_ms * 1e-3;
   const int32_t R = in.num_logits();
   const char* host = outputs_host_.get<char>();
   const int32_t* tokens = reinterpret_cast<const int32_t*>(host + out_.tokens);

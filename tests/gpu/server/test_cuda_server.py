@@ -21,7 +21,7 @@ PROMPTS = ["The scheduler batches tokens", "Hello world", "def forward(self, x):
 @pytest.fixture(scope="module")
 def server():
     s = Server(model=os.path.join(MODELS, "llama3-hd64"),
-               engine={"backend": "cuda", "gpu_memory_utilization": 0.2},
+               engine={"backend": "cuda", "gpu_memory_utilization": 0.2, "profile_steps": 4},
                scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 256})
     yield s
     assert s.stop() == 0, s.logs()
@@ -70,6 +70,13 @@ def test_greedy_tokens_match_transformers_bf16_until_a_near_tie(server):
             assert got == step["token"]
             compared += 1
     assert compared > 60
+
+
+def test_profile_steps_logs_gpu_compute_and_idle(server):
+    server.stub.Generate(greedy("Hello world", max_tokens=4))
+    lines = [l for l in server.logs().splitlines() if "] step " in l]
+    assert 1 <= len(lines) <= 4, lines
+    assert all("GPU compute" in l and "GPU idle" in l and "prepare inputs" in l for l in lines), lines
 
 
 def test_stream_and_unary_agree(server):
