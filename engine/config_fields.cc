@@ -165,8 +165,8 @@ std::vector<ConfigField> MakeFields() {
       "cpu backend threads, 0 = all cores"));
   f.push_back(Int<int32_t>(
       "engine", "profile_steps", [](Config& c) -> int32_t& { return c.engine.profile_steps; }, 0, 0, 1000000, "0..10^6",
-      "log where each of the first N steps' time went: scheduling, preparing inputs (pack, copy, attention plan), "
-      "GPU compute, waiting for the sampled tokens, output processing"));
+      "log where each of the first N steps' time went: scheduling, preparing and launching (pack, copy, attention "
+      "plan), GPU compute, waiting for the sampled tokens, output processing"));
   // scheduler
   f.push_back(Int<int32_t>(
       "scheduler", "max_num_seqs", [](Config& c) -> int32_t& { return c.scheduler.max_num_seqs; }, 64, 1, 4096,

@@ -429,8 +429,9 @@ void Engine::RunStep(const StepPlan& plan) {
     const double total = last_schedule_s_ + backend_s + outputs_s;
     if (k.last_device_s > 0) {
       spdlog::info(
-          "step {}: {} seqs, {} tokens, {:.3f} ms: schedule {:.3f} ms, prepare inputs {:.3f} ms (pack, copy, plan), "
-          "GPU compute {:.3f} ms, then waiting and copying back {:.3f} ms, outputs {:.3f} ms; GPU idle {:.1f}%",
+          "step {}: {} seqs, {} tokens, {:.3f} ms: schedule {:.3f} ms, prepare and launch {:.3f} ms (pack, copy, plan, "
+          "enqueue), GPU compute {:.3f} ms, then waiting and copying back {:.3f} ms, outputs {:.3f} ms; GPU idle "
+          "{:.1f}%",
           engine_steps_, plan.seqs.size(), plan.num_tokens, 1e3 * total, 1e3 * last_schedule_s_, 1e3 * k.last_prepare_s,
           1e3 * k.last_device_s, 1e3 * std::max(0.0, backend_s - k.last_prepare_s - k.last_device_s), 1e3 * outputs_s,
           100 * std::max(0.0, 1 - k.last_device_s / total));

@@ -65,8 +65,8 @@ struct StepLimits {
 struct StepCounters {
   int64_t steps = 0;
   double device_busy_s = 0;  // cuda: compute stream from the step's first kernel to its sampled ids (events)
-  // The last step alone: host time packing, copying and planning before its kernels were enqueued, and the
-  // device time of its compute (cuda; 0 for a backend that does not measure).
+  // The last step alone: host time packing, copying, planning and enqueueing its kernels, and the device time
+  // of its compute (cuda; 0 for a backend that does not measure).
   double last_prepare_s = 0;
   double last_device_s = 0;
 };

@@ -596,12 +596,13 @@ absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
     INFERD_RETURN_IF_ERROR(Upload(run, penalties));
   }
   INFERD_CUDA(cudaStreamWaitEvent(compute_, inputs_ready_));
-  INFERD_CUDA(cudaEventRecord(compute_start_, compute_));
   k::AttentionPlan plan;
   {
     TraceRange range("plan attention");
     INFERD_RETURN_IF_ERROR(Plan(run, /*decode_graph=*/bucket > 0, &plan));
   }
+  // Busy time starts here, once the inputs and the schedule are on the device: the host's planning is not compute.
+  INFERD_CUDA(cudaEventRecord(compute_start_, compute_));
   const DecodeGraph* graph = bucket > 0 ? &graphs_.at(bucket) : nullptr;
   if (graph && !std::equal(std::begin(plan.words), std::end(plan.words), std::begin(graph->plan.words))) {
     // The graph froze another attention layout: run this step's kernels directly (same plan, same result).

@@ -76,7 +76,7 @@ def test_profile_steps_logs_gpu_compute_and_idle(server):
     server.stub.Generate(greedy("Hello world", max_tokens=4))
     lines = [l for l in server.logs().splitlines() if "] step " in l]
     assert 1 <= len(lines) <= 4, lines
-    assert all("GPU compute" in l and "GPU idle" in l and "prepare inputs" in l for l in lines), lines
+    assert all("GPU compute" in l and "GPU idle" in l and "prepare and launch" in l for l in lines), lines
 
 
 def test_stream_and_unary_agree(server):
