@@ -19,7 +19,7 @@ struct MemoryPlan {
   int64_t other_bytes = 0;         // cuda: context, library handles and workspaces taken since start-up
   int64_t kv_bytes_per_block = 0;  // K and V of all layers for one block
   int32_t num_blocks = 0;
-  int32_t num_swap_blocks = 0;     // host swap space, in blocks (engine.swap_space_gib)
+  int32_t num_swap_blocks = 0;  // host swap space, in blocks (engine.swap_space_gib)
 
   int64_t kv_bytes() const { return int64_t{num_blocks} * kv_bytes_per_block; }
   std::string ToString() const;

@@ -41,7 +41,7 @@ struct StepPlan {
   // KV copies to run before the step, outs first: blocks of preempted sequences to host swap space, and
   // blocks of readmitted ones back.
   std::vector<BlockCopy> swap_out, swap_in;
-  int32_t num_tokens = 0;            // sum of num_new
+  int32_t num_tokens = 0;  // sum of num_new
   bool empty() const { return seqs.empty(); }
 };
 

@@ -19,8 +19,8 @@ struct Sequence {
   std::vector<uint64_t> block_keys;  // prefix-cache keys of its full, computed blocks (a prefix of block_table)
   int32_t num_cached_tokens = 0;     // prompt tokens taken from the prefix cache when it was first admitted
   int32_t num_preemptions = 0;
-  int32_t tokens_at_preemption = 0;  // num_tokens() when last preempted: until it grows, it is not preempted again
-  uint64_t admitted_order = 0;       // increases with every admission: the most recent is preempted first
+  int32_t tokens_at_preemption = 0;     // num_tokens() when last preempted: until it grows, it is not preempted again
+  uint64_t admitted_order = 0;          // increases with every admission: the most recent is preempted first
   std::vector<int32_t> swapped_blocks;  // while swapped out: host blocks holding its first num_computed tokens' KV
 
   absl::Time arrival;

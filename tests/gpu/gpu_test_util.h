@@ -18,7 +18,9 @@ inline bool HaveGpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-inline float Bf(float v) { return __bfloat162float(__float2bfloat16(v)); }  // rounds through bf16
+inline float Bf(float v) {
+  return __bfloat162float(__float2bfloat16(v));
+}  // rounds through bf16
 
 inline std::vector<__nv_bfloat16> ToBf16(const std::vector<float>& v) {
   std::vector<__nv_bfloat16> out(v.size());

@@ -130,12 +130,14 @@ absl::Status CpuBackend::AllocateSwapSpace(int32_t num_blocks) {
 absl::Status CpuBackend::SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) {
   const size_t block = size_t(block_size_) * cfg_.num_kv_heads * cfg_.head_dim;
   const int64_t num_blocks = num_slots_ / block_size_;
-  auto host = [&](int32_t h, int layer, int kv) { return swap_.get() + ((size_t(h) * cfg_.num_layers + layer) * 2 + kv) * block; };
+  auto host = [&](int32_t h, int layer, int kv) {
+    return swap_.get() + ((size_t(h) * cfg_.num_layers + layer) * 2 + kv) * block;
+  };
   for (const auto* copies : {&out, &in}) {
     for (const BlockCopy& c : *copies) {
-      INFERD_CHECK(c.device_block >= 0 && c.device_block < num_blocks && c.host_block >= 0 &&
-                       c.host_block < num_swap_blocks_,
-                   "swap copies name blocks of the pool and the swap space");
+      INFERD_CHECK(
+          c.device_block >= 0 && c.device_block < num_blocks && c.host_block >= 0 && c.host_block < num_swap_blocks_,
+          "swap copies name blocks of the pool and the swap space");
       for (int layer = 0; layer < cfg_.num_layers; ++layer) {
         float* k = k_cache_[layer].get() + size_t(c.device_block) * block;
         float* v = v_cache_[layer].get() + size_t(c.device_block) * block;
