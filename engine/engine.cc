@@ -80,10 +80,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   const StepLimits limits{config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
                           config.engine.block_size};
   INFERD_ASSIGN_OR_RETURN(e->memory_plan_, e->backend_->MeasureMemory(limits));
+  const absl::Time t2 = absl::Now();
+  INFERD_ASSIGN_OR_RETURN(e->ceilings_, e->backend_->MeasureCeilings());
+  if (e->ceilings_.read_bytes_per_s > 0) {
+    spdlog::info("device ceilings, measured in {:.2f} s: read {:.1f} GB/s ({}), GEMM {:.1f} TFLOP/s ({})",
+                 absl::ToDoubleSeconds(absl::Now() - t2), e->ceilings_.read_bytes_per_s * 1e-9, e->ceilings_.read_test,
+                 e->ceilings_.gemm_flops_per_s * 1e-12, e->ceilings_.gemm_test);
+  }
   INFERD_RETURN_IF_ERROR(SizeKvPool(config.engine, &e->memory_plan_));
   INFERD_RETURN_IF_ERROR(e->backend_->AllocateKvCache(e->memory_plan_));
   const MemoryPlan& plan = e->memory_plan_;
   spdlog::info("memory plan: {}", plan.ToString());
+  e->step_cost_.emplace(mc, plan, config.engine.block_size);
 
   e->pool_ = std::make_unique<BlockPool>(plan.num_blocks);
   if (plan.num_swap_blocks > 0) {
@@ -327,6 +335,7 @@ void Engine::Loop() {
       cv_.wait(lock, [&] { return stop_ || !submitted_.empty() || !aborts_.empty() || !active_.empty(); });
       if (stop_) return;
     }
+    iteration_start_ = absl::Now();
     TakeQueued();
     const absl::Time scheduling = absl::Now();
     const StepPlan plan = [&] {
@@ -392,9 +401,14 @@ void Engine::RunStep(const StepPlan& plan) {
   }
   scheduler_->Update(plan, output.tokens);
   ++engine_steps_;
-  if (on_step_) {
-    on_step_({static_cast<int32_t>(plan.seqs.size()), plan.num_tokens, absl::ToDoubleSeconds(absl::Now() - now)});
-  }
+  const StepCounters counters = backend_->counters();
+  StepRecord record{.num_seqs = input.num_seqs(),
+                    .num_tokens = input.num_tokens(),
+                    .num_sampled = input.num_logits(),
+                    .decode = input.num_tokens() == input.num_seqs(),
+                    .wall_s = absl::ToDoubleSeconds(absl::Now() - now),
+                    .device_s = counters.last_device_s,
+                    .cost = step_cost_->Of(input)};
   TraceRange outputs_range("outputs");
 
   const absl::Time done = absl::Now();
@@ -423,11 +437,15 @@ void Engine::RunStep(const StepPlan& plan) {
     }
     seq->request.sink->Push(std::move(out));
   }
+  if (on_step_) {
+    record.cycle_s = absl::ToDoubleSeconds(absl::Now() - iteration_start_);
+    on_step_(record);
+  }
   if (engine_steps_ <= config_.engine.profile_steps) {
-    const StepCounters k = backend_->counters();
+    const StepCounters& k = counters;
     const double outputs_s = absl::ToDoubleSeconds(absl::Now() - done);
     const double total = last_schedule_s_ + backend_s + outputs_s;
-    if (k.last_device_s > 0) {
+    if (k.last_prepare_s > 0) {
       spdlog::info(
           "step {}: {} seqs, {} tokens, {:.3f} ms: schedule {:.3f} ms, prepare and launch {:.3f} ms (pack, copy, plan, "
           "enqueue), GPU compute {:.3f} ms, then waiting and copying back {:.3f} ms, outputs {:.3f} ms; GPU idle "

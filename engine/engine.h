@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -18,6 +19,7 @@
 #include "engine/kv_cache/block_pool.h"
 #include "engine/model/model.h"
 #include "engine/runtime/backend.h"
+#include "engine/runtime/step_cost.h"
 #include "engine/scheduler/scheduler.h"
 
 namespace inferd {
@@ -56,7 +58,12 @@ struct FinishedRequest {
 struct StepRecord {
   int32_t num_seqs = 0;
   int32_t num_tokens = 0;
-  double wall_s = 0;  // host time from scheduling to the sampled tokens
+  int32_t num_sampled = 0;  // rows sampled: one generated token each
+  bool decode = false;      // every sequence computed one token (no prompt chunk in the step)
+  double wall_s = 0;        // host time from scheduling to the sampled tokens
+  double device_s = 0;      // the step's device time (cuda: CUDA events around its compute; cpu: the backend step)
+  double cycle_s = 0;       // the engine loop's whole iteration: take requests, schedule, step, outputs
+  StepCost cost;            // bytes it must read and FLOPs it must do (engine/runtime/step_cost.h)
 };
 
 class Engine {
@@ -95,6 +102,10 @@ class Engine {
   }
   const Model& model() const { return *model_; }
   const MemoryPlan& memory_plan() const { return memory_plan_; }
+  // Measured at start-up on the device: what bandwidth and FLOPs utilisation are relative to.
+  const DeviceCeilings& ceilings() const { return ceilings_; }
+  // The device's sensors now (cuda: NVML); safe from any thread.
+  DeviceReading ReadDevice() const { return backend_->ReadDevice(); }
   std::string backend_name() const { return backend_->name(); }
   // Longest prompt + output a request may have: the model's limit, the config's and the pool's.
   int32_t max_model_len() const { return max_model_len_; }
@@ -115,6 +126,8 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Backend> backend_;
   MemoryPlan memory_plan_;  // as allocated
+  DeviceCeilings ceilings_;
+  std::optional<StepCostModel> step_cost_;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<BlockPool> swap_pool_;  // host swap space in blocks (engine.swap_space_gib), or null
   std::unique_ptr<Scheduler> scheduler_;
@@ -125,6 +138,7 @@ class Engine {
   std::function<void(const StepRecord&)> on_step_;
   int64_t engine_steps_ = 0;
   double last_schedule_s_ = 0;  // host time of the last Schedule() (engine.profile_steps)
+  absl::Time iteration_start_;  // when the loop's current iteration began
 
   // Shared with callers of Submit/Abort.
   mutable std::mutex mu_;

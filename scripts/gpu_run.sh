@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine in one call: makes the GPU test models and their transformers references, runs the
 # kernel, sampler and whole-model parity tests, the CPU tests, one serving run under compute-sanitizer, then
-# writes the Llama-3-8B-shaped random model and benchmarks it. Results go to $OUT (or ./gpu-results).
+# writes the Llama-3-8B-shaped random model, benchmarks it, and checks the served model's live efficiency
+# metrics against the benchmark's ratios. Results go to $OUT (or ./gpu-results).
 #   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|bench|sweep|all]
 # sweep: the 8B model served by inferd on cuda, `inferd-bench serve` at a list of request rates (CSV in $OUT).
 set -uo pipefail
@@ -72,6 +73,9 @@ if [[ "$what" == all || "$what" == bench ]]; then
   "$BUNDLE/bin/inferd-bench" --model "$M" --json "$OUT/bench_8b.json" > "$OUT/bench_8b.txt" 2>&1 || status=1
   grep -E "memory plan|built its weights|engine ready" "$OUT/bench_8b.txt"
   grep -v "^\[20" "$OUT/bench_8b.txt"
+  echo "== live efficiency metrics of the served 8B model against inferd-bench's offline ratios; energy per token"
+  python3 tests/gpu/efficiency_check.py --bin "$BUNDLE/bin/inferd" --bench "$BUNDLE/bin/inferd-bench" --model "$M" \
+    --bench-json "$OUT/bench_8b.json" --out "$OUT/efficiency_8b.json" || status=1
   echo "== inferd plan against the start-up's real plan (same free memory, same limits)"
   printf "model: {path: %s}\nscheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192}\n" "$M" > /tmp/plan_8b.yaml
   free_gib=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['memory_plan']['device_free_bytes'] / 2**30)" "$OUT/bench_8b.json")

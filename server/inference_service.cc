@@ -424,6 +424,8 @@ grpc::ServerUnaryReactor* InferenceService::GetServerInfo(grpc::CallbackServerCo
     info.set_preemptions_total(s.preemptions);
     info.set_preempted_tokens_total(s.preempted_tokens);
     info.set_swapped_preemptions_total(s.swapped_preemptions);
+    info.set_read_ceiling_bytes_per_s(engine->ceilings().read_bytes_per_s);
+    info.set_gemm_ceiling_flops_per_s(engine->ceilings().gemm_flops_per_s);
     info.set_draining(engine->draining());
     info.set_backend(engine->backend_name());
     const MemoryPlan& p = engine->memory_plan();

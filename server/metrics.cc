@@ -10,8 +10,10 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -21,6 +23,7 @@ namespace inferd {
 namespace {
 
 using prometheus::BuildCounter;
+using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 using prometheus::Histogram;
 
@@ -32,6 +35,12 @@ constexpr std::array<const char*, 17> kCodeNames = {
 
 Histogram::BucketBoundaries Seconds() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30, 60};
+}
+Histogram::BucketBoundaries Ratios() {  // past 1 where a small model's weights stay in cache (cpu)
+  return {0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1, 1.25, 1.5, 2, 4};
+}
+Histogram::BucketBoundaries Joules() {
+  return {0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50};
 }
 Histogram::BucketBoundaries Tokens() {
   return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
@@ -100,6 +109,12 @@ class EngineCollector final : public prometheus::Collectable {
 // so glibc refuses them (EINVAL). The exposition text is prometheus-cpp's own serializer.
 struct Metrics::Impl {
   ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(sampler_mu);
+      stop_sampler = true;
+    }
+    sampler_cv.notify_all();
+    if (sampler.joinable()) sampler.join();
     http.stop();
     if (thread.joinable()) thread.join();
   }
@@ -112,7 +127,59 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>* calls = nullptr;
   Histogram *ttft = nullptr, *tpot = nullptr, *itl = nullptr, *e2e = nullptr, *queue = nullptr;
   Histogram *prompt = nullptr, *generated = nullptr, *batch = nullptr, *step_tokens = nullptr, *step_s = nullptr;
+
+  // How close each step ran to the device's ceilings, by kind of step ("decode" or "prefill").
+  struct Utilisation {
+    prometheus::Gauge *bandwidth = nullptr, *flops = nullptr;
+    Histogram *bandwidth_hist = nullptr, *flops_hist = nullptr;
+  };
+  Utilisation decode, prefill;
+  prometheus::Gauge* idle = nullptr;
+  Histogram* idle_hist = nullptr;
+  prometheus::Counter *bytes_read = nullptr, *flops = nullptr, *generated_tokens = nullptr;
+  DeviceCeilings ceilings;  // set before the engine serves; read on its thread
+
+  // The device's sensors, sampled every kSampleInterval on their own thread (cuda: NVML).
+  void Sample();
+  std::shared_ptr<Engine> sampled_engine;
+  std::thread sampler;
+  std::mutex sampler_mu;
+  std::condition_variable sampler_cv;
+  bool stop_sampler = false;
+  prometheus::Gauge *gpu_util = nullptr, *gpu_memory = nullptr, *gpu_power = nullptr, *gpu_temp = nullptr,
+                    *gpu_clock = nullptr, *energy_per_token = nullptr;
+  prometheus::Counter* energy = nullptr;
+  Histogram* energy_per_token_hist = nullptr;
 };
+
+constexpr std::chrono::milliseconds kSampleInterval{1000};
+
+void Metrics::Impl::Sample() {
+  double last_energy = -1, last_tokens = generated_tokens->Value();
+  std::unique_lock<std::mutex> lock(sampler_mu);
+  while (!stop_sampler) {
+    const DeviceReading r = sampled_engine->ReadDevice();
+    if (r.utilization) gpu_util->Set(*r.utilization);
+    if (r.memory_used_bytes) gpu_memory->Set(*r.memory_used_bytes);
+    if (r.power_w) gpu_power->Set(*r.power_w);
+    if (r.temperature_c) gpu_temp->Set(*r.temperature_c);
+    if (r.sm_clock_hz) gpu_clock->Set(*r.sm_clock_hz);
+    const double tokens = generated_tokens->Value();
+    if (r.energy_j) {
+      if (last_energy >= 0 && *r.energy_j >= last_energy) {
+        const double joules = *r.energy_j - last_energy;
+        energy->Increment(joules);
+        if (tokens > last_tokens) {
+          energy_per_token->Set(joules / (tokens - last_tokens));
+          energy_per_token_hist->Observe(joules / (tokens - last_tokens));
+        }
+      }
+      last_energy = *r.energy_j;
+    }
+    last_tokens = tokens;
+    sampler_cv.wait_for(lock, kSampleInterval, [&] { return stop_sampler; });
+  }
+}
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen) {
   auto impl = std::make_unique<Impl>();
@@ -136,6 +203,48 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
   impl->batch = hist("inferd_step_batch_size", "Sequences per step.", Tokens());
   impl->step_tokens = hist("inferd_step_tokens", "Tokens computed per step.", Tokens());
   impl->step_s = hist("inferd_step_duration_seconds", "Host time of a step, scheduling to sampled tokens.", Seconds());
+  for (const char* kind : {"decode", "prefill"}) {
+    Impl::Utilisation& u = std::string(kind) == "decode" ? impl->decode : impl->prefill;
+    u.bandwidth = &BuildGauge()
+                       .Name("inferd_model_bandwidth_utilization_ratio")
+                       .Help("Last step: weight and KV bytes it must read / its device time / the read ceiling.")
+                       .Register(r)
+                       .Add({{"kind", kind}});
+    u.flops = &BuildGauge()
+                   .Name("inferd_model_flops_utilization_ratio")
+                   .Help("Last step: model FLOPs / its device time / the GEMM ceiling.")
+                   .Register(r)
+                   .Add({{"kind", kind}});
+    u.bandwidth_hist = &BuildHistogram()
+                            .Name("inferd_step_model_bandwidth_utilization_ratio")
+                            .Help("Per step: weight and KV bytes it must read / its device time / the read ceiling.")
+                            .Register(r)
+                            .Add({{"kind", kind}}, Ratios());
+    u.flops_hist = &BuildHistogram()
+                        .Name("inferd_step_model_flops_utilization_ratio")
+                        .Help("Per step: model FLOPs / its device time / the GEMM ceiling.")
+                        .Register(r)
+                        .Add({{"kind", kind}}, Ratios());
+  }
+  impl->idle = &BuildGauge()
+                    .Name("inferd_device_idle_ratio")
+                    .Help("Last step: share of the engine loop's iteration the device ran nothing.")
+                    .Register(r)
+                    .Add({});
+  impl->idle_hist = hist("inferd_step_device_idle_ratio",
+                         "Per step: share of the engine loop's iteration the device ran nothing.", Ratios());
+  impl->bytes_read = &BuildCounter()
+                          .Name("inferd_model_read_bytes_total")
+                          .Help("Weight and KV bytes the steps had to read (over device busy seconds: bandwidth).")
+                          .Register(r)
+                          .Add({});
+  impl->flops = &BuildCounter()
+                     .Name("inferd_model_flops_total")
+                     .Help("Model FLOPs of the steps (over device busy seconds: FLOP/s).")
+                     .Register(r)
+                     .Add({});
+  impl->generated_tokens =
+      &BuildCounter().Name("inferd_generation_tokens_total").Help("Tokens generated.").Register(r).Add({});
   Impl* m = impl.get();
   m->http.Get("/metrics", [m](const httplib::Request&, httplib::Response& res) {
     std::vector<prometheus::MetricFamily> families = m->registry->Collect();
@@ -167,6 +276,7 @@ Metrics::~Metrics() = default;
 
 void Metrics::Attach(std::shared_ptr<Engine> engine) {
   Impl* m = impl_.get();
+  m->ceilings = engine->ceilings();
   engine->SetObservers(
       [m](const FinishedRequest& f) {
         m->finished->Add({{"finish_reason", FinishReasonName(f.finish)}}).Increment();
@@ -184,7 +294,64 @@ void Metrics::Attach(std::shared_ptr<Engine> engine) {
         m->batch->Observe(s.num_seqs);
         m->step_tokens->Observe(s.num_tokens);
         m->step_s->Observe(s.wall_s);
+        m->generated_tokens->Increment(s.num_sampled);
+        m->bytes_read->Increment(s.cost.bytes);
+        m->flops->Increment(s.cost.flops);
+        if (s.device_s > 0 && m->ceilings.read_bytes_per_s > 0) {
+          Impl::Utilisation& u = s.decode ? m->decode : m->prefill;
+          const double bandwidth = s.cost.bytes / s.device_s / m->ceilings.read_bytes_per_s;
+          const double flops = s.cost.flops / s.device_s / m->ceilings.gemm_flops_per_s;
+          u.bandwidth->Set(bandwidth);
+          u.bandwidth_hist->Observe(bandwidth);
+          u.flops->Set(flops);
+          u.flops_hist->Observe(flops);
+        }
+        if (s.cycle_s > 0) {
+          const double idle = std::clamp(1 - s.device_s / s.cycle_s, 0.0, 1.0);
+          m->idle->Set(idle);
+          m->idle_hist->Observe(idle);
+        }
       });
+  prometheus::Registry& r = *m->registry;
+  if (m->ceilings.read_bytes_per_s > 0) {
+    BuildGauge()
+        .Name("inferd_device_read_bandwidth_ceiling_bytes_per_second")
+        .Help("Read-streaming bandwidth measured at start-up (" + m->ceilings.read_test + ").")
+        .Register(r)
+        .Add({})
+        .Set(m->ceilings.read_bytes_per_s);
+    BuildGauge()
+        .Name("inferd_device_gemm_ceiling_flops_per_second")
+        .Help("Matrix product rate measured at start-up (" + m->ceilings.gemm_test + ").")
+        .Register(r)
+        .Add({})
+        .Set(m->ceilings.gemm_flops_per_s);
+  }
+  // The sensors' families exist only where the device has sensors (not on the cpu backend).
+  if (engine->ReadDevice().energy_j || engine->ReadDevice().power_w) {
+    auto gauge = [&](const char* name, const char* help) {
+      return &BuildGauge().Name(name).Help(help).Register(r).Add({});
+    };
+    m->gpu_util = gauge("inferd_gpu_utilization_ratio", "NVML: share of the last sample period a kernel ran.");
+    m->gpu_memory = gauge("inferd_gpu_memory_used_bytes", "NVML: device memory in use (all processes).");
+    m->gpu_power = gauge("inferd_gpu_power_watts", "NVML: board power draw.");
+    m->gpu_temp = gauge("inferd_gpu_temperature_celsius", "NVML: GPU core temperature.");
+    m->gpu_clock = gauge("inferd_gpu_sm_clock_hertz", "NVML: SM clock.");
+    m->energy_per_token = gauge("inferd_energy_per_generated_token_joules",
+                                "NVML energy over the last sample period / tokens generated in it.");
+    m->energy = &BuildCounter()
+                     .Name("inferd_gpu_energy_joules_total")
+                     .Help("NVML: energy the GPU consumed since inferd started.")
+                     .Register(r)
+                     .Add({});
+    m->energy_per_token_hist = &BuildHistogram()
+                                    .Name("inferd_sampled_energy_per_generated_token_joules")
+                                    .Help("Per sample period with tokens: NVML energy / tokens generated.")
+                                    .Register(r)
+                                    .Add({}, Joules());
+    m->sampled_engine = engine;
+    m->sampler = std::thread([m] { m->Sample(); });
+  }
   std::lock_guard<std::mutex> lock(m->mu);
   m->engine = std::make_shared<EngineCollector>(std::move(engine));
 }

@@ -26,11 +26,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "engine/backends/cuda/ceilings.h"
 #include "engine/backends/cuda/gemm.h"
 #include "engine/engine.h"
 #include "engine/model/model_config.h"
+#include "engine/runtime/step_cost.h"
 #include "kernels/gemv.h"
-#include "kernels/read_bandwidth.h"
 #include "nlohmann/json.hpp"
 
 namespace inferd {
@@ -67,58 +68,23 @@ double TimeMs(F fn, int warmup, int reps) {
 }
 
 double ReadCeilingTBs() {
-  const int64_t bytes = int64_t{4} << 30;  // far beyond L2
-  float4* data;
-  float* out;
-  BENCH_CUDA(cudaMalloc(&data, bytes));
-  BENCH_CUDA(cudaMalloc(&out, sizeof(float)));
-  {  // random floats, not zeros or a constant
-    std::vector<float> host(bytes / 4 / 64);
-    std::mt19937 rng(2);
-    std::uniform_real_distribution<float> u(-1.f, 1.f);
-    for (float& x : host) x = u(rng);
-    for (int64_t off = 0; off < bytes; off += host.size() * 4) {
-      BENCH_CUDA(cudaMemcpy(reinterpret_cast<char*>(data) + off, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
-    }
+  auto r = cuda::MeasureReadBandwidth(int64_t{1} << 30, 0);
+  if (!r.ok()) {
+    std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+    std::exit(1);
   }
-  cudaDeviceProp prop;
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
-  const double ms =
-      TimeMs([&] { BENCH_CUDA(kernels::ReadReduce(data, bytes / 16, out, prop.multiProcessorCount, 0)); }, 5, 20);
-  cudaFree(data);
-  cudaFree(out);
-  return bytes / (ms * 1e-3) / 1e12;
+  return *r / 1e12;
 }
 
 double GemmCeilingTflops() {
-  const int64_t n = 8192;
   int64_t ws = 0;
   auto gemm = cuda::Gemm::Create(CUDA_R_16BF, &ws);
-  if (!gemm.ok()) {
-    std::fprintf(stderr, "%s\n", gemm.status().ToString().c_str());
+  auto r = gemm.ok() ? cuda::MeasureGemmRate(**gemm, true, 8192, 0) : absl::StatusOr<double>(gemm.status());
+  if (!r.ok()) {
+    std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
     std::exit(1);
   }
-  void *a, *b, *c;
-  BENCH_CUDA(cudaMalloc(&a, n * n * 2));
-  BENCH_CUDA(cudaMalloc(&b, n * n * 2));
-  BENCH_CUDA(cudaMalloc(&c, n * n * 2));
-  // Random operands: constant data draws less power and runs faster than real weights do.
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<uint16_t> host(n * n);
-  for (uint16_t& x : host) {
-    const float f = normal(rng);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    x = static_cast<uint16_t>(u >> 16);
-  }
-  BENCH_CUDA(cudaMemcpy(a, host.data(), n * n * 2, cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMemcpy(b, host.data(), n * n * 2, cudaMemcpyHostToDevice));
-  const double ms = TimeMs([&] { (void)(*gemm)->Run(a, b, c, n, n, n, nullptr, false, 0); }, 10, 30);
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(c);
-  return 2.0 * n * n * n / (ms * 1e-3) / 1e12;
+  return *r / 1e12;
 }
 
 // The decode step's matrix products (each layer's q/k/v, o, gate/up and down, then the LM head) at m = 1..16
@@ -357,9 +323,8 @@ int Main(int argc, char** argv) {
   const double startup_s = absl::ToDoubleSeconds(absl::Now() - t0);
   const ModelConfig& c = (*engine)->model().config;
   const MemoryPlan& plan = (*engine)->memory_plan();
-  const double embed_bytes = 2.0 * c.vocab_size * c.hidden_size;
-  const double kv_per_token = 2.0 * c.num_layers * c.num_kv_heads * c.head_dim * 2;
-  const double params_no_embed = plan.weight_bytes / 2.0 - c.vocab_size * double(c.hidden_size);
+  // Bytes and FLOPs per step counted as the live metrics count them (engine/runtime/step_cost.h).
+  const StepCostModel cost(c, plan, config.engine.block_size);
   nlohmann::json out = {{"device", prop.name},
                         {"read_ceiling_tb_s", read_tbs},
                         {"gemm_ceiling_tflop_s", gemm_tflops},
@@ -383,23 +348,22 @@ int Main(int argc, char** argv) {
     auto lat = Run(**engine, 128, 256, &submitted);
     const double decode_s = absl::ToDoubleSeconds(lat->times.back() - lat->times.front());
     const double tok_s = (lat->times.size() - 1) / decode_s;
-    const double step_bytes = (plan.weight_bytes - embed_bytes) + kv_per_token * (128 + 128);
+    const double step_bytes = cost.Of(1, 1, 128 + 128, 128 + 128).bytes;  // the mean decode step
     const double mbu = step_bytes * tok_s / (read_tbs * 1e12);
     const double idle = IdleShare(s0, (*engine)->Stats(), absl::ToDoubleSeconds(lat->times.back() - submitted));
     std::printf("%-28s %10.1f tok/s  %7.2f ms/token  bandwidth utilisation %.1f%%  GPU idle %.1f%%\n",
                 "latency (decode, batch 1)", tok_s, 1e3 / tok_s, 100 * mbu, 100 * idle);
-    out["decode_batch1"] = {{"tokens_per_s", tok_s},
-                            {"ms_per_token", 1e3 / tok_s},
-                            {"bandwidth_utilisation", mbu},
-                            {"gpu_idle_share", idle}};
+    out["latency"] = {{"tokens_per_s", tok_s},
+                      {"ms_per_token", 1e3 / tok_s},
+                      {"bandwidth_utilisation", mbu},
+                      {"gpu_idle_share", idle}};
   }
   for (int32_t len : {512, 4096}) {
     if (!want("prefill")) break;
     Run(**engine, len, 1, &submitted);  // warm this shape
     auto p = Run(**engine, len, 1, &submitted);
     const double ttft = absl::ToDoubleSeconds(p->times.front() - submitted);
-    const double flops =
-        2.0 * params_no_embed * len + 2.0 * c.num_layers * double(len) * len * c.num_heads * c.head_dim;
+    const double flops = cost.Of(len, 1, len, int64_t{len} * (len + 1) / 2).flops;
     const double mfu = flops / ttft / (gemm_tflops * 1e12);
     std::printf("%-28s %10.0f tok/s  TTFT %7.1f ms  FLOPs utilisation %.1f%%\n",
                 ("prefill " + std::to_string(len)).c_str(), len / ttft, 1e3 * ttft, 100 * mfu);
@@ -427,7 +391,7 @@ int Main(int argc, char** argv) {
     }
     const double secs = absl::ToDoubleSeconds(t1 - t0);
     const double rate = secs > 0 ? after / secs : 0;
-    const double bytes = (plan.weight_bytes - embed_bytes) + B * kv_per_token * (512 + 64);
+    const double bytes = cost.Of(B, B, B * (512 + 64), B * (512 + 64)).bytes;  // the mean decode step
     const double util = rate > 0 ? bytes * (rate / B) / (read_tbs * 1e12) : 0;
     std::printf("%-28s %10.0f tok/s  %7.2f ms/step   bandwidth utilisation %.1f%%  GPU idle %.1f%%\n",
                 ("decode, batch " + std::to_string(B)).c_str(), rate, rate > 0 ? 1e3 * B / rate : 0, 100 * util,

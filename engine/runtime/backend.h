@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -71,6 +72,24 @@ struct StepCounters {
   double last_device_s = 0;
 };
 
+// How fast the device can read memory and multiply matrices, measured once at start-up with small kernels on
+// the device itself: the denominators of bandwidth and FLOPs utilisation.
+struct DeviceCeilings {
+  double read_bytes_per_s = 0;       // a large read-only reduction (cuda: 1 GiB of device memory)
+  double gemm_flops_per_s = 0;       // the backend's own matrix product at a large square shape
+  std::string read_test, gemm_test;  // what was measured, in words
+};
+
+// The device's sensors (cuda: NVML); a field is empty where the device does not report it.
+struct DeviceReading {
+  std::optional<double> utilization;  // share of the last sample period a kernel ran, [0, 1]
+  std::optional<double> memory_used_bytes;
+  std::optional<double> power_w;
+  std::optional<double> temperature_c;
+  std::optional<double> sm_clock_hz;
+  std::optional<double> energy_j;  // consumed since the driver loaded
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -91,6 +110,11 @@ class Backend {
   virtual absl::Status Step(const StepInput& input, StepOutput* output) = 0;
   // Read by the engine thread only (the engine copies it out for others).
   virtual StepCounters counters() const { return {}; }
+  // Measures the ceilings. Called once at start-up, after MeasureMemory and before AllocateKvCache, so that its
+  // temporary buffers are back before the KV pool takes what is left.
+  virtual absl::StatusOr<DeviceCeilings> MeasureCeilings() { return DeviceCeilings{}; }
+  // Reads the sensors; safe from any thread. Empty for a backend without them.
+  virtual DeviceReading ReadDevice() const { return {}; }
 };
 
 }  // namespace inferd

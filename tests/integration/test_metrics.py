@@ -11,6 +11,7 @@ import urllib.parse
 import urllib.request
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import SOURCE_DIR, Server, free_port, inferd_pb2 as pb
@@ -22,6 +23,11 @@ FAMILIES = [
     "inferd_request_prompt_tokens_bucket", "inferd_request_generation_tokens_bucket", "inferd_num_requests_running",
     "inferd_num_requests_waiting", "inferd_kv_blocks", "inferd_kv_cache_usage_ratio", "inferd_prefix_cache_hit_rate",
     "inferd_preemptions_total", "inferd_step_batch_size_bucket", "inferd_step_tokens_bucket", "inferd_steps_total",
+    "inferd_model_bandwidth_utilization_ratio", "inferd_model_flops_utilization_ratio",
+    "inferd_step_model_bandwidth_utilization_ratio_bucket", "inferd_step_model_flops_utilization_ratio_bucket",
+    "inferd_device_idle_ratio", "inferd_step_device_idle_ratio_bucket", "inferd_model_read_bytes_total",
+    "inferd_model_flops_total", "inferd_generation_tokens_total", "inferd_device_read_bandwidth_ceiling_bytes_per_second",
+    "inferd_device_gemm_ceiling_flops_per_second",
 ]
 
 
@@ -175,5 +181,54 @@ def test_profile_steps_logs_where_the_first_steps_time_went():
         assert "step 1: 1 seqs" in logs and "step 2: 1 seqs, 1 tokens" in logs, logs
         assert "schedule" in logs and "cpu backend step" in logs and "outputs" in logs
         assert "step 3:" not in logs
+    finally:
+        assert s.stop() == 0
+
+
+def test_step_efficiency_counts_bytes_and_flops_as_the_model_shape_says():
+    # One request alone: a prefill step of P tokens then N - 1 decode steps at contexts P + 1 .. P + N - 1. The
+    # bytes and FLOPs the server exports must equal a count made here from config.json and the weight bytes.
+    port = free_port()
+    s = Server(server={"metrics_listen": f"127.0.0.1:{port}"})
+    try:
+        r = s.stub.Generate(greedy("the efficiency of one request " * 3, max_tokens=12))
+        P, N = r.usage.prompt_tokens, r.usage.completion_tokens
+        assert N == 12
+        info = s.stub.GetServerInfo(pb.GetServerInfoRequest())
+        assert info.read_ceiling_bytes_per_s > 1e8 and info.gemm_ceiling_flops_per_s > 1e8, info
+        with open(os.path.join(SOURCE_DIR, "tests", "fixtures", "models", "llama3-tiny", "config.json")) as f:
+            c = json.load(f)
+        H, I, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+        D = H // c["num_attention_heads"]
+        q, kv = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
+        linear = L * (H * (q + 2 * kv) + q * H + 3 * H * I)
+        norms = L * 2 * H + H
+        element = info.memory_plan.weight_bytes / (linear + norms + 2 * V * H)  # untied: table and LM head
+        assert element == 4  # the cpu backend's fp32 weights
+        kv_token = info.memory_plan.kv_bytes_per_block / 16
+        contexts = [P] + [P + i for i in range(1, N)]
+        tokens = [P] + [1] * (N - 1)
+        want_bytes = sum(element * (linear + norms + V * H + t * H) + kv_token * ctx for t, ctx in zip(tokens, contexts))
+        keys = P * (P + 1) // 2 + sum(contexts[1:])
+        want_flops = 2 * linear * (P + N - 1) + 2 * V * H * N + 4 * L * q * keys
+        text = scrape(port)
+        assert sample(text, "inferd_model_read_bytes_total") == pytest.approx(want_bytes, rel=1e-12)
+        assert sample(text, "inferd_model_flops_total") == pytest.approx(want_flops, rel=1e-12)
+        assert sample(text, "inferd_generation_tokens_total") == N
+        for name, value in [("inferd_device_read_bandwidth_ceiling_bytes_per_second", info.read_ceiling_bytes_per_s),
+                            ("inferd_device_gemm_ceiling_flops_per_second", info.gemm_ceiling_flops_per_s)]:
+            assert sample(text, name) == pytest.approx(value, rel=1e-12)
+        # Per kind of step: one prefill step, N - 1 decode steps, each with a positive utilisation.
+        assert sample(text, "inferd_step_model_bandwidth_utilization_ratio_count", kind="prefill") == 1
+        assert sample(text, "inferd_step_model_bandwidth_utilization_ratio_count", kind="decode") == N - 1
+        assert sample(text, "inferd_step_model_flops_utilization_ratio_count", kind="decode") == N - 1
+        for kind in ["prefill", "decode"]:
+            assert sample(text, "inferd_step_model_bandwidth_utilization_ratio_sum", kind=kind) > 0
+            assert sample(text, "inferd_model_flops_utilization_ratio", kind=kind) > 0
+        assert sample(text, "inferd_step_device_idle_ratio_count") == N
+        assert 0 <= sample(text, "inferd_device_idle_ratio") <= 1
+        # No NVML on the cpu backend: the GPU sensor families are absent rather than zero.
+        assert "inferd_gpu_power_watts" not in text and "inferd_energy_per_generated_token_joules" not in text
+        assert "device ceilings, measured in" in s.logs()
     finally:
         assert s.stop() == 0

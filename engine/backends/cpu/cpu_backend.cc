@@ -4,7 +4,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -63,6 +65,8 @@ class CpuBackend : public Backend {
   absl::Status AllocateSwapSpace(int32_t num_blocks) override;
   absl::Status SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) override;
   absl::Status Step(const StepInput& input, StepOutput* output) override;
+  StepCounters counters() const override { return counters_; }
+  absl::StatusOr<DeviceCeilings> MeasureCeilings() override;
 
  private:
   void Forward(const StepInput& in);  // fills ws_.logits[num_logits, vocab]
@@ -79,7 +83,60 @@ class CpuBackend : public Backend {
   std::vector<std::unique_ptr<float[]>> v_cache_;  // same layout as k_cache_
   std::unique_ptr<float[]> swap_;                  // [swap blocks][layers][K, V][block_size, num_kv_heads, head_dim]
   int32_t num_swap_blocks_ = 0;
+  StepCounters counters_;  // the device is the CPU: a step's device time is its whole Step()
 };
+
+// Median seconds of `reps` runs of fn after `warmup` runs.
+template <typename F>
+double MedianSeconds(F fn, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> s;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(s.begin(), s.end());
+  return s[s.size() / 2];
+}
+
+absl::StatusOr<DeviceCeilings> CpuBackend::MeasureCeilings() {
+  DeviceCeilings c;
+  {  // A read-only sum over 128 MiB (past any cache) on the backend's threads.
+    const int64_t n = int64_t{32} << 20;
+    std::vector<float> data(n);
+    uint32_t state = 12345;
+    for (float& x : data) x = static_cast<float>((state = state * 1664525u + 1013904223u) >> 8) * 0x1p-24f - 0.5f;
+    volatile float sink = 0;
+    const double s = MedianSeconds(
+        [&] {
+          float sum = 0;
+#pragma omp parallel for reduction(+ : sum)
+          for (int64_t i = 0; i < n; ++i) sum += data[i];
+          sink = sink + sum;
+        },
+        2, 5);
+    c.read_bytes_per_s = n * 4.0 / s;
+    c.read_test = "a read-only sum over 128 MiB";
+  }
+  {  // The products' own fp32 GEMM (OpenBLAS) at 512^3.
+    const int64_t n = 512;
+    std::vector<float> a(n * n), b(n * n), out(n * n);
+    for (int64_t i = 0; i < n * n; ++i) {
+      a[i] = static_cast<float>((i * 7919) % 1000) * 1e-3f - 0.5f;
+      b[i] = static_cast<float>((i * 104729) % 997) * 1e-3f - 0.5f;
+    }
+    const double s = MedianSeconds(
+        [&] {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                      out.data(), n);
+        },
+        2, 5);
+    c.gemm_flops_per_s = 2.0 * n * n * n / s;
+    c.gemm_test = "OpenBLAS fp32 GEMM at 512^3";
+  }
+  return c;
+}
 
 absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
   limits_ = limits;
@@ -159,6 +216,7 @@ absl::Status CpuBackend::Step(const StepInput& in, StepOutput* out) {
   INFERD_CHECK(in.num_tokens() <= limits_.max_num_batched_tokens && in.num_logits() <= limits_.max_num_seqs,
                "a step fits the limits the workspace was sized for");
   INFERD_CHECK(in.sampling.size() == in.logits_indices.size(), "every logits row has its sampling parameters");
+  const auto start = std::chrono::steady_clock::now();
   Forward(in);
   const int64_t V = cfg_.vocab_size;
   out->tokens.resize(in.num_logits());
@@ -168,6 +226,9 @@ absl::Status CpuBackend::Step(const StepInput& in, StepOutput* out) {
     out->tokens[r] = res.token;
     out->logprobs[r] = res.has_logprob ? std::move(res.logprob) : TokenLogprob{};
   }
+  ++counters_.steps;
+  counters_.last_device_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  counters_.device_busy_s += counters_.last_device_s;
   return absl::OkStatus();
 }
 

@@ -11,10 +11,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/backends/cuda/ceilings.h"
 #include "engine/backends/cuda/cuda_check.h"
 #include "engine/backends/cuda/cuda_weights.h"
 #include "engine/backends/cuda/device_buffer.h"
 #include "engine/backends/cuda/gemm.h"
+#include "engine/backends/cuda/nvml.h"
 #include "engine/check.h"
 #include "engine/runtime/device_memory.h"
 #include "engine/status_macros.h"
@@ -77,7 +79,8 @@ class CudaBackend : public Backend {
         w_(std::move(weights)),
         dtype_(dtype),
         free_at_start_(free_at_start),
-        device_(std::move(device)) {}
+        device_(std::move(device)),
+        nvml_(cuda::Nvml::Open(0)) {}
 
   ~CudaBackend() override {
     if (compute_) cudaStreamSynchronize(compute_);
@@ -95,6 +98,8 @@ class CudaBackend : public Backend {
   absl::Status AllocateSwapSpace(int32_t num_blocks) override;
   absl::Status SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) override;
   absl::Status Step(const StepInput& input, StepOutput* output) override;
+  absl::StatusOr<DeviceCeilings> MeasureCeilings() override;
+  DeviceReading ReadDevice() const override { return nvml_ ? nvml_->Read() : DeviceReading{}; }
 
  private:
   absl::Status AllocateWorkspace();
@@ -133,6 +138,7 @@ class CudaBackend : public Backend {
   cudaDataType_t dtype_;
   int64_t free_at_start_;
   std::string device_;
+  std::unique_ptr<cuda::Nvml> nvml_;  // null where NVML cannot be loaded
   StepLimits limits_;
   int64_t activation_bytes_ = 0;
   std::unique_ptr<cuda::Gemm> gemm_;
@@ -237,6 +243,24 @@ absl::Status CudaBackend<T>::AllocatePool(int32_t num_blocks) {
   num_slots_ = int64_t{num_blocks} * limits_.block_size;
   layer_kv_elems_ = num_slots_ * cfg_.num_kv_heads * cfg_.head_dim;
   return kv_.Allocate(2 * cfg_.num_layers * layer_kv_elems_ * sizeof(T));
+}
+
+template <typename T>
+absl::StatusOr<DeviceCeilings> CudaBackend<T>::MeasureCeilings() {
+  // Small enough to fit beside the weights on any card that runs the model: 1 GiB of reads (20 times the
+  // H100's L2) unless a quarter of the free memory is less, and a GEMM of 8192^3 (384 MiB) or 4096^3.
+  size_t free = 0, total = 0;
+  INFERD_CUDA(cudaMemGetInfo(&free, &total));
+  const int64_t read_bytes = std::min<int64_t>(int64_t{1} << 30, static_cast<int64_t>(free / 4));
+  const int64_t n = free > (size_t{2} << 30) ? 8192 : 4096;
+  const bool bf16 = dtype_ == CUDA_R_16BF;
+  DeviceCeilings c;
+  // The GEMM first: its warm-up raises the clocks the read test then runs at.
+  INFERD_ASSIGN_OR_RETURN(c.gemm_flops_per_s, cuda::MeasureGemmRate(*gemm_, bf16, n, compute_));
+  INFERD_ASSIGN_OR_RETURN(c.read_bytes_per_s, cuda::MeasureReadBandwidth(read_bytes, compute_));
+  c.read_test = absl::StrCat("a read-only reduction over ", read_bytes >> 20, " MiB");
+  c.gemm_test = absl::StrCat("cuBLASLt ", bf16 ? "bf16" : "fp16", " GEMM at ", n, "^3");
+  return c;
 }
 
 template <typename T>

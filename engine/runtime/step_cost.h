@@ -1,0 +1,39 @@
+// What one step must read and compute at the least, from the model's shape and the memory plan: the numerators
+// of model bandwidth utilisation (bytes / step time / read ceiling) and model FLOPs utilisation (FLOPs / step
+// time / GEMM ceiling). The live metrics and inferd-bench count the same way.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/model/model_config.h"
+#include "engine/runtime/backend.h"
+#include "engine/runtime/memory_plan.h"
+
+namespace inferd {
+
+struct StepCost {
+  double bytes = 0;  // every layer's weights once, the LM head when a row is sampled, the K/V of every context
+  double flops = 0;  // 2 per weight per token (the LM head only for sampled rows) + causal attention
+};
+
+class StepCostModel {
+ public:
+  StepCostModel(const ModelConfig& config, const MemoryPlan& plan, int32_t block_size);
+  StepCost Of(const StepInput& input) const;
+  // The same from totals: tokens computed, rows sampled, context tokens of all sequences (each read once),
+  // and keys attended summed over the step's tokens (a prompt of n alone: n (n + 1) / 2).
+  StepCost Of(int64_t tokens, int64_t sampled_rows, int64_t context_tokens, int64_t attended_keys) const;
+
+  double element_bytes() const { return element_bytes_; }
+
+ private:
+  double layer_params_ = 0;    // linear weights of all layers (what every token multiplies)
+  double other_params_ = 0;    // norms and biases of all layers and the final norm (read, not multiplied)
+  double lm_head_params_ = 0;  // vocab × hidden (the embedding table itself when tied)
+  double element_bytes_ = 0;   // bytes per stored weight: the plan's weight bytes / the model's parameters
+  double kv_bytes_per_token_ = 0;
+  double attention_flops_per_key_ = 0;  // QKᵀ and PV over all layers and heads
+  int64_t hidden_ = 0;
+};
+
+}  // namespace inferd

@@ -1,0 +1,88 @@
+// The bytes and FLOPs a step must move and compute, against counts made by hand and Llama-3-8B's published
+// parameter count.
+#include "engine/runtime/step_cost.h"
+
+#include <gtest/gtest.h>
+
+namespace inferd {
+namespace {
+
+ModelConfig Llama3_8B() {
+  ModelConfig c;
+  c.vocab_size = 128256;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_layers = 32;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  return c;
+}
+
+// Meta-Llama-3-8B has 8,030,261,248 parameters: 2 x 525,336,576 in the embedding table and the LM head,
+// 266,240 in the norms, the rest in the layers' products.
+constexpr double kParams = 8030261248.0, kTable = 525336576.0, kNorms = 266240.0;
+constexpr double kLinear = kParams - 2 * kTable - kNorms;
+
+TEST(StepCost, Llama3_8BDecodeReadsEveryWeightButTheTableOnceAndTheContext) {
+  MemoryPlan plan;
+  plan.weight_bytes = static_cast<int64_t>(2 * kParams);  // bf16
+  plan.kv_bytes_per_block = 16 * 32 * 2 * 8 * 128 * 2;    // 16 tokens x layers x K,V x heads x dim x bf16
+  const StepCostModel model(Llama3_8B(), plan, 16);
+  EXPECT_DOUBLE_EQ(model.element_bytes(), 2.0);
+  const StepCost one = model.Of(/*tokens=*/1, /*sampled_rows=*/1, /*context_tokens=*/256, /*attended_keys=*/256);
+  EXPECT_DOUBLE_EQ(one.bytes, 2 * (kParams - kTable) + 2 * 4096 + 256 * 131072.0);
+  EXPECT_DOUBLE_EQ(one.flops, 2 * kLinear + 2 * kTable + 4.0 * 32 * 4096 * 256);
+  // 64 sequences at 576 tokens each: the weights once, 64 contexts.
+  const StepCost b64 = model.Of(64, 64, 64 * 576, 64 * 576);
+  EXPECT_DOUBLE_EQ(b64.bytes, 2 * (kParams - kTable) + 64 * 2 * 4096 + 64 * 576 * 131072.0);
+  // A 4096-token prompt sampled once: the LM head runs for one row, causal attention over n (n + 1) / 2 keys.
+  const StepCost prefill = model.Of(4096, 1, 4096, 4096 * 4097 / 2);
+  EXPECT_DOUBLE_EQ(prefill.flops, 2 * kLinear * 4096 + 2 * kTable + 4.0 * 32 * 4096 * (4096.0 * 4097 / 2));
+  // A chunk that samples nothing does not read the LM head.
+  EXPECT_DOUBLE_EQ(model.Of(512, 0, 512, 512 * 513 / 2).bytes,
+                   2 * (kParams - 2 * kTable) + 512 * 2 * 4096 + 512 * 131072.0);
+}
+
+TEST(StepCost, TiedTinyModelCountedByHand) {
+  ModelConfig c;
+  c.vocab_size = 10;
+  c.hidden_size = 4;
+  c.intermediate_size = 8;
+  c.num_layers = 1;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 2;
+  c.tie_word_embeddings = true;
+  // Products: q 4x4, k and v 4x2 each, o 4x4, gate/up/down 4x8 each = 144; norms 2x4 + 4 = 12; table 40.
+  MemoryPlan plan;
+  plan.weight_bytes = (144 + 12 + 40) * 4;           // fp32
+  plan.kv_bytes_per_block = 16 * 1 * 2 * 1 * 2 * 4;  // 16 tokens x layer x K,V x kv head x dim x fp32
+  const StepCostModel model(c, plan, 16);
+  EXPECT_DOUBLE_EQ(model.element_bytes(), 4.0);
+  // One decode token at context 3: all weights (the LM head is the table), its embedding row, 3 tokens of K/V.
+  const StepCost cost = model.Of(1, 1, 3, 3);
+  EXPECT_DOUBLE_EQ(cost.bytes, 4.0 * (144 + 12 + 40 + 4) + 16.0 * 3);
+  EXPECT_DOUBLE_EQ(cost.flops, 2.0 * 144 + 2.0 * 40 + 4.0 * 1 * 4 * 3);
+}
+
+TEST(StepCost, StepInputSumsContextsAndCausalKeys) {
+  ModelConfig c = Llama3_8B();
+  MemoryPlan plan;
+  plan.weight_bytes = static_cast<int64_t>(2 * kParams);
+  plan.kv_bytes_per_block = 16 * 131072;
+  const StepCostModel model(c, plan, 16);
+  // Sequence A: a 3-token prompt chunk at positions 7..9 (context 10 after it); B: one decode token at context 5.
+  StepInput in;
+  in.token_ids = {1, 2, 3, 4};
+  in.query_start = {0, 3, 4};
+  in.context_lens = {10, 5};
+  in.logits_indices = {2, 3};
+  const StepCost got = model.Of(in);
+  const StepCost want = model.Of(4, 2, 15, (8 + 9 + 10) + 5);
+  EXPECT_DOUBLE_EQ(got.bytes, want.bytes);
+  EXPECT_DOUBLE_EQ(got.flops, want.flops);
+}
+
+}  // namespace
+}  // namespace inferd
