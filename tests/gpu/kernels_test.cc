@@ -163,7 +163,7 @@ TEST(Kernels, KvBlocksGoToHostSwapSpaceAndBackExactly) {
     for (int layer = 0; layer < layers; ++layer)
       for (int kv = 0; kv < 2; ++kv)
         for (int e = 0; e < block_elems; ++e) {
-          const float want = b == 1 ? dev_at(before, 0, layer, kv, e)    // host 4 held device block 0
+          const float want = b == 1   ? dev_at(before, 0, layer, kv, e)  // host 4 held device block 0
                              : b == 6 ? dev_at(before, 5, layer, kv, e)  // host 2 held device block 5
                                       : dev_at(before, b, layer, kv, e);
           ASSERT_EQ(dev_at(after, b, layer, kv, e), want) << "block " << b;
@@ -177,6 +177,13 @@ struct AttentionCase {
   std::vector<std::pair<int32_t, int32_t>> seqs;
   bool decode_graph = false;  // the plan a decode CUDA graph replays (rows of one token, a fixed padded grid)
 };
+
+// n decode rows at contexts spread over 1 .. 700.
+std::vector<std::pair<int32_t, int32_t>> ManyDecodeRows(int32_t n) {
+  std::vector<std::pair<int32_t, int32_t>> seqs;
+  for (int32_t i = 0; i < n; ++i) seqs.push_back({1 + (i * 7919) % 700, 1});
+  return seqs;
+}
 
 class PagedAttentionTest : public ::testing::TestWithParam<AttentionCase> {};
 
@@ -264,7 +271,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionTest,
                              AttentionCase{256, 8, 1, 8, {{97, 97}, {64, 1}, {5, 2}}},
                              // decode rows under the CUDA-graph plan: GQA 4 and 3, long and short contexts
                              AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true},
-                             AttentionCase{128, 6, 2, 16, {{97, 1}, {5, 1}, {1000, 1}}, true}));
+                             AttentionCase{128, 6, 2, 16, {{97, 1}, {5, 1}, {1000, 1}}, true},
+                             // decode rows without a graph: one long context (split KV), GQA 8
+                             AttentionCase{64, 8, 1, 16, {{3001, 1}}},
+                             AttentionCase{128, 32, 8, 16, {{3001, 1}, {1, 1}, {250, 1}}},
+                             // many decode rows, more CTAs than the GPU holds at once, graph and not
+                             AttentionCase{128, 32, 8, 16, ManyDecodeRows(300), true},
+                             AttentionCase{128, 16, 4, 16, ManyDecodeRows(200), false}));
 
 }  // namespace
 }  // namespace inferd
