@@ -134,6 +134,7 @@ __global__ void RopeWriteKvKernel(T* __restrict__ qkv, const int32_t* __restrict
                                   const int32_t* __restrict__ slots, const float* __restrict__ inv_freq,
                                   T* __restrict__ k_cache, T* __restrict__ v_cache, int32_t num_heads,
                                   int32_t num_kv_heads, int32_t head_dim) {
+  AllowDependentsToLaunch();  // attention (a programmatic dependent) waits for this kernel before it reads q or K/V
   const int64_t t = blockIdx.x;
   const int32_t h = blockIdx.y;  // q heads, then k heads
   const int32_t half = head_dim / 2;

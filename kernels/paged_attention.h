@@ -42,11 +42,13 @@ cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void*
 
 // out[t, h * head_dim + d] = softmax(q·Kᵀ · sm_scale) · V over the causal context of row t. q rows are
 // q_row_stride elements apart (q may sit inside a fused qkv row). Device arrays as in the header comment.
+// early_launch: launch the kernels as programmatic dependents (sm_90): attention starts while the kernel before
+// it finishes and waits for it before reading q or the cache; the merge of split-KV partials the same way.
 template <typename T>
 cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q,
                               int64_t q_row_stride, const T* k_cache, const T* v_cache, const int32_t* qo_indptr,
                               const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
                               T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
-                              int32_t page_size, float sm_scale, cudaStream_t stream);
+                              int32_t page_size, float sm_scale, bool early_launch, cudaStream_t stream);
 
 }  // namespace inferd::kernels

@@ -65,7 +65,7 @@ template <typename T, uint32_t HEAD_DIM>
 cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, void* int_ws, const T* q,
                      int64_t q_row_stride, const T* k, const T* v, const int32_t* qo_indptr, const int32_t* kv_indptr,
                      const int32_t* kv_indices, const int32_t* kv_last_page_len, T* out, int32_t num_seqs,
-                     int32_t num_qo_heads, int32_t num_kv_heads, int32_t page_size, float sm_scale,
+                     int32_t num_qo_heads, int32_t num_kv_heads, int32_t page_size, float sm_scale, bool early_launch,
                      cudaStream_t stream) {
   using Params = flashinfer::BatchPrefillPagedParams<T, T, T, int32_t>;
   using Variant = flashinfer::DefaultAttention</*custom_mask=*/false, /*sliding_window=*/false,
@@ -81,7 +81,7 @@ cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, vo
   case TILE:                                                                                                      \
     return flashinfer::BatchPrefillWithPagedKVCacheDispatched</*SAME_KV_STRIDES=*/true, TILE, HEAD_DIM, HEAD_DIM, \
                                                               PosEncodingMode::kNone, false, MaskMode::kCausal,   \
-                                                              Variant, Params>(p, tmp_v, tmp_s, false, stream);
+                                                              Variant, Params>(p, tmp_v, tmp_s, early_launch, stream);
     INFERD_CTA_TILE(16)
     INFERD_CTA_TILE(64)
     INFERD_CTA_TILE(128)
@@ -98,7 +98,7 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
                               int64_t q_row_stride, const T* k_cache, const T* v_cache, const int32_t* qo_indptr,
                               const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
                               T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
-                              int32_t page_size, float sm_scale, cudaStream_t stream) {
+                              int32_t page_size, float sm_scale, bool early_launch, cudaStream_t stream) {
   try {
     flashinfer::PrefillPlanInfo info;
     info.FromVector(std::vector<int64_t>(plan.words, plan.words + 15));
@@ -107,7 +107,7 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
   case D:                                                                                                     \
     return Dispatch<T, D>(info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache, qo_indptr, \
                           kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads, num_kv_heads, \
-                          page_size, sm_scale, stream);
+                          page_size, sm_scale, early_launch, stream);
       INFERD_HEAD_DIM(64)
       INFERD_HEAD_DIM(128)
       INFERD_HEAD_DIM(256)

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# On the GPU machine: where a batch-1 decode step's time goes, by kernel, from Nsight Compute's per-kernel
-# durations (clocks left alone) over a window of the latency run's steps. Needs the bundle and the 8B model
-# that gpu_run.sh bench writes.
-#   bash scripts/profile_decode.sh [MODEL_DIR]      writes $OUT/profile_decode.{csv,txt}
+# On the GPU machine: where a decode step's time goes, by kernel, from Nsight Compute's per-kernel durations
+# (clocks left alone) over a window of decode steps: batch 1 (the latency run) or, with BATCH=N, the decode
+# run at batch N. Needs the bundle and the 8B model that gpu_run.sh bench writes.
+#   [BATCH=N] bash scripts/profile_decode.sh [MODEL_DIR]      writes $OUT/profile_decode.{csv,txt}
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
 M=${1:-/tmp/llama3-8b-random}
 BUNDLE=/tmp/inferd-bundle
 export LD_LIBRARY_PATH="$BUNDLE/lib:${LD_LIBRARY_PATH:-}"
-# Skip start-up and the warm-up request; then 600 kernels: about three decode steps.
-ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 6000 --launch-count 600 \
-  "$BUNDLE/bin/inferd-bench" --model "$M" --sections latency > "$OUT/profile_decode.csv" 2> "$OUT/profile_decode.err"
+# Skip start-up, the warm-up request (and at batch N its prefill steps); then 600 kernels: about three decode
+# steps (a graph's kernels count one by one).
+if [[ -n "${BATCH:-}" ]]; then
+  what=(--sections decode --batches "$BATCH") skip=20000
+else
+  what=(--sections latency) skip=7000
+fi
+ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip "$skip" --launch-count 600 \
+  "$BUNDLE/bin/inferd-bench" --model "$M" "${what[@]}" > "$OUT/profile_decode.csv" 2> "$OUT/profile_decode.err"
 python3 - "$OUT/profile_decode.csv" <<'PY' | tee "$OUT/profile_decode.txt"
 import csv, collections, re, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]

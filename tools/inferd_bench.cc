@@ -1,7 +1,7 @@
 // inferd-bench: the engine in-process (no gRPC in the timed path) on a model and the cuda backend, against
 // ceilings measured first on the same GPU: read-streaming bandwidth (a large read-only reduction) and the
 // cuBLASLt bf16 GEMM rate at 8192³. Prints a table and writes JSON.
-//   inferd-bench --model DIR [--json FILE] [--sections products,latency,prefill,decode,throughput]
+//   inferd-bench --model DIR [--json FILE] [--sections products,latency,prefill,decode,throughput] [--batches 1,8]
 //   inferd-bench serve ...   (the serving benchmark against a running server: tools/serve_bench.cc)
 #include <cstdio>
 #include <string>
@@ -25,6 +25,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/backends/cuda/ceilings.h"
 #include "engine/backends/cuda/gemm.h"
@@ -274,16 +275,22 @@ double IdleShare(const EngineStats& a, const EngineStats& b, double wall_s) {
 int Main(int argc, char** argv) {
   std::string model, json_path;
   std::string sections = "products,latency,prefill,decode,throughput";
+  std::vector<int32_t> batches = {1, 8, 32, 64, 128, 256};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 < argc && a == "--sections") sections = argv[++i];
     if (i + 1 < argc && a == "--model") model = argv[++i];
     if (i + 1 < argc && a == "--json") json_path = argv[++i];
+    if (i + 1 < argc && a == "--batches") {
+      batches.clear();
+      for (absl::string_view b : absl::StrSplit(argv[++i], ',')) batches.push_back(std::atoi(std::string(b).c_str()));
+    }
   }
   if (model.empty()) {
     std::fprintf(stderr,
-                 "usage: inferd-bench --model DIR [--json FILE] [--sections LIST]\n"
-                 "  LIST: comma-separated of products,latency,prefill,decode,throughput (default: all)\n");
+                 "usage: inferd-bench --model DIR [--json FILE] [--sections LIST] [--batches B,...]\n"
+                 "  LIST: comma-separated of products,latency,prefill,decode,throughput (default: all)\n"
+                 "  B: the decode section's batch sizes (default 1,8,32,64,128,256)\n");
     return 2;
   }
   cudaDeviceProp prop;
@@ -372,7 +379,7 @@ int Main(int argc, char** argv) {
   }
   // Decode at batch B: B requests of 512 prompt tokens and 128 new ones started together; decode tokens/s from
   // the moment the last one has its first token.
-  for (int32_t B : {1, 8, 32, 64, 128, 256}) {
+  for (int32_t B : batches) {
     if (!want("decode")) break;
     std::vector<std::shared_ptr<TimingSink>> sinks;
     const EngineStats before = (*engine)->Stats();

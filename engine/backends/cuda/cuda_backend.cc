@@ -10,6 +10,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/backends/cuda/ceilings.h"
 #include "engine/backends/cuda/cuda_check.h"
@@ -21,6 +22,7 @@
 #include "engine/runtime/device_memory.h"
 #include "engine/status_macros.h"
 #include "engine/trace.h"
+#include "kernels/ceilings.h"
 #include "kernels/elementwise.h"
 #include "kernels/kv_swap.h"
 #include "kernels/paged_attention.h"
@@ -113,6 +115,9 @@ class CudaBackend : public Backend {
   // past the step's own are padding that reads and writes the reserved block only.
   StepInput PadDecode(const StepInput& in, int32_t rows) const;
   absl::Status CaptureDecodeGraphs();
+  // Chooses cuBLASLt's algorithm by measurement for each product at each of these row counts (those past the
+  // streaming kernel's), before the graphs freeze them.
+  absl::Status TuneProducts(const std::vector<int32_t>& rows);
   int32_t DecodeBucket(const StepInput& in) const;
   T* K(int layer) const { return kv_.get<T>() + int64_t{layer} * 2 * layer_kv_elems_; }
   T* V(int layer) const { return K(layer) + layer_kv_elems_; }
@@ -508,10 +513,57 @@ StepInput CudaBackend<T>::PadDecode(const StepInput& in, int32_t rows) const {
 }
 
 template <typename T>
+absl::Status CudaBackend<T>::TuneProducts(const std::vector<int32_t>& rows) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
+  const int64_t q_dim = int64_t{cfg_.num_heads} * D, qkv_dim = q_dim + 2 * int64_t{cfg_.num_kv_heads} * D;
+  const bool bf16 = dtype_ == CUDA_R_16BF;
+  for (DeviceBuffer* x : {&xn_, &attn_, &act_, &last_n_}) {  // random inputs: timings on real-looking data
+    INFERD_CUDA(k::FillUniform16(x->get(), static_cast<int64_t>(x->bytes() / sizeof(T)), bf16, 3, compute_));
+  }
+  struct Product {
+    const char* name;
+    std::vector<const void*> weights;  // every layer's, cycled so that none is served from L2
+    const void* x;
+    void* y;
+    int64_t n, k;
+    const void* bias;
+    bool out_fp32;
+  };
+  std::vector<Product> products = {
+      {"qkv", {}, xn_.get(), qkv_.get(), qkv_dim, H, nullptr, false},
+      {"o", {}, attn_.get(), tmp_.get(), H, q_dim, nullptr, false},
+      {"gate_up", {}, xn_.get(), gate_up_.get(), 2 * I, H, nullptr, false},
+      {"down", {}, act_.get(), tmp_.get(), H, I, nullptr, false},
+      {"lm_head", {w_.lm_head()}, last_n_.get(), logits_.get(), cfg_.vocab_size, H, nullptr, true}};
+  for (const CudaLayerWeights& L : w_.layers) {
+    products[0].weights.push_back(L.qkv.get());
+    products[0].bias = L.qkv_bias.bytes() ? L.qkv_bias.get() : nullptr;
+    products[1].weights.push_back(L.o.get());
+    products[2].weights.push_back(L.gate_up.get());
+    products[3].weights.push_back(L.down.get());
+  }
+  std::vector<std::string> gains;
+  for (int32_t m : rows) {
+    if (m <= gemm_->gemv_max_rows()) continue;  // the streaming kernel's
+    for (const Product& p : products) {
+      INFERD_ASSIGN_OR_RETURN(const double gain,
+                              gemm_->Tune(p.x, p.weights, p.y, m, p.n, p.k, p.bias, p.out_fp32, compute_));
+      if (gain > 1.02) gains.push_back(absl::StrFormat("%s at %d rows %.2fx", p.name, m, gain));
+    }
+  }
+  spdlog::info("cuda: cuBLASLt algorithms chosen by measurement in {:.2f} s; faster than the heuristic's first: {}",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+               gains.empty() ? "none" : absl::StrJoin(gains, ", "));
+  return absl::OkStatus();
+}
+
+template <typename T>
 absl::Status CudaBackend<T>::CaptureDecodeGraphs() {
   std::vector<int32_t> buckets;
   for (int32_t b = 1; b < limits_.max_num_seqs; b *= 2) buckets.push_back(b);
   buckets.push_back(limits_.max_num_seqs);
+  INFERD_RETURN_IF_ERROR(TuneProducts(buckets));
   for (int32_t rows : buckets) {
     StepInput empty;
     empty.block_size = limits_.block_size;
@@ -573,7 +625,8 @@ absl::Status CudaBackend<T>::Forward(const StepInput& in, const k::AttentionPlan
                                           K(layer), V(layer), In<int32_t>(in_.qo_indptr), In<int32_t>(in_.kv_indptr),
                                           In<int32_t>(in_.kv_indices), In<int32_t>(in_.kv_last_page_len),
                                           attn_.get<T>(), in.num_seqs(), cfg_.num_heads, cfg_.num_kv_heads,
-                                          cfg_.head_dim, in.block_size, 1.0f / std::sqrt(static_cast<float>(D)), s));
+                                          cfg_.head_dim, in.block_size, 1.0f / std::sqrt(static_cast<float>(D)),
+                                          /*early_launch=*/Tn <= gemm_->gemv_max_rows(), s));
     INFERD_RETURN_IF_ERROR(gemm_->Run(attn_.get(), L.o.get(), tmp_.get(), Tn, H, q_dim, nullptr, false, s));
     INFERD_KERNEL(k::AddRmsNorm(x_.get<T>(), tmp_.get<T>(), L.post_norm.get<T>(), xn_.get<T>(), Tn, H, eps, s));
     INFERD_RETURN_IF_ERROR(gemm_->Run(xn_.get(), L.gate_up.get(), gate_up_.get(), Tn, 2 * I, H, nullptr, false, s));

@@ -3,6 +3,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "engine/runtime/device_memory.h"
 #include "kernels/gemv.h"
@@ -49,9 +52,17 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(cudaDataType_t dtype, int64_t
 
 // Row-major Y[m, n] = X[m, k] · W[n, k]ᵀ seen column-major is Y(n × m) = op(A) · B with A = W (k × n,
 // transposed), B = X (k × m).
-absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32) {
+absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32,
+                                          std::vector<cublasLtMatmulAlgo_t>* candidates) {
   const auto key = std::make_tuple(m, n, k, bias, out_fp32);
-  if (auto it = plans_.find(key); it != plans_.end()) return &it->second;
+  if (auto it = plans_.find(key); it != plans_.end() && !candidates) return &it->second;
+  if (auto it = plans_.find(key); it != plans_.end()) {  // asked again for candidates: plan afresh
+    cublasLtMatrixLayoutDestroy(it->second.a);
+    cublasLtMatrixLayoutDestroy(it->second.b);
+    cublasLtMatrixLayoutDestroy(it->second.c);
+    cublasLtMatmulDescDestroy(it->second.desc);
+    plans_.erase(it);
+  }
   Plan p;
   INFERD_CUBLAS(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -69,18 +80,74 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool 
   INFERD_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = workspace_.bytes();
   INFERD_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  cublasLtMatmulHeuristicResult_t result;
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates];
   int found = 0;
-  const cublasStatus_t s =
-      cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref,
+                                                          candidates ? kTuneCandidates : 1, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   INFERD_CUBLAS(s);
   if (found == 0) {
     return absl::InternalError(absl::StrCat("cublasLtMatmulAlgoGetHeuristic: no algorithm for m=", m, " n=", n,
                                             " k=", k, out_fp32 ? " (fp32 output)" : ""));
   }
-  p.algo = result.algo;
+  p.algo = results[0].algo;
+  if (candidates) {
+    candidates->clear();
+    for (int i = 0; i < found; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) candidates->push_back(results[i].algo);
+    }
+  }
   return &plans_.emplace(key, p).first->second;
+}
+
+absl::StatusOr<double> Gemm::Tune(const void* x, std::span<const void* const> weights, void* y, int64_t m, int64_t n,
+                                  int64_t k, const void* bias, bool out_fp32, cudaStream_t stream) {
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, &candidates));
+  if (bias) {
+    INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+  INFERD_CUDA(cudaEventCreate(&start));
+  if (cudaError_t e = cudaEventCreate(&stop); e != cudaSuccess) {
+    cudaEventDestroy(start);
+    return FromCuda(e, "cudaEventCreate");
+  }
+  const float alpha = 1.f, beta = 0.f;
+  size_t next = 0;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    const void* w = weights[next++ % weights.size()];
+    return cublasLtMatmul(handle_, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &algo, workspace_.get(),
+                          workspace_.bytes(), stream);
+  };
+  // Median of 5 timed runs after 2, each candidate in turn; a candidate that fails to run is passed over.
+  std::vector<float> median(candidates.size(), -1.f);
+  absl::Status st;
+  for (size_t c = 0; c < candidates.size() && st.ok(); ++c) {
+    if (run(candidates[c]) != CUBLAS_STATUS_SUCCESS || run(candidates[c]) != CUBLAS_STATUS_SUCCESS) continue;
+    std::vector<float> ms;
+    for (int r = 0; r < 5 && st.ok(); ++r) {
+      float t = 0;
+      st = FromCuda(cudaEventRecord(start, stream), "cudaEventRecord");
+      if (st.ok()) st = FromCublas(run(candidates[c]), "cublasLtMatmul");
+      if (st.ok()) st = FromCuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+      if (st.ok()) st = FromCuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      if (st.ok()) st = FromCuda(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    median[c] = ms[ms.size() / 2];
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  INFERD_RETURN_IF_ERROR(st);
+  size_t best = 0;
+  for (size_t c = 0; c < median.size(); ++c) {
+    if (median[c] > 0 && (median[best] <= 0 || median[c] < median[best])) best = c;
+  }
+  if (candidates.empty() || median[best] <= 0) return 1.0;  // nothing measured: the heuristic's first stays
+  p->algo = candidates[best];
+  return median[0] > 0 ? median[0] / median[best] : 1.0;
 }
 
 absl::Status Gemm::Run(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, const void* bias,
