@@ -70,19 +70,97 @@ __device__ __forceinline__ void Accumulate(const uint4 (&wv)[R], const T* __rest
   }
 }
 
-// Each warp computes R adjacent output columns for all M rows: its lanes sweep k in 16-byte chunks, each X chunk
-// loaded once for the R rows of W (so L1 serves M / R bytes of X per byte of W), kInFlight loads of W in flight.
-template <typename T, typename Out, int M, int R>
+// Where a warp's R output columns lie and what becomes of them. Plain products: R adjacent columns, written to Y
+// rounded once, the stores spread over the lanes.
+struct PlainColumns {
+  template <int R>
+  __device__ int64_t Col(int64_t warp, int j) const {
+    return warp * R + j;
+  }
+  template <typename T, typename Out, int M, int R>
+  __device__ void Store(const float (&acc)[R][M], int64_t warp, int lane, const T* bias, Out* y, int64_t n) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      const int64_t col = Col<R>(warp, j);
+      if (col >= n) break;
+      const float b = bias ? ToFloat(bias[col]) : 0.f;
+#pragma unroll
+      for (int r = 0; r < M; ++r) {
+        if (lane == (j * M + r) % 32) y[r * n + col] = Cast(acc[j][r] + b, static_cast<Out*>(nullptr));
+      }
+    }
+  }
+};
+
+// The fused q/k/v product of a decode step: a warp computes dimensions d and d + head_dim / 2 of one head (R = 2),
+// rounds them as the plain product would, rotates q and k heads (RoPE, as RopeWriteKv does) and writes K and V
+// into the token's cache slot.
+template <typename T>
+struct RopeColumns {
+  const int32_t* positions;
+  const int32_t* slots;
+  const float* inv_freq;
+  T* k_cache;
+  T* v_cache;
+  int32_t num_heads, num_kv_heads, head_dim;
+
+  template <int R>
+  __device__ int64_t Col(int64_t warp, int j) const {
+    const int32_t half = head_dim / 2;
+    return (warp / half) * head_dim + warp % half + j * half;
+  }
+  template <typename Unused, typename Out, int M, int R>
+  __device__ void Store(const float (&acc)[R][M], int64_t warp, int lane, const T* bias, T* y, int64_t n) const {
+    static_assert(R == 2, "a warp holds one rotation pair");
+    const int32_t half = head_dim / 2;
+    const int64_t head = warp / half, d = warp % half, col = head * head_dim + d;
+    if (col >= n) return;
+    const int64_t kv_dim = int64_t{num_kv_heads} * head_dim;
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      if (lane != r) continue;
+      const T a = Cast(acc[0][r] + (bias ? ToFloat(bias[col]) : 0.f), static_cast<T*>(nullptr));
+      const T b = Cast(acc[1][r] + (bias ? ToFloat(bias[col + half]) : 0.f), static_cast<T*>(nullptr));
+      if (head >= num_heads + num_kv_heads) {  // a v head: into the cache unrotated
+        const int64_t at = int64_t{slots[r]} * kv_dim + (head - num_heads - num_kv_heads) * head_dim + d;
+        y[r * n + col] = a;
+        y[r * n + col + half] = b;
+        v_cache[at] = a;
+        v_cache[at + half] = b;
+        continue;
+      }
+      const float angle = static_cast<float>(positions[r]) * inv_freq[d];
+      const float c = ToFloat(Cast(cosf(angle), static_cast<T*>(nullptr)));
+      const float s = ToFloat(Cast(sinf(angle), static_cast<T*>(nullptr)));
+      const float fa = ToFloat(a), fb = ToFloat(b);
+      const T ra = Cast(fa * c - fb * s, static_cast<T*>(nullptr)),
+              rb = Cast(fb * c + fa * s, static_cast<T*>(nullptr));
+      y[r * n + col] = ra;
+      y[r * n + col + half] = rb;
+      if (head >= num_heads) {  // a k head
+        const int64_t at = int64_t{slots[r]} * kv_dim + (head - num_heads) * head_dim + d;
+        k_cache[at] = ra;
+        k_cache[at + half] = rb;
+      }
+    }
+  }
+};
+
+// Each warp computes R output columns for all M rows: its lanes sweep k in 16-byte chunks, each X chunk loaded
+// once for the R rows of W (so L1 serves M / R bytes of X per byte of W), kInFlight loads of W in flight.
+template <typename T, typename Out, int M, int R, typename Columns>
 __global__ void __launch_bounds__(kWarps * 32)
     GemvKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, Out* __restrict__ y,
-               int64_t n, int64_t k) {
+               int64_t n, int64_t k, Columns columns) {
   constexpr int kSteps = kInFlight / R;  // chunk steps per batch of loads
   const int lane = threadIdx.x % 32;
-  const int64_t col0 = (int64_t{blockIdx.x} * kWarps + threadIdx.x / 32) * R;
-  if (col0 >= n) return;
+  const int64_t warp = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
+  if (columns.template Col<R>(warp, 0) >= n) return;
   const uint4* wr[R];
 #pragma unroll
-  for (int j = 0; j < R; ++j) wr[j] = reinterpret_cast<const uint4*>(w + std::min(col0 + j, n - 1) * k);
+  for (int j = 0; j < R; ++j) {
+    wr[j] = reinterpret_cast<const uint4*>(w + std::min(columns.template Col<R>(warp, j), n - 1) * k);
+  }
   const int64_t chunks = k / 8;
   float acc[R][M];
 #pragma unroll
@@ -126,16 +204,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int off = 16; off > 0; off /= 2) acc[j][r] += __shfl_xor_sync(0xffffffff, acc[j][r], off);
     }
   }
-#pragma unroll
-  for (int j = 0; j < R; ++j) {
-    const int64_t col = col0 + j;
-    if (col >= n) break;
-    const float b = bias ? ToFloat(bias[col]) : 0.f;
-#pragma unroll
-    for (int r = 0; r < M; ++r) {
-      if (lane == (j * M + r) % 32) y[r * n + col] = Cast(acc[j][r] + b, static_cast<Out*>(nullptr));
-    }
-  }
+  columns.template Store<T, Out, M, R>(acc, warp, lane, bias, y, n);
 }
 
 // W rows per warp: two for one or two X rows, four as X grows, so each X chunk serves more W rows. For one X row,
@@ -146,8 +215,9 @@ constexpr int RowsPerWarp() {
   return M <= 2 ? 2 : 4;
 }
 
-template <typename T, typename Out, int M>
-cudaError_t LaunchRows(const T* x, const T* w, const T* bias, Out* y, int64_t n, int64_t k, cudaStream_t stream) {
+template <typename T, typename Out, int M, typename Columns = PlainColumns>
+cudaError_t LaunchRows(const T* x, const T* w, const T* bias, Out* y, int64_t n, int64_t k, cudaStream_t stream,
+                       Columns columns = {}) {
   constexpr int R = RowsPerWarp<M>();
   const int64_t blocks = (n + kWarps * R - 1) / (kWarps * R);
   cudaLaunchConfig_t config = {};
@@ -159,7 +229,7 @@ cudaError_t LaunchRows(const T* x, const T* w, const T* bias, Out* y, int64_t n,
   early.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &early;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, GemvKernel<T, Out, M, R>, x, w, bias, y, n, k);
+  return cudaLaunchKernelEx(&config, GemvKernel<T, Out, M, R, Columns>, x, w, bias, y, n, k, columns);
 }
 
 template <typename T, typename Out, int... Ms>
@@ -183,6 +253,25 @@ cudaError_t Gemv(const T* x, const T* w, const T* bias, Out* y, int64_t m, int64
   return Dispatch(m, x, w, bias, y, n, k, stream, std::make_integer_sequence<int, kGemvMaxRows>{});
 }
 
+template <typename T>
+cudaError_t GemvQkvRope(const T* x, const T* w, const T* bias, T* qkv, int64_t m, int64_t k, const int32_t* positions,
+                        const int32_t* slots, const float* inv_freq, T* k_cache, T* v_cache, int32_t num_heads,
+                        int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream) {
+  const int64_t n = int64_t{num_heads + 2 * num_kv_heads} * head_dim;
+  if (m < 1 || m > 2 || !GemvSupports(x, w, m, k) || head_dim % 2 != 0 || num_kv_heads <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  const RopeColumns<T> columns{positions, slots, inv_freq, k_cache, v_cache, num_heads, num_kv_heads, head_dim};
+  return m == 1 ? LaunchRows<T, T, 1>(x, w, bias, qkv, n, k, stream, columns)
+                : LaunchRows<T, T, 2>(x, w, bias, qkv, n, k, stream, columns);
+}
+
+template cudaError_t GemvQkvRope(const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
+                                 int64_t, int64_t, const int32_t*, const int32_t*, const float*, __nv_bfloat16*,
+                                 __nv_bfloat16*, int32_t, int32_t, int32_t, cudaStream_t);
+template cudaError_t GemvQkvRope(const __half*, const __half*, const __half*, __half*, int64_t, int64_t, const int32_t*,
+                                 const int32_t*, const float*, __half*, __half*, int32_t, int32_t, int32_t,
+                                 cudaStream_t);
 template cudaError_t Gemv(const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int64_t,
                           int64_t, int64_t, cudaStream_t);
 template cudaError_t Gemv(const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, float*, int64_t, int64_t,

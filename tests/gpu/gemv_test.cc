@@ -6,8 +6,10 @@
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <tuple>
 
+#include "kernels/elementwise.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace inferd {
@@ -117,6 +119,58 @@ TEST(Gemv, RefusesShapesItCannotRun) {
   EXPECT_EQ((kernels::Gemv<__nv_bfloat16, float>(x.get(), w.get(), nullptr, y.get(), 1, 4, 12, nullptr)),
             cudaErrorInvalidValue);
 }
+
+// The fused q/k/v product with RoPE and the K/V write against the two kernels it replaces (Gemv, then
+// RopeWriteKv), bit for bit: the q/k/v rows and the whole of both caches, untouched slots included.
+// (rows, head_dim, bias)
+using RopeShape = std::tuple<int, int, bool>;
+class GemvQkvRopeTest : public ::testing::TestWithParam<RopeShape> {};
+
+template <typename T>
+void CheckQkvRope(const RopeShape& shape, uint32_t seed) {
+  const auto [m, D, with_bias] = shape;
+  const int heads = 6, kv_heads = 2, slots_in_cache = 16;
+  const int64_t k = 200, n = int64_t{heads + 2 * kv_heads} * D, cache = int64_t{slots_in_cache} * kv_heads * D;
+  std::mt19937 rng(seed);
+  const std::vector<T> x = Round<T>(Random(size_t(m) * k, rng));
+  const std::vector<T> w = Round<T>(Random(size_t(n) * k, rng, 0.05f));
+  const std::vector<T> bias = Round<T>(Random(n, rng));
+  const std::vector<T> k_init = Round<T>(Random(cache, rng)), v_init = Round<T>(Random(cache, rng));
+  std::vector<float> inv_freq(D / 2);
+  for (int i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(500000.f, -2.f * i / D);
+  const std::vector<int32_t> positions = {4001, 37}, slots = {11, 5};
+  Dev<T> dx(x), dw(w), db(bias), k_a(k_init), v_a(v_init), k_b(k_init), v_b(v_init);
+  Dev<float> dfreq(inv_freq);
+  Dev<int32_t> dpos(positions), dslots(slots);
+  Dev<T> qkv_a(size_t(m) * n), qkv_b(size_t(m) * n);
+  const T* b = with_bias ? db.get() : nullptr;
+  CUDA_OK((kernels::Gemv<T, T>(dx.get(), dw.get(), b, qkv_a.get(), m, n, k, nullptr)));
+  CUDA_OK(kernels::RopeWriteKv(qkv_a.get(), dpos.get(), dslots.get(), dfreq.get(), k_a.get(), v_a.get(), m, heads,
+                               kv_heads, D, nullptr));
+  CUDA_OK(kernels::GemvQkvRope(dx.get(), dw.get(), b, qkv_b.get(), m, k, dpos.get(), dslots.get(), dfreq.get(),
+                               k_b.get(), v_b.get(), heads, kv_heads, D, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  auto same = [](const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  };
+  EXPECT_TRUE(same(qkv_a.Host(), qkv_b.Host()));
+  EXPECT_TRUE(same(k_a.Host(), k_b.Host()));
+  EXPECT_TRUE(same(v_a.Host(), v_b.Host()));
+  EXPECT_FALSE(same(k_a.Host(), k_init)) << "the tokens' K was written";
+}
+
+TEST_P(GemvQkvRopeTest, Bf16EqualsProductThenRope) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  CheckQkvRope<__nv_bfloat16>(GetParam(), 5);
+}
+TEST_P(GemvQkvRopeTest, Fp16EqualsProductThenRope) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  CheckQkvRope<__half>(GetParam(), 6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemvQkvRopeTest,
+                         ::testing::Values(RopeShape{1, 128, false}, RopeShape{2, 128, true}, RopeShape{1, 64, true},
+                                           RopeShape{2, 64, false}));
 
 }  // namespace
 }  // namespace inferd

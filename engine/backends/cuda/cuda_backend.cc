@@ -24,6 +24,7 @@
 #include "engine/trace.h"
 #include "kernels/ceilings.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemv.h"
 #include "kernels/kv_swap.h"
 #include "kernels/paged_attention.h"
 #include "kernels/sampling.h"
@@ -611,16 +612,25 @@ absl::Status CudaBackend<T>::Forward(const StepInput& in, const k::AttentionPlan
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   cudaStream_t s = compute_;
   INFERD_KERNEL(k::GatherRows(w_.embed.get<T>(), In<int32_t>(in_.token_ids), x_.get<T>(), Tn, H, s));
+  // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product.
+  const bool fused_qkv_rope =
+      Tn <= std::min<int64_t>(gemm_->gemv_max_rows(), 2) && k::GemvSupports(xn_.get(), w_.layers[0].qkv.get(), Tn, H);
   for (int layer = 0; layer < cfg_.num_layers; ++layer) {
     TraceRange range("layer");
     const CudaLayerWeights& L = w_.layers[layer];
     INFERD_KERNEL(k::AddRmsNorm(x_.get<T>(), layer == 0 ? nullptr : tmp_.get<T>(), L.input_norm.get<T>(), xn_.get<T>(),
                                 Tn, H, eps, s));
-    INFERD_RETURN_IF_ERROR(gemm_->Run(xn_.get(), L.qkv.get(), qkv_.get(), Tn, qkv_dim, H,
-                                      L.qkv_bias.bytes() ? L.qkv_bias.get() : nullptr, false, s));
-    INFERD_KERNEL(k::RopeWriteKv(qkv_.get<T>(), In<int32_t>(in_.positions), In<int32_t>(in_.slots),
-                                 inv_freq_.get<float>(), K(layer), V(layer), Tn, cfg_.num_heads, cfg_.num_kv_heads,
-                                 cfg_.head_dim, s));
+    const T* qkv_bias = L.qkv_bias.bytes() ? L.qkv_bias.get<T>() : nullptr;
+    if (fused_qkv_rope) {  // one kernel: the product, RoPE and the K/V write
+      INFERD_KERNEL(k::GemvQkvRope<T>(xn_.get<T>(), L.qkv.get<T>(), qkv_bias, qkv_.get<T>(), Tn, H,
+                                      In<int32_t>(in_.positions), In<int32_t>(in_.slots), inv_freq_.get<float>(),
+                                      K(layer), V(layer), cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, s));
+    } else {
+      INFERD_RETURN_IF_ERROR(gemm_->Run(xn_.get(), L.qkv.get(), qkv_.get(), Tn, qkv_dim, H, qkv_bias, false, s));
+      INFERD_KERNEL(k::RopeWriteKv(qkv_.get<T>(), In<int32_t>(in_.positions), In<int32_t>(in_.slots),
+                                   inv_freq_.get<float>(), K(layer), V(layer), Tn, cfg_.num_heads, cfg_.num_kv_heads,
+                                   cfg_.head_dim, s));
+    }
     INFERD_KERNEL(k::RunPagedAttention<T>(plan, attn_float_ws_.get(), attn_int_ws_.get(), qkv_.get<T>(), qkv_dim,
                                           K(layer), V(layer), In<int32_t>(in_.qo_indptr), In<int32_t>(in_.kv_indptr),
                                           In<int32_t>(in_.kv_indices), In<int32_t>(in_.kv_last_page_len),
