@@ -259,25 +259,30 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   cudaFreeHost(iws_host);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionTest,
-                         ::testing::Values(
-                             // decode rows only, MHA, page size 1
-                             AttentionCase{64, 4, 4, 1, {{1, 1}, {17, 1}, {97, 1}}},
-                             // prefill chunks attending to earlier pages next to decodes, GQA group 4
-                             AttentionCase{128, 8, 2, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}},
-                             // group 3 (no CUDA-core decode kernel has it), head_dim 128
-                             AttentionCase{128, 6, 2, 16, {{2048, 5}, {33, 1}}},
-                             // head_dim 256, group 8, odd page size
-                             AttentionCase{256, 8, 1, 8, {{97, 97}, {64, 1}, {5, 2}}},
-                             // decode rows under the CUDA-graph plan: GQA 4 and 3, long and short contexts
-                             AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true},
-                             AttentionCase{128, 6, 2, 16, {{97, 1}, {5, 1}, {1000, 1}}, true},
-                             // decode rows without a graph: one long context (split KV), GQA 8
-                             AttentionCase{64, 8, 1, 16, {{3001, 1}}},
-                             AttentionCase{128, 32, 8, 16, {{3001, 1}, {1, 1}, {250, 1}}},
-                             // many decode rows, more CTAs than the GPU holds at once, graph and not
-                             AttentionCase{128, 32, 8, 16, ManyDecodeRows(300), true},
-                             AttentionCase{128, 16, 4, 16, ManyDecodeRows(200), false}));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PagedAttentionTest,
+    ::testing::Values(
+        // decode rows only, MHA, page size 1
+        AttentionCase{64, 4, 4, 1, {{1, 1}, {17, 1}, {97, 1}}},
+        // prefill chunks attending to earlier pages next to decodes, GQA group 4
+        AttentionCase{128, 8, 2, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}},
+        // group 3 (no CUDA-core decode kernel has it), head_dim 128
+        AttentionCase{128, 6, 2, 16, {{2048, 5}, {33, 1}}},
+        // head_dim 256, group 8, odd page size
+        AttentionCase{256, 8, 1, 8, {{97, 97}, {64, 1}, {5, 2}}},
+        // decode rows under the CUDA-graph plan: GQA 4 and 3, long and short contexts
+        AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true},
+        AttentionCase{128, 6, 2, 16, {{97, 1}, {5, 1}, {1000, 1}}, true},
+        // decode rows without a graph: one long context (split KV), GQA 8
+        AttentionCase{64, 8, 1, 16, {{3001, 1}}}, AttentionCase{128, 32, 8, 16, {{3001, 1}, {1, 1}, {250, 1}}},
+        // one or two decode rows: the 8B shape, MHA on pages of 1, head_dim 256, a
+        // single-token context, a context of many KV chunks
+        AttentionCase{128, 32, 8, 16, {{256, 1}}, true}, AttentionCase{64, 4, 4, 1, {{17, 1}, {97, 1}}},
+        AttentionCase{256, 4, 2, 8, {{1, 1}, {700, 1}}}, AttentionCase{128, 6, 2, 16, {{1, 1}}, true},
+        AttentionCase{128, 32, 4, 16, {{5000, 1}, {33, 1}}},
+        // many decode rows, more CTAs than the GPU holds at once, graph and not
+        AttentionCase{128, 32, 8, 16, ManyDecodeRows(300), true},
+        AttentionCase{128, 16, 4, 16, ManyDecodeRows(200), false}));
 
 }  // namespace
 }  // namespace inferd
