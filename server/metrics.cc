@@ -338,7 +338,7 @@ void Metrics::Attach(std::shared_ptr<Engine> engine) {
     m->gpu_temp = gauge("inferd_gpu_temperature_celsius", "NVML: GPU core temperature.");
     m->gpu_clock = gauge("inferd_gpu_sm_clock_hertz", "NVML: SM clock.");
     m->energy_per_token = gauge("inferd_energy_per_generated_token_joules",
-                                "NVML energy over the last sample period / tokens generated in it.");
+                                "NVML energy of the last one-second period that generated tokens / those tokens.");
     m->energy = &BuildCounter()
                      .Name("inferd_gpu_energy_joules_total")
                      .Help("NVML: energy the GPU consumed since inferd started.")
