@@ -127,6 +127,27 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
   out[e] = To<T>(Round<T>(x / (1.f + expf(-x))) * F(g[inter + i]));
 }
 
+// The same with 8 elements per thread in 16-byte loads and stores (inter a multiple of 8, rows 16-byte aligned).
+template <typename T>
+__global__ void SiluMulVec8Kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t inter) {
+  AllowDependentsToLaunch();
+  const int64_t v = int64_t{blockIdx.x} * blockDim.x + threadIdx.x, per_row = inter / 8;
+  if (v >= rows * per_row) return;
+  const int64_t r = v / per_row, i = (v % per_row) * 8;
+  const uint4 gv = *reinterpret_cast<const uint4*>(gate_up + r * 2 * inter + i);
+  const uint4 uv = *reinterpret_cast<const uint4*>(gate_up + r * 2 * inter + inter + i);
+  const T* g = reinterpret_cast<const T*>(&gv);
+  const T* u = reinterpret_cast<const T*>(&uv);
+  uint4 ov;
+  T* o = reinterpret_cast<T*>(&ov);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float x = F(g[e]);
+    o[e] = To<T>(Round<T>(x / (1.f + expf(-x))) * F(u[e]));
+  }
+  *reinterpret_cast<uint4*>(out + r * inter + i) = ov;
+}
+
 // One block per (token, q or k head): thread j rotates pair j of that head; a k head's block then writes K and V
 // of its kv head into the token's slot.
 template <typename T>
@@ -192,6 +213,13 @@ template <typename T>
 cudaError_t SiluMul(const T* gate_up, T* out, int64_t rows, int64_t inter, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (cudaError_t e = Check(rows); e != cudaSuccess) return e;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (inter % 8 == 0 && aligned(gate_up) && aligned(out)) {
+    const int64_t blocks = (rows * inter / 8 + 255) / 256;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    SiluMulVec8Kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(gate_up, out, rows, inter);
+    return cudaGetLastError();
+  }
   const int64_t blocks = (rows * inter + 255) / 256;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   SiluMulKernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(gate_up, out, rows, inter);

@@ -70,18 +70,38 @@ INSTANTIATE_TEST_SUITE_P(OddSizes, AddRmsNormTest,
 TEST(Kernels, SiluMulMatchesReference) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(3);
-  const int64_t rows = 7, inter = 333;
-  const std::vector<float> gu = Random(rows * 2 * inter, rng, 2.f);
-  Dev<bf16> d_gu(ToBf16(gu));
-  Dev<bf16> out(rows * inter);
-  CUDA_OK(kernels::SiluMul(d_gu.get(), out.get(), rows, inter, nullptr));
-  std::vector<double> ref(rows * inter);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < inter; ++i) {
-      const double g = Bf(gu[r * 2 * inter + i]), u = Bf(gu[r * 2 * inter + inter + i]);
-      ref[r * inter + i] = g / (1 + std::exp(-g)) * u;
-    }
-  EXPECT_LT(RelError(FromBf16(out.Host()), ref), 1e-2);
+  for (const int64_t inter : {333, 1032}) {  // odd: one element per thread; a multiple of 8: 16-byte vectors
+    const int64_t rows = 7;
+    const std::vector<float> gu = Random(rows * 2 * inter, rng, 2.f);
+    Dev<bf16> d_gu(ToBf16(gu));
+    Dev<bf16> out(rows * inter);
+    CUDA_OK(kernels::SiluMul(d_gu.get(), out.get(), rows, inter, nullptr));
+    std::vector<double> ref(rows * inter);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < inter; ++i) {
+        const double g = Bf(gu[r * 2 * inter + i]), u = Bf(gu[r * 2 * inter + inter + i]);
+        ref[r * inter + i] = g / (1 + std::exp(-g)) * u;
+      }
+    EXPECT_LT(RelError(FromBf16(out.Host()), ref), 1e-2) << inter;
+  }
+}
+
+TEST(Kernels, SiluMulVectorsEqualOneElementPerThreadBitForBit) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(13);
+  const int64_t rows = 5, inter = 1032;
+  const std::vector<bf16> gu = ToBf16(Random(rows * 2 * inter + 1, rng, 2.f));
+  Dev<bf16> d_gu(gu);
+  Dev<bf16> vec(rows * inter), scalar(rows * inter + 1);
+  CUDA_OK(kernels::SiluMul(d_gu.get(), vec.get(), rows, inter, nullptr));
+  // The same rows one element further on: misaligned for 16-byte vectors, so one element per thread.
+  std::vector<bf16> moved(gu.size() + 1);
+  moved[0] = gu[0];
+  std::copy(gu.begin(), gu.end() - 1, moved.begin() + 1);
+  Dev<bf16> d_moved(moved);
+  CUDA_OK(kernels::SiluMul(d_moved.get() + 1, scalar.get() + 1, rows, inter, nullptr));
+  const std::vector<float> a = FromBf16(vec.Host()), b = FromBf16(scalar.Host());
+  for (int64_t i = 0; i < rows * inter; ++i) ASSERT_EQ(a[i], b[i + 1]) << i;
 }
 
 TEST(Kernels, RopeRotatesQAndKAndWritesKvIntoTheirSlots) {
