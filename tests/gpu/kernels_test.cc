@@ -107,7 +107,7 @@ TEST(Kernels, SiluMulVectorsEqualOneElementPerThreadBitForBit) {
 TEST(Kernels, RopeRotatesQAndKAndWritesKvIntoTheirSlots) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(4);
-  const int32_t heads = 6, kv_heads = 2, D = 128, T = 9, num_slots = 40;
+  const int32_t heads = 9, kv_heads = 3, D = 128, T = 9, num_slots = 40;  // 15 heads: blocks of 4 and one of 3
   const int64_t row = int64_t{heads + 2 * kv_heads} * D, kv_dim = int64_t{kv_heads} * D;
   const std::vector<float> qkv = Random(T * row, rng);
   std::vector<int32_t> pos(T), slots(T);
