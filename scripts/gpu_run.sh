@@ -3,7 +3,7 @@
 # kernel, sampler and whole-model parity tests, the CPU tests, one serving run under compute-sanitizer, then
 # writes the Llama-3-8B-shaped random model, benchmarks it, and checks the served model's live efficiency
 # metrics against the benchmark's ratios. Results go to $OUT (or ./gpu-results).
-#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|bench|sweep|all]
+#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|bench|efficiency|sweep|all]
 # sweep: the 8B model served by inferd on cuda, `inferd-bench serve` at a list of request rates (CSV in $OUT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -75,7 +75,7 @@ if [[ "$what" == all || "$what" == bench ]]; then
   grep -v "^\[20" "$OUT/bench_8b.txt"
   echo "== live efficiency metrics of the served 8B model against inferd-bench's offline ratios; energy per token"
   python3 tests/gpu/efficiency_check.py --bin "$BUNDLE/bin/inferd" --bench "$BUNDLE/bin/inferd-bench" --model "$M" \
-    --bench-json "$OUT/bench_8b.json" --out "$OUT/efficiency_8b.json" || status=1
+    --out "$OUT/efficiency_8b.json" || status=1
   echo "== inferd plan against the start-up's real plan (same free memory, same limits)"
   printf "model: {path: %s}\nscheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192}\n" "$M" > /tmp/plan_8b.yaml
   free_gib=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['memory_plan']['device_free_bytes'] / 2**30)" "$OUT/bench_8b.json")
@@ -94,6 +94,12 @@ total = lambda p: p["weight_bytes"] + p["activation_bytes"] + p["other_bytes"] +
 print(f"{'total':18s} plan {total(plan):>14} real {total(real):>14}  plan/real {total(plan) / total(real):.4f}")
 sys.exit(0 if worst <= 0.02 and abs(total(plan) / total(real) - 1) <= 0.02 else 1)
 PY
+fi
+if [[ "$what" == efficiency ]]; then  # the live-against-offline check alone (gpu_run.sh bench runs it too)
+  M=/tmp/llama3-8b-random
+  [[ -f $M/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M" || status=1
+  python3 tests/gpu/efficiency_check.py --bin "$BUNDLE/bin/inferd" --bench "$BUNDLE/bin/inferd-bench" --model "$M" \
+    --out "$OUT/efficiency_8b.json" || status=1
 fi
 if [[ "$what" == sweep ]]; then
   M=/tmp/llama3-8b-random

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """On the GPU machine: the live efficiency metrics of a served model against inferd-bench's offline ratios.
 
-Starts inferd on the model (the limits inferd-bench uses), then through `inferd-bench serve` runs the offline
-benchmark's shapes: one request of 512 + 128 tokens, 64 of them at once, one prompt of 4096 tokens. For each it
-compares the mean per-step bandwidth (decode) or FLOPs (prefill) utilisation the server exported — deltas of
-the histograms' sum and count around the case — with the ratio inferd-bench measured offline (--bench-json).
+First runs inferd-bench offline on the model for the shapes compared (decode at batch 1 and 64, the 4096-token
+prefill), then at once starts inferd on it (the limits inferd-bench uses) and through `inferd-bench serve` runs
+the same shapes: one request of 512 + 128 tokens, 64 of them at once, one prompt of 4096 tokens. Back to back,
+so that both see the GPU in a like state (FLOPs-bound work and the GEMM ceiling measured at each start move with
+the GPU's temperature and clocks). For each shape it compares the mean per-step
+bandwidth (decode) or FLOPs (prefill) utilisation the server exported — deltas of the histograms' sum and count
+around the case — with the ratio inferd-bench measured offline.
 Then energy per generated token from NVML at batch 1 and 64 (longer runs: the energy counter is sampled once a
 second). Writes a JSON report; exits 1 when a ratio is off by more than 10% or an NVML series is missing.
 
-  python3 tests/gpu/efficiency_check.py --bin inferd --bench inferd-bench --model DIR --bench-json F --out F
+  python3 tests/gpu/efficiency_check.py --bin inferd --bench inferd-bench --model DIR --out F
 """
 import argparse
 import json
@@ -50,10 +53,14 @@ def serving(address):
 
 def main():
     ap = argparse.ArgumentParser()
-    for a in ["--bin", "--bench", "--model", "--bench-json", "--out"]:
+    for a in ["--bin", "--bench", "--model", "--out"]:
         ap.add_argument(a, required=True)
     args = ap.parse_args()
-    offline = json.load(open(args.bench_json))
+    offline_json = os.path.splitext(args.out)[0] + "_offline.json"
+    with open(os.path.splitext(args.out)[0] + "_offline.txt", "w") as log:
+        subprocess.run([args.bench, "--model", args.model, "--sections", "prefill,decode", "--batches", "1,64",
+                        "--json", offline_json], check=True, stdout=log, stderr=subprocess.STDOUT)
+    offline = json.load(open(offline_json))
     port, mport = free_port(), free_port()
     cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     cfg.write(f"model: {{path: {args.model}}}\nengine: {{backend: cuda}}\n"
