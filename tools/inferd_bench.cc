@@ -277,12 +277,14 @@ int Main(int argc, char** argv) {
   std::string sections = "products,latency,prefill,decode,throughput";
   std::vector<int32_t> batches = {1, 8, 32, 64, 128, 256};
   bool graphs = true;
+  int32_t profile_steps = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 < argc && a == "--sections") sections = argv[++i];
     if (i + 1 < argc && a == "--model") model = argv[++i];
     if (i + 1 < argc && a == "--json") json_path = argv[++i];
     if (a == "--no-graphs") graphs = false;
+    if (i + 1 < argc && a == "--profile-steps") profile_steps = std::atoi(argv[++i]);
     if (i + 1 < argc && a == "--batches") {
       batches.clear();
       for (absl::string_view b : absl::StrSplit(argv[++i], ',')) batches.push_back(std::atoi(std::string(b).c_str()));
@@ -291,9 +293,11 @@ int Main(int argc, char** argv) {
   if (model.empty()) {
     std::fprintf(stderr,
                  "usage: inferd-bench --model DIR [--json FILE] [--sections LIST] [--batches B,...] [--no-graphs]\n"
+                 "       [--profile-steps N]\n"
                  "  LIST: comma-separated of products,latency,prefill,decode,throughput (default: all)\n"
                  "  B: the decode section's batch sizes (default 1,8,32,64,128,256)\n"
-                 "  --no-graphs: decode steps launched kernel by kernel (engine.cuda_graphs: false)\n");
+                 "  --no-graphs: decode steps launched kernel by kernel (engine.cuda_graphs: false)\n"
+                 "  --profile-steps N: log where each of the first N steps' time went (engine.profile_steps)\n");
     return 2;
   }
   cudaDeviceProp prop;
@@ -322,6 +326,7 @@ int Main(int argc, char** argv) {
   config.model.path = model;
   config.engine.backend = "cuda";
   config.engine.cuda_graphs = graphs;
+  config.engine.profile_steps = profile_steps;
   config.scheduler.max_num_seqs = 256;
   config.scheduler.max_num_batched_tokens = 8192;
   config.scheduler.max_queue = 1000;
