@@ -37,9 +37,7 @@ class FakeBackend : public Backend {
   }
   absl::Status AllocateKvCache(const MemoryPlan& plan) override { return absl::OkStatus(); }
   absl::Status AllocateSwapSpace(int32_t) override { return absl::OkStatus(); }
-  absl::Status SwapBlocks(std::span<const BlockCopy>, std::span<const BlockCopy>) override {
-    return absl::OkStatus();
-  }
+  absl::Status SwapBlocks(std::span<const BlockCopy>, std::span<const BlockCopy>) override { return absl::OkStatus(); }
   absl::Status Step(const StepInput& in, StepOutput* out) override {
     c_->steps++;
     if (c_->step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(c_->step_ms.load()));

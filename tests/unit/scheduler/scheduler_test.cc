@@ -220,7 +220,8 @@ TEST(Scheduler, PreemptionTakesTheMostRecentAndCountsTheWorkLost) {
 
 TEST(Scheduler, SwapPreemptionKeepsTheKvOnTheHostAndResumesWithoutRecomputing) {
   // The collision of PreemptionTakesTheMostRecent..., now with 4 blocks of host swap space.
-  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4, 4);
+  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4,
+                     4);
   RunTable(h, {
                   {{{'A', 3}, {'B', 3}}, "A3+ B3+", "", "AB", "", 2},
                   {{}, "A1+ B1+", "", "AB", "", 2},
@@ -254,7 +255,8 @@ TEST(Scheduler, SwapPreemptionKeepsTheKvOnTheHostAndResumesWithoutRecomputing) {
 }
 
 TEST(Scheduler, WithoutRoomInSwapSpacePreemptionRecomputes) {
-  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4, 1);
+  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4,
+                     1);
   h.Add('A', 3);
   h.Add('B', 3);
   for (int i = 0; i < 6; ++i) h.Step();
@@ -266,7 +268,8 @@ TEST(Scheduler, WithoutRoomInSwapSpacePreemptionRecomputes) {
 }
 
 TEST(Scheduler, AbortingASwappedOutSequenceFreesItsHostBlocks) {
-  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4, 4);
+  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4,
+                     4);
   h.Add('A', 3);
   h.Add('B', 3);
   for (int i = 0; i < 7; ++i) h.Step();
@@ -450,7 +453,8 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
   EXPECT_EQ(h.pool_.num_free(), h.pool_.num_total());
 }
 
-INSTANTIATE_TEST_SUITE_P(PrefixCachingAndSwap, RandomizedScheduler, ::testing::Combine(::testing::Bool(), ::testing::Bool()));
+INSTANTIATE_TEST_SUITE_P(PrefixCachingAndSwap, RandomizedScheduler,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()));
 
 }  // namespace
 }  // namespace inferd
