@@ -405,7 +405,6 @@ void Engine::RunStep(const StepPlan& plan) {
   StepRecord record{.num_seqs = input.num_seqs(),
                     .num_tokens = input.num_tokens(),
                     .num_sampled = input.num_logits(),
-                    .decode = input.num_tokens() == input.num_seqs(),
                     .wall_s = absl::ToDoubleSeconds(absl::Now() - now),
                     .device_s = counters.last_device_s,
                     .cost = step_cost_->Of(input)};

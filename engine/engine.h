@@ -59,11 +59,13 @@ struct StepRecord {
   int32_t num_seqs = 0;
   int32_t num_tokens = 0;
   int32_t num_sampled = 0;  // rows sampled: one generated token each
-  bool decode = false;      // every sequence computed one token (no prompt chunk in the step)
   double wall_s = 0;        // host time from scheduling to the sampled tokens
   double device_s = 0;      // the step's device time (cuda: CUDA events around its compute; cpu: the backend step)
   double cycle_s = 0;       // the engine loop's whole iteration: take requests, schedule, step, outputs
   StepCost cost;            // bytes it must read and FLOPs it must do (engine/runtime/step_cost.h)
+
+  // Every sequence computed one token (no prompt chunk in the step).
+  bool decode() const { return num_tokens == num_seqs; }
 };
 
 class Engine {

@@ -46,6 +46,19 @@ Histogram::BucketBoundaries Tokens() {
   return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
 }
 
+// A registered metric with these labels (a family is shared when its name is registered again).
+prometheus::Gauge* AddGauge(prometheus::Registry& r, const std::string& name, const std::string& help,
+                            const prometheus::Labels& labels = {}) {
+  return &BuildGauge().Name(name).Help(help).Register(r).Add(labels);
+}
+prometheus::Counter* AddCounter(prometheus::Registry& r, const std::string& name, const std::string& help) {
+  return &BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+Histogram* AddHistogram(prometheus::Registry& r, const std::string& name, const std::string& help,
+                        Histogram::BucketBoundaries buckets, const prometheus::Labels& labels = {}) {
+  return &BuildHistogram().Name(name).Help(help).Register(r).Add(labels, std::move(buckets));
+}
+
 prometheus::MetricFamily Gauge(const std::string& name, const std::string& help,
                                std::vector<std::pair<std::vector<prometheus::ClientMetric::Label>, double>> values) {
   prometheus::MetricFamily f{name, help, prometheus::MetricType::Gauge, {}};
@@ -190,61 +203,37 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
                      .Name("inferd_requests_total")
                      .Help("Generate and GenerateStream calls that ended, by gRPC status code.")
                      .Register(r);
-  auto hist = [&](const char* name, const char* help, Histogram::BucketBoundaries b) {
-    return &BuildHistogram().Name(name).Help(help).Register(r).Add({}, std::move(b));
-  };
-  impl->ttft = hist("inferd_time_to_first_token_seconds", "Arrival to first token.", Seconds());
-  impl->tpot = hist("inferd_time_per_output_token_seconds", "(End - first token) / (output tokens - 1).", Seconds());
-  impl->itl = hist("inferd_inter_token_latency_seconds", "Between consecutive output tokens.", Seconds());
-  impl->e2e = hist("inferd_e2e_request_latency_seconds", "Arrival to finish.", Seconds());
-  impl->queue = hist("inferd_request_queue_time_seconds", "Arrival to first scheduled.", Seconds());
-  impl->prompt = hist("inferd_request_prompt_tokens", "Prompt tokens per request.", Tokens());
-  impl->generated = hist("inferd_request_generation_tokens", "Output tokens per request.", Tokens());
-  impl->batch = hist("inferd_step_batch_size", "Sequences per step.", Tokens());
-  impl->step_tokens = hist("inferd_step_tokens", "Tokens computed per step.", Tokens());
-  impl->step_s = hist("inferd_step_duration_seconds", "Host time of a step, scheduling to sampled tokens.", Seconds());
+  impl->ttft = AddHistogram(r, "inferd_time_to_first_token_seconds", "Arrival to first token.", Seconds());
+  impl->tpot =
+      AddHistogram(r, "inferd_time_per_output_token_seconds", "(End - first token) / (output tokens - 1).", Seconds());
+  impl->itl = AddHistogram(r, "inferd_inter_token_latency_seconds", "Between consecutive output tokens.", Seconds());
+  impl->e2e = AddHistogram(r, "inferd_e2e_request_latency_seconds", "Arrival to finish.", Seconds());
+  impl->queue = AddHistogram(r, "inferd_request_queue_time_seconds", "Arrival to first scheduled.", Seconds());
+  impl->prompt = AddHistogram(r, "inferd_request_prompt_tokens", "Prompt tokens per request.", Tokens());
+  impl->generated = AddHistogram(r, "inferd_request_generation_tokens", "Output tokens per request.", Tokens());
+  impl->batch = AddHistogram(r, "inferd_step_batch_size", "Sequences per step.", Tokens());
+  impl->step_tokens = AddHistogram(r, "inferd_step_tokens", "Tokens computed per step.", Tokens());
+  impl->step_s =
+      AddHistogram(r, "inferd_step_duration_seconds", "Host time of a step, scheduling to sampled tokens.", Seconds());
+  const std::string bandwidth = "weight and KV bytes it must read / its device time / the read ceiling.";
+  const std::string flops = "model FLOPs / its device time / the GEMM ceiling.";
   for (const char* kind : {"decode", "prefill"}) {
     Impl::Utilisation& u = std::string(kind) == "decode" ? impl->decode : impl->prefill;
-    u.bandwidth = &BuildGauge()
-                       .Name("inferd_model_bandwidth_utilization_ratio")
-                       .Help("Last step: weight and KV bytes it must read / its device time / the read ceiling.")
-                       .Register(r)
-                       .Add({{"kind", kind}});
-    u.flops = &BuildGauge()
-                   .Name("inferd_model_flops_utilization_ratio")
-                   .Help("Last step: model FLOPs / its device time / the GEMM ceiling.")
-                   .Register(r)
-                   .Add({{"kind", kind}});
-    u.bandwidth_hist = &BuildHistogram()
-                            .Name("inferd_step_model_bandwidth_utilization_ratio")
-                            .Help("Per step: weight and KV bytes it must read / its device time / the read ceiling.")
-                            .Register(r)
-                            .Add({{"kind", kind}}, Ratios());
-    u.flops_hist = &BuildHistogram()
-                        .Name("inferd_step_model_flops_utilization_ratio")
-                        .Help("Per step: model FLOPs / its device time / the GEMM ceiling.")
-                        .Register(r)
-                        .Add({{"kind", kind}}, Ratios());
+    const prometheus::Labels labels = {{"kind", kind}};
+    u.bandwidth = AddGauge(r, "inferd_model_bandwidth_utilization_ratio", "Last step: " + bandwidth, labels);
+    u.flops = AddGauge(r, "inferd_model_flops_utilization_ratio", "Last step: " + flops, labels);
+    u.bandwidth_hist =
+        AddHistogram(r, "inferd_step_model_bandwidth_utilization_ratio", "Per step: " + bandwidth, Ratios(), labels);
+    u.flops_hist = AddHistogram(r, "inferd_step_model_flops_utilization_ratio", "Per step: " + flops, Ratios(), labels);
   }
-  impl->idle = &BuildGauge()
-                    .Name("inferd_device_idle_ratio")
-                    .Help("Last step: share of the engine loop's iteration the device ran nothing.")
-                    .Register(r)
-                    .Add({});
-  impl->idle_hist = hist("inferd_step_device_idle_ratio",
-                         "Per step: share of the engine loop's iteration the device ran nothing.", Ratios());
-  impl->bytes_read = &BuildCounter()
-                          .Name("inferd_model_read_bytes_total")
-                          .Help("Weight and KV bytes the steps had to read (over device busy seconds: bandwidth).")
-                          .Register(r)
-                          .Add({});
-  impl->flops = &BuildCounter()
-                     .Name("inferd_model_flops_total")
-                     .Help("Model FLOPs of the steps (over device busy seconds: FLOP/s).")
-                     .Register(r)
-                     .Add({});
-  impl->generated_tokens =
-      &BuildCounter().Name("inferd_generation_tokens_total").Help("Tokens generated.").Register(r).Add({});
+  const std::string idle = "share of the engine loop's iteration the device ran nothing.";
+  impl->idle = AddGauge(r, "inferd_device_idle_ratio", "Last step: " + idle);
+  impl->idle_hist = AddHistogram(r, "inferd_step_device_idle_ratio", "Per step: " + idle, Ratios());
+  impl->bytes_read = AddCounter(r, "inferd_model_read_bytes_total",
+                                "Weight and KV bytes the steps had to read (over device busy seconds: bandwidth).");
+  impl->flops =
+      AddCounter(r, "inferd_model_flops_total", "Model FLOPs of the steps (over device busy seconds: FLOP/s).");
+  impl->generated_tokens = AddCounter(r, "inferd_generation_tokens_total", "Tokens generated.");
   Impl* m = impl.get();
   m->http.Get("/metrics", [m](const httplib::Request&, httplib::Response& res) {
     std::vector<prometheus::MetricFamily> families = m->registry->Collect();
@@ -298,7 +287,7 @@ void Metrics::Attach(std::shared_ptr<Engine> engine) {
         m->bytes_read->Increment(s.cost.bytes);
         m->flops->Increment(s.cost.flops);
         if (s.device_s > 0 && m->ceilings.read_bytes_per_s > 0) {
-          Impl::Utilisation& u = s.decode ? m->decode : m->prefill;
+          Impl::Utilisation& u = s.decode() ? m->decode : m->prefill;
           const double bandwidth = s.cost.bytes / s.device_s / m->ceilings.read_bytes_per_s;
           const double flops = s.cost.flops / s.device_s / m->ceilings.gemm_flops_per_s;
           u.bandwidth->Set(bandwidth);
@@ -314,41 +303,25 @@ void Metrics::Attach(std::shared_ptr<Engine> engine) {
       });
   prometheus::Registry& r = *m->registry;
   if (m->ceilings.read_bytes_per_s > 0) {
-    BuildGauge()
-        .Name("inferd_device_read_bandwidth_ceiling_bytes_per_second")
-        .Help("Read-streaming bandwidth measured at start-up (" + m->ceilings.read_test + ").")
-        .Register(r)
-        .Add({})
-        .Set(m->ceilings.read_bytes_per_s);
-    BuildGauge()
-        .Name("inferd_device_gemm_ceiling_flops_per_second")
-        .Help("Matrix product rate measured at start-up (" + m->ceilings.gemm_test + ").")
-        .Register(r)
-        .Add({})
-        .Set(m->ceilings.gemm_flops_per_s);
+    AddGauge(r, "inferd_device_read_bandwidth_ceiling_bytes_per_second",
+             "Read-streaming bandwidth measured at start-up (" + m->ceilings.read_test + ").")
+        ->Set(m->ceilings.read_bytes_per_s);
+    AddGauge(r, "inferd_device_gemm_ceiling_flops_per_second",
+             "Matrix product rate measured at start-up (" + m->ceilings.gemm_test + ").")
+        ->Set(m->ceilings.gemm_flops_per_s);
   }
   // The sensors' families exist only where the device has sensors (not on the cpu backend).
-  if (engine->ReadDevice().energy_j || engine->ReadDevice().power_w) {
-    auto gauge = [&](const char* name, const char* help) {
-      return &BuildGauge().Name(name).Help(help).Register(r).Add({});
-    };
-    m->gpu_util = gauge("inferd_gpu_utilization_ratio", "NVML: share of the last sample period a kernel ran.");
-    m->gpu_memory = gauge("inferd_gpu_memory_used_bytes", "NVML: device memory in use (all processes).");
-    m->gpu_power = gauge("inferd_gpu_power_watts", "NVML: board power draw.");
-    m->gpu_temp = gauge("inferd_gpu_temperature_celsius", "NVML: GPU core temperature.");
-    m->gpu_clock = gauge("inferd_gpu_sm_clock_hertz", "NVML: SM clock.");
-    m->energy_per_token = gauge("inferd_energy_per_generated_token_joules",
-                                "NVML energy of the last one-second period that generated tokens / those tokens.");
-    m->energy = &BuildCounter()
-                     .Name("inferd_gpu_energy_joules_total")
-                     .Help("NVML: energy the GPU consumed since inferd started.")
-                     .Register(r)
-                     .Add({});
-    m->energy_per_token_hist = &BuildHistogram()
-                                    .Name("inferd_sampled_energy_per_generated_token_joules")
-                                    .Help("Per sample period with tokens: NVML energy / tokens generated.")
-                                    .Register(r)
-                                    .Add({}, Joules());
+  if (const DeviceReading first = engine->ReadDevice(); first.energy_j || first.power_w) {
+    m->gpu_util = AddGauge(r, "inferd_gpu_utilization_ratio", "NVML: share of the last sample period a kernel ran.");
+    m->gpu_memory = AddGauge(r, "inferd_gpu_memory_used_bytes", "NVML: device memory in use (all processes).");
+    m->gpu_power = AddGauge(r, "inferd_gpu_power_watts", "NVML: board power draw.");
+    m->gpu_temp = AddGauge(r, "inferd_gpu_temperature_celsius", "NVML: GPU core temperature.");
+    m->gpu_clock = AddGauge(r, "inferd_gpu_sm_clock_hertz", "NVML: SM clock.");
+    m->energy_per_token = AddGauge(r, "inferd_energy_per_generated_token_joules",
+                                   "NVML energy of the last one-second period that generated tokens / those tokens.");
+    m->energy = AddCounter(r, "inferd_gpu_energy_joules_total", "NVML: energy the GPU consumed since inferd started.");
+    m->energy_per_token_hist = AddHistogram(r, "inferd_sampled_energy_per_generated_token_joules",
+                                            "Per sample period with tokens: NVML energy / tokens generated.", Joules());
     m->sampled_engine = engine;
     m->sampler = std::thread([m] { m->Sample(); });
   }
