@@ -1,5 +1,5 @@
-// The ceiling kernels against CPU references (odd sizes, random data), the ceilings' measurement, and NVML's
-// readings of the device. Skip without a GPU.
+// The ceiling kernels against CPU references (odd sizes, random data), the run timer, the ceilings'
+// measurement, and NVML's readings of the device. Skip without a GPU.
 #include "engine/backends/cuda/ceilings.h"
 
 #include <cuda_fp16.h>
@@ -9,7 +9,9 @@
 #include <chrono>
 #include <thread>
 
+#include "engine/backends/cuda/cuda_check.h"
 #include "engine/backends/cuda/nvml.h"
+#include "engine/backends/cuda/run_timer.h"
 #include "kernels/ceilings.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -56,6 +58,41 @@ TEST(Ceilings, ReadReduceSumsEveryLane) {
   Dev<float> data(host), out(std::vector<float>{0.f});
   CUDA_OK(kernels::ReadReduce(reinterpret_cast<const float4*>(data.get()), n4, out.get(), 3, nullptr));
   EXPECT_NEAR(out.Host()[0], want, want * 1e-5);
+}
+
+TEST(RunTimer, TimesEachRunAndLongerWorkTakesLonger) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  const int64_t n = int64_t{64} << 20;
+  Dev<float> data(std::vector<float>(n, 0.5f)), out(std::vector<float>{0.f});
+  int64_t elements = n;
+  const auto run = [&] {
+    return cuda::FromCuda(
+        kernels::ReadReduce(reinterpret_cast<const float4*>(data.get()), elements / 4, out.get(), 132, nullptr),
+        "ReadReduce");
+  };
+  auto full = cuda::TimeRuns(run, 7, nullptr);
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_EQ(full->size(), 7u);
+  for (float ms : *full) EXPECT_GT(ms, 0.f);
+  elements = n / 8;
+  auto eighth = cuda::TimeRuns(run, 7, nullptr);
+  ASSERT_TRUE(eighth.ok()) << eighth.status();
+  EXPECT_LT(cuda::Median(*eighth), cuda::Median(*full) / 2);  // an eighth of the bytes, well under half the time
+}
+
+TEST(RunTimer, StopsAtTheFirstFailingRunAndReturnsItsStatus) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  int calls = 0;
+  auto r = cuda::TimeRuns([&] { return ++calls == 3 ? absl::ResourceExhaustedError("third run") : absl::OkStatus(); },
+                          10, nullptr);
+  EXPECT_EQ(r.status(), absl::ResourceExhaustedError("third run"));
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(RunTimer, MedianIsTheMiddleOfAnOddCountAndTheUpperMiddleOfAnEvenOne) {
+  EXPECT_EQ(cuda::Median({5.f, 1.f, 3.f}), 3.f);
+  EXPECT_EQ(cuda::Median({4.f, 1.f, 3.f, 2.f}), 3.f);
+  EXPECT_EQ(cuda::Median({2.5f}), 2.5f);
 }
 
 TEST(Ceilings, MeasuredRatesArePositiveAndBelowWhatAnyGpuCanDo) {

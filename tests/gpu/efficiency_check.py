@@ -3,11 +3,11 @@
 
 First runs inferd-bench offline on the model for the shapes compared (decode at batch 1 and 64, the 4096-token
 prefill), then at once starts inferd on it (the limits inferd-bench uses) and through `inferd-bench serve` runs
-the same shapes: one request of 512 + 128 tokens, 64 of them at once, one prompt of 4096 tokens. Back to back,
-so that both see the GPU in a like state (FLOPs-bound work and the GEMM ceiling measured at each start move with
-the GPU's temperature and clocks). For each shape it compares the mean per-step
-bandwidth (decode) or FLOPs (prefill) utilisation the server exported — deltas of the histograms' sum and count
-around the case — with the ratio inferd-bench measured offline.
+the same shapes: one request of 512 + 128 tokens, 64 of them at once, five single prompts of 4096 tokens, each
+after the idle time inferd-bench leaves before its timed prompts. Back to back, so that both see the GPU in a
+like state. For each shape it compares the mean per-step bandwidth (decode) or FLOPs (prefill) utilisation the
+server exported (deltas of the histograms' sum and count around the case) with the ratio inferd-bench measured
+offline.
 Then energy per generated token from NVML at batch 1 and 64 (longer runs: the energy counter is sampled once a
 second). Writes a JSON report; exits 1 when a ratio is off by more than 10% or an NVML series is missing.
 
@@ -88,12 +88,18 @@ def main():
             return after.get(key, 0.0) - before.get(key, 0.0)
 
         run(8, 512, 16, 1)  # warm-up: clocks up, shapes seen
-        cases = [("decode_batch1", 1, 512, 128, "bandwidth", "decode", "bandwidth_utilisation"),
-                 ("decode_batch64", 64, 512, 128, "bandwidth", "decode", "bandwidth_utilisation"),
-                 ("prefill_4096", 1, 4096, 1, "flops", "prefill", "flops_utilisation")]
-        for seed, (name, prompts, input_len, output_len, what, kind, key) in enumerate(cases, start=10):
+        # The prefill is timed as inferd-bench times it: single prompts, each after the GPU sat idle for the same
+        # time (a FLOPs-bound step's speed depends on the power drawn in the second before it).
+        idle_s = offline["prefill_4096"]["idle_before_ms"] / 1e3
+        cases = [("decode_batch1", 1, 512, 128, "bandwidth", "decode", "bandwidth_utilisation", 1),
+                 ("decode_batch64", 64, 512, 128, "bandwidth", "decode", "bandwidth_utilisation", 1),
+                 ("prefill_4096", 1, 4096, 1, "flops", "prefill", "flops_utilisation", 5)]
+        for seed, (name, prompts, input_len, output_len, what, kind, key, repeats) in enumerate(cases, start=10):
             before = scrape(mport)
-            run(prompts, input_len, output_len, seed)
+            for i in range(repeats):
+                if repeats > 1:
+                    time.sleep(idle_s)
+                run(prompts, input_len, output_len, 100 * seed + i)
             after = scrape(mport)
             family = f"inferd_step_model_{what}_utilization_ratio"
             count = delta(before, after, f'{family}_count{{kind="{kind}"}}')

@@ -2,41 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <vector>
 
 #include "engine/backends/cuda/cuda_check.h"
 #include "engine/backends/cuda/device_buffer.h"
+#include "engine/backends/cuda/run_timer.h"
 #include "kernels/ceilings.h"
 
 namespace inferd::cuda {
-namespace {
-
-// Median seconds of `reps` runs of fn on `stream`, timed with CUDA events after `warmup` runs.
-template <typename F>
-absl::StatusOr<double> MedianSeconds(F fn, int warmup, int reps, cudaStream_t stream) {
-  cudaEvent_t a = nullptr, b = nullptr;
-  absl::Status st = FromCuda(cudaEventCreate(&a), "cudaEventCreate");
-  if (st.ok()) st = FromCuda(cudaEventCreate(&b), "cudaEventCreate");
-  std::vector<float> ms;
-  for (int i = 0; st.ok() && i < warmup + reps; ++i) {
-    if (i >= warmup) st = FromCuda(cudaEventRecord(a, stream), "cudaEventRecord");
-    if (st.ok()) st = fn();
-    if (st.ok() && i >= warmup) {
-      float t = 0;
-      st = FromCuda(cudaEventRecord(b, stream), "cudaEventRecord");
-      if (st.ok()) st = FromCuda(cudaEventSynchronize(b), "cudaEventSynchronize");
-      if (st.ok()) st = FromCuda(cudaEventElapsedTime(&t, a, b), "cudaEventElapsedTime");
-      ms.push_back(t);
-    }
-  }
-  if (a) cudaEventDestroy(a);
-  if (b) cudaEventDestroy(b);
-  if (!st.ok()) return st;
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1e-3;
-}
-
-}  // namespace
 
 absl::StatusOr<double> MeasureReadBandwidth(int64_t bytes, cudaStream_t stream) {
   bytes -= bytes % 16;
@@ -47,13 +21,12 @@ absl::StatusOr<double> MeasureReadBandwidth(int64_t bytes, cudaStream_t stream) 
   int device = 0, sms = 0;
   INFERD_CUDA(cudaGetDevice(&device));
   INFERD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  INFERD_ASSIGN_OR_RETURN(const double s, MedianSeconds(
-                                              [&] {
-                                                return FromCuda(kernels::ReadReduce(data.get<float4>(), bytes / 16,
-                                                                                    out.get<float>(), sms, stream),
-                                                                "ReadReduce");
-                                              },
-                                              10, 30, stream));
+  const auto run = [&] {
+    return FromCuda(kernels::ReadReduce(data.get<float4>(), bytes / 16, out.get<float>(), sms, stream), "ReadReduce");
+  };
+  INFERD_RETURN_IF_ERROR(TimeRuns(run, 10, stream).status());  // warm-up
+  INFERD_ASSIGN_OR_RETURN(const std::vector<float> ms, TimeRuns(run, 30, stream));
+  const double s = 1e-3 * Median(ms);
   return bytes / s;
 }
 
@@ -63,14 +36,25 @@ absl::StatusOr<double> MeasureGemmRate(Gemm& gemm, bool bf16, int64_t n, cudaStr
   INFERD_CUDA(kernels::FillUniform16(a.get(), n * n, bf16, 1, stream));
   INFERD_CUDA(kernels::FillUniform16(b.get(), n * n, bf16, 2, stream));
   auto run = [&] { return gemm.Run(a.get(), b.get(), c.get(), n, n, n, nullptr, false, stream); };
-  // The clocks rise over tens of milliseconds of load (and an idle GPU starts low): warm up for 200 ms first.
+  // The best rate over any kWindow consecutive runs in 400 ms of load from idle: the rate at the GPU's top clock.
+  // A sustained GEMM first waits for the clock to rise from idle (up to ~150 ms), holds the top clock for a few
+  // tens of milliseconds, and then its power management moves it by +-10% over the following second (on the
+  // H100: ~790 TFLOP/s at first, then 590-740), so a median of a sustained run moves from run to run with the
+  // GPU's temperature and power history while the top rate does not.
+  constexpr int kWindow = 8;
+  std::vector<float> ms;
   const auto start = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(200)) {
-    for (int i = 0; i < 8; ++i) INFERD_RETURN_IF_ERROR(run());
-    INFERD_CUDA(cudaStreamSynchronize(stream));
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(400)) {
+    INFERD_ASSIGN_OR_RETURN(const std::vector<float> chunk, TimeRuns(run, kWindow, stream));
+    ms.insert(ms.end(), chunk.begin(), chunk.end());
   }
-  INFERD_ASSIGN_OR_RETURN(const double s, MedianSeconds(run, 0, 30, stream));
-  return 2.0 * n * n * n / s;
+  double best = 0;
+  for (size_t i = 0; i + kWindow <= ms.size(); ++i) {
+    float window = 0;
+    for (int j = 0; j < kWindow; ++j) window += ms[i + j];
+    if (best == 0 || window < best) best = window;
+  }
+  return kWindow * 2.0 * n * n * n / (1e-3 * best);
 }
 
 }  // namespace inferd::cuda

@@ -14,7 +14,8 @@ namespace inferd::cuda {
 
 // Bytes per second of a read-only reduction over `bytes` of random device memory (median of timed runs).
 absl::StatusOr<double> MeasureReadBandwidth(int64_t bytes, cudaStream_t stream);
-// FLOPs per second of gemm at n × n × n on random operands of its dtype (median of timed runs).
+// FLOPs per second of gemm at n × n × n on random operands of its dtype at the GPU's top clock (the best of
+// windows of timed runs over 400 ms of load).
 absl::StatusOr<double> MeasureGemmRate(Gemm& gemm, bool bf16, int64_t n, cudaStream_t stream);
 
 }  // namespace inferd::cuda

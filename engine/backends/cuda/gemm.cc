@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/backends/cuda/run_timer.h"
 #include "engine/runtime/device_memory.h"
 #include "kernels/gemv.h"
 
@@ -107,12 +108,6 @@ absl::StatusOr<double> Gemm::Tune(const void* x, std::span<const void* const> we
   if (bias) {
     INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  INFERD_CUDA(cudaEventCreate(&start));
-  if (cudaError_t e = cudaEventCreate(&stop); e != cudaSuccess) {
-    cudaEventDestroy(start);
-    return FromCuda(e, "cudaEventCreate");
-  }
   const float alpha = 1.f, beta = 0.f;
   size_t next = 0;
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
@@ -122,25 +117,12 @@ absl::StatusOr<double> Gemm::Tune(const void* x, std::span<const void* const> we
   };
   // Median of 5 timed runs after 2, each candidate in turn; a candidate that fails to run is passed over.
   std::vector<float> median(candidates.size(), -1.f);
-  absl::Status st;
-  for (size_t c = 0; c < candidates.size() && st.ok(); ++c) {
+  for (size_t c = 0; c < candidates.size(); ++c) {
     if (run(candidates[c]) != CUBLAS_STATUS_SUCCESS || run(candidates[c]) != CUBLAS_STATUS_SUCCESS) continue;
-    std::vector<float> ms;
-    for (int r = 0; r < 5 && st.ok(); ++r) {
-      float t = 0;
-      st = FromCuda(cudaEventRecord(start, stream), "cudaEventRecord");
-      if (st.ok()) st = FromCublas(run(candidates[c]), "cublasLtMatmul");
-      if (st.ok()) st = FromCuda(cudaEventRecord(stop, stream), "cudaEventRecord");
-      if (st.ok()) st = FromCuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-      if (st.ok()) st = FromCuda(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    median[c] = ms[ms.size() / 2];
+    INFERD_ASSIGN_OR_RETURN(std::vector<float> ms,
+                            TimeRuns([&] { return FromCublas(run(candidates[c]), "cublasLtMatmul"); }, 5, stream));
+    median[c] = Median(std::move(ms));
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  INFERD_RETURN_IF_ERROR(st);
   size_t best = 0;
   for (size_t c = 0; c < median.size(); ++c) {
     if (median[c] > 0 && (median[best] <= 0 || median[c] < median[best])) best = c;
