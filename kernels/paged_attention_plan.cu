@@ -8,7 +8,8 @@ namespace inferd::kernels {
 cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void* int_workspace_pinned,
                                const int32_t* qo_indptr_host, const int32_t* kv_indptr_host, int32_t num_tokens,
                                int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
-                               int32_t page_size, bool decode_graph, AttentionPlan* plan, cudaStream_t stream) {
+                               int32_t page_size, bool decode_graph, bool unsplit_kv, AttentionPlan* plan,
+                               cudaStream_t stream) {
   if (!AttentionHeadDimSupported(head_dim) || num_kv_heads <= 0 || num_qo_heads % num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
@@ -19,7 +20,8 @@ cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void*
         kAttentionIntWorkspaceBytes, info, const_cast<int32_t*>(qo_indptr_host), const_cast<int32_t*>(kv_indptr_host),
         num_tokens, num_seqs, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size,
         /*enable_cuda_graph=*/decode_graph, /*sizeof_dtype_o=*/2, /*window_left=*/-1, /*fixed_split_size=*/-1,
-        /*disable_split_kv=*/false, /*num_colocated_ctas=*/0, /*uniform_q_len=*/decode_graph ? 1 : 0, stream);
+        /*disable_split_kv=*/decode_graph && unsplit_kv, /*num_colocated_ctas=*/0,
+        /*uniform_q_len=*/decode_graph ? 1 : 0, stream);
     if (err != cudaSuccess) return err;
     const std::vector<int64_t> words = info.ToVector();
     for (size_t i = 0; i < words.size() && i < 15; ++i) plan->words[i] = words[i];

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
@@ -113,6 +114,64 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.param.block_size) + "_budget" + std::to_string(info.param.max_num_batched_tokens) +
              "_" + info.param.dtype + (info.param.cuda_graphs ? "" : "_eager");
     });
+
+// Decodes `n` greedy requests of like-length random prompts, `steps` tokens each, top-2 logprobs kept.
+std::vector<std::shared_ptr<testing::CollectingSink>> DecodeMany(const std::string& model_dir, bool cuda_graphs,
+                                                                 int32_t n, int32_t steps) {
+  Config config;
+  config.model.path = model_dir;
+  config.engine.backend = "cuda";
+  config.engine.cuda_graphs = cuda_graphs;
+  config.engine.gpu_memory_utilization = 0.3;
+  config.scheduler.max_num_seqs = 96;
+  config.scheduler.max_num_batched_tokens = 4096;
+  auto engine = Engine::Create(config);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return {};
+  std::mt19937 rng(5);
+  std::vector<std::shared_ptr<testing::CollectingSink>> sinks;
+  for (int32_t i = 0; i < n; ++i) {
+    Request r;
+    r.id = "many-" + std::to_string(i);
+    for (uint32_t t = 0, len = 24 + rng() % 8; t < len; ++t) r.prompt.push_back(static_cast<int32_t>(10 + rng() % 500));
+    r.sampling.temperature = 0;
+    r.stopping.max_tokens = steps;
+    r.stopping.ignore_eos = true;
+    r.top_logprobs = 2;
+    sinks.push_back(std::make_shared<testing::CollectingSink>());
+    r.sink = sinks.back();
+    EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
+  }
+  for (auto& sink : sinks) EXPECT_TRUE(sink->WaitFor(absl::Seconds(120)));
+  return sinks;
+}
+
+// 80 rows of 2 KV heads fill 132 SMs with like-length contexts: their decode steps replay the bucket's graph with
+// unsplit KV attention, which must pick the tokens the kernels launched one by one pick (FlashInfer's own split).
+TEST(CudaBackend, DecodeGraphsWithUnsplitKvAttentionPickTheTokensOfEagerSteps) {
+  const char* dir = std::getenv("INFERD_GPU_MODELS");
+  if (!dir) GTEST_SKIP() << "INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)";
+  const std::string model_dir = std::string(dir) + "/qwen2-hd128";  // 2 KV heads
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int32_t n = 80;
+  if (n * 2 < sms) GTEST_SKIP() << n << " rows of 2 KV heads do not fill " << sms << " SMs";
+  const auto graphs = DecodeMany(model_dir, true, n, 12);
+  const auto eager = DecodeMany(model_dir, false, n, 12);
+  ASSERT_EQ(graphs.size(), eager.size());
+  int compared = 0;
+  for (size_t i = 0; i < graphs.size(); ++i) {
+    ASSERT_EQ(graphs[i]->tokens.size(), 12u) << graphs[i]->error;
+    ASSERT_EQ(eager[i]->tokens.size(), 12u) << eager[i]->error;
+    for (size_t s = 0; s < 12; ++s) {
+      const auto& top = eager[i]->logprobs[s].top;
+      if (top.size() < 2 || top[0].logprob - top[1].logprob < 0.05) break;  // a near-tie may flip
+      ASSERT_EQ(graphs[i]->tokens[s], eager[i]->tokens[s]) << "request " << i << " step " << s;
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, n * 12 / 2) << "most positions are compared, not skipped";
+}
 
 TEST(CudaBackend, AModelWithAnUnsupportedHeadDimIsRefusedForCudaAndServedByAuto) {
   int n = 0;

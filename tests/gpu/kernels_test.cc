@@ -196,6 +196,7 @@ struct AttentionCase {
   int32_t head_dim, heads, kv_heads, block_size;
   std::vector<std::pair<int32_t, int32_t>> seqs;
   bool decode_graph = false;  // the plan a decode CUDA graph replays (rows of one token, a fixed padded grid)
+  bool unsplit_kv = false;    // that plan with each sequence's whole KV in one CTA
 };
 
 // n decode rows at contexts spread over 1 .. 700.
@@ -241,7 +242,7 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   kernels::AttentionPlan plan;
   const int32_t S = static_cast<int32_t>(c.seqs.size());
   CUDA_OK(kernels::PlanPagedAttention(fws, iws, iws_host, qo_indptr.data(), kv_indptr.data(), T, S, c.heads, c.kv_heads,
-                                      D, bs, c.decode_graph, &plan, nullptr));
+                                      D, bs, c.decode_graph, c.unsplit_kv, &plan, nullptr));
   const float scale = 1.f / std::sqrt(float(D));
   CUDA_OK(kernels::RunPagedAttention<bf16>(plan, fws, iws, dq.get(), q_stride, dk.get(), dv.get(), d_qo.get(),
                                            d_kv.get(), d_pages.get(), d_last.get(), out.get(), S, c.heads, c.kv_heads,
@@ -302,7 +303,21 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{128, 32, 4, 16, {{5000, 1}, {33, 1}}},
         // many decode rows, more CTAs than the GPU holds at once, graph and not
         AttentionCase{128, 32, 8, 16, ManyDecodeRows(300), true},
-        AttentionCase{128, 16, 4, 16, ManyDecodeRows(200), false}));
+        AttentionCase{128, 16, 4, 16, ManyDecodeRows(200), false},
+        // the decode graph's plan with unsplit KV: many rows of the 8B shape; GQA 3 with one context far longer
+        // than the rest (slow, but the same result)
+        AttentionCase{128, 32, 8, 16, ManyDecodeRows(67), true, true},
+        AttentionCase{128, 6, 2, 16, {{3001, 1}, {1, 1}, {250, 1}, {17, 1}, {16, 1}}, true, true}));
+
+TEST(PagedAttention, DecodeKvUnsplitWhenTheRowsFillTheGpuAndNoneIsFarLongerThanTheMean) {
+  // 132 SMs, 8 KV heads: 17 rows give 136 CTAs, 16 give 128.
+  EXPECT_TRUE(kernels::DecodeKvUnsplit(17, 8, 132, 5, 17 * 5));
+  EXPECT_FALSE(kernels::DecodeKvUnsplit(16, 8, 132, 5, 16 * 5));
+  EXPECT_TRUE(kernels::DecodeKvUnsplit(64, 8, 132, 72, 64 * 36));       // the longest at twice the mean
+  EXPECT_FALSE(kernels::DecodeKvUnsplit(64, 8, 132, 73, 64 * 36));      // past it
+  EXPECT_FALSE(kernels::DecodeKvUnsplit(64, 8, 132, 2048, 63 + 2048));  // one long context among short ones
+  EXPECT_FALSE(kernels::DecodeKvUnsplit(0, 8, 132, 0, 0));
+}
 
 }  // namespace
 }  // namespace inferd

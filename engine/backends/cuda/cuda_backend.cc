@@ -87,7 +87,8 @@ class CudaBackend : public Backend {
 
   ~CudaBackend() override {
     if (compute_) cudaStreamSynchronize(compute_);
-    for (auto& [rows, g] : graphs_) cudaGraphExecDestroy(g.exec);
+    for (auto* graphs : {&graphs_, &unsplit_graphs_})
+      for (auto& [rows, g] : *graphs) cudaGraphExecDestroy(g.exec);
     for (cudaEvent_t e : {inputs_ready_, sampled_, outputs_ready_, compute_start_, compute_end_})
       if (e) cudaEventDestroy(e);
     for (cudaStream_t s : {compute_, copy_})
@@ -110,12 +111,15 @@ class CudaBackend : public Backend {
   absl::Status AllocatePool(int32_t num_blocks);
   absl::Status Pack(const StepInput& in, size_t* penalty_entries);
   absl::Status Upload(const StepInput& in, size_t penalty_entries);
-  absl::Status Plan(const StepInput& in, bool decode_graph, k::AttentionPlan* plan);
+  absl::Status Plan(const StepInput& in, bool decode_graph, bool unsplit_kv, k::AttentionPlan* plan);
   absl::Status Forward(const StepInput& in, const k::AttentionPlan& plan);
   // Decode steps replay a CUDA graph captured at start-up for the smallest bucket that holds them; the rows
   // past the step's own are padding that reads and writes the reserved block only.
   StepInput PadDecode(const StepInput& in, int32_t rows) const;
   absl::Status CaptureDecodeGraphs();
+  absl::Status CaptureDecodeGraph(int32_t rows, bool unsplit_kv);
+  // Whether this decode step replays its bucket's graph of unsplit KV attention (k::DecodeKvUnsplit).
+  bool UseUnsplitGraph(const StepInput& in, int32_t bucket) const;
   // Chooses cuBLASLt's algorithm by measurement for each product at each of these row counts (those past the
   // streaming kernel's), before the graphs freeze them.
   absl::Status TuneProducts(const std::vector<int32_t>& rows);
@@ -136,8 +140,10 @@ class CudaBackend : public Backend {
     k::AttentionPlan plan;  // the plan its attention was captured with; a replay must plan the same layout
   };
   const bool use_graphs_;
-  std::map<int32_t, DecodeGraph> graphs_;  // by padded batch size
-  int32_t reserved_block_ = -1;            // the pool's last block, outside the scheduler's pool
+  std::map<int32_t, DecodeGraph> graphs_;          // by padded batch size; attention splits KV
+  std::map<int32_t, DecodeGraph> unsplit_graphs_;  // the buckets whose rows alone fill the GPU; unsplit KV
+  int32_t num_sms_ = 0;
+  int32_t reserved_block_ = -1;  // the pool's last block, outside the scheduler's pool
   const ModelConfig& cfg_;
   int64_t num_eos_;  // ids banned before min_tokens, with the request's stop ids
   CudaWeights w_;
@@ -565,42 +571,66 @@ absl::Status CudaBackend<T>::CaptureDecodeGraphs() {
   for (int32_t b = 1; b < limits_.max_num_seqs; b *= 2) buckets.push_back(b);
   buckets.push_back(limits_.max_num_seqs);
   INFERD_RETURN_IF_ERROR(TuneProducts(buckets));
+  int device = 0;
+  INFERD_CUDA(cudaGetDevice(&device));
+  INFERD_CUDA(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
+  std::vector<int32_t> unsplit;
   for (int32_t rows : buckets) {
-    StepInput empty;
-    empty.block_size = limits_.block_size;
-    empty.query_start = {0};
-    empty.kv_indptr = {0};
-    const StepInput in = PadDecode(empty, rows);  // every row on the reserved block
-    size_t penalties = 0;
-    INFERD_RETURN_IF_ERROR(Pack(in, &penalties));
-    INFERD_RETURN_IF_ERROR(Upload(in, penalties));
-    INFERD_CUDA(cudaStreamWaitEvent(compute_, inputs_ready_));
-    DecodeGraph g;
-    INFERD_RETURN_IF_ERROR(Plan(in, /*decode_graph=*/true, &g.plan));
-    INFERD_RETURN_IF_ERROR(Forward(in, g.plan));  // once eagerly: cuBLASLt picks its algorithms outside capture
-    cudaGraph_t graph = nullptr;
-    INFERD_CUDA(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal));
-    const absl::Status captured = Forward(in, g.plan);
-    const cudaError_t ended = cudaStreamEndCapture(compute_, &graph);
-    INFERD_RETURN_IF_ERROR(captured);
-    INFERD_CUDA(ended);
-    const cudaError_t made = cudaGraphInstantiate(&g.exec, graph, 0);
-    cudaGraphDestroy(graph);
-    INFERD_CUDA(made);
-    graphs_[rows] = g;
-    // The next bucket rewrites the pinned inputs and attention schedule that this bucket's copies read.
-    INFERD_CUDA(cudaStreamSynchronize(compute_));
+    INFERD_RETURN_IF_ERROR(CaptureDecodeGraph(rows, /*unsplit_kv=*/false));
+    if (k::DecodeKvUnsplit(rows, cfg_.num_kv_heads, num_sms_, 1, rows)) {
+      INFERD_RETURN_IF_ERROR(CaptureDecodeGraph(rows, /*unsplit_kv=*/true));
+      unsplit.push_back(rows);
+    }
   }
-  spdlog::info("cuda: decode graphs captured for batches of {} rows", absl::StrJoin(buckets, ", "));
+  spdlog::info("cuda: decode graphs captured for batches of {} rows; with unsplit KV attention too for {}",
+               absl::StrJoin(buckets, ", "), unsplit.empty() ? "none" : absl::StrJoin(unsplit, ", "));
   return absl::OkStatus();
 }
 
 template <typename T>
-absl::Status CudaBackend<T>::Plan(const StepInput& in, bool decode_graph, k::AttentionPlan* plan) {
+absl::Status CudaBackend<T>::CaptureDecodeGraph(int32_t rows, bool unsplit_kv) {
+  StepInput empty;
+  empty.block_size = limits_.block_size;
+  empty.query_start = {0};
+  empty.kv_indptr = {0};
+  const StepInput in = PadDecode(empty, rows);  // every row on the reserved block
+  size_t penalties = 0;
+  INFERD_RETURN_IF_ERROR(Pack(in, &penalties));
+  INFERD_RETURN_IF_ERROR(Upload(in, penalties));
+  INFERD_CUDA(cudaStreamWaitEvent(compute_, inputs_ready_));
+  DecodeGraph g;
+  INFERD_RETURN_IF_ERROR(Plan(in, /*decode_graph=*/true, unsplit_kv, &g.plan));
+  INFERD_RETURN_IF_ERROR(Forward(in, g.plan));  // once eagerly: cuBLASLt picks its algorithms outside capture
+  cudaGraph_t graph = nullptr;
+  INFERD_CUDA(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal));
+  const absl::Status captured = Forward(in, g.plan);
+  const cudaError_t ended = cudaStreamEndCapture(compute_, &graph);
+  INFERD_RETURN_IF_ERROR(captured);
+  INFERD_CUDA(ended);
+  const cudaError_t made = cudaGraphInstantiate(&g.exec, graph, 0);
+  cudaGraphDestroy(graph);
+  INFERD_CUDA(made);
+  (unsplit_kv ? unsplit_graphs_ : graphs_)[rows] = g;
+  // The next capture rewrites the pinned inputs and attention schedule that this one's copies read.
+  INFERD_CUDA(cudaStreamSynchronize(compute_));
+  return absl::OkStatus();
+}
+
+template <typename T>
+bool CudaBackend<T>::UseUnsplitGraph(const StepInput& in, int32_t bucket) const {
+  if (!unsplit_graphs_.contains(bucket)) return false;
+  int64_t max_pages = 0;
+  for (int32_t s = 0; s < in.num_seqs(); ++s)
+    max_pages = std::max<int64_t>(max_pages, in.kv_indptr[s + 1] - in.kv_indptr[s]);
+  return k::DecodeKvUnsplit(in.num_seqs(), cfg_.num_kv_heads, num_sms_, max_pages, in.kv_indptr.back());
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::Plan(const StepInput& in, bool decode_graph, bool unsplit_kv, k::AttentionPlan* plan) {
   INFERD_KERNEL(k::PlanPagedAttention(attn_float_ws_.get(), attn_int_ws_.get(), attn_int_ws_host_.get(),
                                       InHost<int32_t>(in_.qo_indptr), InHost<int32_t>(in_.kv_indptr), in.num_tokens(),
                                       in.num_seqs(), cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, in.block_size,
-                                      decode_graph, plan, compute_));
+                                      decode_graph, unsplit_kv, plan, compute_));
   return absl::OkStatus();
 }
 
@@ -676,6 +706,7 @@ absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
   const int32_t bucket = DecodeBucket(in);
   const StepInput padded = bucket > 0 ? PadDecode(in, bucket) : StepInput();
   const StepInput& run = bucket > 0 ? padded : in;
+  const bool unsplit = bucket > 0 && UseUnsplitGraph(in, bucket);  // judged on the step's own rows
   size_t penalties = 0;
   {
     TraceRange range("pack and copy inputs");
@@ -686,11 +717,11 @@ absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
   k::AttentionPlan plan;
   {
     TraceRange range("plan attention");
-    INFERD_RETURN_IF_ERROR(Plan(run, /*decode_graph=*/bucket > 0, &plan));
+    INFERD_RETURN_IF_ERROR(Plan(run, /*decode_graph=*/bucket > 0, unsplit, &plan));
   }
   // Busy time starts here, once the inputs and the schedule are on the device: the host's planning is not compute.
   INFERD_CUDA(cudaEventRecord(compute_start_, compute_));
-  const DecodeGraph* graph = bucket > 0 ? &graphs_.at(bucket) : nullptr;
+  const DecodeGraph* graph = bucket > 0 ? &(unsplit ? unsplit_graphs_ : graphs_).at(bucket) : nullptr;
   if (graph && !std::equal(std::begin(plan.words), std::end(plan.words), std::begin(graph->plan.words))) {
     // The graph froze another attention layout: run this step's kernels directly (same plan, same result).
     spdlog::warn("cuda: decode graph for {} rows skipped: the attention plan changed layout", bucket);
