@@ -514,7 +514,9 @@ StepInput CudaBackend<T>::PadDecode(const StepInput& in, int32_t rows) const {
     p.kv_indptr.push_back(p.kv_indptr.back() + 1);
     p.kv_last_page_len.push_back(1);
     p.logits_indices.push_back(r);
-    p.sampling.push_back(SamplingRow{.params = SamplingParams{.temperature = 0}, .position = 1});
+    SamplingRow& greedy = p.sampling.emplace_back();
+    greedy.params.temperature = 0;
+    greedy.position = 1;
   }
   return p;
 }
