@@ -2,8 +2,12 @@
 // may start while the kernel before it on the stream still runs; it must call WaitForPrerequisites() before it
 // reads anything that kernel writes, and may do independent work (stream weights) before that. A kernel calls
 // AllowDependentsToLaunch() to let such a successor start early. Both are no-ops below sm_90 and when the
-// launch did not ask for it. Device code only.
+// launch did not ask for it. LaunchDependent (host) makes such a launch.
 #pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
 
 namespace inferd::kernels {
 
@@ -18,6 +22,22 @@ __device__ __forceinline__ void WaitForPrerequisites() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// Host: launches kernel as a programmatic dependent of the kernel before it on `stream`; the kernel must call
+// WaitForPrerequisites() before it touches memory that kernel reads or writes.
+template <typename... Params, typename... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream;
+  cudaLaunchAttribute early;
+  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &early;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace inferd::kernels

@@ -48,6 +48,7 @@ constexpr int kNormThreads = 256;
 template <typename T>
 __global__ void AddRmsNormKernel(T* __restrict__ residual, const T* __restrict__ delta, const T* __restrict__ weight,
                                  T* __restrict__ out, int64_t n, float eps) {
+  WaitForPrerequisites();
   T* x = residual + int64_t{blockIdx.x} * n;
   const T* d = delta ? delta + int64_t{blockIdx.x} * n : nullptr;
   T* o = out + int64_t{blockIdx.x} * n;
@@ -75,6 +76,7 @@ __global__ void __launch_bounds__(kNormVecThreads)
     AddRmsNormVecKernel(T* __restrict__ residual, const T* __restrict__ delta, const T* __restrict__ weight,
                         T* __restrict__ out, int64_t n, float eps) {
   AllowDependentsToLaunch();  // the product after the norm may start streaming its weights
+  WaitForPrerequisites();
   const int64_t nv = n / 8;
   uint4* x = reinterpret_cast<uint4*>(residual + int64_t{blockIdx.x} * n);
   const uint4* d = delta ? reinterpret_cast<const uint4*>(delta + int64_t{blockIdx.x} * n) : nullptr;
@@ -119,6 +121,7 @@ __global__ void __launch_bounds__(kNormVecThreads)
 template <typename T>
 __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t inter) {
   AllowDependentsToLaunch();  // the down product may start streaming its weights
+  WaitForPrerequisites();
   const int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (e >= rows * inter) return;
   const int64_t r = e / inter, i = e % inter;
@@ -131,6 +134,7 @@ __global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out
 template <typename T>
 __global__ void SiluMulVec8Kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t inter) {
   AllowDependentsToLaunch();
+  WaitForPrerequisites();
   const int64_t v = int64_t{blockIdx.x} * blockDim.x + threadIdx.x, per_row = inter / 8;
   if (v >= rows * per_row) return;
   const int64_t r = v / per_row, i = (v % per_row) * 8;
@@ -156,6 +160,7 @@ __global__ void RopeWriteKvKernel(T* __restrict__ qkv, const int32_t* __restrict
                                   T* __restrict__ k_cache, T* __restrict__ v_cache, int32_t num_heads,
                                   int32_t num_kv_heads, int32_t head_dim) {
   AllowDependentsToLaunch();  // attention (a programmatic dependent) waits for this kernel before it reads q or K/V
+  WaitForPrerequisites();
   const int64_t t = blockIdx.x;
   const int32_t h = blockIdx.y;  // q heads, then k heads
   const int32_t half = head_dim / 2;
@@ -201,12 +206,11 @@ cudaError_t AddRmsNorm(T* residual, const T* delta, const T* weight, T* out, int
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (n % 8 == 0 && n <= int64_t{kNormVecThreads} * kNormVecs * 8 && aligned(residual) && aligned(delta) &&
       aligned(weight) && aligned(out)) {
-    AddRmsNormVecKernel<T>
-        <<<static_cast<unsigned>(rows), kNormVecThreads, 0, stream>>>(residual, delta, weight, out, n, eps);
-  } else {
-    AddRmsNormKernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(residual, delta, weight, out, n, eps);
+    return LaunchDependent(AddRmsNormVecKernel<T>, static_cast<unsigned>(rows), kNormVecThreads, stream, residual,
+                           delta, weight, out, n, eps);
   }
-  return cudaGetLastError();
+  return LaunchDependent(AddRmsNormKernel<T>, static_cast<unsigned>(rows), kNormThreads, stream, residual, delta,
+                         weight, out, n, eps);
 }
 
 template <typename T>
@@ -217,13 +221,11 @@ cudaError_t SiluMul(const T* gate_up, T* out, int64_t rows, int64_t inter, cudaS
   if (inter % 8 == 0 && aligned(gate_up) && aligned(out)) {
     const int64_t blocks = (rows * inter / 8 + 255) / 256;
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-    SiluMulVec8Kernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(gate_up, out, rows, inter);
-    return cudaGetLastError();
+    return LaunchDependent(SiluMulVec8Kernel<T>, static_cast<unsigned>(blocks), 256, stream, gate_up, out, rows, inter);
   }
   const int64_t blocks = (rows * inter + 255) / 256;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  SiluMulKernel<T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(gate_up, out, rows, inter);
-  return cudaGetLastError();
+  return LaunchDependent(SiluMulKernel<T>, static_cast<unsigned>(blocks), 256, stream, gate_up, out, rows, inter);
 }
 
 template <typename T>
@@ -234,9 +236,8 @@ cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, 
   if (head_dim % 2 != 0) return cudaErrorInvalidValue;
   if (cudaError_t e = Check(num_tokens); e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(num_heads + num_kv_heads));
-  RopeWriteKvKernel<T><<<grid, std::min(head_dim / 2, 128), 0, stream>>>(qkv, positions, slots, inv_freq, k_cache,
-                                                                         v_cache, num_heads, num_kv_heads, head_dim);
-  return cudaGetLastError();
+  return LaunchDependent(RopeWriteKvKernel<T>, grid, std::min(head_dim / 2, 128), stream, qkv, positions, slots,
+                         inv_freq, k_cache, v_cache, num_heads, num_kv_heads, head_dim);
 }
 
 #define INFERD_INSTANTIATE(T)                                                                                     \

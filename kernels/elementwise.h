@@ -1,6 +1,8 @@
 // The transformer layer's small kernels, for bf16 and fp16 activations (T = __nv_bfloat16 or __half) with fp32
 // arithmetic; each rounds where Hugging Face transformers rounds in that dtype, so greedy tokens agree.
-// Raw pointers + sizes + stream in, cudaError_t out.
+// Raw pointers + sizes + stream in, cudaError_t out. AddRmsNorm, SiluMul and RopeWriteKv launch as programmatic
+// dependents (kernels/dependent_launch.cuh): on sm_90 each starts while the kernel before it drains and waits for
+// it before touching memory.
 #pragma once
 
 #include <cuda_bf16.h>

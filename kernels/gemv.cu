@@ -220,16 +220,8 @@ cudaError_t LaunchRows(const T* x, const T* w, const T* bias, Out* y, int64_t n,
                        Columns columns = {}) {
   constexpr int R = RowsPerWarp<M>();
   const int64_t blocks = (n + kWarps * R - 1) / (kWarps * R);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(kWarps * 32);
-  config.stream = stream;
-  cudaLaunchAttribute early;
-  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  early.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &early;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, GemvKernel<T, Out, M, R, Columns>, x, w, bias, y, n, k, columns);
+  return LaunchDependent(GemvKernel<T, Out, M, R, Columns>, static_cast<unsigned>(blocks), kWarps * 32, stream, x, w,
+                         bias, y, n, k, columns);
 }
 
 template <typename T, typename Out, int... Ms>
