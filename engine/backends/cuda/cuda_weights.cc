@@ -2,21 +2,28 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <initializer_list>
+#include <thread>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "engine/backends/cuda/cuda_check.h"
 #include "engine/status_macros.h"
 
 namespace inferd::cuda {
 namespace {
 
-constexpr size_t kStagingBytes = size_t{64} << 20;
+constexpr size_t kStagingBytes = size_t{16} << 20;  // per staging buffer; each worker has two
+constexpr unsigned kMaxWorkers = 6;
 
 uint16_t FloatToBf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                      // round to nearest even
+  u += 0x7fffu + ((u >> 16) & 1u);                     // round to nearest even
   return static_cast<uint16_t>(u >> 16);
 }
 
@@ -27,7 +34,16 @@ uint16_t FloatToF16(float f) {
   return u;
 }
 
-class Uploader {
+// Rows [first, first + count) of one source tensor, bound for dst (the device address of row `first`).
+struct Piece {
+  const TensorDesc* src;
+  int64_t first, count;
+  char* dst;
+};
+
+// Copies pieces to the device through its own two pinned staging buffers on its own stream: decoding or
+// copying the next piece on the host overlaps the transfer of the last.
+class Worker {
  public:
   absl::Status Init(cudaDataType_t dtype) {
     dtype_ = dtype;
@@ -38,23 +54,29 @@ class Uploader {
     INFERD_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     return absl::OkStatus();
   }
-  ~Uploader() {
+  ~Worker() {
     if (stream_) cudaStreamSynchronize(stream_);
     for (cudaEvent_t e : done_)
       if (e) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
-  // Allocates dst for the parts stacked row-wise and copies them in, converted to the device dtype.
-  absl::Status Stack(std::initializer_list<const TensorDesc*> parts, DeviceBuffer* dst, int64_t* bytes) {
-    int64_t numel = 0;
-    for (const TensorDesc* p : parts) numel += p->numel();
-    INFERD_RETURN_IF_ERROR(dst->Allocate(numel * 2, bytes));
-    char* at = dst->get<char>();
-    for (const TensorDesc* p : parts) {
-      INFERD_RETURN_IF_ERROR(Copy(*p, at));
-      at += p->numel() * 2;
+  absl::Status Copy(const Piece& p) {
+    const TensorDesc& t = *p.src;
+    const size_t bytes = static_cast<size_t>(p.count * t.cols * 2);
+    INFERD_ASSIGN_OR_RETURN(char* stage, NextStaging());
+    if (SameDtype(t)) {
+      std::memcpy(stage, t.bytes.data() + p.first * t.cols * 2, bytes);
+    } else {
+      decoded_.resize(p.count * t.cols);
+      INFERD_RETURN_IF_ERROR(DecodeRows(t, p.first, p.count, decoded_.data()));
+      uint16_t* out = reinterpret_cast<uint16_t*>(stage);
+      for (int64_t i = 0; i < p.count * t.cols; ++i) {
+        out[i] = dtype_ == CUDA_R_16BF ? FloatToBf16(decoded_[i]) : FloatToF16(decoded_[i]);
+      }
     }
+    INFERD_CUDA(cudaMemcpyAsync(p.dst, stage, bytes, cudaMemcpyHostToDevice, stream_));
+    INFERD_CUDA(cudaEventRecord(done_[cur_], stream_));
     return absl::OkStatus();
   }
 
@@ -76,37 +98,6 @@ class Uploader {
     return staging_[cur_].get<char>();
   }
 
-  absl::Status Send(const char* src, char* dst, size_t n) {
-    INFERD_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_));
-    INFERD_CUDA(cudaEventRecord(done_[cur_], stream_));
-    return absl::OkStatus();
-  }
-
-  absl::Status Copy(const TensorDesc& t, char* dst) {
-    if (SameDtype(t)) {
-      for (size_t off = 0; off < t.bytes.size(); off += kStagingBytes) {
-        const size_t n = std::min(kStagingBytes, t.bytes.size() - off);
-        INFERD_ASSIGN_OR_RETURN(char* stage, NextStaging());
-        std::memcpy(stage, t.bytes.data() + off, n);
-        INFERD_RETURN_IF_ERROR(Send(stage, dst + off, n));
-      }
-      return absl::OkStatus();
-    }
-    const int64_t rows_per_chunk = std::max<int64_t>(1, kStagingBytes / 2 / t.cols);
-    decoded_.resize(rows_per_chunk * t.cols);
-    for (int64_t r = 0; r < t.rows; r += rows_per_chunk) {
-      const int64_t n = std::min(rows_per_chunk, t.rows - r);
-      INFERD_RETURN_IF_ERROR(DecodeRows(t, r, n, decoded_.data()));
-      INFERD_ASSIGN_OR_RETURN(char* stage, NextStaging());
-      uint16_t* out = reinterpret_cast<uint16_t*>(stage);
-      for (int64_t i = 0; i < n * t.cols; ++i) {
-        out[i] = dtype_ == CUDA_R_16BF ? FloatToBf16(decoded_[i]) : FloatToF16(decoded_[i]);
-      }
-      INFERD_RETURN_IF_ERROR(Send(stage, dst + r * t.cols * 2, n * t.cols * 2));
-    }
-    return absl::OkStatus();
-  }
-
   cudaDataType_t dtype_ = CUDA_R_16BF;
   PinnedBuffer staging_[2];
   cudaEvent_t done_[2] = {nullptr, nullptr};
@@ -115,27 +106,72 @@ class Uploader {
   std::vector<float> decoded_;
 };
 
+// Runs the pieces on up to kMaxWorkers threads, each pulling the next piece in order: reading the mapped files,
+// converting and the transfers over PCIe proceed in parallel. Returns the first failure.
+absl::Status RunPieces(const std::vector<Piece>& pieces, cudaDataType_t dtype) {
+  const unsigned workers = std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, kMaxWorkers);
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::vector<absl::Status> status(std::min<size_t>(workers, std::max<size_t>(pieces.size(), 1)));
+  int device = 0;
+  INFERD_CUDA(cudaGetDevice(&device));
+  std::vector<std::thread> threads;
+  for (absl::Status& st : status) {
+    threads.emplace_back([&, device] {
+      st = FromCuda(cudaSetDevice(device), "cudaSetDevice");
+      Worker w;
+      if (st.ok()) st = w.Init(dtype);
+      for (size_t i; st.ok() && !failed && (i = next++) < pieces.size();) st = w.Copy(pieces[i]);
+      if (st.ok()) st = w.Finish();
+      if (!st.ok()) failed = true;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& st : status) INFERD_RETURN_IF_ERROR(st);
+  return absl::OkStatus();
+}
+
+// Allocates dst for the parts stacked row-wise and cuts them into pieces of at most one staging buffer.
+absl::Status Stack(std::initializer_list<const TensorDesc*> parts, DeviceBuffer* dst, int64_t* bytes,
+                   std::vector<Piece>* pieces) {
+  int64_t numel = 0;
+  for (const TensorDesc* p : parts) numel += p->numel();
+  INFERD_RETURN_IF_ERROR(dst->Allocate(numel * 2, bytes));
+  char* at = dst->get<char>();
+  for (const TensorDesc* p : parts) {
+    if (p->cols * 2 > static_cast<int64_t>(kStagingBytes)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", p->name, ": a row of ", p->cols,
+                                                     " elements is wider than the upload staging buffer"));
+    }
+    const int64_t rows_per_piece = static_cast<int64_t>(kStagingBytes) / (p->cols * 2);
+    for (int64_t r = 0; r < p->rows; r += rows_per_piece) {
+      pieces->push_back({p, r, std::min(rows_per_piece, p->rows - r), at + r * p->cols * 2});
+    }
+    at += p->numel() * 2;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& t, cudaDataType_t dtype) {
-  Uploader up;
-  INFERD_RETURN_IF_ERROR(up.Init(dtype));
   CudaWeights w;
+  std::vector<Piece> pieces;
   int64_t* b = &w.bytes;
-  INFERD_RETURN_IF_ERROR(up.Stack({&t.embed}, &w.embed, b));
-  INFERD_RETURN_IF_ERROR(up.Stack({&t.final_norm}, &w.final_norm, b));
-  if (t.lm_head.present()) INFERD_RETURN_IF_ERROR(up.Stack({&t.lm_head}, &w.lm_head_own, b));
+  INFERD_RETURN_IF_ERROR(Stack({&t.embed}, &w.embed, b, &pieces));
+  INFERD_RETURN_IF_ERROR(Stack({&t.final_norm}, &w.final_norm, b, &pieces));
+  if (t.lm_head.present()) INFERD_RETURN_IF_ERROR(Stack({&t.lm_head}, &w.lm_head_own, b, &pieces));
   for (const LayerTensors& L : t.layers) {
     CudaLayerWeights& l = w.layers.emplace_back();
-    INFERD_RETURN_IF_ERROR(up.Stack({&L.input_norm}, &l.input_norm, b));
-    INFERD_RETURN_IF_ERROR(up.Stack({&L.q_proj, &L.k_proj, &L.v_proj}, &l.qkv, b));
-    if (L.q_bias.present()) INFERD_RETURN_IF_ERROR(up.Stack({&L.q_bias, &L.k_bias, &L.v_bias}, &l.qkv_bias, b));
-    INFERD_RETURN_IF_ERROR(up.Stack({&L.o_proj}, &l.o, b));
-    INFERD_RETURN_IF_ERROR(up.Stack({&L.post_norm}, &l.post_norm, b));
-    INFERD_RETURN_IF_ERROR(up.Stack({&L.gate_proj, &L.up_proj}, &l.gate_up, b));
-    INFERD_RETURN_IF_ERROR(up.Stack({&L.down_proj}, &l.down, b));
+    INFERD_RETURN_IF_ERROR(Stack({&L.input_norm}, &l.input_norm, b, &pieces));
+    INFERD_RETURN_IF_ERROR(Stack({&L.q_proj, &L.k_proj, &L.v_proj}, &l.qkv, b, &pieces));
+    if (L.q_bias.present()) INFERD_RETURN_IF_ERROR(Stack({&L.q_bias, &L.k_bias, &L.v_bias}, &l.qkv_bias, b, &pieces));
+    INFERD_RETURN_IF_ERROR(Stack({&L.o_proj}, &l.o, b, &pieces));
+    INFERD_RETURN_IF_ERROR(Stack({&L.post_norm}, &l.post_norm, b, &pieces));
+    INFERD_RETURN_IF_ERROR(Stack({&L.gate_proj, &L.up_proj}, &l.gate_up, b, &pieces));
+    INFERD_RETURN_IF_ERROR(Stack({&L.down_proj}, &l.down, b, &pieces));
   }
-  INFERD_RETURN_IF_ERROR(up.Finish());
+  INFERD_RETURN_IF_ERROR(RunPieces(pieces, dtype));
   return w;
 }
 

@@ -1,6 +1,7 @@
-// The cuda backend's weights: bf16 or fp16 on the device, built from the model's tensor description through
-// pinned staging (two buffers, so decoding the next chunk overlaps the copy of the last), with q/k/v and
-// gate/up fused and tied embeddings shared. Never a whole-model copy on the host.
+// The cuda backend's weights: bf16 or fp16 on the device, built from the model's tensor description by a few
+// threads, each through its own pinned staging (two buffers, so reading or decoding the next piece overlaps the
+// copy of the last) on its own stream, with q/k/v and gate/up fused and tied embeddings shared. Never a
+// whole-model copy on the host.
 #pragma once
 
 #include <cuda_runtime.h>
