@@ -104,14 +104,22 @@ grpc::Status Busy() {
 // Streams a request's outputs: one write in flight at a time, the rest queued; ends with Finish.
 class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  class Sink final : public OutputSink {
+  class Sink final : public OutputSink, public std::enable_shared_from_this<Sink> {
    public:
-    explicit Sink(StreamReactor* r) : reactor_(r) {}
+    Sink(StreamReactor* r, RequestWorkers* writers) : reactor_(r), writers_(writers) {}
+    // On the engine thread: queues the output; building and writing the chunk happen on an output writer.
     void Push(RequestOutput output) override {
       std::lock_guard<std::mutex> lock(mu_);
       if (!reactor_) return;
       queue_.push_back(std::move(output));
-      if (!writing_) reactor_->WriteNextLocked(this);
+      if (writing_ || drain_posted_) return;  // the write in flight, or the posted drain, takes it
+      drain_posted_ = writers_->TryRun([self = shared_from_this()] { self->Drain(); });
+      if (!drain_posted_) reactor_->WriteNextLocked(this);  // the writers are stopping: write from here
+    }
+    void Drain() {
+      std::lock_guard<std::mutex> lock(mu_);
+      drain_posted_ = false;
+      if (reactor_ && !writing_) reactor_->WriteNextLocked(this);
     }
     void Detach() {
       std::lock_guard<std::mutex> lock(mu_);
@@ -122,8 +130,10 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     friend class StreamReactor;
     std::mutex mu_;
     StreamReactor* reactor_;
+    RequestWorkers* writers_;
     std::deque<RequestOutput> queue_;
     bool writing_ = false;
+    bool drain_posted_ = false;  // a Drain is queued on the writers
     bool finished_ = false;
     bool cancelled_ = false;  // OnCancel ran
     bool submitted_ = false;  // the engine has it, as handle_
@@ -131,10 +141,10 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   };
 
   StreamReactor(std::shared_ptr<Engine> engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* proto,
-                const InferenceService::Limits& limits, RequestWorkers* workers,
+                const InferenceService::Limits& limits, RequestWorkers* workers, RequestWorkers* writers,
                 std::shared_ptr<std::atomic<int64_t>> active_calls, Metrics* metrics)
       : engine_(std::move(engine)),
-        sink_(std::make_shared<Sink>(this)),
+        sink_(std::make_shared<Sink>(this, writers)),
         active_calls_(std::move(active_calls)),
         metrics_(metrics) {
     ++*active_calls_;
@@ -235,18 +245,34 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 // Collects a request's outputs and answers once with the whole result.
 class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
  public:
-  class Sink final : public OutputSink {
+  class Sink final : public OutputSink, public std::enable_shared_from_this<Sink> {
    public:
-    Sink(UnaryGenerateReactor* r, grpc::ByteBuffer* wire) : reactor_(r), wire_(wire) {}
+    Sink(UnaryGenerateReactor* r, grpc::ByteBuffer* wire, RequestWorkers* writers)
+        : reactor_(r), wire_(wire), writers_(writers) {}
+    // On the engine thread: queues the output; the result is built on an output writer.
     void Push(RequestOutput output) override {
       std::lock_guard<std::mutex> lock(mu_);
       if (!reactor_) return;
-      AppendOutput(output, &result_);
-      if (output.finish != FinishReason::kNone) {
-        UnaryGenerateReactor* r = reactor_;
-        reactor_ = nullptr;
-        if (output.error.ok()) Serialize(result_, wire_);
-        r->FinishCounted(ToGrpcStatus(output.error));
+      queue_.push_back(std::move(output));
+      if (drain_posted_) return;
+      drain_posted_ = writers_->TryRun([self = shared_from_this()] { self->Drain(); });
+      if (!drain_posted_) DrainLocked();  // the writers are stopping: build it from here
+    }
+    void Drain() {
+      std::lock_guard<std::mutex> lock(mu_);
+      drain_posted_ = false;
+      DrainLocked();
+    }
+    void DrainLocked() {
+      for (; reactor_ && !queue_.empty(); queue_.pop_front()) {
+        const RequestOutput& output = queue_.front();
+        AppendOutput(output, &result_);
+        if (output.finish != FinishReason::kNone) {
+          UnaryGenerateReactor* r = reactor_;
+          reactor_ = nullptr;
+          if (output.error.ok()) Serialize(result_, wire_);
+          r->FinishCounted(ToGrpcStatus(output.error));
+        }
       }
     }
     void Detach() {
@@ -259,6 +285,9 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
     std::mutex mu_;
     UnaryGenerateReactor* reactor_;
     grpc::ByteBuffer* wire_;
+    RequestWorkers* writers_;
+    std::deque<RequestOutput> queue_;
+    bool drain_posted_ = false;  // a Drain is queued on the writers
     v1::GenerateResult result_;
     bool cancelled_ = false;  // OnCancel ran
     bool submitted_ = false;  // the engine has it, as handle_
@@ -267,9 +296,9 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
 
   UnaryGenerateReactor(std::shared_ptr<Engine> engine, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* proto,
                        grpc::ByteBuffer* result, const InferenceService::Limits& limits, RequestWorkers* workers,
-                       std::shared_ptr<std::atomic<int64_t>> active_calls, Metrics* metrics)
+                       RequestWorkers* writers, std::shared_ptr<std::atomic<int64_t>> active_calls, Metrics* metrics)
       : engine_(std::move(engine)),
-        sink_(std::make_shared<Sink>(this, result)),
+        sink_(std::make_shared<Sink>(this, result, writers)),
         active_calls_(std::move(active_calls)),
         metrics_(metrics) {
     ++*active_calls_;
@@ -330,12 +359,13 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::S
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::GenerateStream(grpc::CallbackServerContext* ctx,
                                                                              const grpc::ByteBuffer* request) {
-  return new StreamReactor(engine(), ctx, request, limits_, &workers_, active_calls_, metrics_);
+  return new StreamReactor(engine(), ctx, request, limits_, &workers_, &writers_, active_calls_, metrics_);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* result) {
-  return new UnaryGenerateReactor(engine(), ctx, request, result, limits_, &workers_, active_calls_, metrics_);
+  return new UnaryGenerateReactor(engine(), ctx, request, result, limits_, &workers_, &writers_, active_calls_,
+                                  metrics_);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,

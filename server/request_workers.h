@@ -1,6 +1,7 @@
-// A bounded pool of threads for the CPU work of a request before it reaches the engine (parsing, chat
-// rendering, tokenizing), so gRPC's callback threads never run it: health and info RPCs stay answerable
-// whatever the requests hold.
+// A bounded pool of threads for the server's CPU work, so neither gRPC's callback threads nor the engine's
+// thread run it: one pool prepares requests before they reach the engine (parsing, chat rendering, tokenizing),
+// so health and info RPCs stay answerable whatever the requests hold; another builds and writes the outputs
+// the engine hands over (protobuf encoding, starting the writes), so the GPU does not wait on them.
 #pragma once
 
 #include <condition_variable>
