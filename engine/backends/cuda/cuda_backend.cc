@@ -663,12 +663,15 @@ absl::Status CudaBackend<T>::Forward(const StepInput& in, const k::AttentionPlan
                                    inv_freq_.get<float>(), K(layer), V(layer), Tn, cfg_.num_heads, cfg_.num_kv_heads,
                                    cfg_.head_dim, s));
     }
-    INFERD_KERNEL(k::RunPagedAttention<T>(plan, attn_float_ws_.get(), attn_int_ws_.get(), qkv_.get<T>(), qkv_dim,
-                                          K(layer), V(layer), In<int32_t>(in_.qo_indptr), In<int32_t>(in_.kv_indptr),
-                                          In<int32_t>(in_.kv_indices), In<int32_t>(in_.kv_last_page_len),
-                                          attn_.get<T>(), in.num_seqs(), cfg_.num_heads, cfg_.num_kv_heads,
-                                          cfg_.head_dim, in.block_size, 1.0f / std::sqrt(static_cast<float>(D)),
-                                          /*early_launch=*/Tn <= gemm_->gemv_max_rows(), s));
+    {
+      TraceRange attention("attention");
+      INFERD_KERNEL(k::RunPagedAttention<T>(plan, attn_float_ws_.get(), attn_int_ws_.get(), qkv_.get<T>(), qkv_dim,
+                                            K(layer), V(layer), In<int32_t>(in_.qo_indptr), In<int32_t>(in_.kv_indptr),
+                                            In<int32_t>(in_.kv_indices), In<int32_t>(in_.kv_last_page_len),
+                                            attn_.get<T>(), in.num_seqs(), cfg_.num_heads, cfg_.num_kv_heads,
+                                            cfg_.head_dim, in.block_size, 1.0f / std::sqrt(static_cast<float>(D)),
+                                            /*early_launch=*/Tn <= gemm_->gemv_max_rows(), s));
+    }
     INFERD_RETURN_IF_ERROR(gemm_->Run(attn_.get(), L.o.get(), tmp_.get(), Tn, H, q_dim, nullptr, false, s));
     INFERD_KERNEL(k::AddRmsNorm(x_.get<T>(), tmp_.get<T>(), L.post_norm.get<T>(), xn_.get<T>(), Tn, H, eps, s));
     INFERD_RETURN_IF_ERROR(gemm_->Run(xn_.get(), L.gate_up.get(), gate_up_.get(), Tn, 2 * I, H, nullptr, false, s));
@@ -676,6 +679,7 @@ absl::Status CudaBackend<T>::Forward(const StepInput& in, const k::AttentionPlan
     INFERD_RETURN_IF_ERROR(gemm_->Run(act_.get(), L.down.get(), tmp_.get(), Tn, H, I, nullptr, false, s));
   }
   // Only the rows that sample go through the final norm and the LM head.
+  TraceRange sampling("final norm, LM head and sampling");
   INFERD_KERNEL(k::GatherRows(x_.get<T>(), In<int32_t>(in_.logits_indices), last_.get<T>(), R, H, s));
   INFERD_KERNEL(k::GatherRows(tmp_.get<T>(), In<int32_t>(in_.logits_indices), last_delta_.get<T>(), R, H, s));
   INFERD_KERNEL(
