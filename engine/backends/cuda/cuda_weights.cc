@@ -66,6 +66,10 @@ class Worker {
     const size_t bytes = static_cast<size_t>(p.count * t.cols * 2);
     INFERD_ASSIGN_OR_RETURN(char* stage, NextStaging());
     if (SameDtype(t)) {
+      if (t.bytes.size() != static_cast<size_t>(t.numel() * 2)) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, " holds ", t.bytes.size(),
+                                                       " bytes; allowed: rows x cols x 2 = ", t.numel() * 2));
+      }
       std::memcpy(stage, t.bytes.data() + p.first * t.cols * 2, bytes);
     } else {
       decoded_.resize(p.count * t.cols);
@@ -141,7 +145,8 @@ absl::Status Stack(std::initializer_list<const TensorDesc*> parts, DeviceBuffer*
   for (const TensorDesc* p : parts) {
     if (p->cols * 2 > static_cast<int64_t>(kStagingBytes)) {
       return absl::InvalidArgumentError(absl::StrCat("tensor ", p->name, ": a row of ", p->cols,
-                                                     " elements is wider than the upload staging buffer"));
+                                                     " elements is not allowed; allowed: at most ", kStagingBytes / 2,
+                                                     " (the upload staging buffer)"));
     }
     const int64_t rows_per_piece = static_cast<int64_t>(kStagingBytes) / (p->cols * 2);
     for (int64_t r = 0; r < p->rows; r += rows_per_piece) {
