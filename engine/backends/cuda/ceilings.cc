@@ -1,8 +1,6 @@
 #include "engine/backends/cuda/ceilings.h"
 
-#include <algorithm>
 #include <chrono>
-#include <functional>
 #include <vector>
 
 #include "engine/backends/cuda/cuda_check.h"

@@ -26,8 +26,8 @@ struct CudaLayerWeights {
 };
 
 struct CudaWeights {
-  DeviceBuffer embed;       // [vocab, hidden]
-  DeviceBuffer final_norm;  // [hidden]
+  DeviceBuffer embed;        // [vocab, hidden]
+  DeviceBuffer final_norm;   // [hidden]
   DeviceBuffer lm_head_own;  // [vocab, hidden]; empty when tied
   std::vector<CudaLayerWeights> layers;
   int64_t bytes = 0;

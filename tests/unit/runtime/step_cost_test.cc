@@ -7,16 +7,21 @@
 namespace inferd {
 namespace {
 
-ModelConfig Llama3_8B() {
+ModelConfig Shape(int32_t vocab, int32_t hidden, int32_t intermediate, int32_t layers, int32_t heads, int32_t kv_heads,
+                  int32_t head_dim) {
   ModelConfig c;
-  c.vocab_size = 128256;
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
-  c.num_layers = 32;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.intermediate_size = intermediate;
+  c.num_layers = layers;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = head_dim;
   return c;
+}
+
+ModelConfig Llama3_8B() {
+  return Shape(128256, 4096, 14336, 32, 32, 8, 128);
 }
 
 // Meta-Llama-3-8B has 8,030,261,248 parameters: 2 x 525,336,576 in the embedding table and the LM head,
@@ -45,14 +50,8 @@ TEST(StepCost, Llama3_8BDecodeReadsEveryWeightButTheTableOnceAndTheContext) {
 }
 
 TEST(StepCost, TiedTinyModelCountedByHand) {
-  ModelConfig c;
-  c.vocab_size = 10;
-  c.hidden_size = 4;
-  c.intermediate_size = 8;
-  c.num_layers = 1;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 2;
+  ModelConfig c = Shape(/*vocab=*/10, /*hidden=*/4, /*intermediate=*/8, /*layers=*/1, /*heads=*/2, /*kv_heads=*/1,
+                        /*head_dim=*/2);
   c.tie_word_embeddings = true;
   // Products: q 4x4, k and v 4x2 each, o 4x4, gate/up/down 4x8 each = 144; norms 2x4 + 4 = 12; table 40.
   MemoryPlan plan;
