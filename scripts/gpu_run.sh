@@ -117,4 +117,12 @@ if [[ "$what" == sweep ]]; then
   curl -s 127.0.0.1:9090/metrics > "$OUT/sweep_metrics.txt" || true
   kill -TERM $server; wait $server
 fi
+# One line per test binary, then everything but the headline files packed into one archive (the device tool
+# brings back at most 8 files).
+for x in "$OUT"/*_tests.xml; do
+  [[ -f $x ]] && python3 -c "import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); print(sys.argv[1].rsplit('/', 1)[-1], 'tests', r.get('tests'), 'failures', r.get('failures'), 'errors', r.get('errors'), 'disabled', r.get('disabled'))" "$x"
+done | tee "$OUT/test_summary.txt"
+( cd "$OUT" && find . -maxdepth 1 -type f ! -name 'bench_8b.*' ! -name 'efficiency_8b.json' ! -name device.txt \
+    ! -name test_summary.txt ! -name sweep_8b.csv ! -name results.tar.gz -printf '%f\n' | sort > /tmp/packed.txt
+  [[ -s /tmp/packed.txt ]] && tar -czf results.tar.gz -T /tmp/packed.txt && xargs rm -f < /tmp/packed.txt )
 exit $status
