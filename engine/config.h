@@ -18,6 +18,7 @@ struct EngineSection {
   std::string backend = "auto";         // auto | cpu | cuda
   std::string dtype = "auto";           // cuda weights and activations: auto (bfloat16) | bfloat16 | float16
   bool cuda_graphs = true;              // cuda: decode steps replay CUDA graphs captured at start-up
+  std::string plan_ahead = "auto";      // auto, on, off: plan and launch step N + 1 while step N runs
   int32_t block_size = 16;              // tokens per KV block: 1..256
   int32_t num_blocks = 0;               // 0 = from the memory plan
   double gpu_memory_utilization = 0.9;  // share of device memory inferd may use: (0, 1]

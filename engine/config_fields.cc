@@ -140,6 +140,12 @@ std::vector<ConfigField> MakeFields() {
       "engine", "cuda_graphs", [](Config& c) -> bool& { return c.engine.cuda_graphs; }, true,
       "cuda: decode steps replay CUDA graphs captured at start-up for batches of 1, 2, 4, … "
       "max_num_seqs rows (padded)"));
+  f.push_back(Text(
+      "engine", "plan_ahead", [](Config& c) -> std::string& { return c.engine.plan_ahead; }, "auto",
+      {"auto", "on", "off"}, "auto, on, off",
+      "schedule, pack and launch step N + 1 while the device runs step N, and emit step N's tokens while N + 1 "
+      "runs (a sequence takes its next step before its last token reaches the host); auto = on for cuda, off "
+      "for cpu, whose steps run on the engine thread itself"));
   f.push_back(Int<int32_t>(
       "engine", "block_size", [](Config& c) -> int32_t& { return c.engine.block_size; }, 16, 1, 256, "1..256",
       "tokens per KV block"));

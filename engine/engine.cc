@@ -73,6 +73,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
       mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size, e->model_->tensors.stored_dtype);
 
   INFERD_ASSIGN_OR_RETURN(e->backend_, factory(config, *e->model_));
+  e->plan_ahead_ = config.engine.plan_ahead == "on" || (config.engine.plan_ahead == "auto" && e->backend_->name() == "cuda");
   const absl::Time t1 = absl::Now();
   spdlog::info("{} backend built its weights in {:.2f} s", e->backend_->name(), absl::ToDoubleSeconds(t1 - t0));
 
@@ -136,7 +137,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   warm.sampling.push_back(SamplingRow{.params = SamplingParams{.temperature = 0}, .position = 1});
   StepOutput warm_out;
   INFERD_RETURN_IF_ERROR(e->backend_->Step(warm, &warm_out));
-  spdlog::info("engine ready in {:.2f} s", absl::ToDoubleSeconds(absl::Now() - t0));
+  spdlog::info("engine ready in {:.2f} s{}", absl::ToDoubleSeconds(absl::Now() - t0),
+               e->plan_ahead_ ? "; each step is planned while the one before it runs" : "");
   e->PublishStats();
   e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
   return e;
@@ -301,6 +303,7 @@ void Engine::TakeQueued() {
 
 void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status error, RequestOutput out) {
   scheduler_->Finish(seq);  // blocks are back in the pool before the next step
+  while (IsPendingToken(seq->tokens.back())) seq->tokens.pop_back();  // sampled by a step still running: not output
   out.finish = reason;
   out.error = std::move(error);
   const absl::Time now = absl::Now();
@@ -323,26 +326,43 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status err
     if (auto it = active_.find(handle); it != active_.end()) f.inter_token_s = std::move(it->second->inter_token_s);
     on_request_(f);
   }
-  active_.erase(handle);  // destroys *seq: nothing below reads it
+  auto node = active_.extract(handle);
+  node.mapped()->seq.finished = true;
+  // A launched step may still name it: kept until that step is collected (it drops the row).
+  if (launches_ > collections_) retired_.emplace_back(launches_, std::move(node.mapped()));
+  node = {};  // otherwise destroys *seq: nothing below reads it
   PublishStats();         // a client that saw its request finish sees its blocks free
   sink->Push(std::move(out));
 }
+
+struct Engine::InFlight {
+  StepPlan plan;
+  StepInput input;
+  absl::Time scheduled;   // when its planning began
+  double schedule_s = 0;  // host time of its Schedule()
+  double launch_s = 0;    // host time building its input and launching it
+};
 
 void Engine::Loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !submitted_.empty() || !aborts_.empty() || !active_.empty(); });
-      if (stop_) return;
+      if (!in_flight_) {
+        cv_.wait(lock, [&] { return stop_ || !submitted_.empty() || !aborts_.empty() || !active_.empty(); });
+      }
+      if (stop_) break;
     }
     iteration_start_ = absl::Now();
     TakeQueued();
+    if (in_flight_ && (sync_next_ || !CanPlanAhead())) CollectInFlight();
+    const bool ahead = in_flight_ != nullptr;
     const absl::Time scheduling = absl::Now();
-    const StepPlan plan = [&] {
+    StepPlan plan = [&] {
       TraceRange range("schedule");
-      return scheduler_->Schedule(scheduling);
+      return scheduler_->Schedule(scheduling, ahead);
     }();
-    last_schedule_s_ = absl::ToDoubleSeconds(absl::Now() - scheduling);
+    const double schedule_s = absl::ToDoubleSeconds(absl::Now() - scheduling);
+    sync_next_ = plan.needs_sync;
     for (const Sequence* seq : plan.preempted) {
       if (seq->swapped_blocks.empty()) {
         spdlog::info("request '{}' (priority {}) preempted, #{}: {} computed tokens to recompute", seq->request.id,
@@ -353,6 +373,7 @@ void Engine::Loop() {
       }
     }
     if (!plan.swap_out.empty() || !plan.swap_in.empty()) {
+      INFERD_CHECK(!ahead, "a plan made ahead swaps nothing");
       if (absl::Status st = backend_->SwapBlocks(plan.swap_out, plan.swap_in); !st.ok()) {
         // The copies' requests cannot go on: their KV is unknown. They end with the error, like a failed step.
         spdlog::error("KV swap failed: {}", st.ToString());
@@ -363,20 +384,51 @@ void Engine::Loop() {
         continue;
       }
     }
-    if (!plan.empty()) RunStep(plan);
+    // Step N + 1 is queued behind step N before N's tokens are taken: the device goes from one to the other
+    // while the host emits N's tokens and plans N + 2.
+    std::unique_ptr<InFlight> launched = plan.empty() ? nullptr : LaunchStep(std::move(plan), schedule_s);
+    if (in_flight_ && !CollectInFlight() && launched) {
+      // The step it read pending tokens from failed: its own tokens are meaningless.
+      in_flight_ = std::move(launched);
+      const absl::Status lost = absl::InternalError("an earlier step whose tokens this step read failed");
+      StepOutput ignored;
+      (void)backend_->Collect(&ignored);
+      ++collections_;
+      for (const ScheduledSeq& s : in_flight_->plan.seqs) {
+        if (!s.seq->finished) FinishSequence(s.seq, FinishReason::kAborted, lost);
+      }
+      in_flight_.reset();
+    }
+    if (launched) in_flight_ = std::move(launched);
     PublishStats();
-    if (plan.empty() && !active_.empty()) {
+    if (!in_flight_ && !active_.empty()) {
       // Nothing could be scheduled (cannot happen while one request fits the pool); avoid spinning.
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(5));
     }
   }
+  if (in_flight_) CollectInFlight();  // the backend is idle before Stop() ends the requests left
 }
 
-void Engine::RunStep(const StepPlan& plan) {
+bool Engine::CanPlanAhead() const {
+  if (!plan_ahead_) return false;
+  for (const ScheduledSeq& s : in_flight_->plan.seqs) {
+    if (!s.wants_token || s.seq->finished) continue;
+    const SamplingParams& p = s.seq->request.sampling;
+    // Penalties count the output so far on the host: the pending token must be in it.
+    if (p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f) return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double schedule_s) {
   const absl::Time now = absl::Now();
   for (const ScheduledSeq& s : plan.seqs) MarkStarted(s.seq, now);
-  StepInput input = BuildStepInput(plan, config_.engine.block_size);
+  auto step = std::make_unique<InFlight>();
+  step->scheduled = now - absl::Seconds(schedule_s);
+  step->schedule_s = schedule_s;
+  step->input = BuildStepInput(plan, config_.engine.block_size);
+  StepInput& input = step->input;
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.wants_token) continue;
     const Sequence& seq = *s.seq;
@@ -390,34 +442,55 @@ void Engine::RunStep(const StepPlan& plan) {
     if (seq.num_output_tokens() < seq.request.stopping.min_tokens) row.banned = st.banned_until_min;
     row.top_logprobs = seq.request.top_logprobs;
   }
-  StepOutput output;
-  const absl::Time step_start = absl::Now();
-  absl::Status stepped = backend_->Step(input, &output);
-  const double backend_s = absl::ToDoubleSeconds(absl::Now() - step_start);
-  if (absl::Status st = std::move(stepped); !st.ok()) {
-    spdlog::error("step failed: {}", st.ToString());
-    for (const ScheduledSeq& s : plan.seqs) FinishSequence(s.seq, FinishReason::kAborted, st);
-    return;
+  absl::Status launched = backend_->Launch(input);
+  step->launch_s = absl::ToDoubleSeconds(absl::Now() - now);
+  if (!launched.ok()) {
+    spdlog::error("step failed to launch: {}", launched.ToString());
+    for (const ScheduledSeq& s : plan.seqs) FinishSequence(s.seq, FinishReason::kAborted, launched);
+    return nullptr;
   }
-  scheduler_->Update(plan, output.tokens);
+  ++launches_;
+  scheduler_->Launched(plan);
+  step->plan = std::move(plan);
+  return step;
+}
+
+bool Engine::CollectInFlight() {
+  std::unique_ptr<InFlight> step = std::move(in_flight_);
+  const StepPlan& plan = step->plan;
+  const StepInput& input = step->input;
+  StepOutput output;
+  const absl::Time wait_start = absl::Now();
+  absl::Status collected = backend_->Collect(&output);
+  ++collections_;
+  const absl::Time done = absl::Now();
+  if (!collected.ok()) {
+    spdlog::error("step failed: {}", collected.ToString());
+    for (const ScheduledSeq& s : plan.seqs) {
+      if (!s.seq->finished) FinishSequence(s.seq, FinishReason::kAborted, collected);
+    }
+    std::erase_if(retired_, [&](const auto& r) { return r.first <= collections_; });
+    return false;
+  }
   ++engine_steps_;
   const StepCounters counters = backend_->counters();
   StepRecord record{.num_seqs = input.num_seqs(),
                     .num_tokens = input.num_tokens(),
                     .num_sampled = input.num_logits(),
-                    .wall_s = absl::ToDoubleSeconds(absl::Now() - now),
+                    .wall_s = absl::ToDoubleSeconds(done - step->scheduled),
                     .device_s = counters.last_device_s,
                     .cost = step_cost_->Of(input)};
   TraceRange outputs_range("outputs");
-
-  const absl::Time done = absl::Now();
   size_t r = 0;
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.wants_token) continue;
+    const size_t row = r++;
     Sequence* seq = s.seq;
+    if (seq->finished) continue;  // ended (aborted, or stopped by an earlier token) after this step launched
     SequenceState& st = *active_.at(seq->seq_id);
-    const int32_t token = output.tokens[r];
-    TokenLogprob& logprob = output.logprobs[r++];
+    const int32_t token = output.tokens[row];
+    const int32_t position = s.start + s.num_new;
+    scheduler_->Resolve(seq, position, token);
     if (seq->first_token == absl::InfinitePast()) {
       seq->first_token = done;
     } else {
@@ -425,40 +498,42 @@ void Engine::RunStep(const StepPlan& plan) {
     }
     st.last_token = done;
     FinishReason finish = FinishReason::kNone;
-    std::string text = st.output->Add(token, seq->num_output_tokens(), &finish);
+    std::string text = st.output->Add(token, position + 1 - seq->num_prompt_tokens, &finish);
     RequestOutput out;
     out.token_ids = {token};
     out.text = std::move(text);
-    if (seq->request.top_logprobs > 0) out.logprobs.push_back(std::move(logprob));
+    if (seq->request.top_logprobs > 0) out.logprobs.push_back(std::move(output.logprobs[row]));
     if (finish != FinishReason::kNone) {
+      seq->tokens.resize(position + 1);  // a token sampled for it by the step now running is not its output
       FinishSequence(seq, finish, absl::OkStatus(), std::move(out));
       continue;
     }
     seq->request.sink->Push(std::move(out));
   }
+  std::erase_if(retired_, [&](const auto& r) { return r.first <= collections_; });
   if (on_step_) {
     record.cycle_s = absl::ToDoubleSeconds(absl::Now() - iteration_start_);
     on_step_(record);
   }
   if (engine_steps_ <= config_.engine.profile_steps) {
     const StepCounters& k = counters;
+    const double wait_s = absl::ToDoubleSeconds(done - wait_start);
     const double outputs_s = absl::ToDoubleSeconds(absl::Now() - done);
-    const double total = last_schedule_s_ + backend_s + outputs_s;
     if (k.last_prepare_s > 0) {
       spdlog::info(
-          "step {}: {} seqs, {} tokens, {:.3f} ms: schedule {:.3f} ms, prepare and launch {:.3f} ms (pack, copy, plan, "
-          "enqueue), GPU compute {:.3f} ms, then waiting and copying back {:.3f} ms, outputs {:.3f} ms; GPU idle "
-          "{:.1f}%",
-          engine_steps_, plan.seqs.size(), plan.num_tokens, 1e3 * total, 1e3 * last_schedule_s_, 1e3 * k.last_prepare_s,
-          1e3 * k.last_device_s, 1e3 * std::max(0.0, backend_s - k.last_prepare_s - k.last_device_s), 1e3 * outputs_s,
-          100 * std::max(0.0, 1 - k.last_device_s / total));
+          "step {}: {} seqs, {} tokens: schedule {:.3f} ms, prepare and launch {:.3f} ms (pack, copy, plan, enqueue), "
+          "GPU compute {:.3f} ms, GPU idle before it {:.3f} ms, host waiting for its tokens {:.3f} ms, outputs "
+          "{:.3f} ms{}",
+          engine_steps_, plan.seqs.size(), plan.num_tokens, 1e3 * step->schedule_s, 1e3 * step->launch_s,
+          1e3 * k.last_device_s, 1e3 * k.last_idle_before_s, 1e3 * wait_s, 1e3 * outputs_s,
+          in_flight_ ? " (the next step was running)" : "");
     } else {
-      spdlog::info(
-          "step {}: {} seqs, {} tokens, {:.3f} ms: schedule {:.3f} ms, {} backend step {:.3f} ms, outputs {:.3f} ms",
-          engine_steps_, plan.seqs.size(), plan.num_tokens, 1e3 * total, 1e3 * last_schedule_s_, backend_->name(),
-          1e3 * backend_s, 1e3 * outputs_s);
+      spdlog::info("step {}: {} seqs, {} tokens: schedule {:.3f} ms, {} backend step {:.3f} ms, outputs {:.3f} ms",
+                   engine_steps_, plan.seqs.size(), plan.num_tokens, 1e3 * step->schedule_s, backend_->name(),
+                   1e3 * (step->launch_s + wait_s), 1e3 * outputs_s);
     }
   }
+  return true;
 }
 
 }  // namespace inferd

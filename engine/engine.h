@@ -119,7 +119,15 @@ class Engine {
   void TakeQueued();
   void FinishSequence(Sequence* seq, FinishReason reason, absl::Status error, RequestOutput out = {});
   void MarkStarted(Sequence* seq, absl::Time now);
-  void RunStep(const StepPlan& plan);
+  struct InFlight;
+  // Builds the step's input and launches it on the backend; null when the launch failed (its requests ended
+  // with the error).
+  std::unique_ptr<InFlight> LaunchStep(StepPlan plan, double schedule_s);
+  // Waits for in_flight_'s tokens and hands them to their requests; clears in_flight_. False if the step
+  // failed (its requests ended with the error).
+  bool CollectInFlight();
+  // Whether the next step may be planned before in_flight_'s tokens are on the host.
+  bool CanPlanAhead() const;
   void PublishStats();
 
   struct SequenceState;
@@ -139,8 +147,13 @@ class Engine {
   std::function<void(const FinishedRequest&)> on_request_;
   std::function<void(const StepRecord&)> on_step_;
   int64_t engine_steps_ = 0;
-  double last_schedule_s_ = 0;  // host time of the last Schedule() (engine.profile_steps)
   absl::Time iteration_start_;  // when the loop's current iteration began
+  bool plan_ahead_ = false;     // engine.plan_ahead, resolved for the backend
+  bool sync_next_ = false;      // the last plan left out what only a step planned with the results in can do
+  std::unique_ptr<InFlight> in_flight_;  // the step launched and not yet collected
+  int64_t launches_ = 0, collections_ = 0;
+  // Requests that ended while a launched step still named them, kept until it is collected (by launch count).
+  std::vector<std::pair<int64_t, std::unique_ptr<SequenceState>>> retired_;
 
   // Shared with callers of Submit/Abort.
   mutable std::mutex mu_;

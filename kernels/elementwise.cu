@@ -43,6 +43,16 @@ __global__ void GatherRowsKernel(const T* __restrict__ src, const int32_t* __res
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) d[i] = s[i];
 }
 
+template <typename T>
+__global__ void EmbedTokensKernel(const T* __restrict__ embed, const int32_t* __restrict__ ids,
+                                  const int32_t* __restrict__ sampled, T* __restrict__ dst, int64_t cols) {
+  int32_t id = ids[blockIdx.x];
+  if (id < 0) id = sampled[-1 - id];
+  const T* s = embed + int64_t{id} * cols;
+  T* d = dst + int64_t{blockIdx.x} * cols;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) d[i] = s[i];
+}
+
 constexpr int kNormThreads = 256;
 
 template <typename T>
@@ -199,6 +209,15 @@ cudaError_t GatherRows(const T* src, const int32_t* rows, T* dst, int64_t num_ro
 }
 
 template <typename T>
+cudaError_t EmbedTokens(const T* embed, const int32_t* ids, const int32_t* sampled, T* dst, int64_t num_rows,
+                        int64_t cols, cudaStream_t stream) {
+  if (num_rows <= 0) return cudaSuccess;
+  if (cudaError_t e = Check(num_rows); e != cudaSuccess) return e;
+  EmbedTokensKernel<T><<<static_cast<unsigned>(num_rows), 256, 0, stream>>>(embed, ids, sampled, dst, cols);
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t AddRmsNorm(T* residual, const T* delta, const T* weight, T* out, int64_t rows, int64_t n, float eps,
                        cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
@@ -242,6 +261,7 @@ cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, 
 
 #define INFERD_INSTANTIATE(T)                                                                                     \
   template cudaError_t GatherRows<T>(const T*, const int32_t*, T*, int64_t, int64_t, cudaStream_t);               \
+  template cudaError_t EmbedTokens<T>(const T*, const int32_t*, const int32_t*, T*, int64_t, int64_t, cudaStream_t); \
   template cudaError_t AddRmsNorm<T>(T*, const T*, const T*, T*, int64_t, int64_t, float, cudaStream_t);          \
   template cudaError_t SiluMul<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                                  \
   template cudaError_t RopeWriteKv<T>(T*, const int32_t*, const int32_t*, const float*, T*, T*, int64_t, int32_t, \

@@ -18,6 +18,13 @@ namespace inferd::kernels {
 template <typename T>
 cudaError_t GatherRows(const T* src, const int32_t* rows, T* dst, int64_t num_rows, int64_t cols, cudaStream_t stream);
 
+// dst[i, :] = embed[id, :] for id = ids[i], or, where ids[i] < 0, id = sampled[-1 - ids[i]]: a token the step
+// before this one sampled, still only on the device (engine: PendingToken). embed: [vocab, cols], ids:
+// [num_rows], sampled: [rows of the step before], dst: [num_rows, cols].
+template <typename T>
+cudaError_t EmbedTokens(const T* embed, const int32_t* ids, const int32_t* sampled, T* dst, int64_t num_rows,
+                        int64_t cols, cudaStream_t stream);
+
 // residual += delta (rounded to T), then out = weight ⊙ normalize(residual). delta may be null (norm only).
 // residual, delta, out: [rows, n]; weight: [n].
 template <typename T>

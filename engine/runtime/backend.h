@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,7 +29,8 @@ struct SamplingRow {
   int32_t top_logprobs = 0;         // > 0: report the chosen token's logprob and this many alternatives
 };
 
-// One step, packed on the host. Tokens of all sequences are concatenated in plan order. The page table is
+// One step, packed on the host. Tokens of all sequences are concatenated in plan order; a token id may be a
+// PendingToken (engine/request.h): one the step launched before this one samples, not yet on the host. The page table is
 // in the CSR form paged-attention kernels take: sequence s owns pages kv_indices[kv_indptr[s] ..
 // kv_indptr[s + 1]), the last holding kv_last_page_len[s] tokens. KV slot of position p of sequence s:
 // kv_indices[kv_indptr[s] + p / block_size] * block_size + p % block_size.
@@ -70,6 +72,7 @@ struct StepCounters {
   // of its compute (cuda; 0 for a backend that does not measure).
   double last_prepare_s = 0;
   double last_device_s = 0;
+  double last_idle_before_s = 0;  // cuda: device time from the previous step's compute to this one's
 };
 
 // How fast the device can read memory and multiply matrices, measured once at start-up with small kernels on
@@ -106,8 +109,15 @@ class Backend {
   // are done before the next Step reads or writes the pool.
   virtual absl::Status SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) = 0;
   // Runs the model over the step's tokens, writing their K/V into the pool, and samples one token for
-  // every logits row.
+  // every logits row. Nothing else may be launched and not collected.
   virtual absl::Status Step(const StepInput& input, StepOutput* output) = 0;
+  // The same in two halves, so that the host plans step N + 1 while the device runs step N: Launch starts a
+  // step and returns (cuda: once its work is queued on the device), Collect waits for the oldest launched
+  // step and gives its tokens. At most two steps are launched and not collected. A PendingToken(r) in the
+  // step's ids is row r's token of the step launched just before it, read where it lands. This default, for
+  // a backend that cannot overlap (cpu), runs the step in Launch.
+  virtual absl::Status Launch(const StepInput& input);
+  virtual absl::Status Collect(StepOutput* output);
   // Read by the engine thread only (the engine copies it out for others).
   virtual StepCounters counters() const { return {}; }
   // Measures the ceilings. Called once at start-up, after MeasureMemory and before AllocateKvCache, so that its
@@ -115,6 +125,14 @@ class Backend {
   virtual absl::StatusOr<DeviceCeilings> MeasureCeilings() { return DeviceCeilings{}; }
   // Reads the sensors; safe from any thread. Empty for a backend without them.
   virtual DeviceReading ReadDevice() const { return {}; }
+
+ private:
+  struct Launched {
+    absl::Status status;
+    StepOutput output;
+  };
+  std::deque<Launched> launched_;      // the default Launch's results, oldest first
+  std::vector<int32_t> last_sampled_;  // the default Launch's last step's tokens
 };
 
 }  // namespace inferd

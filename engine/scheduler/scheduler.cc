@@ -52,14 +52,19 @@ int32_t Scheduler::PreemptRunning(Sequence* victim, StepPlan* plan) {
   return refunded;
 }
 
-void Scheduler::GrantRunning(StepPlan* plan) {
+void Scheduler::GrantRunning(StepPlan* plan, bool ahead) {
   // Composition: every decode gets its token (the budget is at least max_num_seqs); prefilling prompts share
   // what is left, in admission order, each capped while others wait.
   int32_t decodes = 0;
-  for (const Sequence* seq : running_) decodes += seq->num_tokens() - seq->num_computed == 1;
+  // A sequence whose pending token is its last (only when planning ahead) computes nothing more.
+  const auto done = [](const Sequence* seq) {
+    return seq->num_output_tokens() >= seq->request.stopping.max_tokens && IsPendingToken(seq->tokens.back());
+  };
+  for (const Sequence* seq : running_) decodes += seq->num_tokens() - seq->num_computed == 1 && !done(seq);
   int32_t prefill_budget = limits_.max_num_batched_tokens - decodes;
   std::vector<std::pair<Sequence*, int32_t>> wants;
   for (Sequence* seq : running_) {
+    if (done(seq)) continue;
     const int32_t remaining = seq->num_tokens() - seq->num_computed;
     INFERD_CHECK(remaining > 0, "a running sequence always has a token to compute");
     int32_t n = 1;
@@ -81,6 +86,11 @@ void Scheduler::GrantRunning(StepPlan* plan) {
     ungranted.erase(std::find(ungranted.begin(), ungranted.end(), seq));  // there: not preempted yet
     bool granted = true;
     while (!capacity_.Grow(seq, seq->num_computed + n)) {
+      if (ahead) {  // it waits; the next step, planned with the results in, may preempt
+        plan->needs_sync = true;
+        granted = false;
+        break;
+      }
       Sequence* victim = Capacity::ChooseVictim(ungranted, seq, INT32_MAX);
       if (!victim && !seq->awaiting_progress()) victim = seq;
       // Everyone left is awaiting progress: preempting one of them again beats standing still.
@@ -102,7 +112,7 @@ void Scheduler::GrantRunning(StepPlan* plan) {
   }
 }
 
-void Scheduler::Admit(StepPlan* plan) {
+void Scheduler::Admit(StepPlan* plan, bool ahead) {
   int32_t budget = limits_.max_num_batched_tokens;
   for (const ScheduledSeq& s : plan->seqs) budget -= s.num_new;
   const uint64_t first_this_step = admissions_ + 1;
@@ -119,10 +129,18 @@ void Scheduler::Admit(StepPlan* plan) {
     if (static_cast<int32_t>(running_.size()) >= limits_.max_num_seqs) {
       Sequence* victim = Capacity::ChooseVictim(displaceable(), seq, seq->priority());
       if (!victim) break;
+      if (ahead) {
+        plan->needs_sync = true;
+        break;
+      }
       budget += PreemptRunning(victim, plan);
       std::swap(waiting_[0], waiting_[1]);  // the newcomer stays at the head, the victim right behind it
     }
     const bool swapped = !seq->swapped_blocks.empty();
+    if (swapped && ahead) {  // swaps wait for a step planned with nothing running
+      plan->needs_sync = true;
+      break;
+    }
     if (!swapped) capacity_.ReusePrefix(seq);
     const int32_t remaining = seq->num_tokens() - seq->num_computed;
     const int32_t n = std::min({remaining, budget, waiting_.size() > 1 ? limits_.long_prefill_chunk : remaining});
@@ -137,6 +155,10 @@ void Scheduler::Admit(StepPlan* plan) {
     while (!fits) {
       Sequence* victim = Capacity::ChooseVictim(displaceable(), seq, seq->priority());
       if (!victim) break;
+      if (ahead) {
+        plan->needs_sync = true;
+        break;
+      }
       budget += PreemptRunning(victim, plan);
       std::swap(waiting_[0], waiting_[1]);
       fits = fit();
@@ -154,28 +176,44 @@ void Scheduler::Admit(StepPlan* plan) {
   }
 }
 
-StepPlan Scheduler::Schedule(absl::Time now) {
+StepPlan Scheduler::Schedule(absl::Time now, bool ahead) {
   StepPlan plan;
   capacity_.ReleaseSwappedIn();
   OrderWaiting(now);
-  GrantRunning(&plan);
+  GrantRunning(&plan, ahead);
   // New work is admitted only when blocks did not run short, so preempted sequences are not overtaken.
-  if (plan.preempted.empty()) Admit(&plan);
+  if (plan.preempted.empty() && !plan.needs_sync) Admit(&plan, ahead);
   for (const ScheduledSeq& s : plan.seqs) plan.num_tokens += s.num_new;
   INFERD_CHECK(plan.num_tokens <= limits_.max_num_batched_tokens, "a step stays within max_num_batched_tokens");
   INFERD_CHECK(static_cast<int32_t>(plan.seqs.size()) <= limits_.max_num_seqs, "a step stays within max_num_seqs");
   return plan;
 }
 
+void Scheduler::Launched(const StepPlan& plan) {
+  int32_t row = 0;
+  for (const ScheduledSeq& s : plan.seqs) {
+    Sequence* seq = s.seq;
+    seq->num_computed = s.start + s.num_new;
+    // A block is remembered under its tokens' ids, so not while its last computed token is still pending.
+    if (!IsPendingToken(seq->tokens[seq->num_computed - 1])) capacity_.RememberFullBlocks(seq);
+    if (s.wants_token) seq->tokens.push_back(PendingToken(row++));
+  }
+}
+
+void Scheduler::Resolve(Sequence* seq, int32_t position, int32_t token) {
+  INFERD_CHECK(position < seq->num_tokens() && IsPendingToken(seq->tokens[position]), "a pending token is resolved");
+  INFERD_CHECK(!IsPendingToken(token), "a sampled token is a real id");
+  seq->tokens[position] = token;
+  capacity_.RememberFullBlocks(seq);
+}
+
 void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled) {
+  Launched(plan);
   size_t next = 0;
   for (const ScheduledSeq& s : plan.seqs) {
-    s.seq->num_computed = s.start + s.num_new;
-    capacity_.RememberFullBlocks(s.seq);
-    if (s.wants_token) {
-      INFERD_CHECK(next < sampled.size(), "one sampled token per sequence that wanted one");
-      s.seq->tokens.push_back(sampled[next++]);
-    }
+    if (!s.wants_token) continue;
+    INFERD_CHECK(next < sampled.size(), "one sampled token per sequence that wanted one");
+    Resolve(s.seq, s.start + s.num_new, sampled[next++]);
   }
   INFERD_CHECK(next == sampled.size(), "no sampled token is left over");
 }

@@ -42,6 +42,9 @@ struct StepPlan {
   // blocks of readmitted ones back.
   std::vector<BlockCopy> swap_out, swap_in;
   int32_t num_tokens = 0;  // sum of num_new
+  // Planned ahead, this step left out what only a preemption or a swap-in could have made room for: the next
+  // step is planned after the running one is collected.
+  bool needs_sync = false;
   bool empty() const { return seqs.empty(); }
 };
 
@@ -62,9 +65,17 @@ class Scheduler {
   //     max_num_seqs and blocks allow — leaving one block free per running sequence, so admissions do not
   //     cause preemptions at the next block boundary; one that does not fit may preempt running ones of lower
   //     priority, and otherwise waits at the head of the queue (no smaller request overtakes it).
-  StepPlan Schedule(absl::Time now);
-  // Applies a step's results: advances num_computed, appends the sampled token of each sequence that
-  // wanted one (sampled[i] belongs to the i-th such sequence in plan order).
+  //
+  // ahead: the previous step is still running, so the last token of the sequences it samples for is a
+  // PendingToken. A sequence then takes its next step before its pending token is known; nobody is preempted,
+  // swapped or admitted over a running one (plan.needs_sync says when that was wanted), and a sequence whose
+  // pending token is its last allowed one (stopping.max_tokens) waits.
+  StepPlan Schedule(absl::Time now, bool ahead = false);
+  // A step was launched: advances num_computed and appends PendingToken(r) for the r-th sequence that samples.
+  void Launched(const StepPlan& plan);
+  // The token sampled at `position` of seq is known: replaces its PendingToken.
+  void Resolve(Sequence* seq, int32_t position, int32_t token);
+  // Launched, then Resolve with sampled[i] for the i-th sequence that sampled (a step collected at once).
   void Update(const StepPlan& plan, const std::vector<int32_t>& sampled);
   // Removes a sequence wherever it is (finished or aborted) and frees its blocks at once.
   void Finish(Sequence* seq);
@@ -77,8 +88,8 @@ class Scheduler {
  private:
   int64_t EffectivePriority(const Sequence& seq, absl::Time now) const;
   void OrderWaiting(absl::Time now);
-  void GrantRunning(StepPlan* plan);
-  void Admit(StepPlan* plan);
+  void GrantRunning(StepPlan* plan, bool ahead);
+  void Admit(StepPlan* plan, bool ahead);
   // Preempts a running sequence, dropping it from the plan if it was scheduled (returns the tokens it had
   // there); it waits again.
   int32_t PreemptRunning(Sequence* victim, StepPlan* plan);

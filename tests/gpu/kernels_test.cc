@@ -38,6 +38,24 @@ TEST(Kernels, GatherRowsCopiesExactly) {
     for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(got[i * cols + c], Bf(table[idx[i] * cols + c])) << i << "," << c;
 }
 
+// Ids below zero name rows of the last step's sampled tokens (PendingToken): the embedding reads those.
+TEST(Kernels, EmbedTokensReadsPendingIdsFromTheSampledTokens) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(2);
+  const int64_t vocab = 53, cols = 131;
+  const std::vector<float> table = Random(vocab * cols, rng);
+  const std::vector<int32_t> sampled = {9, 52, 0, 31};
+  const std::vector<int32_t> ids = {-3, 7, -1, -4, 52, -2, 0};  // rows 2, 0, 3, 1 of `sampled`
+  const std::vector<int32_t> want = {0, 7, 9, 31, 52, 52, 0};
+  Dev<bf16> embed(ToBf16(table));
+  Dev<int32_t> d_ids(ids), d_sampled(sampled);
+  Dev<bf16> dst(ids.size() * cols);
+  CUDA_OK(kernels::EmbedTokens(embed.get(), d_ids.get(), d_sampled.get(), dst.get(), ids.size(), cols, nullptr));
+  const std::vector<float> got = FromBf16(dst.Host());
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(got[i * cols + c], Bf(table[want[i] * cols + c])) << i << "," << c;
+}
+
 class AddRmsNormTest : public ::testing::TestWithParam<std::tuple<int64_t, int64_t>> {};
 
 TEST_P(AddRmsNormTest, MatchesReferenceWithinBf16Rounding) {

@@ -19,6 +19,7 @@ class CollectingSink : public OutputSink {
     if (out.finish != FinishReason::kNone || !out.error.ok()) {
       finish = out.finish;
       error = out.error;
+      usage = out.usage;
       done = true;
       cv_.notify_all();
     }
@@ -35,6 +36,7 @@ class CollectingSink : public OutputSink {
   std::vector<TokenLogprob> logprobs;
   FinishReason finish = FinishReason::kNone;
   absl::Status error;
+  Usage usage;
   bool done = false;
 
  private:

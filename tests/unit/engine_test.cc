@@ -1,5 +1,7 @@
 // The engine's step loop with a fake backend: what reaches the backend, and what a client sees when a step
-// fails or a deadline passes while the request runs. Blocks are back in the pool in every case.
+// fails or a deadline passes while the request runs. Blocks are back in the pool in every case. Every test
+// runs with each step planned after the last one's tokens are in and with steps planned ahead
+// (engine.plan_ahead), where the fake backend reads pending tokens through Backend's default Launch.
 #include "engine/engine.h"
 
 #include <gtest/gtest.h>
@@ -18,14 +20,16 @@ namespace {
 
 using testing::CollectingSink;
 
-// Samples token (position % 50) + 100; fails the step when asked to; can be slowed down.
+// Samples token 100 + (position + seed) % 50 (seed: the request's, or 0); fails the step when asked to; can
+// be slowed down. Every token fed back past the 6-token prompts must be the one it sampled for that sequence.
 class FakeBackend : public Backend {
  public:
   struct Control {
     std::atomic<bool> fail{false};
     std::atomic<int> step_ms{0};
     std::atomic<int> steps{0};
-    std::atomic<int> bad_rows{0};  // steps whose sampling rows did not match their logits rows
+    std::atomic<int> bad_rows{0};    // steps whose sampling rows did not match their logits rows
+    std::atomic<int> bad_tokens{0};  // output tokens fed back other than as sampled
   };
   explicit FakeBackend(Control* c) : c_(c) {}
   std::string name() const override { return "fake"; }
@@ -43,22 +47,30 @@ class FakeBackend : public Backend {
     if (c_->step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(c_->step_ms.load()));
     if (c_->fail) return absl::InternalError("fake device fault");
     if (in.sampling.size() != in.logits_indices.size()) c_->bad_rows++;
+    for (int32_t r = 0; r < in.num_logits(); ++r) {
+      const int32_t t = in.logits_indices[r], p = in.positions[t];
+      if (p >= 6 && in.token_ids[t] != Token(p, in.sampling[r].params)) c_->bad_tokens++;
+    }
     out->tokens.clear();
     out->logprobs.assign(in.num_logits(), {});
     for (int32_t r = 0; r < in.num_logits(); ++r) {
       const SamplingRow& row = in.sampling[r];
       if (row.position != in.positions[in.logits_indices[r]] + 1) c_->bad_rows++;
       if (row.params.seed && row.uniform != SamplingUniform(*row.params.seed, row.position)) c_->bad_rows++;
-      out->tokens.push_back(100 + row.position % 50);
+      out->tokens.push_back(Token(row.position, row.params));
     }
     return absl::OkStatus();
   }
 
  private:
+  static int32_t Token(int32_t position, const SamplingParams& p) {
+    return 100 + static_cast<int32_t>((position + p.seed.value_or(0)) % 50);
+  }
   Control* c_;
 };
 
-class EngineWithFakeBackend : public ::testing::Test {
+// The parameter is engine.plan_ahead.
+class EngineWithFakeBackend : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override { Start(/*max_num_seqs=*/64, /*max_queue=*/256); }
 
@@ -70,6 +82,7 @@ class EngineWithFakeBackend : public ::testing::Test {
     config.engine.block_size = 4;
     config.scheduler.max_num_seqs = max_num_seqs;
     config.scheduler.max_queue = max_queue;
+    config.engine.plan_ahead = GetParam();
     auto e = Engine::Create(config, [this](const Config&, const Model&) -> absl::StatusOr<std::unique_ptr<Backend>> {
       return std::make_unique<FakeBackend>(&control_);
     });
@@ -89,13 +102,15 @@ class EngineWithFakeBackend : public ::testing::Test {
   }
 
   std::shared_ptr<CollectingSink> Submit(const std::string& id, int32_t max_tokens,
-                                         absl::Time deadline = absl::InfiniteFuture()) {
+                                         absl::Time deadline = absl::InfiniteFuture(),
+                                         std::vector<int32_t> stop_token_ids = {}, uint64_t seed = 42) {
     Request r;
     r.id = id;
     r.prompt = {1, 2, 3, 4, 5, 6};
-    r.sampling.seed = 42;
+    r.sampling.seed = seed;
     r.stopping.max_tokens = max_tokens;
     r.stopping.ignore_eos = true;
+    r.stopping.stop_token_ids = std::move(stop_token_ids);
     r.deadline = deadline;
     auto sink = std::make_shared<CollectingSink>();
     r.sink = sink;
@@ -107,16 +122,42 @@ class EngineWithFakeBackend : public ::testing::Test {
   std::unique_ptr<Engine> engine_;
 };
 
-TEST_F(EngineWithFakeBackend, TokensComeFromTheBackendWithSamplingRowsForEveryLogitsRow) {
+TEST_P(EngineWithFakeBackend, TokensComeFromTheBackendWithSamplingRowsForEveryLogitsRow) {
+  const int warm_up_steps = control_.steps;
   auto sink = Submit("a", 5);
   ASSERT_TRUE(sink->WaitFor(absl::Seconds(10)));
   EXPECT_EQ(sink->finish, FinishReason::kLength);
-  EXPECT_EQ(sink->tokens, (std::vector<int32_t>{106, 107, 108, 109, 110}));
+  EXPECT_EQ(sink->tokens, (std::vector<int32_t>{148, 149, 100, 101, 102}));
+  EXPECT_EQ(sink->usage.completion_tokens, 5);
+  EXPECT_EQ(control_.bad_rows, 0);
+  EXPECT_EQ(control_.bad_tokens, 0);
+  EXPECT_EQ(engine_->Stats().free_blocks, 64);
+  EXPECT_EQ(control_.steps - warm_up_steps, 5) << "a request's last allowed token is not fed to another step";
+}
+
+// Planned ahead, the step after a stop token's is already running when the host sees it: that row's token
+// is dropped, the usage counts what the client got, and every block comes back. Seed i stops at its
+// (4 - i)-th token for i < 4 and runs to max_tokens for the others.
+TEST_P(EngineWithFakeBackend, AStopTokenEndsTheRequestAtItsTokenWhateverRanBehindIt) {
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (int i = 0; i < 8; ++i) {
+    sinks.push_back(Submit("s" + std::to_string(i), 20, absl::InfiniteFuture(), {109}, /*seed=*/i));
+  }
+  for (int i = 0; i < 8; ++i) {
+    CollectingSink& sink = *sinks[i];
+    ASSERT_TRUE(sink.WaitFor(absl::Seconds(10)));
+    std::vector<int32_t> want;
+    for (int32_t p = 6; want.size() < 20 && (want.empty() || want.back() != 109); ++p) want.push_back(100 + (p + i) % 50);
+    EXPECT_EQ(sink.finish, i < 4 ? FinishReason::kStopToken : FinishReason::kLength) << i;
+    EXPECT_EQ(sink.tokens, want) << i;
+    EXPECT_EQ(sink.usage.completion_tokens, static_cast<int32_t>(want.size())) << i;
+  }
+  EXPECT_EQ(control_.bad_tokens, 0);
   EXPECT_EQ(control_.bad_rows, 0);
   EXPECT_EQ(engine_->Stats().free_blocks, 64);
 }
 
-TEST_F(EngineWithFakeBackend, AFailedStepEndsItsRequestsWithTheErrorAndFreesTheirBlocks) {
+TEST_P(EngineWithFakeBackend, AFailedStepEndsItsRequestsWithTheErrorAndFreesTheirBlocks) {
   control_.fail = true;
   auto sink = Submit("a", 5);
   ASSERT_TRUE(sink->WaitFor(absl::Seconds(10)));
@@ -132,7 +173,7 @@ TEST_F(EngineWithFakeBackend, AFailedStepEndsItsRequestsWithTheErrorAndFreesThei
   EXPECT_EQ(next->tokens.size(), 3u);
 }
 
-TEST_F(EngineWithFakeBackend, ADeadlinePassingWhileRunningEndsTheRequestAndFreesItsBlocks) {
+TEST_P(EngineWithFakeBackend, ADeadlinePassingWhileRunningEndsTheRequestAndFreesItsBlocks) {
   control_.step_ms = 20;
   auto sink = Submit("a", 1000, absl::Now() + absl::Milliseconds(200));
   ASSERT_TRUE(sink->WaitFor(absl::Seconds(10)));
@@ -147,7 +188,7 @@ TEST_F(EngineWithFakeBackend, ADeadlinePassingWhileRunningEndsTheRequestAndFrees
 
 // A drain waits on `unfinished`: it counts a request from Submit to its last output, also in the moments when it
 // is neither running nor waiting in the last published step counts (taken from the queue, mid-step).
-TEST_F(EngineWithFakeBackend, UnfinishedCountsARequestFromSubmitToItsLastOutput) {
+TEST_P(EngineWithFakeBackend, UnfinishedCountsARequestFromSubmitToItsLastOutput) {
   control_.step_ms = 25;
   EXPECT_EQ(engine_->Stats().unfinished, 0);
   auto sink = Submit("a", 40);
@@ -164,7 +205,7 @@ TEST_F(EngineWithFakeBackend, UnfinishedCountsARequestFromSubmitToItsLastOutput)
   EXPECT_EQ(engine_->Stats().unfinished, 0);
 }
 
-TEST_F(EngineWithFakeBackend, ALateCancelOfAFinishedRequestNeverTouchesANewOneWithItsId) {
+TEST_P(EngineWithFakeBackend, ALateCancelOfAFinishedRequestNeverTouchesANewOneWithItsId) {
   auto first = std::make_shared<CollectingSink>();
   auto a = TrySubmit("same-id", 2, first);
   ASSERT_TRUE(a.ok());
@@ -194,7 +235,7 @@ TEST_F(EngineWithFakeBackend, ALateCancelOfAFinishedRequestNeverTouchesANewOneWi
   EXPECT_EQ(engine_->Stats().free_blocks, 64);
 }
 
-TEST_F(EngineWithFakeBackend, TheQueueBoundHoldsExactly) {
+TEST_P(EngineWithFakeBackend, TheQueueBoundHoldsExactly) {
   Start(/*max_num_seqs=*/1, /*max_queue=*/2);
   control_.step_ms = 5;
   auto running = std::make_shared<CollectingSink>();
@@ -225,6 +266,8 @@ TEST_F(EngineWithFakeBackend, TheQueueBoundHoldsExactly) {
   engine_->Abort("running");
   ASSERT_TRUE(running->WaitFor(absl::Seconds(10)));
 }
+
+INSTANTIATE_TEST_SUITE_P(PlanAhead, EngineWithFakeBackend, ::testing::Values("off", "on"));
 
 }  // namespace
 }  // namespace inferd

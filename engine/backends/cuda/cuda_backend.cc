@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -89,10 +90,11 @@ class CudaBackend : public Backend {
     if (compute_) cudaStreamSynchronize(compute_);
     for (auto* graphs : {&graphs_, &unsplit_graphs_})
       for (auto& [rows, g] : *graphs) cudaGraphExecDestroy(g.exec);
-    for (cudaEvent_t e : {inputs_ready_, sampled_, outputs_ready_, compute_start_, compute_end_})
-      if (e) cudaEventDestroy(e);
-    for (cudaStream_t s : {compute_, copy_})
-      if (s) cudaStreamDestroy(s);
+    for (Slot& slot : slots_)
+      for (cudaEvent_t e : {slot.outputs_ready, slot.compute_start, slot.compute_end})
+        if (e) cudaEventDestroy(e);
+    if (inputs_consumed_) cudaEventDestroy(inputs_consumed_);
+    if (compute_) cudaStreamDestroy(compute_);
   }
 
   std::string name() const override { return "cuda"; }
@@ -102,6 +104,8 @@ class CudaBackend : public Backend {
   absl::Status AllocateSwapSpace(int32_t num_blocks) override;
   absl::Status SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) override;
   absl::Status Step(const StepInput& input, StepOutput* output) override;
+  absl::Status Launch(const StepInput& input) override;
+  absl::Status Collect(StepOutput* output) override;
   absl::StatusOr<DeviceCeilings> MeasureCeilings() override;
   DeviceReading ReadDevice() const override { return nvml_ ? nvml_->Read() : DeviceReading{}; }
 
@@ -154,9 +158,28 @@ class CudaBackend : public Backend {
   StepLimits limits_;
   int64_t activation_bytes_ = 0;
   std::unique_ptr<cuda::Gemm> gemm_;
-  cudaStream_t compute_ = nullptr, copy_ = nullptr;
-  cudaEvent_t inputs_ready_ = nullptr, sampled_ = nullptr, outputs_ready_ = nullptr;
-  cudaEvent_t compute_start_ = nullptr, compute_end_ = nullptr;  // timing events around each step's compute
+  // One stream runs everything a step does in order: its input copies (the graphs read the inputs at fixed
+  // addresses, so step N + 1's may land only once step N has read them), its kernels, the copy of its sampled
+  // tokens to the host. The host overlaps: it packs step N + 1 while the device runs step N.
+  cudaStream_t compute_ = nullptr;
+  cudaEvent_t inputs_consumed_ = nullptr;  // the last launch's copies from the pinned inputs have run
+  // A launched step's results land in its slot; three, so that while step N + 1 is launched and N collected,
+  // N - 1's timing events are still there to measure the device's idle time before N.
+  struct Slot {
+    PinnedBuffer outputs_host;
+    cudaEvent_t outputs_ready = nullptr;
+    cudaEvent_t compute_start = nullptr, compute_end = nullptr;  // timing events around the step's compute
+  };
+  static constexpr int kSlots = 3;
+  Slot slots_[kSlots];
+  struct Launched {
+    int slot = 0;
+    int previous_slot = -1;        // the slot of the step launched just before it, if any
+    std::vector<int32_t> top_n;    // per logits row: logprob alternatives reported
+  };
+  std::deque<Launched> launched_;  // oldest first; at most two
+  int64_t launches_ = 0;
+  int32_t last_num_logits_ = -1;   // rows the last launched step samples: what a PendingToken may name
   StepCounters counters_;
 
   // Activations: [max tokens, ...] and [max seqs, ...] (logits rows).
@@ -165,7 +188,7 @@ class CudaBackend : public Backend {
   DeviceBuffer attn_float_ws_, attn_int_ws_;  // FlashInfer's planner workspaces
   PinnedBuffer attn_int_ws_host_;
   DeviceBuffer inputs_dev_, outputs_dev_;
-  PinnedBuffer inputs_host_, outputs_host_;
+  PinnedBuffer inputs_host_;
   InputOffsets in_;
   OutputOffsets out_;
   int64_t max_pages_ = 0, max_penalties_ = 0;
@@ -185,12 +208,12 @@ class CudaBackend : public Backend {
 template <typename T>
 absl::Status CudaBackend<T>::AllocateWorkspace() {
   INFERD_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
-  INFERD_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-  for (cudaEvent_t* e : {&inputs_ready_, &sampled_, &outputs_ready_}) {
-    INFERD_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  INFERD_CUDA(cudaEventCreateWithFlags(&inputs_consumed_, cudaEventDisableTiming));
+  for (Slot& slot : slots_) {
+    INFERD_CUDA(cudaEventCreateWithFlags(&slot.outputs_ready, cudaEventDisableTiming));
+    INFERD_CUDA(cudaEventCreate(&slot.compute_start));
+    INFERD_CUDA(cudaEventCreate(&slot.compute_end));
   }
-  INFERD_CUDA(cudaEventCreate(&compute_start_));
-  INFERD_CUDA(cudaEventCreate(&compute_end_));
   const int64_t Tn = limits_.max_num_batched_tokens, R = limits_.max_num_seqs;
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
   const int64_t q_dim = int64_t{cfg_.num_heads} * D, qkv_dim = q_dim + 2 * int64_t{cfg_.num_kv_heads} * D;
@@ -220,7 +243,7 @@ absl::Status CudaBackend<T>::AllocateWorkspace() {
   out_.top_ids = out.Add(R * k::kMaxTopLogprobs * sizeof(int32_t));
   out_.top_logprobs = out.Add(R * k::kMaxTopLogprobs * sizeof(float));
   INFERD_RETURN_IF_ERROR(outputs_dev_.Allocate(out.size, a));
-  INFERD_RETURN_IF_ERROR(outputs_host_.Allocate(out.size));
+  for (Slot& slot : slots_) INFERD_RETURN_IF_ERROR(slot.outputs_host.Allocate(out.size));
   return absl::OkStatus();
 }
 
@@ -474,16 +497,15 @@ absl::Status CudaBackend<T>::Upload(const StepInput& in, size_t penalties) {
   // Only what this step uses goes up: the fixed-size sections and the used page table in one copy, penalty
   // entries (sized for the worst case, megabytes) only when a row has any.
   const size_t head = in_.kv_indices + in.kv_indices.size() * sizeof(int32_t);
-  INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get(), inputs_host_.get(), head, cudaMemcpyHostToDevice, copy_));
+  INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get(), inputs_host_.get(), head, cudaMemcpyHostToDevice, compute_));
   if (penalties > 0) {
     for (auto [offset, bytes] : {std::pair{in_.penalty_tokens, penalties * sizeof(int32_t)},
                                  std::pair{in_.penalty_counts, penalties * sizeof(int32_t)},
                                  std::pair{in_.penalty_flags, penalties * sizeof(uint8_t)}}) {
       INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get<char>() + offset, inputs_host_.get<char>() + offset, bytes,
-                                  cudaMemcpyHostToDevice, copy_));
+                                  cudaMemcpyHostToDevice, compute_));
     }
   }
-  INFERD_CUDA(cudaEventRecord(inputs_ready_, copy_));
   return absl::OkStatus();
 }
 
@@ -599,7 +621,6 @@ absl::Status CudaBackend<T>::CaptureDecodeGraph(int32_t rows, bool unsplit_kv) {
   size_t penalties = 0;
   INFERD_RETURN_IF_ERROR(Pack(in, &penalties));
   INFERD_RETURN_IF_ERROR(Upload(in, penalties));
-  INFERD_CUDA(cudaStreamWaitEvent(compute_, inputs_ready_));
   DecodeGraph g;
   INFERD_RETURN_IF_ERROR(Plan(in, /*decode_graph=*/true, unsplit_kv, &g.plan));
   INFERD_RETURN_IF_ERROR(Forward(in, g.plan));  // once eagerly: cuBLASLt picks its algorithms outside capture
@@ -643,7 +664,10 @@ absl::Status CudaBackend<T>::Forward(const StepInput& in, const k::AttentionPlan
   const int64_t q_dim = int64_t{cfg_.num_heads} * D, qkv_dim = q_dim + 2 * int64_t{cfg_.num_kv_heads} * D;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   cudaStream_t s = compute_;
-  INFERD_KERNEL(k::GatherRows(w_.embed.get<T>(), In<int32_t>(in_.token_ids), x_.get<T>(), Tn, H, s));
+  // A pending token id names a row of the device outputs, which still hold the last launched step's tokens.
+  INFERD_KERNEL(k::EmbedTokens(w_.embed.get<T>(), In<int32_t>(in_.token_ids),
+                               reinterpret_cast<const int32_t*>(outputs_dev_.get<char>() + out_.tokens), x_.get<T>(),
+                               Tn, H, s));
   // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product.
   const bool fused_qkv_rope =
       Tn <= std::min<int64_t>(gemm_->gemv_max_rows(), 2) && k::GemvSupports(xn_.get(), w_.layers[0].qkv.get(), Tn, H);
@@ -698,14 +722,27 @@ absl::Status CudaBackend<T>::Forward(const StepInput& in, const k::AttentionPlan
 
 template <typename T>
 absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
+  INFERD_CHECK(launched_.empty(), "nothing else is launched and not collected around a step");
+  INFERD_RETURN_IF_ERROR(Launch(in));
+  return Collect(out);
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::Launch(const StepInput& in) {
   INFERD_CHECK(kv_.bytes() > 0, "the KV cache is allocated before a step");
+  INFERD_CHECK(launched_.size() < 2, "at most two steps are launched and not collected");
   INFERD_CHECK(in.num_tokens() <= limits_.max_num_batched_tokens && in.num_seqs() <= limits_.max_num_seqs &&
                    in.num_logits() <= limits_.max_num_seqs,
                "a step fits the limits the workspace was sized for");
   INFERD_CHECK(static_cast<int64_t>(in.kv_indices.size()) <= max_pages_, "a step's pages fit the page table");
   INFERD_CHECK(in.sampling.size() == in.logits_indices.size(), "every logits row has its sampling parameters");
   for (int32_t t = 0; t < in.num_tokens(); ++t) {
-    INFERD_CHECK(in.token_ids[t] >= 0 && in.token_ids[t] < cfg_.vocab_size, "step token ids are in the vocabulary");
+    const int32_t id = in.token_ids[t];
+    if (IsPendingToken(id)) {  // read by the embedding from the device outputs the last step sampled into
+      INFERD_CHECK(PendingRow(id) < last_num_logits_, "a pending token names a row of the step launched before");
+    } else {
+      INFERD_CHECK(id < cfg_.vocab_size, "step token ids are in the vocabulary");
+    }
     INFERD_CHECK(in.slot_mapping[t] >= 0 && in.slot_mapping[t] < num_slots_, "slot mapping points into the pool");
   }
   const auto prepare_start = std::chrono::steady_clock::now();
@@ -714,19 +751,23 @@ absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
   const StepInput& run = bucket > 0 ? padded : in;
   const bool unsplit = bucket > 0 && UseUnsplitGraph(in, bucket);  // judged on the step's own rows
   size_t penalties = 0;
-  {
-    TraceRange range("pack and copy inputs");
-    INFERD_RETURN_IF_ERROR(Pack(run, &penalties));
-    INFERD_RETURN_IF_ERROR(Upload(run, penalties));
-  }
-  INFERD_CUDA(cudaStreamWaitEvent(compute_, inputs_ready_));
   k::AttentionPlan plan;
   {
-    TraceRange range("plan attention");
+    TraceRange range("pack and copy inputs, plan attention");
+    // The pinned inputs and attention schedule are rewritten only once the last launch's copies have read them
+    // (they ran when that step started, so this rarely waits).
+    INFERD_CUDA(cudaEventSynchronize(inputs_consumed_));
+    INFERD_RETURN_IF_ERROR(Pack(run, &penalties));
+    INFERD_RETURN_IF_ERROR(Upload(run, penalties));
     INFERD_RETURN_IF_ERROR(Plan(run, /*decode_graph=*/bucket > 0, unsplit, &plan));
+    INFERD_CUDA(cudaEventRecord(inputs_consumed_, compute_));
   }
+  Launched step;
+  step.slot = static_cast<int>(launches_ % kSlots);
+  step.previous_slot = launches_ > 0 ? static_cast<int>((launches_ - 1) % kSlots) : -1;
+  Slot& slot = slots_[step.slot];
   // Busy time starts here, once the inputs and the schedule are on the device: the host's planning is not compute.
-  INFERD_CUDA(cudaEventRecord(compute_start_, compute_));
+  INFERD_CUDA(cudaEventRecord(slot.compute_start, compute_));
   const DecodeGraph* graph = bucket > 0 ? &(unsplit ? unsplit_graphs_ : graphs_).at(bucket) : nullptr;
   if (graph && !std::equal(std::begin(plan.words), std::end(plan.words), std::begin(graph->plan.words))) {
     // The graph froze another attention layout: run this step's kernels directly (same plan, same result).
@@ -740,29 +781,46 @@ absl::Status CudaBackend<T>::Step(const StepInput& in, StepOutput* out) {
     TraceRange range("forward and sample");
     INFERD_RETURN_IF_ERROR(Forward(run, plan));
   }
+  INFERD_CUDA(cudaEventRecord(slot.compute_end, compute_));
+  // The next step's sampling rewrites the device outputs: this copy is queued before it on the same stream.
+  INFERD_CUDA(cudaMemcpyAsync(slot.outputs_host.get(), outputs_dev_.get(), slot.outputs_host.bytes(),
+                              cudaMemcpyDeviceToHost, compute_));
+  INFERD_CUDA(cudaEventRecord(slot.outputs_ready, compute_));
   counters_.last_prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - prepare_start).count();
-  INFERD_CUDA(cudaEventRecord(compute_end_, compute_));
-  INFERD_CUDA(cudaEventRecord(sampled_, compute_));
-  INFERD_CUDA(cudaStreamWaitEvent(copy_, sampled_));
-  INFERD_CUDA(
-      cudaMemcpyAsync(outputs_host_.get(), outputs_dev_.get(), outputs_host_.bytes(), cudaMemcpyDeviceToHost, copy_));
-  INFERD_CUDA(cudaEventRecord(outputs_ready_, copy_));
+  step.top_n.resize(in.num_logits());
+  for (int32_t r = 0; r < in.num_logits(); ++r) step.top_n[r] = std::min(in.sampling[r].top_logprobs, k::kMaxTopLogprobs);
+  launched_.push_back(std::move(step));
+  ++launches_;
+  last_num_logits_ = in.num_logits();
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status CudaBackend<T>::Collect(StepOutput* out) {
+  INFERD_CHECK(!launched_.empty(), "a step was launched before it is collected");
+  const Launched step = std::move(launched_.front());
+  launched_.pop_front();
+  const Slot& slot = slots_[step.slot];
   {
     TraceRange range("wait for sampled tokens");
-    INFERD_CUDA(cudaEventSynchronize(outputs_ready_));
+    INFERD_CUDA(cudaEventSynchronize(slot.outputs_ready));
   }
-  float busy_ms = 0;
-  INFERD_CUDA(cudaEventElapsedTime(&busy_ms, compute_start_, compute_end_));
+  float busy_ms = 0, idle_ms = 0;
+  INFERD_CUDA(cudaEventElapsedTime(&busy_ms, slot.compute_start, slot.compute_end));
+  if (step.previous_slot >= 0) {
+    INFERD_CUDA(cudaEventElapsedTime(&idle_ms, slots_[step.previous_slot].compute_end, slot.compute_start));
+  }
   ++counters_.steps;
   counters_.device_busy_s += busy_ms * 1e-3;
   counters_.last_device_s = busy_ms * 1e-3;
-  const int32_t R = in.num_logits();
-  const char* host = outputs_host_.get<char>();
+  counters_.last_idle_before_s = std::max(0.f, idle_ms) * 1e-3;
+  const int32_t R = static_cast<int32_t>(step.top_n.size());
+  const char* host = slot.outputs_host.get<char>();
   const int32_t* tokens = reinterpret_cast<const int32_t*>(host + out_.tokens);
   out->tokens.assign(tokens, tokens + R);
   out->logprobs.assign(R, {});
   for (int32_t r = 0; r < R; ++r) {
-    const int32_t n = std::min(in.sampling[r].top_logprobs, k::kMaxTopLogprobs);
+    const int32_t n = step.top_n[r];
     if (n <= 0) continue;
     TokenLogprob& lp = out->logprobs[r];
     lp.token_id = tokens[r];

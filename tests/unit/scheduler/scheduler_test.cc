@@ -1,5 +1,7 @@
 #include "engine/scheduler/scheduler.h"
 
+#include "engine/runtime/step_input.h"
+
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -451,6 +453,88 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
   if (std::get<1>(GetParam())) EXPECT_GT(swapped, 0) << "and swapping";
   for (auto it = h.seqs_.begin(); it != h.seqs_.end();) h.Finish((it++)->first);
   EXPECT_EQ(h.pool_.num_free(), h.pool_.num_total());
+}
+
+// Planned ahead (the previous step still running): a sequence decodes its pending token, the step input
+// names it by the row that samples it, and a sequence whose pending token is its last allowed one waits.
+TEST(Scheduler, PlannedAheadASequenceDecodesItsPendingTokenUntilItsLastAllowedOne) {
+  SchedulerHarness h({.max_num_seqs = 4, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 8);
+  h.Add('A', 6);
+  h.Add('B', 3);
+  Sequence& a = *h.seqs_.at('A');
+  Sequence& b = *h.seqs_.at('B');
+  a.request.stopping.max_tokens = 2;
+  const StepPlan first = h.scheduler_.Schedule(h.now_);
+  ASSERT_EQ(SchedulerHarness::Describe(first), "A6+ B3+");
+  h.scheduler_.Launched(first);
+  EXPECT_EQ(a.tokens.back(), PendingToken(0));
+  EXPECT_EQ(b.tokens.back(), PendingToken(1));
+
+  const StepPlan second = h.scheduler_.Schedule(h.now_, /*ahead=*/true);
+  ASSERT_EQ(SchedulerHarness::Describe(second), "A1+ B1+");
+  EXPECT_FALSE(second.needs_sync);
+  EXPECT_EQ(BuildStepInput(second, 4).token_ids, (std::vector<int32_t>{PendingToken(0), PendingToken(1)}));
+  h.scheduler_.Launched(second);
+  h.scheduler_.Resolve(&a, 6, 50);  // the first step's tokens reach the host
+  h.scheduler_.Resolve(&b, 3, 51);
+  EXPECT_EQ(a.num_output_tokens(), 2) << "one known, one pending";
+
+  const StepPlan third = h.scheduler_.Schedule(h.now_, /*ahead=*/true);
+  EXPECT_EQ(SchedulerHarness::Describe(third), "B1+") << "A's pending token is its last: A computes nothing more";
+  EXPECT_EQ(BuildStepInput(third, 4).token_ids, (std::vector<int32_t>{PendingToken(1)}));
+  h.scheduler_.Launched(third);
+  h.scheduler_.Resolve(&a, 7, 52);
+  h.scheduler_.Resolve(&b, 4, 53);
+  EXPECT_EQ(a.tokens, (std::vector<int32_t>{7, 7, 7, 7, 7, 7, 50, 52}));
+  EXPECT_EQ(b.tokens, (std::vector<int32_t>{7, 7, 7, 51, 53, PendingToken(0)}));
+  h.pool_.CheckInvariants();
+}
+
+// Planned ahead, nobody is preempted: a sequence that would need it waits, and the plan asks for the next
+// step to be planned with the results in, where the usual preemption happens.
+TEST(Scheduler, PlannedAheadNobodyIsPreemptedTheNextPlanWaitsForTheResults) {
+  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4}, 3);
+  h.Add('A', 4);
+  h.Add('B', 4, /*priority=*/1);
+  Sequence& a = *h.seqs_.at('A');
+  Sequence& b = *h.seqs_.at('B');
+  const StepPlan first = h.scheduler_.Schedule(h.now_);
+  ASSERT_EQ(SchedulerHarness::Describe(first), "B4+ A4+");
+  h.scheduler_.Launched(first);
+  // Both need a 2nd block and one is free: B takes it; A would preempt itself, so it waits.
+  const StepPlan ahead = h.scheduler_.Schedule(h.now_, /*ahead=*/true);
+  EXPECT_EQ(SchedulerHarness::Describe(ahead), "B1+");
+  EXPECT_TRUE(ahead.preempted.empty());
+  EXPECT_TRUE(ahead.needs_sync);
+  h.scheduler_.Launched(ahead);
+  h.scheduler_.Resolve(&b, 4, 100);
+  h.scheduler_.Resolve(&a, 4, 100);
+  h.scheduler_.Resolve(&b, 5, 100);
+  const StepPlan after = h.scheduler_.Schedule(h.now_);
+  EXPECT_EQ(PreemptedNames(after), "A");
+  EXPECT_EQ(SchedulerHarness::Describe(after), "B1+");
+  EXPECT_FALSE(after.needs_sync);
+  h.pool_.CheckInvariants();
+}
+
+// A full block is remembered for prefix reuse under its tokens' ids: not while its last token is pending.
+TEST(Scheduler, APrefixBlockIsRememberedOnceItsPendingTokenIsKnown) {
+  SchedulerHarness h({.max_num_seqs = 4, .max_num_batched_tokens = 16, .block_size = 4, .prefix_caching = true}, 8);
+  h.Add('A', 7);
+  Sequence& a = *h.seqs_.at('A');
+  const StepPlan first = h.scheduler_.Schedule(h.now_);
+  h.scheduler_.Launched(first);
+  EXPECT_EQ(a.block_keys.size(), 1u);
+  const StepPlan second = h.scheduler_.Schedule(h.now_, /*ahead=*/true);
+  ASSERT_EQ(SchedulerHarness::Describe(second), "A1+");
+  h.scheduler_.Launched(second);  // block 1 is computed, but its last token is still pending
+  EXPECT_EQ(a.block_keys.size(), 1u);
+  h.scheduler_.Resolve(&a, 7, 7);
+  EXPECT_EQ(a.block_keys.size(), 2u);
+  h.Add('B', 9);  // the same 8 tokens, then one more: reuses both blocks
+  const StepPlan third = h.scheduler_.Schedule(h.now_, /*ahead=*/true);
+  EXPECT_EQ(SchedulerHarness::Describe(third), "A1+ B1+");
+  EXPECT_EQ(h.seqs_.at('B')->num_cached_tokens, 8);
 }
 
 INSTANTIATE_TEST_SUITE_P(PrefixCachingAndSwap, RandomizedScheduler,
