@@ -273,6 +273,7 @@ int Main(int argc, char** argv) {
   std::string sections = "products,latency,prefill,decode,throughput";
   std::vector<int32_t> batches = {1, 8, 32, 64, 128, 256};
   bool graphs = true;
+  std::string plan_ahead = "auto";
   int32_t profile_steps = 0;
   int32_t prefill_idle_ms = 1000;
   for (int i = 1; i < argc; ++i) {
@@ -281,6 +282,7 @@ int Main(int argc, char** argv) {
     if (i + 1 < argc && a == "--model") model = argv[++i];
     if (i + 1 < argc && a == "--json") json_path = argv[++i];
     if (a == "--no-graphs") graphs = false;
+    if (i + 1 < argc && a == "--plan-ahead") plan_ahead = argv[++i];
     if (i + 1 < argc && a == "--profile-steps") profile_steps = std::atoi(argv[++i]);
     if (i + 1 < argc && a == "--prefill-idle-ms") prefill_idle_ms = std::atoi(argv[++i]);
     if (i + 1 < argc && a == "--batches") {
@@ -291,10 +293,11 @@ int Main(int argc, char** argv) {
   if (model.empty()) {
     std::fprintf(stderr,
                  "usage: inferd-bench --model DIR [--json FILE] [--sections LIST] [--batches B,...] [--no-graphs]\n"
-                 "       [--profile-steps N] [--prefill-idle-ms MS]\n"
+                 "       [--plan-ahead auto|on|off] [--profile-steps N] [--prefill-idle-ms MS]\n"
                  "  LIST: comma-separated of products,latency,prefill,decode,throughput (default: all)\n"
                  "  B: the decode section's batch sizes (default 1,8,32,64,128,256)\n"
                  "  --no-graphs: decode steps launched kernel by kernel (engine.cuda_graphs: false)\n"
+                 "  --plan-ahead: engine.plan_ahead (default auto: on for cuda)\n"
                  "  --profile-steps N: log where each of the first N steps' time went (engine.profile_steps)\n"
                  "  --prefill-idle-ms MS: the GPU's idle time before each timed prompt of the prefill section "
                  "(default 1000)\n");
@@ -326,6 +329,7 @@ int Main(int argc, char** argv) {
   config.model.path = model;
   config.engine.backend = "cuda";
   config.engine.cuda_graphs = graphs;
+  config.engine.plan_ahead = plan_ahead;
   config.engine.profile_steps = profile_steps;
   config.scheduler.max_num_seqs = 256;
   config.scheduler.max_num_batched_tokens = 8192;

@@ -815,7 +815,7 @@ absl::Status CudaBackend<T>::Collect(StepOutput* out) {
   counters_.last_device_s = busy_ms * 1e-3;
   counters_.last_idle_before_s = std::max(0.f, idle_ms) * 1e-3;
   const int32_t R = static_cast<int32_t>(step.top_n.size());
-  const char* host = slot.outputs_host.get<char>();
+  const char* host = slot.outputs_host.template get<char>();
   const int32_t* tokens = reinterpret_cast<const int32_t*>(host + out_.tokens);
   out->tokens.assign(tokens, tokens + R);
   out->logprobs.assign(R, {});
