@@ -73,7 +73,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
       mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size, e->model_->tensors.stored_dtype);
 
   INFERD_ASSIGN_OR_RETURN(e->backend_, factory(config, *e->model_));
-  e->plan_ahead_ = config.engine.plan_ahead == "on" || (config.engine.plan_ahead == "auto" && e->backend_->name() == "cuda");
+  e->plan_ahead_ =
+      config.engine.plan_ahead == "on" || (config.engine.plan_ahead == "auto" && e->backend_->name() == "cuda");
   const absl::Time t1 = absl::Now();
   spdlog::info("{} backend built its weights in {:.2f} s", e->backend_->name(), absl::ToDoubleSeconds(t1 - t0));
 
@@ -330,8 +331,8 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status err
   node.mapped()->seq.finished = true;
   // A launched step may still name it: kept until that step is collected (it drops the row).
   if (launches_ > collections_) retired_.emplace_back(launches_, std::move(node.mapped()));
-  node = {};  // otherwise destroys *seq: nothing below reads it
-  PublishStats();         // a client that saw its request finish sees its blocks free
+  node = {};       // otherwise destroys *seq: nothing below reads it
+  PublishStats();  // a client that saw its request finish sees its blocks free
   sink->Push(std::move(out));
 }
 

@@ -147,9 +147,9 @@ class Engine {
   std::function<void(const FinishedRequest&)> on_request_;
   std::function<void(const StepRecord&)> on_step_;
   int64_t engine_steps_ = 0;
-  absl::Time iteration_start_;  // when the loop's current iteration began
-  bool plan_ahead_ = false;     // engine.plan_ahead, resolved for the backend
-  bool sync_next_ = false;      // the last plan left out what only a step planned with the results in can do
+  absl::Time iteration_start_;           // when the loop's current iteration began
+  bool plan_ahead_ = false;              // engine.plan_ahead, resolved for the backend
+  bool sync_next_ = false;               // the last plan left out what only a step planned with the results in can do
   std::unique_ptr<InFlight> in_flight_;  // the step launched and not yet collected
   int64_t launches_ = 0, collections_ = 0;
   // Requests that ended while a launched step still named them, kept until it is collected (by launch count).

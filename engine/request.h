@@ -41,9 +41,15 @@ struct StoppingParams {
 // A token id a step may carry before the host knows it: the token that logits row `row` of the step
 // launched just before this one samples. The engine plans step N + 1 while step N runs; the backend
 // reads the real id on the device (engine/runtime/backend.h).
-constexpr int32_t PendingToken(int32_t row) { return -1 - row; }
-constexpr bool IsPendingToken(int32_t token) { return token < 0; }
-constexpr int32_t PendingRow(int32_t token) { return -1 - token; }
+constexpr int32_t PendingToken(int32_t row) {
+  return -1 - row;
+}
+constexpr bool IsPendingToken(int32_t token) {
+  return token < 0;
+}
+constexpr int32_t PendingRow(int32_t token) {
+  return -1 - token;
+}
 
 enum class FinishReason { kNone, kLength, kEos, kStopString, kStopToken, kAborted };
 inline const char* FinishReasonName(FinishReason reason) {

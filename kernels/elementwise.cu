@@ -259,12 +259,12 @@ cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, 
                          inv_freq, k_cache, v_cache, num_heads, num_kv_heads, head_dim);
 }
 
-#define INFERD_INSTANTIATE(T)                                                                                     \
-  template cudaError_t GatherRows<T>(const T*, const int32_t*, T*, int64_t, int64_t, cudaStream_t);               \
+#define INFERD_INSTANTIATE(T)                                                                                        \
+  template cudaError_t GatherRows<T>(const T*, const int32_t*, T*, int64_t, int64_t, cudaStream_t);                  \
   template cudaError_t EmbedTokens<T>(const T*, const int32_t*, const int32_t*, T*, int64_t, int64_t, cudaStream_t); \
-  template cudaError_t AddRmsNorm<T>(T*, const T*, const T*, T*, int64_t, int64_t, float, cudaStream_t);          \
-  template cudaError_t SiluMul<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                                  \
-  template cudaError_t RopeWriteKv<T>(T*, const int32_t*, const int32_t*, const float*, T*, T*, int64_t, int32_t, \
+  template cudaError_t AddRmsNorm<T>(T*, const T*, const T*, T*, int64_t, int64_t, float, cudaStream_t);             \
+  template cudaError_t SiluMul<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                                     \
+  template cudaError_t RopeWriteKv<T>(T*, const int32_t*, const int32_t*, const float*, T*, T*, int64_t, int32_t,    \
                                       int32_t, int32_t, cudaStream_t);
 INFERD_INSTANTIATE(__nv_bfloat16)
 INFERD_INSTANTIATE(__half)

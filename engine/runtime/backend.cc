@@ -15,9 +15,9 @@ absl::Status Backend::Launch(const StepInput& input) {
       if (!IsPendingToken(id)) continue;
       const int32_t row = PendingRow(id);
       if (row >= static_cast<int32_t>(last_sampled_.size())) {  // it failed, or sampled fewer rows
-        launched_.push_back({absl::FailedPreconditionError(absl::StrCat(
-                                 "a step reads the token of row ", row, " of the step before it, which sampled ",
-                                 last_sampled_.size(), " rows")),
+        launched_.push_back({absl::FailedPreconditionError(absl::StrCat("a step reads the token of row ", row,
+                                                                        " of the step before it, which sampled ",
+                                                                        last_sampled_.size(), " rows")),
                              {}});
         last_sampled_.clear();
         return absl::OkStatus();

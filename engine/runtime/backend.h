@@ -30,10 +30,10 @@ struct SamplingRow {
 };
 
 // One step, packed on the host. Tokens of all sequences are concatenated in plan order; a token id may be a
-// PendingToken (engine/request.h): one the step launched before this one samples, not yet on the host. The page table is
-// in the CSR form paged-attention kernels take: sequence s owns pages kv_indices[kv_indptr[s] ..
-// kv_indptr[s + 1]), the last holding kv_last_page_len[s] tokens. KV slot of position p of sequence s:
-// kv_indices[kv_indptr[s] + p / block_size] * block_size + p % block_size.
+// PendingToken (engine/request.h): one the step launched before this one samples, not yet on the host. The page table
+// is in the CSR form paged-attention kernels take: sequence s owns pages kv_indices[kv_indptr[s] .. kv_indptr[s + 1]),
+// the last holding kv_last_page_len[s] tokens. KV slot of position p of sequence s: kv_indices[kv_indptr[s] + p /
+// block_size] * block_size + p % block_size.
 struct StepInput {
   int32_t block_size = 0;
   std::vector<int32_t> token_ids;         // [num_tokens]

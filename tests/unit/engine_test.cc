@@ -147,7 +147,8 @@ TEST_P(EngineWithFakeBackend, AStopTokenEndsTheRequestAtItsTokenWhateverRanBehin
     CollectingSink& sink = *sinks[i];
     ASSERT_TRUE(sink.WaitFor(absl::Seconds(10)));
     std::vector<int32_t> want;
-    for (int32_t p = 6; want.size() < 20 && (want.empty() || want.back() != 109); ++p) want.push_back(100 + (p + i) % 50);
+    for (int32_t p = 6; want.size() < 20 && (want.empty() || want.back() != 109); ++p)
+      want.push_back(100 + (p + i) % 50);
     EXPECT_EQ(sink.finish, i < 4 ? FinishReason::kStopToken : FinishReason::kLength) << i;
     EXPECT_EQ(sink.tokens, want) << i;
     EXPECT_EQ(sink.usage.completion_tokens, static_cast<int32_t>(want.size())) << i;

@@ -174,12 +174,12 @@ class CudaBackend : public Backend {
   Slot slots_[kSlots];
   struct Launched {
     int slot = 0;
-    int previous_slot = -1;        // the slot of the step launched just before it, if any
-    std::vector<int32_t> top_n;    // per logits row: logprob alternatives reported
+    int previous_slot = -1;      // the slot of the step launched just before it, if any
+    std::vector<int32_t> top_n;  // per logits row: logprob alternatives reported
   };
   std::deque<Launched> launched_;  // oldest first; at most two
   int64_t launches_ = 0;
-  int32_t last_num_logits_ = -1;   // rows the last launched step samples: what a PendingToken may name
+  int32_t last_num_logits_ = -1;  // rows the last launched step samples: what a PendingToken may name
   StepCounters counters_;
 
   // Activations: [max tokens, ...] and [max seqs, ...] (logits rows).
@@ -782,13 +782,24 @@ absl::Status CudaBackend<T>::Launch(const StepInput& in) {
     INFERD_RETURN_IF_ERROR(Forward(run, plan));
   }
   INFERD_CUDA(cudaEventRecord(slot.compute_end, compute_));
-  // The next step's sampling rewrites the device outputs: this copy is queued before it on the same stream.
-  INFERD_CUDA(cudaMemcpyAsync(slot.outputs_host.get(), outputs_dev_.get(), slot.outputs_host.bytes(),
-                              cudaMemcpyDeviceToHost, compute_));
+  step.top_n.resize(in.num_logits());
+  bool logprobs = false;
+  for (int32_t r = 0; r < in.num_logits(); ++r) {
+    step.top_n[r] = std::min(in.sampling[r].top_logprobs, k::kMaxTopLogprobs);
+    logprobs |= step.top_n[r] > 0;
+  }
+  // The next step's sampling rewrites the device outputs: this copy is queued before it on the same stream. The
+  // step's own tokens only, unless a row reports logprobs.
+  if (logprobs) {
+    INFERD_CUDA(cudaMemcpyAsync(slot.outputs_host.get(), outputs_dev_.get(), slot.outputs_host.bytes(),
+                                cudaMemcpyDeviceToHost, compute_));
+  } else {
+    INFERD_CUDA(cudaMemcpyAsync(slot.outputs_host.template get<char>() + out_.tokens,
+                                outputs_dev_.get<char>() + out_.tokens, in.num_logits() * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, compute_));
+  }
   INFERD_CUDA(cudaEventRecord(slot.outputs_ready, compute_));
   counters_.last_prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - prepare_start).count();
-  step.top_n.resize(in.num_logits());
-  for (int32_t r = 0; r < in.num_logits(); ++r) step.top_n[r] = std::min(in.sampling[r].top_logprobs, k::kMaxTopLogprobs);
   launched_.push_back(std::move(step));
   ++launches_;
   last_num_logits_ = in.num_logits();

@@ -1,7 +1,5 @@
 #include "engine/scheduler/scheduler.h"
 
-#include "engine/runtime/step_input.h"
-
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -9,6 +7,8 @@
 #include <memory>
 #include <random>
 #include <string>
+
+#include "engine/runtime/step_input.h"
 
 namespace inferd {
 namespace {
