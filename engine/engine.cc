@@ -451,6 +451,8 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
     return nullptr;
   }
   ++launches_;
+  // Launch has read the rows' spans; Launched may move the tokens they point into.
+  for (SamplingRow& row : input.sampling) row.tokens = row.banned = {};
   scheduler_->Launched(plan);
   step->plan = std::move(plan);
   return step;

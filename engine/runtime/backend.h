@@ -18,7 +18,8 @@
 
 namespace inferd {
 
-// How one logits row becomes a token. Spans point into the sequence and stay valid through Step().
+// How one logits row becomes a token. Spans point into the sequence and stay valid through Step() or Launch()
+// (not until Collect).
 struct SamplingRow {
   SamplingParams params;
   double uniform = 0;               // in [0, 1): from the request's seed and `position` only (SamplingUniform)
