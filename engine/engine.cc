@@ -415,9 +415,8 @@ bool Engine::CanPlanAhead() const {
   if (!plan_ahead_) return false;
   for (const ScheduledSeq& s : in_flight_->plan.seqs) {
     if (!s.wants_token || s.seq->finished) continue;
-    const SamplingParams& p = s.seq->request.sampling;
     // Penalties count the output so far on the host: the pending token must be in it.
-    if (p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f) return false;
+    if (s.seq->request.sampling.penalized()) return false;
   }
   return true;
 }

@@ -21,6 +21,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   std::optional<uint64_t> seed;  // unset = random
+
+  // Whether sampling reads the tokens so far (repetition, presence or frequency penalty).
+  bool penalized() const { return repetition_penalty != 1.f || presence_penalty != 0.f || frequency_penalty != 0.f; }
 };
 
 // The most stop_token_ids a request may give (backends size their per-step sampling buffers by it).

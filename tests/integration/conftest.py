@@ -134,6 +134,17 @@ def wait_until_idle(stub, timeout=5):
         time.sleep(0.05)
 
 
+def assert_half_cancelled_and_every_block_free(stub, done, errors, n, max_tokens):
+    """After cancel_half_of_streams over n streams of max_tokens each: every even one was cancelled, every odd one
+    ran to its end, and once idle the server holds no request and no KV block."""
+    assert not errors, errors
+    assert all(done[i] == "cancelled" for i in range(0, n, 2))
+    assert all(done[i] == max_tokens for i in range(1, n, 2))
+    info = wait_until_idle(stub)
+    assert info.running_requests == 0 and info.waiting_requests == 0
+    assert info.free_kv_blocks == info.total_kv_blocks > 0
+
+
 @pytest.fixture(scope="module")
 def server():
     s = Server()

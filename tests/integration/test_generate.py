@@ -9,7 +9,8 @@ import grpc
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import MODELS, SOURCE_DIR, cancel_half_of_streams, inferd_pb2 as pb, wait_until_idle
+from conftest import (MODELS, SOURCE_DIR, assert_half_cancelled_and_every_block_free, cancel_half_of_streams,
+                      inferd_pb2 as pb)
 
 PROMPTS = ["The scheduler batches tokens", "Hello world", "def forward(self, x):", "日本語のテキスト 😀",
            "the model serves requests", "paged cache of blocks", "I'm here, you're there", "1234 5678"]
@@ -153,12 +154,7 @@ def test_32_concurrent_streams_each_equal_their_solo_run(server):
 def test_cancelling_half_of_32_streams_frees_every_block(server):
     done, errors = cancel_half_of_streams(server.stub, [greedy(PROMPTS[i % len(PROMPTS)], max_tokens=300)
                                                         for i in range(32)])
-    assert not errors, errors
-    assert all(done[i] == "cancelled" for i in range(0, 32, 2))
-    assert all(done[i] == 300 for i in range(1, 32, 2))
-    info = wait_until_idle(server.stub)
-    assert info.running_requests == 0 and info.waiting_requests == 0
-    assert info.free_kv_blocks == info.total_kv_blocks > 0
+    assert_half_cancelled_and_every_block_free(server.stub, done, errors, 32, 300)
 
 
 def test_abort_rpc_ends_the_stream_with_aborted(server):

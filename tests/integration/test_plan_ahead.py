@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from conftest import Server, cancel_half_of_streams, inferd_pb2 as pb, wait_until_idle
+from conftest import (Server, assert_half_cancelled_and_every_block_free, cancel_half_of_streams, inferd_pb2 as pb,
+                      wait_until_idle)
 
 PROMPTS = ["The scheduler batches tokens", "Hello world", "def forward(self, x):", "日本語のテキスト 😀",
            "the model serves requests", "paged cache of blocks", "I'm here, you're there", "1234 5678"]
@@ -88,9 +89,4 @@ def test_planned_ahead_cancelling_half_of_the_streams_frees_every_block(servers)
     reqs = [pb.GenerateRequest(text=PROMPTS[i % len(PROMPTS)], sampling=pb.SamplingParams(temperature=0),
                                stopping=pb.StoppingParams(max_tokens=120, ignore_eos=True)) for i in range(24)]
     done, errors = cancel_half_of_streams(ahead.stub, reqs)
-    assert not errors, errors
-    assert all(done[i] == "cancelled" for i in range(0, 24, 2))
-    assert all(done[i] == 120 for i in range(1, 24, 2))
-    info = wait_until_idle(ahead.stub)
-    assert info.running_requests == 0 and info.waiting_requests == 0
-    assert info.free_kv_blocks == info.total_kv_blocks > 0
+    assert_half_cancelled_and_every_block_free(ahead.stub, done, errors, 24, 120)

@@ -456,7 +456,7 @@ absl::Status CudaBackend<T>::Pack(const StepInput& in, size_t* penalty_entries) 
           p.frequency_penalty,
           std::min(row.top_logprobs, k::kMaxTopLogprobs),
           row.uniform};
-    const bool penalized = p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
+    const bool penalized = p.penalized();
     seen.clear();
     if (penalized) {
       for (size_t i = 0; i < row.tokens.size(); ++i) {
