@@ -1,6 +1,8 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <random>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "engine/backends/cpu/cpu_backend.h"
@@ -9,7 +11,6 @@
 #include "engine/backends/cuda/cuda_backend.h"
 #endif
 #include "engine/check.h"
-#include "engine/runtime/output_processor.h"
 #include "engine/runtime/philox.h"
 #include "engine/runtime/step_input.h"
 #include "engine/status_macros.h"
@@ -44,11 +45,21 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const Config& config, con
   return CreateCpuBackend(model, config.engine);
 }
 
+// Whether the num_output-th generated token ends the request, and why: eos and stop token ids (once min_tokens
+// are out), then max_tokens. Stop strings are the server's (Engine::StopAt).
+FinishReason TokenFinish(const StoppingParams& stop, std::span<const int32_t> eos_ids, int32_t token,
+                         int32_t num_output) {
+  if (num_output >= stop.min_tokens) {
+    if (!stop.ignore_eos && std::ranges::count(eos_ids, token)) return FinishReason::kEos;
+    if (std::ranges::count(stop.stop_token_ids, token)) return FinishReason::kStopToken;
+  }
+  return num_output >= stop.max_tokens ? FinishReason::kLength : FinishReason::kNone;
+}
+
 }  // namespace
 
 struct Engine::SequenceState {
   Sequence seq;
-  std::unique_ptr<OutputProcessor> output;
   uint64_t seed = 0;                      // the client's, or drawn at admission
   std::vector<int32_t> banned_until_min;  // eos and stop ids, not sampled before min_tokens
   std::vector<double> inter_token_s;      // between consecutive output tokens (metrics)
@@ -214,6 +225,12 @@ bool Engine::Abort(const std::string& request_id) {
   return true;
 }
 
+void Engine::StopAt(RequestHandle handle, int32_t num_output) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stops_.emplace_back(handle, num_output);  // a handle that already finished is ignored by the engine thread
+  cv_.notify_all();
+}
+
 void Engine::Cancel(RequestHandle handle) {
   std::lock_guard<std::mutex> lock(mu_);
   aborts_.push_back(handle);  // a handle that already finished is ignored by the engine thread
@@ -262,10 +279,12 @@ void Engine::PublishStats() {
 void Engine::TakeQueued() {
   std::deque<Request> submitted;
   std::vector<RequestHandle> aborts;
+  std::vector<std::pair<RequestHandle, int32_t>> stops;
   {
     std::lock_guard<std::mutex> lock(mu_);
     submitted.swap(submitted_);
     aborts.swap(aborts_);
+    stops.swap(stops_);
   }
   const absl::Time now = absl::Now();
   for (Request& r : submitted) {
@@ -276,7 +295,6 @@ void Engine::TakeQueued() {
     seq.tokens = seq.request.prompt;
     seq.num_prompt_tokens = seq.num_tokens();
     seq.arrival = seq.request.arrival;
-    state->output = std::make_unique<OutputProcessor>(model_->tokenizer.get(), &seq.request, model_->eos_token_ids);
     if (seq.request.sampling.seed) {
       state->seed = *seq.request.sampling.seed;
     } else {
@@ -290,6 +308,14 @@ void Engine::TakeQueued() {
     scheduler_->Add(&seq);
     active_[seq.seq_id] = std::move(state);
   }
+  for (auto [handle, num_output] : stops) {
+    auto it = active_.find(handle);
+    if (it == active_.end()) continue;
+    Sequence* seq = &it->second->seq;
+    // Tokens generated after the stop string's last are not the request's output: usage leaves them out.
+    const size_t keep = static_cast<size_t>(seq->num_prompt_tokens) + std::max(num_output, 0);
+    FinishSequence(seq, FinishReason::kStopString, absl::OkStatus(), {}, keep);
+  }
   for (RequestHandle handle : aborts) {
     auto it = active_.find(handle);
     if (it != active_.end()) FinishSequence(&it->second->seq, FinishReason::kAborted, absl::OkStatus());
@@ -302,15 +328,24 @@ void Engine::TakeQueued() {
   }
 }
 
-void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status error, RequestOutput out) {
+Usage Engine::UsageOf(const Sequence& seq, int32_t num_output) {
+  return {seq.num_prompt_tokens, num_output, seq.num_cached_tokens};
+}
+
+Timing Engine::TimingOf(const Sequence& seq, absl::Time now) {
+  auto secs = [&](absl::Time t) { return t == absl::InfinitePast() ? 0.0 : absl::ToDoubleSeconds(t - seq.arrival); };
+  return {secs(seq.first_scheduled), secs(seq.first_token), absl::ToDoubleSeconds(now - seq.arrival)};
+}
+
+void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status error, RequestOutput out,
+                            size_t max_tokens) {
   scheduler_->Finish(seq);  // blocks are back in the pool before the next step
   while (IsPendingToken(seq->tokens.back())) seq->tokens.pop_back();  // sampled by a step still running: not output
+  if (seq->tokens.size() > max_tokens) seq->tokens.resize(max_tokens);
   out.finish = reason;
   out.error = std::move(error);
-  const absl::Time now = absl::Now();
-  out.usage = {seq->num_prompt_tokens, seq->num_output_tokens(), seq->num_cached_tokens};
-  auto secs = [&](absl::Time t) { return t == absl::InfinitePast() ? 0.0 : absl::ToDoubleSeconds(t - seq->arrival); };
-  out.timing = {secs(seq->first_scheduled), secs(seq->first_token), absl::ToDoubleSeconds(now - seq->arrival)};
+  out.usage = UsageOf(*seq, seq->num_output_tokens());
+  out.timing = TimingOf(*seq, absl::Now());
   std::shared_ptr<OutputSink> sink = seq->request.sink;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -349,7 +384,9 @@ void Engine::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (!in_flight_) {
-        cv_.wait(lock, [&] { return stop_ || !submitted_.empty() || !aborts_.empty() || !active_.empty(); });
+        cv_.wait(lock, [&] {
+          return stop_ || !submitted_.empty() || !aborts_.empty() || !stops_.empty() || !active_.empty();
+        });
       }
       if (stop_) break;
     }
@@ -499,17 +536,18 @@ bool Engine::CollectInFlight() {
       st.inter_token_s.push_back(absl::ToDoubleSeconds(done - st.last_token));
     }
     st.last_token = done;
-    FinishReason finish = FinishReason::kNone;
-    std::string text = st.output->Add(token, position + 1 - seq->num_prompt_tokens, &finish);
+    const int32_t num_output = position + 1 - seq->num_prompt_tokens;
+    const FinishReason finish = TokenFinish(seq->request.stopping, model_->eos_token_ids, token, num_output);
     RequestOutput out;
     out.token_ids = {token};
-    out.text = std::move(text);
     if (seq->request.top_logprobs > 0) out.logprobs.push_back(std::move(output.logprobs[row]));
     if (finish != FinishReason::kNone) {
       seq->tokens.resize(position + 1);  // a token sampled for it by the step now running is not its output
       FinishSequence(seq, finish, absl::OkStatus(), std::move(out));
       continue;
     }
+    out.usage = UsageOf(*seq, num_output);
+    out.timing = TimingOf(*seq, done);
     seq->request.sink->Push(std::move(out));
   }
   std::erase_if(retired_, [&](const auto& r) { return r.first <= collections_; });

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -86,6 +87,10 @@ class Engine {
   // Aborts the waiting or running request with this id at the next step boundary (the public Abort RPC, for
   // ids the caller chose); false if no such request is live.
   bool Abort(const std::string& request_id);
+  // Ends the request Submit returned this handle for after its first num_output generated tokens, with
+  // finish kStopString, at the next step boundary (the server matched a stop string in its text). Tokens it
+  // generated past them are left out of its usage. Ignored once the request finished.
+  void StopAt(RequestHandle handle, int32_t num_output);
   // Aborts exactly the request Submit returned this handle for, if it is still live (a cancelled RPC): a
   // later request that reuses its id is never touched.
   void Cancel(RequestHandle handle);
@@ -117,7 +122,12 @@ class Engine {
   Engine() = default;
   void Loop();
   void TakeQueued();
-  void FinishSequence(Sequence* seq, FinishReason reason, absl::Status error, RequestOutput out = {});
+  // Ends the request: its blocks go back, its sink gets `out` as the last output. Tokens past max_tokens
+  // (prompt included) are dropped from it first.
+  void FinishSequence(Sequence* seq, FinishReason reason, absl::Status error, RequestOutput out = {},
+                      size_t max_tokens = SIZE_MAX);
+  static Usage UsageOf(const Sequence& seq, int32_t num_output);
+  static Timing TimingOf(const Sequence& seq, absl::Time now);
   void MarkStarted(Sequence* seq, absl::Time now);
   struct InFlight;
   // Builds the step's input and launches it on the backend; null when the launch failed (its requests ended
@@ -160,6 +170,7 @@ class Engine {
   std::condition_variable cv_;
   std::deque<Request> submitted_;
   std::vector<RequestHandle> aborts_;
+  std::vector<std::pair<RequestHandle, int32_t>> stops_;     // StopAt: handle, generated tokens to keep
   std::unordered_map<std::string, RequestHandle> live_ids_;  // ids submitted and not yet finished
   RequestHandle next_handle_ = 1;
   int32_t not_started_ = 0;         // accepted and never scheduled: what scheduler.max_queue bounds

@@ -28,17 +28,13 @@ struct SamplingParams {
 
 // The most stop_token_ids a request may give (backends size their per-step sampling buffers by it).
 constexpr int32_t kMaxStopTokenIds = 256;
-// Stop strings are matched after every generated token: at most this many, of at most this many bytes.
-constexpr int32_t kMaxStopStrings = 64;
-constexpr int32_t kMaxStopStringBytes = 1024;
-
+// What ends a request on the engine: tokens and lengths. Stop strings are text, matched on the server
+// (server/text_output.h), which ends the request with Engine::StopAt.
 struct StoppingParams {
   int32_t max_tokens = 16;
   int32_t min_tokens = 0;
-  std::vector<std::string> stop;  // stop strings
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
-  bool include_stop_str_in_output = false;
 };
 
 // A token id a step may carry before the host knows it: the token that logits row `row` of the step
@@ -96,15 +92,15 @@ struct Timing {
   double total_s = 0;
 };
 
-// One increment of a request's output. The last one has finish != kNone (or a non-OK error).
+// One increment of a request's output: token ids (the server makes the text). The last one has finish != kNone
+// (or a non-OK error).
 struct RequestOutput {
   std::vector<int32_t> token_ids;
-  std::string text;  // whole UTF-8 characters only
   std::vector<TokenLogprob> logprobs;
   FinishReason finish = FinishReason::kNone;
   absl::Status error;  // set when the engine could not serve the request (it is finished then)
-  Usage usage;
-  Timing timing;
+  Usage usage;         // so far: completion_tokens counts this output's tokens
+  Timing timing;       // so far: total_s is up to this output
 };
 
 // Receives a request's outputs on the engine thread. Push must not block.
@@ -120,7 +116,6 @@ struct Request {
   SamplingParams sampling;
   StoppingParams stopping;
   int32_t top_logprobs = 0;
-  bool skip_special_tokens = true;
   int32_t priority = 0;  // higher runs first; equal priorities in arrival order
   absl::Time deadline = absl::InfiniteFuture();
   absl::Time arrival;   // set by Engine::Submit

@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,7 @@
 #include "server/metrics.h"
 #include "server/request_builder.h"
 #include "server/status_mapping.h"
+#include "server/text_output.h"
 
 namespace inferd {
 namespace {
@@ -41,9 +43,9 @@ void Serialize(const google::protobuf::Message& message, grpc::ByteBuffer* out) 
 }
 
 template <typename Chunk>
-void AppendOutput(const RequestOutput& out, Chunk* chunk) {
+void AppendOutput(const RequestOutput& out, const std::string& text, Chunk* chunk) {
   for (int32_t id : out.token_ids) chunk->add_token_ids(id);
-  chunk->mutable_text()->append(out.text);
+  chunk->mutable_text()->append(text);
   for (const TokenLogprob& lp : out.logprobs) {
     v1::TokenLogprob* p = chunk->add_logprobs();
     p->set_token_id(lp.token_id);
@@ -72,8 +74,8 @@ std::string NewRequestId() {
 }
 
 // Parses, validates, renders and tokenizes a generate request (on a request worker, never a gRPC thread).
-absl::StatusOr<Request> Prepare(const std::shared_ptr<Engine>& engine, grpc::CallbackServerContext* ctx,
-                                const grpc::ByteBuffer& wire, int64_t max_request_bytes) {
+absl::StatusOr<BuiltRequest> Prepare(const std::shared_ptr<Engine>& engine, grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer& wire, int64_t max_request_bytes) {
   if (!engine) return NotReady();
   if (static_cast<int64_t>(wire.Length()) > max_request_bytes) {
     return absl::InvalidArgumentError(
@@ -91,8 +93,10 @@ absl::StatusOr<Request> Prepare(const std::shared_ptr<Engine>& engine, grpc::Cal
   auto request =
       BuildRequest(proto, {m.tokenizer.get(), m.config.vocab_size, engine->max_model_len(), m.chat_template.get()});
   if (!request.ok()) return request.status();
-  if (request->id.empty()) request->id = NewRequestId();
-  if (deadline != std::chrono::system_clock::time_point::max()) request->deadline = absl::FromChrono(deadline);
+  if (request->request.id.empty()) request->request.id = NewRequestId();
+  if (deadline != std::chrono::system_clock::time_point::max()) {
+    request->request.deadline = absl::FromChrono(deadline);
+  }
   return request;
 }
 
@@ -107,19 +111,23 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   class Sink final : public OutputSink, public std::enable_shared_from_this<Sink> {
    public:
     Sink(StreamReactor* r, RequestWorkers* writers) : reactor_(r), writers_(writers) {}
-    // On the engine thread: queues the output; building and writing the chunk happen on an output writer.
+    // On the engine thread: queues the output; its text, the chunk and the write are made on an output writer.
     void Push(RequestOutput output) override {
       std::lock_guard<std::mutex> lock(mu_);
       if (!reactor_) return;
       queue_.push_back(std::move(output));
-      if (writing_ || drain_posted_) return;  // the write in flight, or the posted drain, takes it
+      PostDrainLocked();
+    }
+    // Text is made as outputs arrive, even while a write is in flight: a stop string reaches the engine at once.
+    void PostDrainLocked() {
+      if (drain_posted_) return;
       drain_posted_ = writers_->TryRun([self = shared_from_this()] { self->Drain(); });
-      if (!drain_posted_) reactor_->WriteNextLocked(this);  // the writers are stopping: write from here
+      if (!drain_posted_) reactor_->DrainLocked(this);  // the writers are stopping: drain from here
     }
     void Drain() {
       std::lock_guard<std::mutex> lock(mu_);
       drain_posted_ = false;
-      if (reactor_ && !writing_) reactor_->WriteNextLocked(this);
+      if (reactor_) reactor_->DrainLocked(this);
     }
     void Detach() {
       std::lock_guard<std::mutex> lock(mu_);
@@ -131,7 +139,13 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     std::mutex mu_;
     StreamReactor* reactor_;
     RequestWorkers* writers_;
-    std::deque<RequestOutput> queue_;
+    std::deque<RequestOutput> queue_;  // from the engine, text not yet made
+    std::optional<TextOutput> text_;   // set with the request, before it is submitted
+    bool stop_sent_ = false;           // the engine was told of the stop string
+    v1::GenerateChunk chunk_;          // made, not yet written
+    bool chunk_ready_ = false;         // chunk_ holds something to write
+    bool chunk_last_ = false;          // chunk_ ends the stream
+    absl::Status error_;               // the stream ends with it once the outputs before it are made
     bool writing_ = false;
     bool drain_posted_ = false;  // a Drain is queued on the writers
     bool finished_ = false;
@@ -159,9 +173,10 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     std::lock_guard<std::mutex> lock(sink_->mu_);
     if (sink_->cancelled_) return FinishOnceLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
     if (!request.ok()) return FinishOnceLocked(ToGrpcStatus(request.status()));
-    id_ = request->id;
-    request->sink = sink_;
-    auto handle = engine_->Submit(*std::move(request));
+    id_ = request->request.id;
+    request->request.sink = sink_;
+    sink_->text_.emplace(engine_->model().tokenizer.get(), std::move(request->text));
+    auto handle = engine_->Submit(std::move(request->request));
     if (!handle.ok()) return FinishOnceLocked(ToGrpcStatus(handle.status()));
     sink_->submitted_ = true;
     sink_->handle_ = *handle;
@@ -179,7 +194,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       FinishOnceLocked(grpc::Status::OK);
       return;
     }
-    WriteNextLocked(sink_.get());
+    if (sink_->chunk_ready_ || !sink_->error_.ok()) sink_->PostDrainLocked();  // made while this write was out
   }
 
   void OnCancel() override {
@@ -195,29 +210,40 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
  private:
-  // Called with sink->mu_ held.
-  void WriteNextLocked(Sink* sink) {
-    if (sink->finished_ || sink->queue_.empty()) return;
-    // Merge everything queued into one chunk: fewer writes when the client reads slower than we step.
-    chunk_.Clear();
-    chunk_.set_request_id(id_);
-    absl::Status error;
-    while (!sink->queue_.empty()) {
+  // On an output writer, with sink->mu_ held: makes the text of the outputs queued, merged into one chunk while
+  // a write is out (fewer writes when the client reads slower than we step), then writes it unless one is out.
+  void DrainLocked(Sink* sink) {
+    if (sink->finished_) return;
+    while (!sink->queue_.empty() && !sink->chunk_last_ && sink->error_.ok()) {
       RequestOutput out = std::move(sink->queue_.front());
       sink->queue_.pop_front();
-      AppendOutput(out, &chunk_);
-      if (out.finish != FinishReason::kNone) {
-        last_written_ = true;
-        error = out.error;
+      const std::string text = sink->text_->Take(&out);
+      if (!out.error.ok()) {
+        sink->error_ = out.error;
         break;
       }
+      if (!sink->chunk_ready_) {
+        sink->chunk_.Clear();
+        sink->chunk_.set_request_id(id_);
+        sink->chunk_ready_ = true;
+      }
+      AppendOutput(out, text, &sink->chunk_);
+      sink->chunk_last_ = out.finish != FinishReason::kNone;
     }
-    if (!error.ok()) {
-      FinishOnceLocked(ToGrpcStatus(error));
+    if (sink->text_->stopped_at() && !sink->stop_sent_) {
+      sink->stop_sent_ = true;  // the stream ends when the engine confirms: its usage, its id free again
+      engine_->StopAt(sink->handle_, *sink->text_->stopped_at());
+    }
+    if (sink->writing_) return;
+    if (!sink->error_.ok()) {
+      FinishOnceLocked(ToGrpcStatus(sink->error_));
       return;
     }
+    if (!sink->chunk_ready_) return;
     sink->writing_ = true;
-    Serialize(chunk_, &wire_);
+    sink->chunk_ready_ = false;
+    last_written_ = sink->chunk_last_;
+    Serialize(sink->chunk_, &wire_);
     StartWrite(&wire_);
   }
 
@@ -238,8 +264,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   Metrics* metrics_;
   std::string id_;
   bool last_written_ = false;
-  v1::GenerateChunk chunk_;
-  grpc::ByteBuffer wire_;  // chunk_ serialized; alive until OnWriteDone
+  grpc::ByteBuffer wire_;  // the chunk being written; alive until OnWriteDone
 };
 
 // Collects a request's outputs and answers once with the whole result.
@@ -265,8 +290,13 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
     }
     void DrainLocked() {
       for (; reactor_ && !queue_.empty(); queue_.pop_front()) {
-        const RequestOutput& output = queue_.front();
-        AppendOutput(output, &result_);
+        RequestOutput& output = queue_.front();
+        const std::string text = text_->Take(&output);
+        AppendOutput(output, text, &result_);
+        if (text_->stopped_at() && !stop_sent_) {
+          stop_sent_ = true;  // the call ends when the engine confirms: its usage, its id free again
+          reactor_->engine_->StopAt(handle_, *text_->stopped_at());
+        }
         if (output.finish != FinishReason::kNone) {
           UnaryGenerateReactor* r = reactor_;
           reactor_ = nullptr;
@@ -287,7 +317,9 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
     grpc::ByteBuffer* wire_;
     RequestWorkers* writers_;
     std::deque<RequestOutput> queue_;
-    bool drain_posted_ = false;  // a Drain is queued on the writers
+    std::optional<TextOutput> text_;  // set with the request, before it is submitted
+    bool stop_sent_ = false;          // the engine was told of the stop string
+    bool drain_posted_ = false;       // a Drain is queued on the writers
     v1::GenerateResult result_;
     bool cancelled_ = false;  // OnCancel ran
     bool submitted_ = false;  // the engine has it, as handle_
@@ -319,9 +351,10 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor {
     };
     if (sink_->cancelled_) return fail(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
     if (!request.ok()) return fail(ToGrpcStatus(request.status()));
-    sink_->result_.set_request_id(request->id);
-    request->sink = sink_;
-    auto handle = engine_->Submit(*std::move(request));
+    sink_->result_.set_request_id(request->request.id);
+    request->request.sink = sink_;
+    sink_->text_.emplace(engine_->model().tokenizer.get(), std::move(request->text));
+    auto handle = engine_->Submit(std::move(request->request));
     if (!handle.ok()) return fail(ToGrpcStatus(handle.status()));
     sink_->submitted_ = true;
     sink_->handle_ = *handle;

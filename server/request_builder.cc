@@ -22,8 +22,10 @@ absl::Status FloatIn(const char* field, float v, float lo, float hi, bool lo_ope
 
 }  // namespace
 
-absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLimits& limits) {
-  Request r;
+absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const ModelLimits& limits) {
+  BuiltRequest built;
+  Request& r = built.request;
+  TextOptions& text = built.text;
   r.id = p.request_id();
   if (!IsValidUtf8(r.id)) return Bad("request_id", "(invalid UTF-8)", "valid UTF-8");
   if (r.id.size() > 256) return Bad("request_id", absl::StrCat("(", r.id.size(), " bytes)"), "at most 256 bytes");
@@ -119,7 +121,7 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
     }
     stop.min_tokens = t.min_tokens();
   }
-  // Stop strings are checked after every token on the engine's output path: their number and size are bounded.
+  // Stop strings are checked after every token on the output path: their number and size are bounded.
   if (t.stop_size() > kMaxStopStrings) {
     return Bad("stopping.stop", absl::StrCat(t.stop_size(), " strings"), absl::StrCat("at most ", kMaxStopStrings));
   }
@@ -131,7 +133,7 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
                  absl::StrCat("at most ", kMaxStopStringBytes, " bytes"));
     }
     if (!IsValidUtf8(s)) return Bad(absl::StrCat("stopping.stop[", i, "]"), "(invalid UTF-8)", "valid UTF-8");
-    stop.stop.push_back(s);
+    text.stop.push_back(s);
   }
   if (t.stop_token_ids_size() > kMaxStopTokenIds) {
     return Bad("stopping.stop_token_ids", absl::StrCat(t.stop_token_ids_size(), " ids"),
@@ -146,7 +148,8 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
     stop.stop_token_ids.push_back(id);
   }
   stop.ignore_eos = t.ignore_eos();
-  stop.include_stop_str_in_output = t.include_stop_str_in_output();
+  text.include_stop_str_in_output = t.include_stop_str_in_output();
+  text.min_tokens = stop.min_tokens;
 
   if (p.output().has_top_logprobs()) {
     if (p.output().top_logprobs() < 0 || p.output().top_logprobs() > 20) {
@@ -154,9 +157,9 @@ absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& p, const ModelLi
     }
     r.top_logprobs = p.output().top_logprobs();
   }
-  r.skip_special_tokens = !p.output().has_skip_special_tokens() || p.output().skip_special_tokens();
+  text.skip_special_tokens = !p.output().has_skip_special_tokens() || p.output().skip_special_tokens();
   r.priority = p.priority();
-  return r;
+  return built;
 }
 
 }  // namespace inferd

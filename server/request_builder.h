@@ -1,5 +1,5 @@
-// Validates a GenerateRequest against the model and turns it into an engine Request. Every refusal is
-// INVALID_ARGUMENT naming the field, the value and the allowed range.
+// Validates a GenerateRequest against the model and turns it into an engine Request and the options of its
+// text. Every refusal is INVALID_ARGUMENT naming the field, the value and the allowed range.
 #pragma once
 
 #include "absl/status/statusor.h"
@@ -7,6 +7,7 @@
 #include "engine/request.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "inferd/v1/inferd.pb.h"
+#include "server/text_output.h"
 
 namespace inferd {
 
@@ -17,6 +18,11 @@ struct ModelLimits {
   const ChatTemplate* chat_template = nullptr;  // null: the model has none and `messages` is refused
 };
 
-absl::StatusOr<Request> BuildRequest(const v1::GenerateRequest& proto, const ModelLimits& limits);
+struct BuiltRequest {
+  Request request;   // what the engine runs
+  TextOptions text;  // how the server makes its text (server/text_output.h)
+};
+
+absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& proto, const ModelLimits& limits);
 
 }  // namespace inferd

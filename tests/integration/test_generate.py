@@ -4,13 +4,14 @@ import os
 import re
 import threading
 import time
+import urllib.request
 
 import grpc
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import (MODELS, SOURCE_DIR, assert_half_cancelled_and_every_block_free, cancel_half_of_streams,
-                      inferd_pb2 as pb)
+from conftest import (MODELS, SOURCE_DIR, Server, assert_half_cancelled_and_every_block_free, cancel_half_of_streams,
+                      free_port, inferd_pb2 as pb)
 
 PROMPTS = ["The scheduler batches tokens", "Hello world", "def forward(self, x):", "日本語のテキスト 😀",
            "the model serves requests", "paged cache of blocks", "I'm here, you're there", "1234 5678"]
@@ -124,6 +125,44 @@ def test_stop_string_and_stop_token(server):
         stopping=pb.StoppingParams(max_tokens=24, ignore_eos=True, stop_token_ids=[tok])))
     assert r.finish_reason == pb.STOP_TOKEN
     assert list(r.token_ids) == list(full.token_ids)[:list(full.token_ids).index(tok) + 1]
+
+
+def test_a_stop_string_ends_the_request_in_the_engine_before_the_answer_ends():
+    """The server matches stop strings in the text and tells the engine; the answer ends once the engine took it:
+    the tokens up to the stop string's last, usage counting them, no request left running, every block free, the
+    id free again at once, and the engine's own count (metrics) the same."""
+    port = free_port()
+    server = Server(server={"metrics_listen": f"127.0.0.1:{port}"})
+    try:
+        full = server.stub.Generate(greedy("The scheduler batches tokens", max_tokens=200))
+        stop = full.text[len(full.text) // 8:len(full.text) // 8 + 4]
+        assert len(stop) == 4 and full.finish_reason == pb.LENGTH
+        want_text = full.text[:full.text.index(stop)]
+        req = pb.GenerateRequest(text="The scheduler batches tokens", request_id="stopped-by-text",
+                                 sampling=pb.SamplingParams(temperature=0),
+                                 stopping=pb.StoppingParams(max_tokens=200, ignore_eos=True, stop=[stop]))
+        generated = 0
+        for answer in ("stream", "unary"):
+            if answer == "stream":
+                ids, text, chunks = collect(server.stub.GenerateStream(req))
+                last = chunks[-1]
+            else:
+                last = server.stub.Generate(req)
+                ids, text = list(last.token_ids), last.text
+            assert last.finish_reason == pb.STOP_STRING, answer
+            assert text == want_text, answer
+            assert 0 < len(ids) < 200 and ids == list(full.token_ids)[:len(ids)], answer
+            assert last.usage.completion_tokens == len(ids), answer
+            generated += len(ids)
+            info = server.stub.GetServerInfo(pb.GetServerInfoRequest())
+            assert info.running_requests == 0 and info.free_kv_blocks == info.total_kv_blocks, answer
+        assert server.stub.Generate(greedy("Hello", max_tokens=2, request_id="stopped-by-text")).usage.completion_tokens
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        assert 'inferd_request_success_total{finish_reason="stop_string"} 2' in metrics
+        assert f"inferd_request_generation_tokens_sum {200 + generated + 2}" in metrics
+    finally:
+        assert server.stop() == 0, server.logs()
 
 
 def test_32_concurrent_streams_each_equal_their_solo_run(server):

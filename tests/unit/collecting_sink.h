@@ -24,6 +24,10 @@ class CollectingSink : public OutputSink {
       cv_.notify_all();
     }
   }
+  size_t num_tokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tokens.size();
+  }
   void Wait() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done; });

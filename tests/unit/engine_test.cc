@@ -158,6 +158,28 @@ TEST_P(EngineWithFakeBackend, AStopTokenEndsTheRequestAtItsTokenWhateverRanBehin
   EXPECT_EQ(engine_->Stats().free_blocks, 64);
 }
 
+// The server matches stop strings in the text and tells the engine how many tokens the request ends with; the
+// tokens generated meanwhile are not counted, the blocks come back and the id is free once the last output is out.
+TEST_P(EngineWithFakeBackend, StopAtEndsTheRequestAfterTheGivenTokens) {
+  control_.step_ms = 5;
+  auto sink = std::make_shared<CollectingSink>();
+  auto handle = TrySubmit("a", 1000, sink);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  while (sink->num_tokens() < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  engine_->StopAt(*handle, 3);
+  ASSERT_TRUE(sink->WaitFor(absl::Seconds(10)));
+  EXPECT_EQ(sink->finish, FinishReason::kStopString);
+  EXPECT_TRUE(sink->error.ok()) << sink->error;
+  EXPECT_EQ(sink->usage.completion_tokens, 3);
+  EXPECT_GE(sink->tokens.size(), 5u) << "what the engine sent before it took the stop";
+  EXPECT_LT(sink->tokens.size(), 1000u);
+  EXPECT_EQ(engine_->Stats().free_blocks, 64);
+  EXPECT_EQ(engine_->Stats().unfinished, 0);
+  engine_->StopAt(*handle, 1);  // finished already: ignored
+  EXPECT_TRUE(TrySubmit("a", 2, std::make_shared<CollectingSink>()).ok()) << "the id is free again";
+  EXPECT_EQ(control_.bad_tokens, 0);
+}
+
 TEST_P(EngineWithFakeBackend, AFailedStepEndsItsRequestsWithTheErrorAndFreesTheirBlocks) {
   control_.fail = true;
   auto sink = Submit("a", 5);
