@@ -126,7 +126,7 @@ class CudaBackend : public Backend {
   bool UseUnsplitGraph(const StepInput& in, int32_t bucket) const;
   // Chooses cuBLASLt's algorithm by measurement for each product at each of these row counts (those past the
   // streaming kernel's), before the graphs freeze them.
-  absl::Status TuneProducts(const char* steps, const std::vector<int32_t>& rows);
+  absl::Status TuneProducts(const std::vector<int32_t>& rows);
   int32_t DecodeBucket(const StepInput& in) const;
   T* K(int layer) const { return kv_.get<T>() + int64_t{layer} * 2 * layer_kv_elems_; }
   T* V(int layer) const { return K(layer) + layer_kv_elems_; }
@@ -374,10 +374,6 @@ template <typename T>
 absl::Status CudaBackend<T>::AllocateKvCache(const MemoryPlan& plan) {
   INFERD_RETURN_IF_ERROR(AllocatePool(plan.num_blocks + 1));
   reserved_block_ = plan.num_blocks;
-  // Prefill steps: the full token budget (long prompts, busy servers) and the powers of two below it from 512.
-  std::vector<int32_t> prefill_rows = {limits_.max_num_batched_tokens};
-  for (int32_t m = 512; m < limits_.max_num_batched_tokens; m *= 2) prefill_rows.push_back(m);
-  INFERD_RETURN_IF_ERROR(TuneProducts("prefill", prefill_rows));
   if (use_graphs_) INFERD_RETURN_IF_ERROR(CaptureDecodeGraphs());
   spdlog::info("cuda: KV pool of {} blocks ({:.1f} MiB) allocated", plan.num_blocks, kv_.bytes() / 1048576.0);
   return absl::OkStatus();
@@ -548,7 +544,7 @@ StepInput CudaBackend<T>::PadDecode(const StepInput& in, int32_t rows) const {
 }
 
 template <typename T>
-absl::Status CudaBackend<T>::TuneProducts(const char* steps, const std::vector<int32_t>& rows) {
+absl::Status CudaBackend<T>::TuneProducts(const std::vector<int32_t>& rows) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
   const int64_t q_dim = int64_t{cfg_.num_heads} * D, qkv_dim = q_dim + 2 * int64_t{cfg_.num_kv_heads} * D;
@@ -582,17 +578,14 @@ absl::Status CudaBackend<T>::TuneProducts(const char* steps, const std::vector<i
   for (int32_t m : rows) {
     if (m <= gemm_->gemv_max_rows()) continue;  // the streaming kernel's
     for (const Product& p : products) {
-      if (p.out_fp32 && m > limits_.max_num_seqs) continue;  // the LM head runs on sampled rows only
       INFERD_ASSIGN_OR_RETURN(const double gain,
                               gemm_->Tune(p.x, p.weights, p.y, m, p.n, p.k, p.bias, p.out_fp32, compute_));
       if (gain > 1.02) gains.push_back(absl::StrFormat("%s at %d rows %.2fx", p.name, m, gain));
     }
   }
-  spdlog::info(
-      "cuda: cuBLASLt algorithms for {} steps of {} rows chosen by measurement in {:.2f} s; faster than the "
-      "heuristic's first: {}",
-      steps, absl::StrJoin(rows, ", "), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-      gains.empty() ? "none" : absl::StrJoin(gains, ", "));
+  spdlog::info("cuda: cuBLASLt algorithms chosen by measurement in {:.2f} s; faster than the heuristic's first: {}",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+               gains.empty() ? "none" : absl::StrJoin(gains, ", "));
   return absl::OkStatus();
 }
 
@@ -601,7 +594,7 @@ absl::Status CudaBackend<T>::CaptureDecodeGraphs() {
   std::vector<int32_t> buckets;
   for (int32_t b = 1; b < limits_.max_num_seqs; b *= 2) buckets.push_back(b);
   buckets.push_back(limits_.max_num_seqs);
-  INFERD_RETURN_IF_ERROR(TuneProducts("decode", buckets));
+  INFERD_RETURN_IF_ERROR(TuneProducts(buckets));
   int device = 0;
   INFERD_CUDA(cudaGetDevice(&device));
   INFERD_CUDA(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device));
