@@ -338,10 +338,10 @@ Timing Engine::TimingOf(const Sequence& seq, absl::Time now) {
 }
 
 void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status error, RequestOutput out,
-                            size_t max_tokens) {
+                            size_t keep_tokens) {
   scheduler_->Finish(seq);  // blocks are back in the pool before the next step
   while (IsPendingToken(seq->tokens.back())) seq->tokens.pop_back();  // sampled by a step still running: not output
-  if (seq->tokens.size() > max_tokens) seq->tokens.resize(max_tokens);
+  if (seq->tokens.size() > keep_tokens) seq->tokens.resize(keep_tokens);
   out.finish = reason;
   out.error = std::move(error);
   out.usage = UsageOf(*seq, seq->num_output_tokens());

@@ -122,10 +122,10 @@ class Engine {
   Engine() = default;
   void Loop();
   void TakeQueued();
-  // Ends the request: its blocks go back, its sink gets `out` as the last output. Tokens past max_tokens
+  // Ends the request: its blocks go back, its sink gets `out` as the last output. Tokens past keep_tokens
   // (prompt included) are dropped from it first.
   void FinishSequence(Sequence* seq, FinishReason reason, absl::Status error, RequestOutput out = {},
-                      size_t max_tokens = SIZE_MAX);
+                      size_t keep_tokens = SIZE_MAX);
   static Usage UsageOf(const Sequence& seq, int32_t num_output);
   static Timing TimingOf(const Sequence& seq, absl::Time now);
   void MarkStarted(Sequence* seq, absl::Time now);
