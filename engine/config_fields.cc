@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -23,11 +24,26 @@ absl::Status OutOfRange(const std::string& name, T value, const std::string& all
 template <typename T>
 using Member = std::function<T&(Config&)>;
 
+// A key's default as the README shows it: the value of a default-constructed Config, so that the struct's member
+// initializer is the one place a default is declared.
+template <typename T>
+std::string DefaultText(const Member<T>& member) {
+  static const Config defaults;
+  const T& value = member(const_cast<Config&>(defaults));
+  if constexpr (std::is_same_v<T, double>) {
+    return absl::StrCat(value);  // shortest: 0.9, not 0.90000000000000002
+  } else {
+    YAML::Emitter out;
+    out << value;
+    return out.c_str();
+  }
+}
+
 // An integer in [lo, hi].
 template <typename T>
-ConfigField Int(std::string section, std::string key, Member<T> member, T def, T lo, T hi, std::string allowed,
+ConfigField Int(std::string section, std::string key, Member<T> member, T lo, T hi, std::string allowed,
                 std::string doc) {
-  ConfigField f{section, key, absl::StrCat(def), allowed, doc, nullptr, nullptr};
+  ConfigField f{section, key, DefaultText(member), allowed, doc, nullptr, nullptr};
   const std::string name = f.name();
   f.read = [=](const YAML::Node& v, Config* c) -> absl::Status {
     long long x = 0;
@@ -46,8 +62,8 @@ ConfigField Int(std::string section, std::string key, Member<T> member, T def, T
 
 // A real number in (lo, hi] (lo_open) or [lo, hi].
 ConfigField Real(std::string section, std::string key, Member<double> member, double lo, double hi, bool lo_open,
-                 std::string def_text, std::string allowed, std::string doc) {
-  ConfigField f{section, key, def_text, allowed, doc, nullptr, nullptr};
+                 std::string allowed, std::string doc) {
+  ConfigField f{section, key, DefaultText(member), allowed, doc, nullptr, nullptr};
   const std::string name = f.name();
   f.read = [=](const YAML::Node& v, Config* c) -> absl::Status {
     double x = 0;
@@ -64,10 +80,11 @@ ConfigField Real(std::string section, std::string key, Member<double> member, do
   return f;
 }
 
-// A string; `choices` non-empty restricts it to those.
-ConfigField Text(std::string section, std::string key, Member<std::string> member, std::string def_text,
-                 std::vector<std::string> choices, std::string allowed, std::string doc) {
-  ConfigField f{section, key, def_text, allowed, doc, nullptr, nullptr};
+// A string; `choices` non-empty restricts it to those. `empty_means`: what the README shows for a default of "".
+ConfigField Text(std::string section, std::string key, Member<std::string> member, std::vector<std::string> choices,
+                 std::string allowed, std::string doc, std::string empty_means = "") {
+  const std::string def = DefaultText(member);
+  ConfigField f{section, key, def.empty() || def == "\"\"" ? empty_means : def, allowed, doc, nullptr, nullptr};
   const std::string name = f.name();
   f.read = [=](const YAML::Node& v, Config* c) -> absl::Status {
     if (!v.IsScalar()) return WrongType(name, v, "a string");
@@ -84,8 +101,8 @@ ConfigField Text(std::string section, std::string key, Member<std::string> membe
 }
 
 // true or false.
-ConfigField Flag(std::string section, std::string key, Member<bool> member, bool def, std::string doc) {
-  ConfigField f{section, key, def ? "true" : "false", "true, false", doc, nullptr, nullptr};
+ConfigField Flag(std::string section, std::string key, Member<bool> member, std::string doc) {
+  ConfigField f{section, key, DefaultText(member), "true, false", doc, nullptr, nullptr};
   const std::string name = f.name();
   f.read = [=](const YAML::Node& v, Config* c) -> absl::Status {
     try {
@@ -116,110 +133,111 @@ std::vector<ConfigField> MakeFields() {
   std::vector<ConfigField> f;
   // model
   f.push_back(Text(
-      "model", "path", [](Config& c) -> std::string& { return c.model.path; }, "(required)", {}, "file or directory",
+      "model", "path", [](Config& c) -> std::string& { return c.model.path; }, {}, "file or directory",
       "a GGUF file, or a Hugging Face model directory; default config: "
-      "`models/SmolLM2-135M-Instruct.Q4_1.gguf`"));
+      "`models/SmolLM2-135M-Instruct.Q4_1.gguf`",
+      "(required)"));
   f.push_back(Text(
-      "model", "name", [](Config& c) -> std::string& { return c.model.name; }, "GGUF `general.name` or directory name",
-      {}, "string", "name reported by `GetModelInfo`"));
+      "model", "name", [](Config& c) -> std::string& { return c.model.name; }, {}, "string",
+      "name reported by `GetModelInfo`", "GGUF `general.name` or directory name"));
   f.push_back(Int<int32_t>(
-      "model", "max_model_len", [](Config& c) -> int32_t& { return c.model.max_model_len; }, 0, 0, 1 << 24, "0..2^24",
+      "model", "max_model_len", [](Config& c) -> int32_t& { return c.model.max_model_len; }, 0, 1 << 24, "0..2^24",
       "0 = the model's `max_position_embeddings`; larger than the model's is refused; always "
       "capped by the KV pool"));
   // engine
   f.push_back(Text(
-      "engine", "backend", [](Config& c) -> std::string& { return c.engine.backend; }, "auto", {"auto", "cpu", "cuda"},
+      "engine", "backend", [](Config& c) -> std::string& { return c.engine.backend; }, {"auto", "cpu", "cuda"},
       "auto, cpu, cuda",
       "`auto` = cuda when the build has CUDA, a GPU is visible and the model's head_dim is 64, 128 or "
       "256; else cpu, and the log says why"));
   f.push_back(Text(
-      "engine", "dtype", [](Config& c) -> std::string& { return c.engine.dtype; }, "auto",
-      {"auto", "bfloat16", "float16"}, "auto, bfloat16, float16",
+      "engine", "dtype", [](Config& c) -> std::string& { return c.engine.dtype; }, {"auto", "bfloat16", "float16"},
+      "auto, bfloat16, float16",
       "cuda weights and activations; auto = bfloat16 (GGUF and fp32 files are converted at load)"));
   f.push_back(Flag(
-      "engine", "cuda_graphs", [](Config& c) -> bool& { return c.engine.cuda_graphs; }, true,
+      "engine", "cuda_graphs", [](Config& c) -> bool& { return c.engine.cuda_graphs; },
       "cuda: decode steps replay CUDA graphs captured at start-up for batches of 1, 2, 4, … "
       "max_num_seqs rows (padded)"));
   f.push_back(Text(
-      "engine", "plan_ahead", [](Config& c) -> std::string& { return c.engine.plan_ahead; }, "auto",
-      {"auto", "on", "off"}, "auto, on, off",
+      "engine", "plan_ahead", [](Config& c) -> std::string& { return c.engine.plan_ahead; }, {"auto", "on", "off"},
+      "auto, on, off",
       "schedule, pack and launch step N + 1 while the device runs step N, and emit step N's tokens while N + 1 "
       "runs (a sequence takes its next step before its last token reaches the host); auto = on for cuda, off "
       "for cpu, whose steps run on the engine thread itself"));
   f.push_back(Int<int32_t>(
-      "engine", "block_size", [](Config& c) -> int32_t& { return c.engine.block_size; }, 16, 1, 256, "1..256",
+      "engine", "block_size", [](Config& c) -> int32_t& { return c.engine.block_size; }, 1, 256, "1..256",
       "tokens per KV block"));
   f.push_back(Int<int32_t>(
-      "engine", "num_blocks", [](Config& c) -> int32_t& { return c.engine.num_blocks; }, 0, 0, 1 << 24, "0..2^24",
+      "engine", "num_blocks", [](Config& c) -> int32_t& { return c.engine.num_blocks; }, 0, 1 << 24, "0..2^24",
       "0 = from the memory plan; more than fit the device (cuda) or the host's memory (cpu) is "
       "refused, naming both numbers"));
   f.push_back(Real(
       "engine", "gpu_memory_utilization", [](Config& c) -> double& { return c.engine.gpu_memory_utilization; }, 0, 1,
-      true, "0.9", "(0, 1]",
+      true, "(0, 1]",
       "cuda: share of the device memory free at start-up that inferd may take; the KV pool gets what "
       "weights, the measured peak activations and library workspaces leave"));
   f.push_back(Real(
       "engine", "cpu_kv_cache_gib", [](Config& c) -> double& { return c.engine.cpu_kv_cache_gib; }, 0, 1024, true,
-      "1.0", "(0, 1024]", "KV pool of the cpu backend; more than the host's memory is refused"));
+      "(0, 1024]", "KV pool of the cpu backend; more than the host's memory is refused"));
   f.push_back(Real(
-      "engine", "swap_space_gib", [](Config& c) -> double& { return c.engine.swap_space_gib; }, 0, 1024, false, "0",
+      "engine", "swap_space_gib", [](Config& c) -> double& { return c.engine.swap_space_gib; }, 0, 1024, false,
       "0..1024",
       "host memory where a preempted request's KV blocks wait (pinned on cuda), so it resumes without "
       "recomputing; 0 = preemption recomputes; more than the host's memory is refused"));
   f.push_back(Int<int32_t>(
-      "engine", "num_threads", [](Config& c) -> int32_t& { return c.engine.num_threads; }, 0, 0, 1024, "0..1024",
+      "engine", "num_threads", [](Config& c) -> int32_t& { return c.engine.num_threads; }, 0, 1024, "0..1024",
       "cpu backend threads, 0 = all cores"));
   f.push_back(Int<int32_t>(
-      "engine", "profile_steps", [](Config& c) -> int32_t& { return c.engine.profile_steps; }, 0, 0, 1000000, "0..10^6",
+      "engine", "profile_steps", [](Config& c) -> int32_t& { return c.engine.profile_steps; }, 0, 1000000, "0..10^6",
       "log where each of the first N steps' time went: scheduling, preparing and launching (pack, copy, attention "
       "plan), GPU compute, waiting for the sampled tokens, output processing"));
   // scheduler
   f.push_back(Int<int32_t>(
-      "scheduler", "max_num_seqs", [](Config& c) -> int32_t& { return c.scheduler.max_num_seqs; }, 64, 1, 4096,
-      "1..4096", "sequences per step"));
+      "scheduler", "max_num_seqs", [](Config& c) -> int32_t& { return c.scheduler.max_num_seqs; }, 1, 4096, "1..4096",
+      "sequences per step"));
   f.push_back(Int<int32_t>(
       "scheduler", "max_num_batched_tokens", [](Config& c) -> int32_t& { return c.scheduler.max_num_batched_tokens; },
-      2048, 1, 1 << 20, "max_num_seqs..2^20", "tokens per step (prefill is chunked to fit)"));
+      1, 1 << 20, "max_num_seqs..2^20", "tokens per step (prefill is chunked to fit)"));
   f.push_back(Flag(
-      "scheduler", "prefix_caching", [](Config& c) -> bool& { return c.scheduler.prefix_caching; }, true,
+      "scheduler", "prefix_caching", [](Config& c) -> bool& { return c.scheduler.prefix_caching; },
       "a new request reuses the cached KV blocks of its longest known prompt prefix (full blocks, "
       "chained hashes checked against their tokens); free cached blocks are evicted least recently "
       "used first; `usage.cached_prompt_tokens` reports the reuse"));
   f.push_back(Int<int32_t>(
-      "scheduler", "max_queue", [](Config& c) -> int32_t& { return c.scheduler.max_queue; }, 256, 1, 1000000, "1..10^6",
+      "scheduler", "max_queue", [](Config& c) -> int32_t& { return c.scheduler.max_queue; }, 1, 1000000, "1..10^6",
       "requests accepted and not yet started before RESOURCE_EXHAUSTED; the bound holds exactly"));
   f.push_back(Int<int64_t>(
-      "scheduler", "max_queued_tokens", [](Config& c) -> int64_t& { return c.scheduler.max_queued_tokens; },
-      int64_t{1} << 20, 1, int64_t{1} << 31, "1..2^31",
+      "scheduler", "max_queued_tokens", [](Config& c) -> int64_t& { return c.scheduler.max_queued_tokens; }, 1,
+      int64_t{1} << 31, "1..2^31",
       "prompt tokens of the requests accepted and not yet started; one more is RESOURCE_EXHAUSTED"));
   f.push_back(Int<int32_t>(
-      "scheduler", "long_prefill_chunk", [](Config& c) -> int32_t& { return c.scheduler.long_prefill_chunk; }, 0, 0,
+      "scheduler", "long_prefill_chunk", [](Config& c) -> int32_t& { return c.scheduler.long_prefill_chunk; }, 0,
       1 << 20, "0..max_num_batched_tokens",
       "prompt tokens one request may compute in a step while others wait (alone it takes the whole "
       "step), so a long prompt never holds back a newcomer's first token; 0 = max_num_batched_tokens / 4"));
   f.push_back(Real(
       "scheduler", "priority_aging_s", [](Config& c) -> double& { return c.scheduler.priority_aging_s; }, 0, 86400,
-      false, "30", "0..86400",
+      false, "0..86400",
       "each this many seconds of waiting raise a request's priority by one, so low priorities cannot starve; "
       "0 = no aging"));
   // server
   f.push_back(Text(
-      "server", "listen", [](Config& c) -> std::string& { return c.server.listen; }, "0.0.0.0:50051", {},
-      "HOST:PORT, PORT 0..65535", "0 picks a free port"));
+      "server", "listen", [](Config& c) -> std::string& { return c.server.listen; }, {}, "HOST:PORT, PORT 0..65535",
+      "0 picks a free port"));
   f.push_back(Real(
-      "server", "drain_timeout_s", [](Config& c) -> double& { return c.server.drain_timeout_s; }, 0, 3600, false, "30",
+      "server", "drain_timeout_s", [](Config& c) -> double& { return c.server.drain_timeout_s; }, 0, 3600, false,
       "0..3600", "on SIGTERM, how long running requests may finish"));
   f.push_back(Int<int64_t>(
-      "server", "max_request_bytes", [](Config& c) -> int64_t& { return c.server.max_request_bytes; }, 4 << 20, 1,
-      64 << 20, "1..64 MiB",
+      "server", "max_request_bytes", [](Config& c) -> int64_t& { return c.server.max_request_bytes; }, 1, 64 << 20,
+      "1..64 MiB",
       "a larger GenerateRequest (or Tokenize text) is INVALID_ARGUMENT; over 64 MiB gRPC refuses "
       "it with RESOURCE_EXHAUSTED"));
   f.push_back(Text(
-      "server", "metrics_listen", [](Config& c) -> std::string& { return c.server.metrics_listen; }, "0.0.0.0:9090", {},
+      "server", "metrics_listen", [](Config& c) -> std::string& { return c.server.metrics_listen; }, {},
       "HOST:PORT, or empty", "Prometheus metrics at /metrics; empty = off"));
   f.push_back(Real(
       "server", "liveness_timeout_s", [](Config& c) -> double& { return c.server.liveness_timeout_s; }, 0, 86400, false,
-      "30", "0..86400",
+      "0..86400",
       "health reports NOT_SERVING while requests are pending and no step has finished for this long (and "
       "SERVING again once steps resume); 0 = off"));
   return f;

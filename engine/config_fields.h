@@ -1,4 +1,5 @@
-// Every config key, declared once: section, name, type, default, allowed values and one line of doc. The
+// Every config key: section, name, type, allowed values and one line of doc; its default is the member initializer
+// of its struct in engine/config.h (the table shows it, read from a default-constructed Config). The
 // parser, the validator, the effective-config dump and the README's reference all read this table.
 #pragma once
 

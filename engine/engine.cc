@@ -58,6 +58,14 @@ FinishReason TokenFinish(const StoppingParams& stop, std::span<const int32_t> eo
 
 }  // namespace
 
+int64_t VisibleGpuFreeBytes() {
+#if INFERD_WITH_CUDA
+  return CudaVisibleFreeBytes();
+#else
+  return 0;
+#endif
+}
+
 struct Engine::SequenceState {
   Sequence seq;
   uint64_t seed = 0;                      // the client's, or drawn at admission
@@ -135,17 +143,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   e->max_model_len_ = static_cast<int32_t>(max_len);
 
   // Warm-up: one real step through the backend (block 0 is free, so nothing is overwritten).
-  StepInput warm;
-  warm.block_size = config.engine.block_size;
-  warm.token_ids = {0};
-  warm.positions = {0};
-  warm.slot_mapping = {0};
-  warm.query_start = {0, 1};
-  warm.context_lens = {1};
-  warm.kv_indptr = {0, 1};
-  warm.kv_indices = {0};
-  warm.kv_last_page_len = {1};
-  warm.logits_indices = {0};
+  StepInput warm = EmptyStepInput(config.engine.block_size);
+  const int32_t zero = 0;
+  AddSequence(&warm, {&zero, 1}, 0, 1, {&zero, 1}, /*sampled=*/true);
   warm.sampling.push_back(SamplingRow{.params = SamplingParams{.temperature = 0}, .position = 1});
   StepOutput warm_out;
   INFERD_RETURN_IF_ERROR(e->backend_->Step(warm, &warm_out));

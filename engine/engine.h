@@ -69,6 +69,10 @@ struct StepRecord {
   bool decode() const { return num_tokens == num_seqs; }
 };
 
+// Free memory of the GPU the cuda backend would use, in bytes; 0 when this build has no CUDA or no GPU is
+// visible (`inferd plan` then needs the size given).
+int64_t VisibleGpuFreeBytes();
+
 class Engine {
  public:
   // Loads the model, makes the memory plan and the backend, warms up and starts the step loop.

@@ -15,6 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/sizes.h"
+
 namespace inferd::kernels {
 
 // Head dims with compiled kernels.
@@ -22,8 +24,7 @@ inline bool AttentionHeadDimSupported(int32_t head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
-constexpr size_t kAttentionFloatWorkspaceBytes = size_t{128} << 20;  // device: split-KV partial outputs
-constexpr size_t kAttentionIntWorkspaceBytes = size_t{8} << 20;      // device and pinned host: schedule
+// Workspace sizes (kAttentionFloatWorkspaceBytes, kAttentionIntWorkspaceBytes): kernels/sizes.h.
 
 // FlashInfer's plan, opaque to callers.
 struct AttentionPlan {

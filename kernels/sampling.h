@@ -8,26 +8,11 @@
 
 #include <cstdint>
 
+#include "kernels/sizes.h"
+
 namespace inferd::kernels {
 
-constexpr int kMaxTopLogprobs = 20;
-
-// Per logits row.
-struct SamplingRowParams {
-  float temperature;  // 0 = greedy (argmax; ties pick the lowest id)
-  int32_t top_k;      // 0 = off
-  float top_p;        // 1 = off
-  float min_p;        // 0 = off
-  float repetition_penalty;
-  float presence_penalty;
-  float frequency_penalty;
-  int32_t top_logprobs;  // > 0: report the chosen token's logprob and this many alternatives (≤ kMaxTopLogprobs)
-  double uniform;        // in [0, 1)
-};
-
-// Penalty entries of row r: [penalty_indptr[r], penalty_indptr[r + 1]), one per distinct token id.
-constexpr uint8_t kPenaltySeen = 1;    // in the prompt or output: repetition penalty applies
-constexpr uint8_t kPenaltyBanned = 2;  // may not be sampled now
+// kMaxTopLogprobs, SamplingRowParams and the penalty flags: kernels/sizes.h.
 
 // logits: [num_rows, vocab] fp32, modified in place. params: [num_rows]. penalty_tokens, penalty_counts (times
 // the token occurs in the output), penalty_flags: [penalty_indptr[num_rows]]. penalty_raw: scratch of the same

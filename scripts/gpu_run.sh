@@ -3,7 +3,8 @@
 # kernel, sampler and whole-model parity tests, the CPU tests, one serving run under compute-sanitizer, then
 # writes the Llama-3-8B-shaped random model, benchmarks it, and checks the served model's live efficiency
 # metrics against the benchmark's ratios. Results go to $OUT (or ./gpu-results).
-#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|bench|efficiency|sweep|all]
+#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|bench|efficiency|sweep|all]
+# parity: the test models and references, then the precision and whole-model parity tests alone.
 # sweep: the 8B model served by inferd on cuda, `inferd-bench serve` at a list of request rates (CSV in $OUT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,15 +20,25 @@ export PYTHONPATH="$BUNDLE/pystubs${PYTHONPATH:+:$PYTHONPATH}"  # gRPC stubs and
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/device.txt"
 status=0
 
-if [[ "$what" == all || "$what" == tests ]]; then
-  # Random-weight models with head dims 64 and 128 and their references: fp32 on the CPU, bf16 on the GPU.
+if [[ "$what" == all || "$what" == tests || "$what" == parity ]]; then
+  # Random-weight models with head dims 64, 128 and 256 (the "-sharp" ones with large activations) and their
+  # references: fp32 on the CPU, bf16 on the GPU.
   export INFERD_GPU_MODELS=/tmp/inferd-gpu-models
   rm -rf "$INFERD_GPU_MODELS"
   python3 tools/make_test_models.py --gpu-models "$INFERD_GPU_MODELS" || status=1
   python3 tools/make_reference_fixtures.py "$INFERD_GPU_MODELS" "$INFERD_GPU_MODELS/reference" || status=1
-  python3 tools/make_reference_fixtures.py --device cuda --dtype bfloat16 --suffix=-bf16 \
+  python3 tools/make_reference_fixtures.py --device cuda --dtype bfloat16 --suffix=-bf16 --forced-on-fp32 \
     "$INFERD_GPU_MODELS" "$INFERD_GPU_MODELS/reference" || status=1
   tar -C "$INFERD_GPU_MODELS" -czf "$OUT/gpu_references.tar.gz" reference
+fi
+if [[ "$what" == parity ]]; then  # the precision and whole-model parity tests alone
+  "$BUNDLE/bin/gpu_tests" --gtest_filter='Precision.*:Models/CudaParity.*:Models/SharpParity.*' --gtest_output="xml:$OUT/gpu_tests.xml" \
+    > "$OUT/gpu_tests_parity.log" 2>&1 || status=1
+  # Every parity line; precision lines only where a kernel is off by more than a rounding or so.
+  grep -E "^\[ parity|FAILED|Failure|Expected|Which is|^\[  (PASSED|SKIPPED)|tests ran" "$OUT/gpu_tests_parity.log"
+  grep -E "^\[ precision" "$OUT/gpu_tests_parity.log" | grep -vE "error (0\.|1\.[0-2])"
+fi
+if [[ "$what" == all || "$what" == tests ]]; then
   # The bundled SmolLM2 (98 MB) does not travel with the working tree (64 MiB per call): without it, the
   # tests that need it are left out here (CI runs them).
   filter="*"
@@ -35,8 +46,9 @@ if [[ "$what" == all || "$what" == tests ]]; then
     filter="-*smollm2*:ChatTemplate.RendersEqualHuggingFace:ChatTemplate.EndOfTurnTokensStopGeneration"
   fi
   echo "== gpu_tests"
-  "$BUNDLE/bin/gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | grep -E "^\[ parity|FAILED|Failure|error|^\[  (PASSED|SKIPPED)|tests ran" | head -60
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  "$BUNDLE/bin/gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1 || status=1
+  grep -E "^\[ parity|FAILED|Failure|^\[  (PASSED|SKIPPED)|tests ran" "$OUT/gpu_tests.log"
+  grep -E "^\[ precision" "$OUT/gpu_tests.log" | grep -vE "error (0\.|1\.[0-2])"
   for t in core_tests engine_tests; do
     echo "== $t"
     "$BUNDLE/bin/$t" --gtest_filter="$filter" --gtest_output="xml:$OUT/$t.xml" 2>&1 | tail -n 3

@@ -1,5 +1,5 @@
-// The gRPC Inference service (callback API). Reactors never block: they hand requests to the engine and
-// write its outputs one at a time as they arrive.
+// The gRPC Inference service (callback API). Reactors never block: a generate call (server/generate_call.h) hands
+// its request to the engine and writes its outputs as they arrive; protobuf conversion is server/proto_conversion.h.
 #pragma once
 
 #include <atomic>
@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "inferd/v1/inferd.grpc.pb.h"
+#include "server/generate_call.h"
 #include "server/metrics.h"
 #include "server/request_workers.h"
 
@@ -67,6 +68,7 @@ class InferenceService final : public InferenceServiceBase {
     std::lock_guard<std::mutex> lock(mu_);
     return engine_;
   }
+  GenerateCall::Services Services() { return {engine(), &workers_, &writers_, limits_.max_request_bytes, metrics_}; }
   mutable std::mutex mu_;
   std::shared_ptr<Engine> engine_;
   const Limits limits_;

@@ -6,32 +6,18 @@
 
 #include "absl/strings/str_format.h"
 #include "engine/config.h"
+#include "engine/engine.h"
 #include "engine/model/model.h"
-#include "engine/runtime/device_memory.h"
+#include "engine/runtime/device_layout.h"
 #include "nlohmann/json.hpp"
-
-#if INFERD_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace inferd {
 namespace {
 
 constexpr double kMiB = 1048576.0;
-// What the CUDA context and libraries take beyond the step inputs and the reserved block: the H100's start-up
-// measured 34.2 MiB of "other" for the Llama-3-8B shape, 29.4 MiB of it step inputs and the reserved block.
+// What the CUDA context and libraries take beyond the step inputs and the reserved block (the H100's start-up
+// measured 4.8 MiB of it for the Llama-3-8B shape).
 constexpr int64_t kContextBytes = int64_t{5} << 20;
-
-int64_t VisibleFreeBytes() {
-#if INFERD_WITH_CUDA
-  size_t free = 0, total = 0;
-  int n = 0;
-  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && cudaMemGetInfo(&free, &total) == cudaSuccess) {
-    return static_cast<int64_t>(free);
-  }
-#endif
-  return 0;
-}
 
 }  // namespace
 
@@ -65,7 +51,7 @@ int RunPlan(int argc, char** argv) {
     std::cerr << "inferd plan: " << config.status().message() << "\n";
     return 2;
   }
-  const int64_t free = gib > 0 ? static_cast<int64_t>(gib * (int64_t{1} << 30)) : VisibleFreeBytes();
+  const int64_t free = gib > 0 ? static_cast<int64_t>(gib * (int64_t{1} << 30)) : VisibleGpuFreeBytes();
   if (free <= 0) {
     std::cerr << "inferd plan: no GPU is visible; give its free memory with --gpu-memory-gib N\n";
     return 2;
@@ -95,12 +81,12 @@ int RunPlan(int argc, char** argv) {
     std::printf("%-9s %12s %12s %10s %12s %12s %10s %12s  %s\n", "dtype", "weights MiB", "activ. MiB", "other MiB",
                 "KV B/token", "KV KiB/blk", "blocks", "KV tokens", "sequences at context 1024 / 4096 / 8192 / max");
   for (const char* dtype : {"bfloat16", "float16"}) {
-    const int64_t e = 2;
-    const int64_t weights = DeviceWeightBytes((*model)->tensors, e);
-    const int64_t act = DeviceActivationBytes(c, limits, e);
-    const int64_t other =
-        DeviceStepInputBytes(c, limits, static_cast<int32_t>((*model)->eos_token_ids.size()), e) + kContextBytes;
-    const int64_t per_block = KvBytesPerBlock(c, limits.block_size, e);
+    // The layout the cuda backend allocates from (bf16 and fp16 both take 2 bytes an element).
+    const DeviceLayout layout = PlanDeviceLayout(**model, limits, 2);
+    const int64_t weights = layout.weight_bytes;
+    const int64_t act = layout.activation_bytes();
+    const int64_t other = layout.step_input_bytes() + kContextBytes;
+    const int64_t per_block = layout.kv_bytes_per_block;
     const int64_t blocks = std::max<int64_t>(0, (budget - weights - act - other) / per_block);
     const int64_t tokens = blocks * limits.block_size;
     auto seqs = [&](int64_t ctx) { return blocks / ((ctx + limits.block_size - 1) / limits.block_size); };

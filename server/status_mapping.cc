@@ -26,4 +26,16 @@ v1::FinishReason ToProto(FinishReason reason) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
+absl::Status ModelLoadingStatus() {
+  return absl::UnavailableError("the model is still loading");
+}
+
+absl::Status WorkersFullStatus() {
+  return absl::ResourceExhaustedError("too many requests are being prepared (tokenized) at once; retry later");
+}
+
+absl::Status CallCancelledStatus(const char* why) {
+  return absl::CancelledError(why);
+}
+
 }  // namespace inferd

@@ -42,6 +42,13 @@ std::string TextOutput::Take(RequestOutput* out) {
 }
 
 bool TextOutput::AddToken(int32_t token, int32_t num_output, std::string* text) {
+  // A run of byte-fallback tokens has its text only once it ends (its validity is the whole run's).
+  if (const int b = tokenizer_->FallbackByte(token, options_.skip_special_tokens); b >= 0) {
+    byte_run_.push_back(static_cast<char>(b));
+    return false;
+  }
+  pending_bytes_ += Tokenizer::ResolveByteRun(byte_run_);
+  byte_run_.clear();
   pending_bytes_ += tokenizer_->TokenBytes(token, options_.skip_special_tokens);
   size_t consumed = 0;
   held_text_ += Utf8Lossy(pending_bytes_, /*final=*/false, &consumed);
@@ -58,6 +65,7 @@ bool TextOutput::AddToken(int32_t token, int32_t num_output, std::string* text) 
       *text += held_text_.substr(0, best + (options_.include_stop_str_in_output ? best_len : 0));
       held_text_.clear();
       pending_bytes_.clear();
+      byte_run_.clear();
       return true;
     }
   }
@@ -76,9 +84,11 @@ bool TextOutput::AddToken(int32_t token, int32_t num_output, std::string* text) 
 }
 
 std::string TextOutput::Flush() {
+  pending_bytes_ += Tokenizer::ResolveByteRun(byte_run_);
   std::string out = std::move(held_text_) + Utf8Lossy(pending_bytes_, /*final=*/true);
   held_text_.clear();
   pending_bytes_.clear();
+  byte_run_.clear();
   return out;
 }
 

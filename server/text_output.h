@@ -45,6 +45,7 @@ class TextOutput {
 
   const Tokenizer* tokenizer_;
   TextOptions options_;
+  std::string byte_run_;       // bytes of byte-fallback tokens in a row, not yet resolved
   std::string pending_bytes_;  // bytes of an unfinished UTF-8 character
   std::string held_text_;      // decoded text not yet released (may begin a stop string)
   std::optional<int32_t> stopped_at_;

@@ -34,6 +34,7 @@
 #include "engine/backends/cuda/run_timer.h"
 #include "engine/engine.h"
 #include "engine/model/model_config.h"
+#include "engine/runtime/device_layout.h"
 #include "engine/runtime/step_cost.h"
 #include "kernels/gemv.h"
 #include "nlohmann/json.hpp"
@@ -72,7 +73,7 @@ double ReadCeilingTBs() {
 
 double GemmCeilingTflops() {
   int64_t ws = 0;
-  auto gemm = cuda::Gemm::Create(CUDA_R_16BF, &ws);
+  auto gemm = cuda::Gemm::Create(CUDA_R_16BF, kGemmWorkspaceBytes, &ws);
   auto r = gemm.ok() ? cuda::MeasureGemmRate(**gemm, true, 8192, 0) : absl::StatusOr<double>(gemm.status());
   if (!r.ok()) {
     std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
@@ -98,7 +99,7 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs) {
                                      {"lm_head", c.vocab_size, H, true}};
   const int64_t pool_bytes = int64_t{2} << 30;
   int64_t ws = 0;
-  auto gemm = cuda::Gemm::Create(CUDA_R_16BF, &ws);
+  auto gemm = cuda::Gemm::Create(CUDA_R_16BF, kGemmWorkspaceBytes, &ws);
   if (!gemm.ok()) {
     std::fprintf(stderr, "%s\n", gemm.status().ToString().c_str());
     std::exit(1);

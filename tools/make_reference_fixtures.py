@@ -18,6 +18,7 @@ and the margin between the two largest logits (tests skip positions where it is 
 import argparse
 import json
 import os
+import random
 
 import torch
 import transformers
@@ -33,14 +34,28 @@ PROMPTS = [
 ]
 NEW_TOKENS = 32
 TOP = 5
+# For the large-activation GPU models (names ending in "-sharp"): prompts of ~760 and ~3,000 tokens, many blocks
+# and several prefill chunks, cut to these lengths after tokenizing.
+LONG_PROMPT_TOKENS = [759, 3000]
+
+
+def long_prompt_text(seed):
+    words = ("the model serves requests over a paged cache of blocks while the scheduler batches tokens every "
+             "step and the engine samples the next token attention layers norm rotary weights 12 345").split()
+    rng = random.Random(seed)
+    return " ".join(rng.choice(words) for _ in range(4000))
 
 
 @torch.no_grad()
 def greedy(model, prompt_ids):
+    """Greedy decoding with the model's KV cache, as generate() runs it."""
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
     steps = []
+    past = None
     for _ in range(NEW_TOKENS):
-        logits = model(ids).logits[0, -1].to(torch.float32)
+        out = model(ids, past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[0, -1].to(torch.float32)
         logprobs = torch.log_softmax(logits, dim=-1)
         top = torch.topk(logits, TOP)
         token = int(top.indices[0])
@@ -49,15 +64,38 @@ def greedy(model, prompt_ids):
             "top": [[int(i), float(logprobs[i])] for i in top.indices],
             "margin": float(top.values[0] - top.values[1]),
         })
-        ids = torch.cat([ids, torch.tensor([[token]], device=model.device)], dim=1)
+        ids = torch.tensor([[token]], device=model.device)
     return steps
 
 
-def record(model, encode, name, out_dir, command, prompts):
+@torch.no_grad()
+def forced(model, prompt_ids, tokens):
+    """The model's top-5 and margin at each generated position when the context is another run's tokens (teacher
+    forcing): how this run's arithmetic alone, not its own earlier choices, moves each position."""
+    ids = torch.tensor([prompt_ids + tokens[:-1]], dtype=torch.long, device=model.device)
+    logits = model(ids).logits[0, len(prompt_ids) - 1:].to(torch.float32)
+    steps = []
+    for row in logits:
+        logprobs = torch.log_softmax(row, dim=-1)
+        top = torch.topk(row, TOP)
+        steps.append({"token": int(top.indices[0]), "top": [[int(i), float(logprobs[i])] for i in top.indices],
+                      "margin": float(top.values[0] - top.values[1])})
+    return steps
+
+
+def record(model, encode, name, out_dir, command, prompts, cut=None, forced_on=None):
+    """forced_on: another reference of the same prompts; each case then also holds this model's steps along its
+    tokens ("forced")."""
     cases = []
-    for text in prompts:
+    for i, text in enumerate(prompts):
         prompt_ids = encode(text)
+        if cut and i < len(cut) and cut[i]:
+            prompt_ids = prompt_ids[:cut[i]]
         cases.append({"text": text, "prompt_ids": prompt_ids, "steps": greedy(model, prompt_ids)})
+        if forced_on:
+            other = forced_on["cases"][i]
+            assert other["prompt_ids"] == prompt_ids, "the forced-on reference has the same prompts"
+            cases[-1]["forced"] = forced(model, prompt_ids, [s["token"] for s in other["steps"]])
     with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump({"model": name, "transformers": transformers.__version__, "torch": torch.__version__,
                    "command": command, "cases": cases}, f, indent=1, ensure_ascii=False)
@@ -74,6 +112,8 @@ def main():
     p.add_argument("--device", default="cpu", help="cpu (exact fp32) or cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--suffix", default="", help="appended to each reference's file name")
+    p.add_argument("--forced-on-fp32", action="store_true",
+                   help="for the -sharp models, also record steps along the fp32 reference's tokens in out_dir")
     args = p.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
     torch.manual_seed(0)
@@ -89,8 +129,17 @@ def main():
         if args.device != "cpu" or args.dtype != "float32":
             command = (f"python3 tools/make_reference_fixtures.py --device {args.device} --dtype {args.dtype} "
                        f"--suffix '{args.suffix}' {args.models_dir} {args.out_dir}")
+        prompts, cut = PROMPTS, None
+        if name.endswith("-sharp"):
+            prompts = PROMPTS + [long_prompt_text(n) for n in LONG_PROMPT_TOKENS]
+            cut = [None] * len(PROMPTS) + LONG_PROMPT_TOKENS
+        forced_on = None
+        if name.endswith("-sharp") and args.forced_on_fp32:
+            with open(os.path.join(args.out_dir, f"{name}.json")) as f:
+                forced_on = json.load(f)
+            command += " --forced-on-fp32"
         record(model, lambda t: tok.encode(t, add_special_tokens=True).ids, name + args.suffix, args.out_dir,
-               command, PROMPTS)
+               command, prompts, cut, forced_on)
     for path, name in args.gguf:
         d, f = os.path.split(os.path.abspath(path))
         model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32,

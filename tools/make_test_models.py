@@ -128,7 +128,9 @@ def save_safetensors(path, tensors, dtype):
             f.write(b)
 
 
-def make_weights(cfg, seed, scale=1.0, embed_std=1.0):
+def make_weights(cfg, seed, scale=1.0, embed_std=1.0, init_std=None):
+    """init_std: every projection, bias and the embedding drawn with this std and the norms at 1, as transformers
+    initializes a model of that initializer_range (scale and embed_std then unused)."""
     rng = np.random.default_rng(seed)
     h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -136,16 +138,21 @@ def make_weights(cfg, seed, scale=1.0, embed_std=1.0):
     w = {}
 
     def normal(*shape, std, scaled=True):  # `scale` shrinks the layers' projections only
+        if init_std is not None:
+            return rng.normal(0.0, init_std, size=shape).astype(np.float32)
         return rng.normal(0.0, std * (scale if scaled else 1.0), size=shape).astype(np.float32)
 
+    def norm_weight(n):
+        return np.ones(n, np.float32) if init_std is not None else 1.0 + normal(n, std=0.1, scaled=False)
+
     w["model.embed_tokens.weight"] = normal(v, h, std=embed_std, scaled=False)
-    w["model.norm.weight"] = 1.0 + normal(h, std=0.1, scaled=False)
+    w["model.norm.weight"] = norm_weight(h)
     if not cfg["tie_word_embeddings"]:
         w["lm_head.weight"] = normal(v, h, std=0.4, scaled=False)
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
-        w[p + "input_layernorm.weight"] = 1.0 + normal(h, std=0.1, scaled=False)
-        w[p + "post_attention_layernorm.weight"] = 1.0 + normal(h, std=0.1, scaled=False)
+        w[p + "input_layernorm.weight"] = norm_weight(h)
+        w[p + "post_attention_layernorm.weight"] = norm_weight(h)
         w[p + "self_attn.q_proj.weight"] = normal(nh * hd, h, std=0.25)
         w[p + "self_attn.k_proj.weight"] = normal(nkv * hd, h, std=0.25)
         w[p + "self_attn.v_proj.weight"] = normal(nkv * hd, h, std=0.15)
@@ -161,7 +168,7 @@ def make_weights(cfg, seed, scale=1.0, embed_std=1.0):
 
 
 def write_model(out_dir, name, cfg, tok, tok_config, dtype, seed, shards=1, generation_config=None, scale=1.0,
-                embed_std=1.0):
+                embed_std=1.0, init_std=None):
     d = os.path.join(out_dir, name)
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -174,7 +181,7 @@ def write_model(out_dir, name, cfg, tok, tok_config, dtype, seed, shards=1, gene
     if generation_config:
         with open(os.path.join(d, "generation_config.json"), "w") as f:
             json.dump(generation_config, f, indent=2, sort_keys=True)
-    w = make_weights(cfg, seed, scale, embed_std)
+    w = make_weights(cfg, seed, scale, embed_std, init_std)
     if shards == 1:
         save_safetensors(os.path.join(d, "model.safetensors"), w, dtype)
         return
@@ -237,6 +244,55 @@ def gpu_models(out_dir):
                       sliding_window=None, bos_token_id=1, eos_token_id=2, torch_dtype="float16")
     write_model(out_dir, "mistral-hd128-g3", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>"}, "F16", seed=13,
                 scale=0.15)
+    sharp_models(out_dir)
+
+
+def sharp_models(out_dir):
+    """Llama-family shapes with every weight drawn with std 0.2 (transformers' initializer_range 0.2): activations
+    in the hundreds and attention logits of std ~20, so attention is sharp and any rounding or reduction in 16
+    bits that a kernel adds shows in the greedy tokens. GQA groups 1, 4, 7 and 8, one KV head, head dims 64, 128
+    and 256, context up to 4096. Made on the GPU machine, not committed; their references use LONG_PROMPTS too."""
+    qwen_tok = byte_level(QWEN2_PATTERN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], nfc=True,
+                          template_bos=None, vocab_size=1100)
+    eos = qwen_tok.token_to_id("<|endoftext|>")
+    qwen = dict(rope_theta=1e6, tie_word_embeddings=True, eos_token_id=eos, bos_token_id=eos, torch_dtype="bfloat16",
+                use_sliding_window=False, sliding_window=4096, max_position_embeddings=4096, initializer_range=0.2)
+    # The issue's shape: 4 query heads on 1 KV head of 128, q/k/v biases, tied embeddings.
+    cfg = base_config("Qwen2ForCausalLM", "qwen2", 1100, hidden_size=512, intermediate_size=1024,
+                      num_attention_heads=4, num_key_value_heads=1, **qwen)
+    write_model(out_dir, "qwen2-hd128-g4-kv1-sharp", cfg, qwen_tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=21,
+                init_std=0.2)
+    # Qwen2.5-0.5B-like: 7 query heads on 1 KV head of 64.
+    cfg = base_config("Qwen2ForCausalLM", "qwen2", 1100, hidden_size=448, intermediate_size=896,
+                      num_attention_heads=7, num_key_value_heads=1, **qwen)
+    write_model(out_dir, "qwen2-hd64-g7-sharp", cfg, qwen_tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=22,
+                init_std=0.2)
+    llama_tok = byte_level(LLAMA3_PATTERN, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], nfc=False,
+                           template_bos="<|begin_of_text|>", vocab_size=1100)
+    bos, eos = llama_tok.token_to_id("<|begin_of_text|>"), llama_tok.token_to_id("<|end_of_text|>")
+    llama_cfg = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+    # Llama-3.2-1B-like: group 4 of head dim 64, tied, llama3 rope.
+    cfg = base_config("LlamaForCausalLM", "llama", 1100, hidden_size=512, intermediate_size=1024,
+                      num_attention_heads=8, num_key_value_heads=2, bos_token_id=bos, eos_token_id=eos,
+                      tie_word_embeddings=True, max_position_embeddings=4096, initializer_range=0.2,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 1024},
+                      torch_dtype="bfloat16")
+    write_model(out_dir, "llama3-hd64-g4-sharp", cfg, llama_tok, llama_cfg, "BF16", seed=23, init_std=0.2)
+    # Head dim 256, 8 query heads on 1 KV head, untied.
+    cfg = base_config("LlamaForCausalLM", "llama", 1100, hidden_size=512, intermediate_size=1024,
+                      num_attention_heads=8, num_key_value_heads=1, head_dim=256, bos_token_id=bos,
+                      eos_token_id=eos, max_position_embeddings=4096, rope_theta=10000.0, initializer_range=0.2,
+                      torch_dtype="bfloat16")
+    write_model(out_dir, "llama-hd256-g8-sharp", cfg, llama_tok, llama_cfg, "BF16", seed=24, init_std=0.2)
+    # Mistral-like without grouping (group 1), head dim 128, Metaspace tokenizer, fp16 checkpoint.
+    cfg = base_config("MistralForCausalLM", "mistral", 1100, hidden_size=512, intermediate_size=1024,
+                      num_attention_heads=4, num_key_value_heads=4, head_dim=128, rope_theta=1e6,
+                      sliding_window=None, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096,
+                      initializer_range=0.2, torch_dtype="float16")
+    write_model(out_dir, "mistral-hd128-g1-sharp", cfg, sentencepiece_like(metaspace=True, vocab_size=1100),
+                {"bos_token": "<s>", "eos_token": "</s>"}, "F16", seed=25, init_std=0.2)
 
 
 def main():

@@ -24,6 +24,25 @@ HARD_STRINGS = [
 ]
 
 
+# Runs of byte-fallback tokens (SentencePiece-style tokenizers) and how ByteFallback decodes them: a run that is
+# valid UTF-8 as a whole is its text, any other run one U+FFFD per byte token.
+BYTE_RUNS = [[0x1C, 0x83], [0xE6, 0x97, 0xA5], [0xE6, 0x97, 0xA5, 0xE6], [0xE6, 0x97], [0x41, 0xFF, 0x42], [0xF0],
+             [0xF0, 0x9F, 0x98, 0x80, 0x80], [0xC3, 0xA9, 0x0A]]
+
+
+def byte_runs(tok):
+    vocab = tok.get_vocab()
+    if "<0x1C>" not in vocab:
+        return []
+    word = tok.encode("hello", add_special_tokens=False).ids
+    out = []
+    for run in BYTE_RUNS:
+        ids = [vocab[f"<0x{b:02X}>"] for b in run]
+        for seq in (ids, word + ids, ids + word + ids[:1], ids + ids):
+            out.append({"ids": seq, "decoded": tok.decode(seq, skip_special_tokens=True)})
+    return out
+
+
 def main():
     models_dir, out_dir = sys.argv[1], sys.argv[2]
     os.makedirs(out_dir, exist_ok=True)
@@ -42,9 +61,12 @@ def main():
                 "decoded": tok.decode(ids, skip_special_tokens=True),
                 "decoded_with_special": tok.decode(ids, skip_special_tokens=False),
             })
+        spec = {"model": name, "command": "tools/make_tokenizer_fixtures.py", "cases": cases}
+        runs = byte_runs(tok)
+        if runs:
+            spec["byte_runs"] = runs
         with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-            json.dump({"model": name, "command": "tools/make_tokenizer_fixtures.py", "cases": cases}, f,
-                      indent=1, ensure_ascii=False)
+            json.dump(spec, f, indent=1, ensure_ascii=False)
         print(name, len(cases), "cases")
 
 

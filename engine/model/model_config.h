@@ -36,6 +36,11 @@ struct ModelConfig {
   std::string torch_dtype;  // as stated in config.json, informational
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;
+
+  // Widths derived from the heads: one query row, one K (or V) row, and the fused q/k/v row.
+  int64_t q_width() const { return int64_t{num_heads} * head_dim; }
+  int64_t kv_width() const { return int64_t{num_kv_heads} * head_dim; }
+  int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
 };
 
 // Parses config.json text; a missing or inconsistent field is an error naming it.

@@ -5,7 +5,7 @@ namespace inferd {
 StepCostModel::StepCostModel(const ModelConfig& c, const MemoryPlan& plan, int32_t block_size)
     : hidden_(c.hidden_size) {
   const double H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, L = c.num_layers;
-  const double q = c.num_heads * D, kv = c.num_kv_heads * D;
+  const double q = static_cast<double>(c.q_width()), kv = static_cast<double>(c.kv_width());
   layer_params_ = L * (H * (q + 2 * kv) + q * H + 3 * H * I);
   other_params_ = L * (2 * H + (c.qkv_bias ? q + 2 * kv : 0)) + H;
   lm_head_params_ = double(c.vocab_size) * H;

@@ -4,31 +4,42 @@
 
 namespace inferd {
 
-StepInput BuildStepInput(const StepPlan& plan, int32_t block_size) {
+StepInput EmptyStepInput(int32_t block_size) {
   StepInput in;
   in.block_size = block_size;
+  in.query_start.push_back(0);
+  in.kv_indptr.push_back(0);
+  return in;
+}
+
+void AddSequence(StepInput* in, std::span<const int32_t> tokens, int32_t start, int32_t context_len,
+                 std::span<const int32_t> pages, bool sampled) {
+  const int32_t bs = in->block_size;
+  const int32_t num_pages = BlocksFor(context_len, bs);
+  INFERD_CHECK(num_pages <= static_cast<int32_t>(pages.size()),
+               "a sequence of a step has blocks for every token it computes");
+  INFERD_CHECK(context_len <= static_cast<int32_t>(tokens.size()) && 0 <= start && start < context_len,
+               "a sequence of a step has an id for every token it computes, and computes one at least");
+  for (int32_t p = start; p < context_len; ++p) {
+    in->token_ids.push_back(tokens[p]);
+    in->positions.push_back(p);
+    in->slot_mapping.push_back(pages[p / bs] * bs + p % bs);
+  }
+  in->query_start.push_back(static_cast<int32_t>(in->token_ids.size()));
+  in->context_lens.push_back(context_len);
+  in->kv_indices.insert(in->kv_indices.end(), pages.begin(), pages.begin() + num_pages);
+  in->kv_indptr.push_back(static_cast<int32_t>(in->kv_indices.size()));
+  in->kv_last_page_len.push_back(context_len - (num_pages - 1) * bs);
+  if (sampled) in->logits_indices.push_back(in->query_start.back() - 1);
+}
+
+StepInput BuildStepInput(const StepPlan& plan, int32_t block_size) {
+  StepInput in = EmptyStepInput(block_size);
   in.token_ids.reserve(plan.num_tokens);
   in.positions.reserve(plan.num_tokens);
   in.slot_mapping.reserve(plan.num_tokens);
-  in.query_start.push_back(0);
-  in.kv_indptr.push_back(0);
   for (const ScheduledSeq& s : plan.seqs) {
-    const Sequence& seq = *s.seq;
-    const int32_t context_len = s.start + s.num_new;
-    const int32_t num_pages = BlocksFor(context_len, block_size);
-    INFERD_CHECK(num_pages <= static_cast<int32_t>(seq.block_table.size()),
-                 "a scheduled sequence has blocks for every token it computes");
-    for (int32_t p = s.start; p < context_len; ++p) {
-      in.token_ids.push_back(seq.tokens[p]);
-      in.positions.push_back(p);
-      in.slot_mapping.push_back(seq.block_table[p / block_size] * block_size + p % block_size);
-    }
-    in.query_start.push_back(static_cast<int32_t>(in.token_ids.size()));
-    in.context_lens.push_back(context_len);
-    in.kv_indices.insert(in.kv_indices.end(), seq.block_table.begin(), seq.block_table.begin() + num_pages);
-    in.kv_indptr.push_back(static_cast<int32_t>(in.kv_indices.size()));
-    in.kv_last_page_len.push_back(context_len - (num_pages - 1) * block_size);
-    if (s.wants_token) in.logits_indices.push_back(in.query_start.back() - 1);
+    AddSequence(&in, s.seq->tokens, s.start, s.start + s.num_new, s.seq->block_table, s.wants_token);
   }
   return in;
 }

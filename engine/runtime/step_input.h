@@ -2,11 +2,22 @@
 // owns the requests' sampling state).
 #pragma once
 
+#include <span>
+
 #include "engine/runtime/backend.h"
 #include "engine/scheduler/scheduler.h"
 
 namespace inferd {
 
 StepInput BuildStepInput(const StepPlan& plan, int32_t block_size);
+
+// Steps built by hand (the warm-up, start-up's largest step, padded decode rows) go through the same two calls
+// as the scheduler's: an empty step, then one AddSequence per sequence.
+StepInput EmptyStepInput(int32_t block_size);
+// Appends a sequence computing tokens[start .. context_len) this step (tokens holds at least context_len ids),
+// its KV on `pages` (the block ids of its first ceil(context_len / block_size) blocks); when `sampled`, its last
+// token's row samples (the caller appends the row's SamplingRow).
+void AddSequence(StepInput* in, std::span<const int32_t> tokens, int32_t start, int32_t context_len,
+                 std::span<const int32_t> pages, bool sampled);
 
 }  // namespace inferd

@@ -329,9 +329,32 @@ std::string Tokenizer::TokenBytes(int32_t id, bool skip_special_tokens) const {
   return absl::StrReplaceAll(tok, {{metaspace_, " "}});
 }
 
+int Tokenizer::FallbackByte(int32_t id, bool skip_special_tokens) const {
+  if (!byte_fallback_ || byte_level_decoder_ || id < 0 || id >= vocab_size()) return -1;
+  if (skip_special_tokens && is_special_[id]) return -1;
+  const int b = ByteTokenValue(id_to_token_[id]);
+  return b >= 0 && byte_token_ids_[b] == id ? b : -1;
+}
+
+std::string Tokenizer::ResolveByteRun(std::string_view run) {
+  if (IsValidUtf8(run)) return std::string(run);
+  std::string out;
+  for (size_t i = 0; i < run.size(); ++i) AppendUtf8(0xFFFD, &out);
+  return out;
+}
+
 std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
-  std::string bytes;
-  for (int32_t id : ids) bytes += TokenBytes(id, skip_special_tokens);
+  std::string bytes, run;
+  for (int32_t id : ids) {
+    if (const int b = FallbackByte(id, skip_special_tokens); b >= 0) {
+      run.push_back(static_cast<char>(b));
+      continue;
+    }
+    bytes += ResolveByteRun(run);
+    run.clear();
+    bytes += TokenBytes(id, skip_special_tokens);
+  }
+  bytes += ResolveByteRun(run);
   std::string text = Utf8Lossy(bytes, /*final=*/true);
   if (strip_leading_space_ && !text.empty() && text[0] == ' ') text.erase(0, 1);
   return text;

@@ -33,6 +33,12 @@ class Tokenizer {
   // The raw bytes one token adds to running text (no leading-space stripping). Empty for a skipped
   // special token.
   std::string TokenBytes(int32_t id, bool skip_special_tokens) const;
+  // The byte of a byte-fallback token (<0xAB> of a SentencePiece-style model), or -1. Hugging Face's ByteFallback
+  // decoder reads consecutive byte tokens as one run: ResolveByteRun gives its text.
+  int FallbackByte(int32_t id, bool skip_special_tokens) const;
+  // A run of byte tokens' bytes as ByteFallback renders it: the bytes when the run as a whole is valid UTF-8,
+  // else one U+FFFD per byte (so <0x1C><0x83> is two replacement characters, not "\x1c" and one).
+  static std::string ResolveByteRun(std::string_view run);
 
   int32_t vocab_size() const { return static_cast<int32_t>(id_to_token_.size()); }
   bool IsSpecial(int32_t id) const;

@@ -192,7 +192,7 @@ def test_a_long_prompt_does_not_hold_back_a_newcomers_first_token():
             time.sleep(0.01)
         first_token("short", greedy("Hi", max_tokens=2))
         long_thread.join(timeout=600)
-        assert "long" not in firsts or firsts["short"] < firsts["long"]
+        assert set(firsts) == {"short", "long"}, firsts
         assert firsts["short"] < 0.3 * firsts["long"], firsts
     finally:
         assert s.stop() == 0

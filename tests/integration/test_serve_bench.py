@@ -31,7 +31,7 @@ def bench(server, *args):
 def test_a_poisson_run_reports_every_field_with_vllm_definitions(server, tmp_path):
     out = tmp_path / "r.json"
     r = bench(server, "--num-prompts", "30", "--request-rate", "40", "--burstiness", "0.5", "--random-input-len",
-              "48", "--random-output-len", "12", "--random-range-ratio", "0.5", "--goodput", "ttft:60000,tpot:1",
+              "48", "--random-output-len", "12", "--random-range-ratio", "0.5", "--goodput", "ttft:600000,tpot:600000",
               "--seed", "3", "--json", str(out))
     assert r.returncode == 0, r.stderr
     rep = json.loads(out.read_text())
@@ -45,8 +45,20 @@ def test_a_poisson_run_reports_every_field_with_vllm_definitions(server, tmp_pat
         s = rep[m]
         assert 0 < s["median_ms"] <= s["p90_ms"] <= s["p99_ms"], (m, s)
     assert rep["e2el"]["median_ms"] >= rep["ttft"]["median_ms"]
-    assert rep["goodput"] <= rep["request_throughput"]  # a 1 ms TPOT SLO is met by some requests at most
+    # SLOs of ten minutes: every request meets them, so goodput is the request throughput.
+    assert rep["goodput"] == pytest.approx(rep["request_throughput"], rel=1e-9)
     assert "Serving Benchmark Result" in r.stdout
+
+
+def test_goodput_counts_only_the_requests_that_meet_every_slo(server, tmp_path):
+    out = tmp_path / "r.json"
+    # A TPOT under a microsecond is met by no request of 6 or more output tokens; a TTFT of ten minutes by all.
+    r = bench(server, "--num-prompts", "8", "--request-rate", "inf", "--random-input-len", "16", "--random-output-len",
+              "8", "--random-range-ratio", "0.25", "--goodput", "ttft:600000,tpot:0.001", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["completed"] == 8 and rep["request_throughput"] > 0
+    assert rep["goodput"] == 0, rep
 
 
 def test_a_concurrency_cap_and_a_jsonl_dataset(server, tmp_path):

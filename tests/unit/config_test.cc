@@ -75,11 +75,63 @@ TEST(Config, TheReadmeReferenceIsTheFieldTable) {
   EXPECT_NE(readme.find(table), std::string::npos)
       << "README.md's configuration table differs from `inferd --config-reference`:\n"
       << table;
-  // Every key of the table parses with its documented default, and the dump lists every key.
-  auto c = ParseConfig("model: {path: /m}\n");
-  ASSERT_TRUE(c.ok());
-  const std::string dump = ConfigToYaml(*c);
-  for (const ConfigField& f : ConfigFields()) EXPECT_NE(dump.find(f.key + ":"), std::string::npos) << f.name();
+}
+
+// Every key set to a value other than its default, written here by hand: the effective-config dump carries each
+// value through a second parse unchanged, and differs from the defaults' dump on every key.
+TEST(Config, EveryKeySurvivesTheDumpWithAValueOtherThanItsDefault) {
+  const std::string yaml = R"(model: {path: /models/x, name: served-x, max_model_len: 4096}
+engine: {backend: cpu, dtype: float16, cuda_graphs: false, plan_ahead: "off", block_size: 32, num_blocks: 1000,
+         gpu_memory_utilization: 0.75, cpu_kv_cache_gib: 2.5, swap_space_gib: 1.5, num_threads: 3, profile_steps: 7}
+scheduler: {max_num_seqs: 12, max_num_batched_tokens: 640, prefix_caching: false, max_queue: 99,
+            max_queued_tokens: 12345, long_prefill_chunk: 128, priority_aging_s: 2.5}
+server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000, metrics_listen: '',
+         liveness_timeout_s: 0})";
+  auto c = ParseConfig(yaml);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto again = ParseConfig(ConfigToYaml(*c));
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << ConfigToYaml(*c);
+  for (const Config* x : {&*c, &*again}) {
+    EXPECT_EQ(x->model.path, "/models/x");
+    EXPECT_EQ(x->model.name, "served-x");
+    EXPECT_EQ(x->model.max_model_len, 4096);
+    EXPECT_EQ(x->engine.backend, "cpu");
+    EXPECT_EQ(x->engine.dtype, "float16");
+    EXPECT_FALSE(x->engine.cuda_graphs);
+    EXPECT_EQ(x->engine.plan_ahead, "off");
+    EXPECT_EQ(x->engine.block_size, 32);
+    EXPECT_EQ(x->engine.num_blocks, 1000);
+    EXPECT_DOUBLE_EQ(x->engine.gpu_memory_utilization, 0.75);
+    EXPECT_DOUBLE_EQ(x->engine.cpu_kv_cache_gib, 2.5);
+    EXPECT_DOUBLE_EQ(x->engine.swap_space_gib, 1.5);
+    EXPECT_EQ(x->engine.num_threads, 3);
+    EXPECT_EQ(x->engine.profile_steps, 7);
+    EXPECT_EQ(x->scheduler.max_num_seqs, 12);
+    EXPECT_EQ(x->scheduler.max_num_batched_tokens, 640);
+    EXPECT_FALSE(x->scheduler.prefix_caching);
+    EXPECT_EQ(x->scheduler.max_queue, 99);
+    EXPECT_EQ(x->scheduler.max_queued_tokens, 12345);
+    EXPECT_EQ(x->scheduler.long_prefill_chunk, 128);
+    EXPECT_DOUBLE_EQ(x->scheduler.priority_aging_s, 2.5);
+    EXPECT_EQ(x->server.listen, "127.0.0.1:7000");
+    EXPECT_DOUBLE_EQ(x->server.drain_timeout_s, 4.5);
+    EXPECT_EQ(x->server.max_request_bytes, 1000);
+    EXPECT_EQ(x->server.metrics_listen, "");
+    EXPECT_DOUBLE_EQ(x->server.liveness_timeout_s, 0);
+  }
+  // Each key's line differs from the defaults' dump: none was dropped or written as its default.
+  auto defaults = ParseConfig("model: {path: /m}\n");
+  ASSERT_TRUE(defaults.ok());
+  const std::string dump = ConfigToYaml(*c), default_dump = ConfigToYaml(*defaults);
+  for (const ConfigField& f : ConfigFields()) {
+    auto line = [&](const std::string& d) {
+      const size_t section = d.find(f.section + ":");
+      const size_t at = d.find("  " + f.key + ":", section);
+      return at == std::string::npos ? std::string() : d.substr(at, d.find('\n', at) - at);
+    };
+    EXPECT_FALSE(line(dump).empty()) << f.name() << " is missing from the dump";
+    EXPECT_NE(line(dump), line(default_dump)) << f.name();
+  }
 }
 
 }  // namespace

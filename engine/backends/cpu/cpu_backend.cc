@@ -142,8 +142,8 @@ absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
   limits_ = limits;
   block_size_ = limits.block_size;
   const int64_t T = limits.max_num_batched_tokens, R = limits.max_num_seqs;
-  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
-  const int64_t q_dim = int64_t{cfg_.num_heads} * D, qkv_dim = q_dim + 2 * int64_t{cfg_.num_kv_heads} * D;
+  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t q_dim = cfg_.q_width(), qkv_dim = cfg_.qkv_width();
   ws_.x.resize(T * H);
   ws_.xn.resize(T * H);
   ws_.qkv.resize(T * qkv_dim);
@@ -157,13 +157,13 @@ absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
   plan.device = "cpu";
   plan.weight_bytes = weights_.bytes();
   plan.activation_bytes = ws_.bytes();
-  plan.kv_bytes_per_block = 2 * int64_t{cfg_.num_layers} * block_size_ * cfg_.num_kv_heads * D * 4;
+  plan.kv_bytes_per_block = 2 * int64_t{cfg_.num_layers} * block_size_ * cfg_.kv_width() * 4;
   return plan;
 }
 
 absl::Status CpuBackend::AllocateKvCache(const MemoryPlan& plan) {
   num_slots_ = int64_t{plan.num_blocks} * block_size_;
-  const size_t per_layer = size_t(num_slots_) * cfg_.num_kv_heads * cfg_.head_dim;
+  const size_t per_layer = size_t(num_slots_) * cfg_.kv_width();
   // Not zeroed: every slot is written before it is read, and untouched pages cost nothing.
   for (int l = 0; l < cfg_.num_layers; ++l) {
     k_cache_.emplace_back(new (std::nothrow) float[per_layer]);
@@ -177,7 +177,7 @@ absl::Status CpuBackend::AllocateKvCache(const MemoryPlan& plan) {
 }
 
 absl::Status CpuBackend::AllocateSwapSpace(int32_t num_blocks) {
-  const size_t block = size_t(block_size_) * cfg_.num_kv_heads * cfg_.head_dim;
+  const size_t block = size_t(block_size_) * cfg_.kv_width();
   swap_.reset(new (std::nothrow) float[size_t(num_blocks) * cfg_.num_layers * 2 * block]);
   if (!swap_) return absl::ResourceExhaustedError(absl::StrCat("swap space of ", num_blocks, " blocks does not fit"));
   num_swap_blocks_ = num_blocks;
@@ -185,7 +185,7 @@ absl::Status CpuBackend::AllocateSwapSpace(int32_t num_blocks) {
 }
 
 absl::Status CpuBackend::SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) {
-  const size_t block = size_t(block_size_) * cfg_.num_kv_heads * cfg_.head_dim;
+  const size_t block = size_t(block_size_) * cfg_.kv_width();
   const int64_t num_blocks = num_slots_ / block_size_;
   auto host = [&](int32_t h, int layer, int kv) {
     return swap_.get() + ((size_t(h) * cfg_.num_layers + layer) * 2 + kv) * block;
@@ -235,8 +235,7 @@ absl::Status CpuBackend::Step(const StepInput& in, StepOutput* out) {
 void CpuBackend::Forward(const StepInput& in) {
   const int64_t T = in.num_tokens();
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
-  const int64_t q_dim = int64_t{cfg_.num_heads} * D, kv_dim = int64_t{cfg_.num_kv_heads} * D;
-  const int64_t qkv_dim = q_dim + 2 * kv_dim;
+  const int64_t q_dim = cfg_.q_width(), kv_dim = cfg_.kv_width(), qkv_dim = cfg_.qkv_width();
   for (int64_t t = 0; t < T; ++t) {
     INFERD_CHECK(in.token_ids[t] >= 0 && in.token_ids[t] < cfg_.vocab_size, "step token ids are in the vocabulary");
     INFERD_CHECK(in.slot_mapping[t] >= 0 && in.slot_mapping[t] < num_slots_, "slot mapping points into the pool");
@@ -294,8 +293,7 @@ void CpuBackend::Forward(const StepInput& in) {
 }
 
 void CpuBackend::Attention(const StepInput& in, int layer, const float* qkv, float* out) {
-  const int64_t D = cfg_.head_dim, q_dim = int64_t{cfg_.num_heads} * D, kv_dim = int64_t{cfg_.num_kv_heads} * D;
-  const int64_t qkv_dim = q_dim + 2 * kv_dim;
+  const int64_t D = cfg_.head_dim, q_dim = cfg_.q_width(), kv_dim = cfg_.kv_width(), qkv_dim = cfg_.qkv_width();
   const int64_t group = cfg_.num_heads / cfg_.num_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const float* kc = k_cache_[layer].get();

@@ -8,14 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/backends/cuda/run_timer.h"
-#include "engine/runtime/device_memory.h"
 #include "kernels/gemv.h"
 
 namespace inferd::cuda {
 namespace {
 
-constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-static_assert(kWorkspaceBytes == kPlanGemmWorkspaceBytes, "inferd plan counts this workspace");
 // Up to 2 rows the streaming kernel beats cuBLASLt on the 8B model's decode chain (5.27-5.33 vs 5.53 ms), at 3
 // they tie, from 4 cuBLASLt wins: `inferd-bench --products-only`, kernels/NOTES.md.
 constexpr int64_t kStreamingMaxRows = 2;
@@ -42,12 +39,13 @@ Gemm::~Gemm() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(cudaDataType_t dtype, int64_t* device_bytes) {
+absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(cudaDataType_t dtype, int64_t workspace_bytes,
+                                                   int64_t* device_bytes) {
   std::unique_ptr<Gemm> g(new Gemm());
   g->dtype_ = dtype;
   g->gemv_max_rows_ = kStreamingMaxRows;
   INFERD_CUBLAS(cublasLtCreate(&g->handle_));
-  INFERD_RETURN_IF_ERROR(g->workspace_.Allocate(kWorkspaceBytes, device_bytes));
+  INFERD_RETURN_IF_ERROR(g->workspace_.Allocate(static_cast<size_t>(workspace_bytes), device_bytes));
   return g;
 }
 
@@ -81,6 +79,11 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool 
   INFERD_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = workspace_.bytes();
   INFERD_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // Split-K partial sums are reduced in fp32 only: a reduction in the output type rounds every partial sum to
+  // bf16, which flips tokens of models with large activations (kernels/NOTES.md, "bf16 parity").
+  const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  INFERD_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
+                                                     sizeof(reductions)));
   cublasLtMatmulHeuristicResult_t results[kTuneCandidates];
   int found = 0;
   const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref,

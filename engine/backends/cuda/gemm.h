@@ -20,8 +20,9 @@ namespace inferd::cuda {
 class Gemm {
  public:
   ~Gemm();
-  // dtype: CUDA_R_16BF or CUDA_R_16F.
-  static absl::StatusOr<std::unique_ptr<Gemm>> Create(cudaDataType_t dtype, int64_t* device_bytes);
+  // dtype: CUDA_R_16BF or CUDA_R_16F. workspace_bytes: cuBLASLt's (DeviceLayout::gemm_workspace_bytes).
+  static absl::StatusOr<std::unique_ptr<Gemm>> Create(cudaDataType_t dtype, int64_t workspace_bytes,
+                                                      int64_t* device_bytes);
   // y: [m, n] of the operand dtype, or fp32 when out_fp32. bias: [n] of the operand dtype, or null.
   absl::Status Run(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, const void* bias,
                    bool out_fp32, cudaStream_t stream);

@@ -149,8 +149,7 @@ absl::StatusOr<ModelTensors> DescribeGgufTensors(std::shared_ptr<const GgufFile>
   const GgufFile& f = *file;
   ModelTensors w;
   std::map<std::string, int> types;
-  const int64_t h = c.hidden_size, q_dim = int64_t{c.num_heads} * c.head_dim,
-                kv_dim = int64_t{c.num_kv_heads} * c.head_dim, ff = c.intermediate_size;
+  const int64_t h = c.hidden_size, q_dim = c.q_width(), kv_dim = c.kv_width(), ff = c.intermediate_size;
   const bool llama_rotary_order = c.architecture == "LlamaForCausalLM";
   INFERD_RETURN_IF_ERROR(Describe(f, "token_embd.weight", {h, c.vocab_size}, &w.embed, &types));
   INFERD_RETURN_IF_ERROR(Describe(f, "output_norm.weight", {h}, &w.final_norm, &types));

@@ -100,8 +100,7 @@ absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const Mod
   TensorSource src;
   INFERD_RETURN_IF_ERROR(src.Open(dir));
   ModelTensors w;
-  const int64_t h = c.hidden_size, q_dim = int64_t{c.num_heads} * c.head_dim,
-                kv_dim = int64_t{c.num_kv_heads} * c.head_dim, ff = c.intermediate_size;
+  const int64_t h = c.hidden_size, q_dim = c.q_width(), kv_dim = c.kv_width(), ff = c.intermediate_size;
   INFERD_RETURN_IF_ERROR(src.Describe("model.embed_tokens.weight", {c.vocab_size, h}, &w.embed));
   INFERD_RETURN_IF_ERROR(src.Describe("model.norm.weight", {h}, &w.final_norm));
   if (src.Has("lm_head.weight")) {

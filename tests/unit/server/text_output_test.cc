@@ -161,3 +161,39 @@ TEST_F(TextOutputTest, AFailedRequestReleasesNothingMore) {
 
 }  // namespace
 }  // namespace inferd
+
+namespace inferd {
+namespace {
+
+// Streamed one token at a time, runs of byte-fallback tokens give the text Hugging Face's decode gives the whole
+// sequence (tools/make_tokenizer_fixtures.py): a run is resolved only once it ends.
+TEST(TextOutputByteRuns, StreamedTextEqualsHuggingFacesDecode) {
+  for (const char* name : {"llama2-tiny", "mistral-tiny"}) {
+    auto tok = Tokenizer::FromFile(testing::ModelDir(name) + "/tokenizer.json");
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    const nlohmann::json fixture =
+        testing::ReadJson(testing::SourcePath(std::string("tests/fixtures/tokenizer/") + name + ".json"));
+    ASSERT_TRUE(fixture.contains("byte_runs")) << name;
+    for (const auto& c : fixture["byte_runs"]) {
+      const std::vector<int32_t> ids = c["ids"].get<std::vector<int32_t>>();
+      TextOutput t(tok->get(), {});
+      std::string streamed;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        RequestOutput out;
+        out.token_ids = {ids[i]};
+        out.usage.completion_tokens = static_cast<int32_t>(i + 1);
+        out.finish = i + 1 == ids.size() ? FinishReason::kLength : FinishReason::kNone;
+        const std::string piece = t.Take(&out);
+        EXPECT_TRUE(IsValidUtf8(piece));
+        streamed += piece;
+      }
+      // The decode drops the first token's leading space (SentencePiece's Strip); a continuation keeps it.
+      const std::string first = (*tok)->TokenBytes(ids[0], true);
+      const std::string want = (first.starts_with(" ") ? " " : "") + c["decoded"].get<std::string>();
+      EXPECT_EQ(streamed, want) << name << " " << c["ids"].dump();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace inferd

@@ -31,6 +31,24 @@ TEST_P(TokenizerFixture, IdsAndDecodesEqualHuggingFace) {
   }
 }
 
+// Byte-fallback tokenizers: consecutive byte tokens decode as one run (valid UTF-8 as a whole, else one U+FFFD
+// per byte token), as Hugging Face's ByteFallback decoder does.
+TEST_P(TokenizerFixture, ByteTokenRunsDecodeAsHuggingFaceDoes) {
+  const std::string name = GetParam();
+  auto tok = Tokenizer::FromFile(testing::ModelDir(name) + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const nlohmann::json fixture = testing::ReadJson(testing::SourcePath("tests/fixtures/tokenizer/" + name + ".json"));
+  if (!fixture.contains("byte_runs")) {
+    EXPECT_EQ((*tok)->FallbackByte(0, false), -1);
+    GTEST_SKIP() << name << " has no byte-fallback tokens";
+  }
+  ASSERT_GT(fixture["byte_runs"].size(), 20u);
+  for (const auto& c : fixture["byte_runs"]) {
+    const std::vector<int32_t> ids = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ((*tok)->Decode(ids, true), c["decoded"].get<std::string>()) << c["ids"].dump();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllModels, TokenizerFixture, ::testing::ValuesIn(kTestModels), [](const auto& info) {
   return std::string(info.param).substr(0, std::string(info.param).find('-'));
 });

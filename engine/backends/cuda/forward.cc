@@ -1,0 +1,154 @@
+#include "engine/backends/cuda/forward.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "engine/backends/cuda/cuda_check.h"
+#include "engine/status_macros.h"
+#include "engine/trace.h"
+#include "kernels/ceilings.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemv.h"
+#include "kernels/sampling.h"
+#include "spdlog/spdlog.h"
+
+namespace inferd::cuda {
+
+#define INFERD_KERNEL(expr) INFERD_RETURN_IF_ERROR(::inferd::cuda::FromCuda((expr), #expr))
+
+namespace k = kernels;
+
+template <typename T>
+absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm, const ForwardBuffers& b,
+                        const StepInput& in, const kernels::AttentionPlan& plan, cudaStream_t s) {
+  const ActivationRegions& a = b.layout->activations;
+  const InputRegions& ir = b.layout->inputs;
+  const OutputRegions& o = b.layout->outputs;
+  const int64_t Tn = in.num_tokens(), R = in.num_logits();
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
+  const int64_t q_dim = cfg.q_width(), qkv_dim = cfg.qkv_width();
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  T* x = b.act<T>(a.x);
+  T* xn = b.act<T>(a.xn);
+  T* tmp = b.act<T>(a.tmp);
+  T* qkv = b.act<T>(a.qkv);
+  T* attn = b.act<T>(a.attn);
+  T* gate_up = b.act<T>(a.gate_up);
+  T* act = b.act<T>(a.act);
+  const int32_t* positions = b.in<int32_t>(ir.positions);
+  const int32_t* slots = b.in<int32_t>(ir.slots);
+  const float* inv_freq = b.act<float>(a.inv_freq);
+  char* out = b.outputs();
+  const int32_t* sampled = reinterpret_cast<const int32_t*>(out + o.tokens.offset);
+  INFERD_KERNEL(k::EmbedTokens(w.embed.get<T>(), b.in<int32_t>(ir.token_ids), sampled, x, Tn, H, s));
+  // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product.
+  const bool fused_qkv_rope =
+      Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) && k::GemvSupports(xn, w.layers[0].qkv.get(), Tn, H);
+  for (int layer = 0; layer < cfg.num_layers; ++layer) {
+    TraceRange range("layer");
+    const CudaLayerWeights& L = w.layers[layer];
+    T* k_cache = static_cast<T*>(b.k(layer));
+    T* v_cache = static_cast<T*>(b.v(layer));
+    INFERD_KERNEL(k::AddRmsNorm(x, layer == 0 ? nullptr : tmp, L.input_norm.get<T>(), xn, Tn, H, eps, s));
+    const T* qkv_bias = L.qkv_bias.bytes() ? L.qkv_bias.get<T>() : nullptr;
+    if (fused_qkv_rope) {  // one kernel: the product, RoPE and the K/V write
+      INFERD_KERNEL(k::GemvQkvRope<T>(xn, L.qkv.get<T>(), qkv_bias, qkv, Tn, H, positions, slots, inv_freq, k_cache,
+                                      v_cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, s));
+    } else {
+      INFERD_RETURN_IF_ERROR(gemm.Run(xn, L.qkv.get(), qkv, Tn, qkv_dim, H, qkv_bias, false, s));
+      INFERD_KERNEL(k::RopeWriteKv(qkv, positions, slots, inv_freq, k_cache, v_cache, Tn, cfg.num_heads,
+                                   cfg.num_kv_heads, cfg.head_dim, s));
+    }
+    {
+      TraceRange attention("attention");
+      INFERD_KERNEL(k::RunPagedAttention<T>(
+          plan, b.act<void>(a.attn_float_ws), b.act<void>(a.attn_int_ws), qkv, qkv_dim, k_cache, v_cache,
+          b.in<int32_t>(ir.qo_indptr), b.in<int32_t>(ir.kv_indptr), b.in<int32_t>(ir.kv_indices),
+          b.in<int32_t>(ir.kv_last_page_len), attn, in.num_seqs(), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+          in.block_size, 1.0f / std::sqrt(static_cast<float>(cfg.head_dim)),
+          /*early_launch=*/Tn <= gemm.gemv_max_rows(), s));
+    }
+    INFERD_RETURN_IF_ERROR(gemm.Run(attn, L.o.get(), tmp, Tn, H, q_dim, nullptr, false, s));
+    INFERD_KERNEL(k::AddRmsNorm(x, tmp, L.post_norm.get<T>(), xn, Tn, H, eps, s));
+    INFERD_RETURN_IF_ERROR(gemm.Run(xn, L.gate_up.get(), gate_up, Tn, 2 * I, H, nullptr, false, s));
+    INFERD_KERNEL(k::SiluMul(gate_up, act, Tn, I, s));
+    INFERD_RETURN_IF_ERROR(gemm.Run(act, L.down.get(), tmp, Tn, H, I, nullptr, false, s));
+  }
+  // Only the rows that sample go through the final norm and the LM head.
+  TraceRange sampling("final norm, LM head and sampling");
+  const int32_t* logits_rows = b.in<int32_t>(ir.logits_indices);
+  T* last = b.act<T>(a.last);
+  T* last_delta = b.act<T>(a.last_delta);
+  T* last_n = b.act<T>(a.last_n);
+  float* logits = b.act<float>(a.logits);
+  INFERD_KERNEL(k::GatherRows(x, logits_rows, last, R, H, s));
+  INFERD_KERNEL(k::GatherRows(tmp, logits_rows, last_delta, R, H, s));
+  INFERD_KERNEL(k::AddRmsNorm(last, last_delta, w.final_norm.get<T>(), last_n, R, H, eps, s));
+  INFERD_RETURN_IF_ERROR(gemm.Run(last_n, w.lm_head(), logits, R, cfg.vocab_size, H, nullptr, true, s));
+  INFERD_KERNEL(k::SampleRows(
+      logits, static_cast<int32_t>(R), cfg.vocab_size, b.in<k::SamplingRowParams>(ir.params),
+      b.in<int32_t>(ir.penalty_indptr), b.in<int32_t>(ir.penalty_tokens), b.in<int32_t>(ir.penalty_counts),
+      b.in<uint8_t>(ir.penalty_flags), b.act<float>(a.penalty_raw), reinterpret_cast<int32_t*>(out + o.tokens.offset),
+      reinterpret_cast<float*>(out + o.logprobs.offset), reinterpret_cast<int32_t*>(out + o.top_ids.offset),
+      reinterpret_cast<float*>(out + o.top_logprobs.offset), s));
+  return absl::OkStatus();
+}
+
+template absl::Status RunForward<__nv_bfloat16>(const ModelConfig&, const CudaWeights&, Gemm&, const ForwardBuffers&,
+                                                const StepInput&, const kernels::AttentionPlan&, cudaStream_t);
+template absl::Status RunForward<__half>(const ModelConfig&, const CudaWeights&, Gemm&, const ForwardBuffers&,
+                                         const StepInput&, const kernels::AttentionPlan&, cudaStream_t);
+
+absl::Status TuneProducts(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm, const ForwardBuffers& b, bool bf16,
+                          const std::vector<int32_t>& rows, cudaStream_t stream) {
+  const auto start = std::chrono::steady_clock::now();
+  const ActivationRegions& a = b.layout->activations;
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
+  const int64_t e = b.layout->element_bytes;
+  for (const Region* r : {&a.xn, &a.attn, &a.act, &a.last_n}) {  // random inputs: timings on real-looking data
+    INFERD_KERNEL(k::FillUniform16(b.act<void>(*r), r->bytes / e, bf16, 3, stream));
+  }
+  struct Product {
+    const char* name;
+    std::vector<const void*> weights;  // every layer's, cycled so that none is served from L2
+    const void* x;
+    void* y;
+    int64_t n, k;
+    const void* bias;
+    bool out_fp32;
+  };
+  std::vector<Product> products = {
+      {"qkv", {}, b.act<void>(a.xn), b.act<void>(a.qkv), cfg.qkv_width(), H, nullptr, false},
+      {"o", {}, b.act<void>(a.attn), b.act<void>(a.tmp), H, cfg.q_width(), nullptr, false},
+      {"gate_up", {}, b.act<void>(a.xn), b.act<void>(a.gate_up), 2 * I, H, nullptr, false},
+      {"down", {}, b.act<void>(a.act), b.act<void>(a.tmp), H, I, nullptr, false},
+      {"lm_head", {w.lm_head()}, b.act<void>(a.last_n), b.act<void>(a.logits), cfg.vocab_size, H, nullptr, true}};
+  for (const CudaLayerWeights& L : w.layers) {
+    products[0].weights.push_back(L.qkv.get());
+    products[0].bias = L.qkv_bias.bytes() ? L.qkv_bias.get() : nullptr;
+    products[1].weights.push_back(L.o.get());
+    products[2].weights.push_back(L.gate_up.get());
+    products[3].weights.push_back(L.down.get());
+  }
+  std::vector<std::string> gains;
+  for (int32_t m : rows) {
+    if (m <= gemm.gemv_max_rows()) continue;  // the streaming kernel's
+    for (const Product& p : products) {
+      INFERD_ASSIGN_OR_RETURN(const double gain,
+                              gemm.Tune(p.x, p.weights, p.y, m, p.n, p.k, p.bias, p.out_fp32, stream));
+      if (gain > 1.02) gains.push_back(absl::StrFormat("%s at %d rows %.2fx", p.name, m, gain));
+    }
+  }
+  spdlog::info("cuda: cuBLASLt algorithms chosen by measurement in {:.2f} s; faster than the heuristic's first: {}",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+               gains.empty() ? "none" : absl::StrJoin(gains, ", "));
+  return absl::OkStatus();
+}
+
+}  // namespace inferd::cuda

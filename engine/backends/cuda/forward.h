@@ -1,0 +1,53 @@
+// One step's forward pass on the compute stream: embedding, the layers (norm, q/k/v product with RoPE and the
+// K/V write, paged attention, o product, norm, gate/up product, SiLU·mul, down product), then the final norm and
+// LM head on the rows that sample, and sampling on the device. The only code templated on the dtype.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/backends/cuda/cuda_weights.h"
+#include "engine/backends/cuda/gemm.h"
+#include "engine/model/model_config.h"
+#include "engine/runtime/backend.h"
+#include "engine/runtime/device_layout.h"
+#include "kernels/paged_attention.h"
+
+namespace inferd::cuda {
+
+// Where a step's forward pass reads and writes: the device arenas laid out by DeviceLayout, and the KV pool.
+struct ForwardBuffers {
+  const DeviceLayout* layout = nullptr;
+  char* activations = nullptr;  // the activation arena (layout->activations)
+  char* inputs = nullptr;       // the device copy of the input arena (layout->inputs)
+  char* kv = nullptr;           // per layer K then V, each [num_blocks, block_size, num_kv_heads, head_dim]
+  int64_t layer_kv_bytes = 0;   // one layer's K (or V): num_blocks * layout->kv_block_bytes
+
+  template <typename U>
+  U* act(const Region& r) const {
+    return reinterpret_cast<U*>(activations + r.offset);
+  }
+  template <typename U>
+  U* in(const Region& r) const {
+    return reinterpret_cast<U*>(inputs + r.offset);
+  }
+  char* outputs() const { return activations + layout->activations.outputs.offset; }
+  void* k(int layer) const { return kv + int64_t{layer} * 2 * layer_kv_bytes; }
+  void* v(int layer) const { return kv + (int64_t{layer} * 2 + 1) * layer_kv_bytes; }
+};
+
+// T: __nv_bfloat16 or __half (instantiated in forward.cc). The step's inputs are on the device; `plan` is its
+// attention plan. A PendingToken id names a row of the outputs the last launched step sampled into.
+template <typename T>
+absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm, const ForwardBuffers& b,
+                        const StepInput& in, const kernels::AttentionPlan& plan, cudaStream_t stream);
+
+// Chooses cuBLASLt's algorithm by measurement for each of the forward pass's products at each of these row
+// counts past the streaming kernel's, on random inputs in the activation arena. Logs what it gained.
+absl::Status TuneProducts(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm, const ForwardBuffers& b, bool bf16,
+                          const std::vector<int32_t>& rows, cudaStream_t stream);
+
+}  // namespace inferd::cuda

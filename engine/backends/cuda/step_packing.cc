@@ -1,0 +1,91 @@
+#include "engine/backends/cuda/step_packing.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "engine/check.h"
+#include "kernels/sizes.h"
+
+namespace inferd::cuda {
+namespace {
+
+template <typename T>
+T* At(char* arena, const Region& r) {
+  return reinterpret_cast<T*>(arena + r.offset);
+}
+
+void Put(char* arena, const Region& r, const std::vector<int32_t>& v) {
+  INFERD_CHECK(static_cast<int64_t>(v.size() * sizeof(int32_t)) <= r.bytes, "a step's array fits its input region");
+  std::memcpy(arena + r.offset, v.data(), v.size() * sizeof(int32_t));
+}
+
+}  // namespace
+
+PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32_t vocab_size, char* arena) {
+  Put(arena, layout.token_ids, in.token_ids);
+  Put(arena, layout.positions, in.positions);
+  Put(arena, layout.slots, in.slot_mapping);
+  Put(arena, layout.qo_indptr, in.query_start);
+  Put(arena, layout.kv_indptr, in.kv_indptr);
+  Put(arena, layout.kv_last_page_len, in.kv_last_page_len);
+  Put(arena, layout.logits_indices, in.logits_indices);
+  Put(arena, layout.kv_indices, in.kv_indices);
+  const int32_t R = in.num_logits();
+  INFERD_CHECK(static_cast<int64_t>(R * sizeof(kernels::SamplingRowParams)) <= layout.params.bytes &&
+                   in.sampling.size() == static_cast<size_t>(R),
+               "every logits row has its sampling parameters, within the region");
+  // Penalty entries: one per distinct id of a row that uses penalties or bans ids, sorted by id.
+  std::vector<std::pair<int32_t, int32_t>> seen;  // (id, 1 when from the output, 0 from the prompt, -1 banned)
+  int32_t* indptr = At<int32_t>(arena, layout.penalty_indptr);
+  indptr[0] = 0;
+  int64_t n = 0;
+  for (int32_t r = 0; r < R; ++r) {
+    const SamplingRow& row = in.sampling[r];
+    const SamplingParams& p = row.params;
+    At<kernels::SamplingRowParams>(arena, layout.params)[r] = {p.temperature,
+                                                               p.top_k,
+                                                               p.top_p,
+                                                               p.min_p,
+                                                               p.repetition_penalty,
+                                                               p.presence_penalty,
+                                                               p.frequency_penalty,
+                                                               std::min(row.top_logprobs, kernels::kMaxTopLogprobs),
+                                                               row.uniform};
+    seen.clear();
+    if (p.penalized()) {
+      for (size_t i = 0; i < row.tokens.size(); ++i) {
+        const bool output = static_cast<int32_t>(i) >= row.num_prompt_tokens;
+        if (p.repetition_penalty != 1.f || output) seen.emplace_back(row.tokens[i], output ? 1 : 0);
+      }
+    }
+    for (int32_t b : row.banned) seen.emplace_back(b, -1);
+    std::sort(seen.begin(), seen.end());
+    for (size_t i = 0; i < seen.size();) {
+      const int32_t id = seen[i].first;
+      int32_t count = 0;
+      uint8_t flags = 0;
+      for (; i < seen.size() && seen[i].first == id; ++i) {
+        if (seen[i].second == -1) {
+          flags |= kernels::kPenaltyBanned;
+        } else {
+          flags |= kernels::kPenaltySeen;
+          count += seen[i].second;
+        }
+      }
+      if (id < 0 || id >= vocab_size) continue;
+      INFERD_CHECK(n < layout.max_penalties, "penalty entries fit (sized for every row's context)");
+      At<int32_t>(arena, layout.penalty_tokens)[n] = id;
+      At<int32_t>(arena, layout.penalty_counts)[n] = count;
+      // Without a repetition penalty, the prompt's ids only matter when banned.
+      At<uint8_t>(arena, layout.penalty_flags)[n] =
+          p.repetition_penalty != 1.f ? flags : (flags & kernels::kPenaltyBanned);
+      ++n;
+    }
+    indptr[r + 1] = static_cast<int32_t>(n);
+  }
+  return {layout.kv_indices.offset + static_cast<int64_t>(in.kv_indices.size() * sizeof(int32_t)), n};
+}
+
+}  // namespace inferd::cuda

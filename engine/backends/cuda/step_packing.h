@@ -1,0 +1,21 @@
+// Packs one step's inputs into the input arena the cuda backend copies to the device (pinned host memory laid
+// out by DeviceLayout::inputs): the StepInput's flat index arrays, each logits row's sampling parameters, and
+// the penalty entries (one per distinct id a row penalizes or bans). Host-only, so it is tested without a GPU.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/runtime/backend.h"
+#include "engine/runtime/device_layout.h"
+
+namespace inferd::cuda {
+
+struct PackedStep {
+  int64_t head_bytes = 0;       // bytes from the arena's start through the step's pages: what every step copies
+  int64_t penalty_entries = 0;  // entries in penalty_tokens / counts / flags; copied only when there are any
+};
+
+// `arena` holds layout.inputs' regions (input_arena_bytes). The step fits the layout's limits (checked).
+PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32_t vocab_size, char* arena);
+
+}  // namespace inferd::cuda

@@ -1,0 +1,97 @@
+// The cuda backend's device memory, described on the host from the model, the step limits and the dtype: every
+// activation and workspace region, the step-input and output arenas, the decode-graph buckets and the KV block
+// geometry. The backend allocates from it and `inferd plan` reports from it, so the two cannot disagree. No CUDA
+// here: it builds and is tested everywhere.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/model/model.h"
+#include "engine/runtime/backend.h"
+
+namespace inferd {
+
+// A piece of an arena: `offset` bytes from its start, `bytes` long. Offsets are 256-byte aligned.
+struct Region {
+  int64_t offset = 0;
+  int64_t bytes = 0;
+};
+
+// Carves regions out of one allocation in the order they are added.
+class ArenaBuilder {
+ public:
+  Region Add(int64_t bytes);
+  int64_t size() const { return size_; }
+
+ private:
+  int64_t size_ = 0;
+};
+
+// T = max_num_batched_tokens, R = max_num_seqs, e = element bytes (2 for bf16 and fp16).
+struct ActivationRegions {
+  Region x, xn, tmp;                // [T, hidden] e: residual stream, normed input, a layer's output
+  Region qkv;                       // [T, qkv_width] e
+  Region attn;                      // [T, q_width] e: attention output
+  Region gate_up;                   // [T, 2 * intermediate] e: gate rows then up rows
+  Region act;                       // [T, intermediate] e: SiLU(gate) * up
+  Region last, last_delta, last_n;  // [R, hidden] e: the rows that sample, their last delta, normed
+  Region logits;                    // [R, vocab] fp32
+  Region inv_freq;                  // [head_dim / 2] fp32 rotary inverse frequencies
+  Region attn_float_ws;             // FlashInfer's float workspace (split-KV partial outputs)
+  Region attn_int_ws;               // FlashInfer's schedule (mirrored in pinned host memory)
+  Region outputs;                   // the OutputRegions arena
+  Region penalty_raw;               // [max penalty entries] fp32: raw logits of penalized ids
+};
+
+// What a step samples, one arena copied back to pinned host memory.
+struct OutputRegions {
+  Region tokens;        // [R] int32
+  Region logprobs;      // [R] fp32, the chosen token's
+  Region top_ids;       // [R, kMaxTopLogprobs] int32
+  Region top_logprobs;  // [R, kMaxTopLogprobs] fp32
+};
+
+// Step inputs: packed into pinned host memory, copied to a device mirror of the same layout. kv_indices is the
+// last of the sections that every step copies, so a step copies [0, kv_indices.offset + its pages * 4).
+struct InputRegions {
+  Region token_ids, positions, slots;  // [T] int32: token ids (or pending rows), positions, KV slots
+  Region qo_indptr, kv_indptr;         // [R + 1] int32
+  Region kv_last_page_len;             // [R] int32
+  Region logits_indices;               // [R] int32: token rows that sample
+  Region params;                       // [R] kernels::SamplingRowParams
+  Region penalty_indptr;               // [R + 1] int32
+  Region kv_indices;                   // [max_pages] int32 block ids
+  Region penalty_tokens;               // [max_penalties] int32
+  Region penalty_counts;               // [max_penalties] int32: times in the output
+  Region penalty_flags;                // [max_penalties] uint8 kernels::kPenalty*
+  int64_t max_pages = 0;               // every sequence at the model's longest context (at most 2^22)
+  int64_t max_penalties = 0;           // every sequence's distinct ids: context, stop ids and eos ids
+};
+
+struct DeviceLayout {
+  StepLimits limits;  // the largest step it holds
+  int64_t element_bytes = 0;
+  int64_t weight_bytes = 0;  // every present tensor at element_bytes
+  ActivationRegions activations;
+  int64_t activation_arena_bytes = 0;
+  int64_t gemm_workspace_bytes = 0;  // cuBLASLt's, allocated by the product wrapper
+  OutputRegions outputs;
+  int64_t output_arena_bytes = 0;
+  InputRegions inputs;
+  int64_t input_arena_bytes = 0;
+  int64_t kv_block_bytes = 0;           // K or V of one layer for one block: [block_size, kv_heads, head_dim] e
+  int64_t kv_bytes_per_block = 0;       // K and V of every layer for one block
+  std::vector<int32_t> decode_buckets;  // batch sizes with a captured decode graph: 1, 2, 4, ... max_num_seqs
+
+  // The plan's activation bytes: the activation arena and the GEMM workspace.
+  int64_t activation_bytes() const { return activation_arena_bytes + gemm_workspace_bytes; }
+  // Step inputs on the device and the one reserved block padded decode rows write: part of the plan's "other".
+  int64_t step_input_bytes() const { return input_arena_bytes + kv_bytes_per_block; }
+};
+
+inline constexpr int64_t kGemmWorkspaceBytes = int64_t{32} << 20;
+
+DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int64_t element_bytes);
+
+}  // namespace inferd

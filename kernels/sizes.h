@@ -1,0 +1,35 @@
+// What host code needs to plan the kernels' buffers without CUDA: workspace sizes, the sampler's per-row
+// parameters and its output widths. Plain C++ (no CUDA headers), so the memory layout that `inferd plan` prints
+// and the cuda backend allocates from is one piece of arithmetic.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace inferd::kernels {
+
+// FlashInfer's paged attention (paged_attention.h).
+constexpr size_t kAttentionFloatWorkspaceBytes = size_t{128} << 20;  // device: split-KV partial outputs
+constexpr size_t kAttentionIntWorkspaceBytes = size_t{8} << 20;      // device and pinned host: schedule
+
+// Sampling (sampling.h): alternatives reported per row at most.
+constexpr int kMaxTopLogprobs = 20;
+
+// Per logits row.
+struct SamplingRowParams {
+  float temperature;  // 0 = greedy (argmax; ties pick the lowest id)
+  int32_t top_k;      // 0 = off
+  float top_p;        // 1 = off
+  float min_p;        // 0 = off
+  float repetition_penalty;
+  float presence_penalty;
+  float frequency_penalty;
+  int32_t top_logprobs;  // > 0: report the chosen token's logprob and this many alternatives (≤ kMaxTopLogprobs)
+  double uniform;        // in [0, 1)
+};
+
+// Penalty entries of row r: [penalty_indptr[r], penalty_indptr[r + 1]), one per distinct token id.
+constexpr uint8_t kPenaltySeen = 1;    // in the prompt or output: repetition penalty applies
+constexpr uint8_t kPenaltyBanned = 2;  // may not be sampled now
+
+}  // namespace inferd::kernels

@@ -1,0 +1,123 @@
+// The cuda backend's step packing, on the host: what lands in the input arena for the device sampler and the
+// attention kernels (penalty entries, bans before min_tokens, seeds, logprob rows), at the layout's offsets.
+#include "engine/backends/cuda/step_packing.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "engine/runtime/step_input.h"
+#include "kernels/sizes.h"
+
+namespace inferd {
+namespace {
+
+Model TinyModel() {
+  Model m;
+  m.config.vocab_size = 100;
+  m.config.hidden_size = 64;
+  m.config.intermediate_size = 128;
+  m.config.num_layers = 2;
+  m.config.num_heads = 4;
+  m.config.num_kv_heads = 2;
+  m.config.head_dim = 16;
+  m.config.max_position_embeddings = 64;
+  m.eos_token_ids = {2};
+  return m;
+}
+
+template <typename T>
+const T* At(const std::vector<char>& arena, const Region& r) {
+  return reinterpret_cast<const T*>(arena.data() + r.offset);
+}
+
+TEST(StepPacking, PenaltiesBansSeedsAndLogprobRowsLandWhereTheKernelsReadThem) {
+  const Model model = TinyModel();
+  const DeviceLayout layout = PlanDeviceLayout(model, StepLimits{4, 32, 4}, 2);
+  std::vector<char> arena(layout.input_arena_bytes, '\x7f');
+  // Sequence 0: a 6-token prompt computed in full; sequence 1: one decode token at position 9.
+  const std::vector<int32_t> prompt = {5, 7, 5, 9, 300, 7}, pages0 = {3, 1};
+  const std::vector<int32_t> history = {11, 12, 11, 13, 11, 12, 12, 40, 40, 41}, pages1 = {0, 2, 6};
+  StepInput in = EmptyStepInput(4);
+  AddSequence(&in, prompt, 0, 6, pages0, true);
+  AddSequence(&in, history, 9, 10, pages1, true);
+  const std::vector<int32_t> banned = {2, 41, -1};
+  // Row 0: repetition penalty over the prompt (300 is past the vocabulary), a seed's uniform, 50 alternatives asked.
+  SamplingRow r0;
+  r0.params.temperature = 0.7f;
+  r0.params.repetition_penalty = 1.3f;
+  r0.uniform = 0.25;
+  r0.tokens = prompt;
+  r0.num_prompt_tokens = 6;
+  r0.top_logprobs = 50;
+  // Row 1: frequency and presence penalties count the output only (from index 7); eos and 41 banned (min_tokens).
+  SamplingRow r1;
+  r1.params.temperature = 0;
+  r1.params.frequency_penalty = 0.5f;
+  r1.params.presence_penalty = 0.25f;
+  r1.uniform = 0.75;
+  r1.tokens = history;
+  r1.num_prompt_tokens = 7;
+  r1.banned = banned;
+  in.sampling = {r0, r1};
+
+  const cuda::PackedStep packed = cuda::PackStepInputs(in, layout.inputs, model.config.vocab_size, arena.data());
+  const InputRegions& ir = layout.inputs;
+  EXPECT_EQ(packed.head_bytes, ir.kv_indices.offset + 5 * 4) << "the head copy ends after the step's 5 pages";
+  EXPECT_EQ(std::vector<int32_t>(At<int32_t>(arena, ir.token_ids), At<int32_t>(arena, ir.token_ids) + 7),
+            (std::vector<int32_t>{5, 7, 5, 9, 300, 7, 41}));
+  EXPECT_EQ(At<int32_t>(arena, ir.positions)[6], 9);
+  EXPECT_EQ(At<int32_t>(arena, ir.slots)[5], 1 * 4 + 1) << "position 5 of sequence 0: page 1 is block 1";
+  EXPECT_EQ(At<int32_t>(arena, ir.slots)[6], 6 * 4 + 1) << "position 9 of sequence 1: page 2 is block 6";
+  EXPECT_EQ(At<int32_t>(arena, ir.logits_indices)[0], 5);
+  EXPECT_EQ(At<int32_t>(arena, ir.logits_indices)[1], 6);
+  EXPECT_EQ(At<int32_t>(arena, ir.kv_indices)[4], 6);
+  EXPECT_EQ(At<int32_t>(arena, ir.kv_last_page_len)[0], 2);
+  EXPECT_EQ(At<int32_t>(arena, ir.kv_last_page_len)[1], 2);
+
+  const auto* params = At<kernels::SamplingRowParams>(arena, ir.params);
+  EXPECT_FLOAT_EQ(params[0].temperature, 0.7f);
+  EXPECT_FLOAT_EQ(params[0].repetition_penalty, 1.3f);
+  EXPECT_EQ(params[0].top_logprobs, kernels::kMaxTopLogprobs) << "alternatives are capped";
+  EXPECT_DOUBLE_EQ(params[0].uniform, 0.25);
+  EXPECT_FLOAT_EQ(params[1].frequency_penalty, 0.5f);
+  EXPECT_EQ(params[1].top_logprobs, 0);
+  EXPECT_DOUBLE_EQ(params[1].uniform, 0.75);
+
+  // Row 0: distinct prompt ids 5, 7, 9 seen (counts from the output: none); 300 dropped.
+  // Row 1: output ids 40 (twice) and 41 seen, 41 also banned, eos 2 banned; -1 dropped.
+  const int32_t* indptr = At<int32_t>(arena, ir.penalty_indptr);
+  EXPECT_EQ(indptr[0], 0);
+  EXPECT_EQ(indptr[1], 3);
+  EXPECT_EQ(indptr[2], 6);
+  EXPECT_EQ(packed.penalty_entries, 6);
+  const int32_t* ids = At<int32_t>(arena, ir.penalty_tokens);
+  const int32_t* counts = At<int32_t>(arena, ir.penalty_counts);
+  const uint8_t* flags = At<uint8_t>(arena, ir.penalty_flags);
+  EXPECT_EQ(std::vector<int32_t>(ids, ids + 6), (std::vector<int32_t>{5, 7, 9, 2, 40, 41}));
+  EXPECT_EQ(std::vector<int32_t>(counts, counts + 6), (std::vector<int32_t>{0, 0, 0, 0, 2, 1}));
+  EXPECT_EQ(flags[0], kernels::kPenaltySeen);
+  // Without a repetition penalty only bans are flags; frequency and presence read the counts.
+  EXPECT_EQ(flags[3], kernels::kPenaltyBanned);
+  EXPECT_EQ(flags[4], 0);
+  EXPECT_EQ(flags[5], kernels::kPenaltyBanned);
+}
+
+TEST(StepPacking, RowsWithoutPenaltiesOrBansAddNoEntries) {
+  const Model model = TinyModel();
+  const DeviceLayout layout = PlanDeviceLayout(model, StepLimits{4, 32, 4}, 2);
+  std::vector<char> arena(layout.input_arena_bytes);
+  const std::vector<int32_t> tokens = {1, 2, 3}, pages = {0};
+  StepInput in = EmptyStepInput(4);
+  AddSequence(&in, tokens, 0, 3, pages, true);
+  SamplingRow row;
+  row.tokens = tokens;
+  row.num_prompt_tokens = 3;
+  in.sampling = {row};
+  const cuda::PackedStep packed = cuda::PackStepInputs(in, layout.inputs, model.config.vocab_size, arena.data());
+  EXPECT_EQ(packed.penalty_entries, 0);
+  EXPECT_EQ(At<int32_t>(arena, layout.inputs.penalty_indptr)[1], 0);
+}
+
+}  // namespace
+}  // namespace inferd
