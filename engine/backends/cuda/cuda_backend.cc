@@ -180,17 +180,27 @@ absl::StatusOr<MemoryPlan> CudaBackend::MeasureMemory(const StepLimits& limits) 
   layout_ = PlanDeviceLayout(model_, limits, /*element_bytes=*/2);
   INFERD_RETURN_IF_ERROR(Allocate());
   const int32_t R = limits.max_num_seqs, bs = limits.block_size;
-  // The largest step: R sequences, one holding every token the budget leaves after R - 1 decodes, on a
-  // temporary pool just big enough; each row samples with every option on, so sampling's peak is seen too.
-  const int32_t long_len = limits.max_num_batched_tokens - (R - 1);
-  std::vector<int32_t> history(long_len), pages((long_len + bs - 1) / bs + (R - 1));
-  for (int32_t i = 0; i < long_len; ++i) history[i] = (i * 7919) % cfg_.vocab_size;
-  for (size_t p = 0; p < pages.size(); ++p) pages[p] = static_cast<int32_t>(p);
-  INFERD_RETURN_IF_ERROR(kv_.Allocate(layout_, cfg_.num_layers, static_cast<int32_t>(pages.size())));
+  // The largest step: R sequences that sample, every row with every option on so that sampling's peak is seen
+  // too, holding the whole token budget where the model's context allows (no sequence is longer than it: a
+  // budget larger than R contexts is never filled), on a temporary pool just big enough.
+  const int32_t max_context = std::max(1, cfg_.max_position_embeddings);
+  std::vector<int32_t> lens(R, 1);
+  int64_t extra = int64_t{limits.max_num_batched_tokens} - R;
+  for (int32_t s = 0; s < R && extra > 0; ++s) {
+    const int32_t add = static_cast<int32_t>(std::min<int64_t>(extra, max_context - 1));
+    lens[s] += add;
+    extra -= add;
+  }
+  int32_t num_pages = 0;
+  for (int32_t len : lens) num_pages += (len + bs - 1) / bs;
+  std::vector<int32_t> history(lens[0]), pages(num_pages);
+  for (int32_t i = 0; i < lens[0]; ++i) history[i] = (i * 7919) % cfg_.vocab_size;
+  for (int32_t p = 0; p < num_pages; ++p) pages[p] = p;
+  INFERD_RETURN_IF_ERROR(kv_.Allocate(layout_, cfg_.num_layers, num_pages));
   StepInput in = EmptyStepInput(bs);
   size_t next_page = 0;
   for (int32_t s = 0; s < R; ++s) {
-    const int32_t len = s == 0 ? long_len : 1;
+    const int32_t len = lens[s];
     AddSequence(&in, history, 0, len, std::span(pages).subspan(next_page), /*sampled=*/true);
     next_page += (len + bs - 1) / bs;
     SamplingRow row;
