@@ -91,9 +91,9 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs) {
     int64_t n, k;
     bool lm_head;  // fp32 output, once per step
   };
-  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
-  const std::vector<Shape> shapes = {{"qkv", (c.num_heads + 2 * int64_t{c.num_kv_heads}) * D, H, false},
-                                     {"o", H, c.num_heads * D, false},
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  const std::vector<Shape> shapes = {{"qkv", c.qkv_width(), H, false},
+                                     {"o", H, c.q_width(), false},
                                      {"gate_up", 2 * I, H, false},
                                      {"down", H, I, false},
                                      {"lm_head", c.vocab_size, H, true}};

@@ -58,6 +58,22 @@ Agreement Agree(const std::vector<std::vector<int32_t>>& tokens, const nlohmann:
   return a;
 }
 
+// A cuda engine's config for a parity run.
+Config CudaConfig(const std::string& model_dir, const char* dtype, int32_t block_size, int32_t budget,
+                  int32_t max_num_seqs, bool cuda_graphs) {
+  Config config;
+  config.model.path = model_dir;
+  config.engine.backend = "cuda";
+  config.engine.block_size = block_size;
+  config.engine.dtype = dtype;
+  config.engine.cuda_graphs = cuda_graphs;
+  config.engine.gpu_memory_utilization = 0.3;
+  config.scheduler.max_num_seqs = max_num_seqs;
+  config.scheduler.max_num_batched_tokens = budget;
+  config.scheduler.max_queue = 4096;
+  return config;
+}
+
 class CudaParity : public ::testing::TestWithParam<CudaCase> {};
 
 // Greedy tokens equal the reference's up to its first near-tie (models of moderate activations; the "-sharp" ones
@@ -70,16 +86,8 @@ TEST_P(CudaParity, GreedyTokensMatchTransformersUntilANearTie) {
   const std::string ref_path = std::string(dir) + "/reference/" + c.model + c.reference_suffix + ".json";
   if (!std::filesystem::exists(ref_path)) GTEST_SKIP() << ref_path << " is missing";
   const nlohmann::json ref = testing::ReadJson(ref_path);
-  Config config;
-  config.model.path = model_dir;
-  config.engine.backend = "cuda";
-  config.engine.block_size = c.block_size;
-  config.engine.dtype = c.dtype;
-  config.engine.cuda_graphs = c.cuda_graphs;
-  config.engine.gpu_memory_utilization = 0.3;
-  config.scheduler.max_num_seqs = c.max_num_seqs;
-  config.scheduler.max_num_batched_tokens = c.max_num_batched_tokens;
-  auto engine = Engine::Create(config);
+  auto engine = Engine::Create(
+      CudaConfig(model_dir, c.dtype, c.block_size, c.max_num_batched_tokens, c.max_num_seqs, c.cuda_graphs));
   ASSERT_TRUE(engine.ok()) << engine.status();
   ASSERT_EQ((*engine)->backend_name(), "cuda");
 
@@ -205,17 +213,8 @@ TEST_P(SharpParity, TeacherForcedTokensAsCloseToFp32AsTransformersBf16) {
   const std::string bf16_path = std::string(dir) + "/reference/" + c.model + "-bf16.json";
   if (!std::filesystem::exists(fp32_path) || !std::filesystem::exists(bf16_path)) GTEST_SKIP() << "no references";
   const nlohmann::json fp32 = testing::ReadJson(fp32_path), bf16 = testing::ReadJson(bf16_path);
-  Config config;
-  config.model.path = std::string(dir) + "/" + c.model;
-  config.engine.backend = "cuda";
-  config.engine.dtype = c.dtype;
-  config.engine.block_size = c.block_size;
-  config.engine.cuda_graphs = c.cuda_graphs;
-  config.engine.gpu_memory_utilization = 0.3;
-  config.scheduler.max_num_seqs = c.max_num_seqs;
-  config.scheduler.max_num_batched_tokens = c.max_num_batched_tokens;
-  config.scheduler.max_queue = 4096;
-  auto engine = Engine::Create(config);
+  auto engine = Engine::Create(CudaConfig(std::string(dir) + "/" + c.model, c.dtype, c.block_size,
+                                          c.max_num_batched_tokens, c.max_num_seqs, c.cuda_graphs));
   ASSERT_TRUE(engine.ok()) << engine.status();
 
   // One request per (prompt, position): the prompt and the fp32 run's tokens before the position, one token out.

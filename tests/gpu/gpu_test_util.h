@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace inferd::testing {
@@ -66,6 +68,48 @@ class Dev {
   T* p_ = nullptr;
   size_t n_;
 };
+
+// Causal attention over paged K/V in fp64, from the kernel's own inputs (values already representable in its
+// dtype). Sequence s has context seqs[s].first, its queries are its last seqs[s].second tokens, rows
+// qo_indptr[s]..; its K/V slots are pages[kv_indptr[s] + j / bs] * bs + j % bs. q: [rows, q_stride], head h at
+// h * D; k, v: [slots, kv_heads * D]. Returns [rows, heads * D].
+inline std::vector<double> PagedAttentionReference(const std::vector<float>& q, int64_t q_stride,
+                                                   const std::vector<float>& k, const std::vector<float>& v,
+                                                   const std::vector<std::pair<int32_t, int32_t>>& seqs,
+                                                   const std::vector<int32_t>& qo_indptr,
+                                                   const std::vector<int32_t>& kv_indptr,
+                                                   const std::vector<int32_t>& pages, int32_t bs, int32_t heads,
+                                                   int32_t kv_heads, int32_t D, double scale) {
+  const int64_t kv_dim = int64_t{kv_heads} * D;
+  const int32_t group = heads / kv_heads;
+  std::vector<double> ref(int64_t{qo_indptr.back()} * heads * D, 0.0);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const auto [ctx, qlen] = seqs[s];
+    for (int32_t i = 0; i < qlen; ++i) {
+      const int64_t t = qo_indptr[s] + i;
+      const int32_t visible = ctx - qlen + i + 1;
+      for (int32_t h = 0; h < heads; ++h) {
+        const int32_t kvh = h / group;
+        std::vector<double> p(visible);
+        double mx = -1e300;
+        for (int32_t j = 0; j < visible; ++j) {
+          const int64_t slot = int64_t{pages[kv_indptr[s] + j / bs]} * bs + j % bs;
+          double dot = 0;
+          for (int32_t d = 0; d < D; ++d) dot += double{q[t * q_stride + h * D + d]} * k[slot * kv_dim + kvh * D + d];
+          p[j] = dot * scale;
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0;
+        for (double& x : p) sum += (x = std::exp(x - mx));
+        for (int32_t j = 0; j < visible; ++j) {
+          const int64_t slot = int64_t{pages[kv_indptr[s] + j / bs]} * bs + j % bs;
+          for (int32_t d = 0; d < D; ++d) ref[(t * heads + h) * D + d] += p[j] / sum * v[slot * kv_dim + kvh * D + d];
+        }
+      }
+    }
+  }
+  return ref;
+}
 
 // ‖a − b‖ / ‖b‖; infinite when a holds a NaN.
 inline double RelError(const std::vector<float>& a, const std::vector<double>& b) {

@@ -230,7 +230,7 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
   const AttentionCase& c = GetParam();
   std::mt19937 rng(c.head_dim * 7 + c.block_size + c.kv_heads);
-  const int32_t D = c.head_dim, bs = c.block_size, group = c.heads / c.kv_heads;
+  const int32_t D = c.head_dim, bs = c.block_size;
   const int64_t kv_dim = int64_t{c.kv_heads} * D, q_stride = int64_t{c.heads + 2 * c.kv_heads} * D;
   // Pages of all sequences, shuffled across the pool.
   std::vector<int32_t> qo_indptr = {0}, kv_indptr = {0}, last_len, pages;
@@ -248,8 +248,14 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   std::shuffle(perm.begin(), perm.end(), rng);
   pages.assign(perm.begin(), perm.begin() + total_pages);
   const int32_t T = qo_indptr.back();
-  const std::vector<float> q = Random(T * q_stride, rng), k = Random(int64_t{num_blocks} * bs * kv_dim, rng),
-                           v = Random(int64_t{num_blocks} * bs * kv_dim, rng);
+  // Values representable in bf16, so that the reference reads the kernel's inputs.
+  auto bf16_values = [&](size_t n) {
+    std::vector<float> x = Random(n, rng);
+    for (float& e : x) e = Bf(e);
+    return x;
+  };
+  const std::vector<float> q = bf16_values(T * q_stride), k = bf16_values(int64_t{num_blocks} * bs * kv_dim),
+                           v = bf16_values(int64_t{num_blocks} * bs * kv_dim);
   Dev<bf16> dq(ToBf16(q)), dk(ToBf16(k)), dv(ToBf16(v));
   Dev<int32_t> d_qo(qo_indptr), d_kv(kv_indptr), d_pages(pages), d_last(last_len);
   Dev<bf16> out(T * int64_t{c.heads} * D);
@@ -266,32 +272,8 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
                                            d_kv.get(), d_pages.get(), d_last.get(), out.get(), S, c.heads, c.kv_heads,
                                            D, bs, scale, /*early_launch=*/T <= 3, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
-  std::vector<double> ref(T * int64_t{c.heads} * D);
-  for (int32_t s = 0; s < S; ++s) {
-    const auto [ctx, qlen] = c.seqs[s];
-    for (int32_t i = 0; i < qlen; ++i) {
-      const int32_t t = qo_indptr[s] + i, visible = ctx - qlen + i + 1;
-      for (int32_t h = 0; h < c.heads; ++h) {
-        const int32_t kvh = h / group;
-        std::vector<double> p(visible);
-        double mx = -1e300;
-        for (int32_t j = 0; j < visible; ++j) {
-          const int64_t slot = int64_t{pages[kv_indptr[s] + j / bs]} * bs + j % bs;
-          double dot = 0;
-          for (int32_t d = 0; d < D; ++d) dot += Bf(q[t * q_stride + h * D + d]) * Bf(k[slot * kv_dim + kvh * D + d]);
-          p[j] = dot * scale;
-          mx = std::max(mx, p[j]);
-        }
-        double sum = 0;
-        for (double& x : p) sum += (x = std::exp(x - mx));
-        for (int32_t j = 0; j < visible; ++j) {
-          const int64_t slot = int64_t{pages[kv_indptr[s] + j / bs]} * bs + j % bs;
-          for (int32_t d = 0; d < D; ++d)
-            ref[(int64_t{t} * c.heads + h) * D + d] += p[j] / sum * Bf(v[slot * kv_dim + kvh * D + d]);
-        }
-      }
-    }
-  }
+  const std::vector<double> ref = testing::PagedAttentionReference(q, q_stride, k, v, c.seqs, qo_indptr, kv_indptr,
+                                                                   pages, bs, c.heads, c.kv_heads, D, scale);
   EXPECT_LT(RelError(FromBf16(out.Host()), ref), 1e-2);
   cudaFree(fws);
   cudaFree(iws);

@@ -258,7 +258,7 @@ struct SharpCase {
 
 template <typename T>
 void AttentionIsAsExactAsOneRounding(const SharpCase& c) {
-  const int32_t D = c.head_dim, bs = 16, group = c.heads / c.kv_heads;
+  const int32_t D = c.head_dim, bs = 16;
   std::mt19937 rng(D + c.heads);
   const int64_t kv_dim = int64_t{c.kv_heads} * D, q_stride = int64_t{c.heads + 2 * c.kv_heads} * D;
   std::vector<int32_t> qo_indptr = {0}, kv_indptr = {0}, last_len, pages;
@@ -295,32 +295,8 @@ void AttentionIsAsExactAsOneRounding(const SharpCase& c) {
                                           bs, sm_scale, false, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<double> ref(Tq * int64_t{c.heads} * D, 0.0);
-  for (int32_t s = 0; s < S; ++s) {
-    const auto [ctx, qlen] = c.seqs[s];
-    for (int32_t i = 0; i < qlen; ++i) {
-      const int32_t t = qo_indptr[s] + i, visible = ctx - qlen + i + 1;
-      for (int32_t h = 0; h < c.heads; ++h) {
-        const int32_t kvh = h / group;
-        std::vector<double> p(visible);
-        double mx = -1e300;
-        for (int32_t j = 0; j < visible; ++j) {
-          const int64_t slot = int64_t{pages[kv_indptr[s] + j / bs]} * bs + j % bs;
-          double dot = 0;
-          for (int32_t d = 0; d < D; ++d) dot += double{q[t * q_stride + h * D + d]} * k[slot * kv_dim + kvh * D + d];
-          p[j] = dot * sm_scale;
-          mx = std::max(mx, p[j]);
-        }
-        double sum = 0;
-        for (double& x : p) sum += (x = std::exp(x - mx));
-        for (int32_t j = 0; j < visible; ++j) {
-          const int64_t slot = int64_t{pages[kv_indptr[s] + j / bs]} * bs + j % bs;
-          for (int32_t d = 0; d < D; ++d)
-            ref[(int64_t{t} * c.heads + h) * D + d] += p[j] / sum * v[slot * kv_dim + kvh * D + d];
-        }
-      }
-    }
-  }
+  const std::vector<double> ref = testing::PagedAttentionReference(q, q_stride, k, v, c.seqs, qo_indptr, kv_indptr,
+                                                                   pages, bs, c.heads, c.kv_heads, D, sm_scale);
   const double ratio = ErrorInRoundings<T>(out.Host(), ref);
   std::printf("[ precision] %s attention %s: error %.2f roundings\n", kName[std::is_same_v<T, __half>], c.name, ratio);
   // The probabilities go through the operand dtype before the product with V (as in every flash attention):

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
@@ -99,7 +100,6 @@ class Server:
 def cancel_half_of_streams(stub, requests):
     """Consumes one stream per request on its own thread, cancelling every even one after 3 tokens. Returns
     {index: tokens received or "cancelled"} and the unexpected errors."""
-    import threading
     streams = [stub.GenerateStream(r) for r in requests]
     done, errors = {}, []
 
@@ -122,6 +122,39 @@ def cancel_half_of_streams(stub, requests):
     for t in threads:
         t.join(timeout=300)
     return done, errors
+
+
+class StreamResult:
+    """What one GenerateStream call returned: ids, text, (id, logprob, [(id, logprob) alternatives]) per token, the
+    finish reason and the usage's completion tokens."""
+
+    def __init__(self, chunks):
+        self.ids = [t for c in chunks for t in c.token_ids]
+        self.text = "".join(c.text for c in chunks)
+        self.logprobs = [(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top])
+                         for c in chunks for lp in c.logprobs]
+        self.finish = chunks[-1].finish_reason
+        self.completion = chunks[-1].usage.completion_tokens
+
+
+def stream_all(stub, requests, timeout=300):
+    """Runs every request as a GenerateStream at once, one thread each; their StreamResults in order."""
+    results, errors = {}, []
+
+    def run(i):
+        try:
+            results[i] = StreamResult(list(stub.GenerateStream(requests[i], timeout=timeout)))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not errors, errors
+    assert len(results) == len(requests)
+    return [results[i] for i in range(len(requests))]
 
 
 def wait_until_idle(stub, timeout=5):

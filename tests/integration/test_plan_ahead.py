@@ -2,12 +2,10 @@
 sequence decodes its last token before the host has it), every request gets exactly what it gets with
 steps planned one after another — greedy and seeded tokens, stop strings and stop tokens cut at the same
 place, penalties, min_tokens, logprobs, usage — and every block comes back, cancelled streams included."""
-import threading
-
 import pytest
 
 from conftest import (Server, assert_half_cancelled_and_every_block_free, cancel_half_of_streams, inferd_pb2 as pb,
-                      wait_until_idle)
+                      stream_all, wait_until_idle)
 
 PROMPTS = ["The scheduler batches tokens", "Hello world", "def forward(self, x):", "日本語のテキスト 😀",
            "the model serves requests", "paged cache of blocks", "I'm here, you're there", "1234 5678"]
@@ -32,29 +30,6 @@ def requests():
     return out
 
 
-def run_all(stub, reqs):
-    results, errors = {}, []
-
-    def run(i):
-        try:
-            chunks = list(stub.GenerateStream(reqs[i]))
-            ids = [t for c in chunks for t in c.token_ids]
-            text = "".join(c.text for c in chunks)
-            logprobs = [(lp.token_id, lp.logprob) for c in chunks for lp in c.logprobs]
-            last = chunks[-1]
-            results[i] = (ids, text, logprobs, last.finish_reason, last.usage.completion_tokens)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=180)
-    assert not errors, errors
-    return results
-
-
 @pytest.fixture(scope="module")
 def servers():
     one_by_one = Server(engine={"plan_ahead": "off"})
@@ -67,18 +42,16 @@ def servers():
 def test_planned_ahead_every_request_gets_what_it_gets_one_step_at_a_time(servers):
     one_by_one, ahead = servers
     reqs = requests()
-    want = run_all(one_by_one.stub, reqs)
-    got = run_all(ahead.stub, reqs)
+    want = stream_all(one_by_one.stub, reqs)
+    got = stream_all(ahead.stub, reqs)
     assert "each step is planned while the one before it runs" in ahead.logs()
-    assert len(got) == len(want) == len(reqs)
-    for i in range(len(reqs)):
-        ids, text, logprobs, finish, completion = got[i]
-        assert (ids, text, finish, completion) == (want[i][0], want[i][1], want[i][3], want[i][4]), f"request {i}"
-        assert completion == len(ids)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert (g.ids, g.text, g.finish, g.completion) == (w.ids, w.text, w.finish, w.completion), f"request {i}"
+        assert g.completion == len(g.ids)
         # Batches of other shapes sum in another order: the values agree to float rounding.
-        assert [t for t, _ in logprobs] == [t for t, _ in want[i][2]], f"request {i}"
-        assert [v for _, v in logprobs] == pytest.approx([v for _, v in want[i][2]], abs=2e-3), f"request {i}"
-    stops = [want[i][3] for i in range(3, len(reqs), 4)]
+        assert [t for t, _, _ in g.logprobs] == [t for t, _, _ in w.logprobs], f"request {i}"
+        assert [v for _, v, _ in g.logprobs] == pytest.approx([v for _, v, _ in w.logprobs], abs=2e-3), f"request {i}"
+    stops = [want[i].finish for i in range(3, len(reqs), 4)]
     assert pb.STOP_STRING in stops, "the batch exercises stop strings"
     info = wait_until_idle(ahead.stub)
     assert info.running_requests == 0 and info.free_kv_blocks == info.total_kv_blocks > 0

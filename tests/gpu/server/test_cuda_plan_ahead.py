@@ -5,12 +5,11 @@ sampler's penalty entries and bans, the embedding of pending tokens, the decode 
 batch shape, so tokens are compared up to the first position whose top-2 logprob margin is under 0.05."""
 import os
 import sys
-import threading
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "integration"))
-from conftest import Server, inferd_pb2 as pb, wait_until_idle  # noqa: E402
+from conftest import Server, inferd_pb2 as pb, stream_all, wait_until_idle  # noqa: E402
 
 MODELS = os.environ.get("INFERD_GPU_MODELS", "")
 pytestmark = pytest.mark.skipif(not MODELS, reason="INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)")
@@ -37,29 +36,6 @@ def requests():
     return out
 
 
-def run_all(stub, reqs):
-    results, errors = {}, []
-
-    def run(i):
-        try:
-            chunks = list(stub.GenerateStream(reqs[i], timeout=300))
-            ids = [t for c in chunks for t in c.token_ids]
-            margins = [lp.top[0].logprob - lp.top[1].logprob for c in chunks for lp in c.logprobs]
-            last = chunks[-1]
-            results[i] = (ids, "".join(c.text for c in chunks), margins, last.finish_reason,
-                          last.usage.completion_tokens)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors, errors
-    return results
-
-
 @pytest.fixture(scope="module")
 def servers():
     common = {"backend": "cuda", "gpu_memory_utilization": 0.2}
@@ -75,20 +51,21 @@ def servers():
 def test_planned_ahead_on_cuda_penalties_bans_and_stop_strings_act_as_one_step_at_a_time(servers):
     one_by_one, ahead = servers
     reqs = requests()
-    want = run_all(one_by_one.stub, reqs)
-    got = run_all(ahead.stub, reqs)
+    want = stream_all(one_by_one.stub, reqs)
+    got = stream_all(ahead.stub, reqs)
     assert "each step is planned while the one before it runs" in ahead.logs()
     compared = 0
     for i, req in enumerate(reqs):
-        ids, text, _, finish, completion = got[i]
-        want_ids, want_text, margins, want_finish, _ = want[i]
-        assert completion == len(ids), f"request {i}: usage counts the tokens sent"
-        first = next((k for k in range(min(len(ids), len(want_ids))) if ids[k] != want_ids[k]), None)
+        g, w = got[i], want[i]
+        ids, text = g.ids, g.text
+        assert g.completion == len(ids), f"request {i}: usage counts the tokens sent"
+        margins = [top[0][1] - top[1][1] for _, _, top in w.logprobs]
+        first = next((k for k in range(min(len(ids), len(w.ids))) if ids[k] != w.ids[k]), None)
         if first is not None:
             assert margins[first] < 0.05, f"request {i} leaves the one-by-one run at {first} (margin {margins[first]})"
             continue
         compared += 1
-        assert (ids, text, finish) == (want_ids, want_text, want_finish), f"request {i}"
+        assert (ids, text, g.finish) == (w.ids, w.text, w.finish), f"request {i}"
         # What each option promises, whatever the numerics.
         if req.stopping.min_tokens:
             stops = set(req.stopping.stop_token_ids)
@@ -98,7 +75,7 @@ def test_planned_ahead_on_cuda_penalties_bans_and_stop_strings_act_as_one_step_a
         if req.sampling.repetition_penalty > 1:
             assert len(set(ids)) >= len(ids) * 2 // 3, f"request {i} repeats despite its penalties: {ids}"
     assert compared >= len(reqs) * 3 // 4, f"only {compared} of {len(reqs)} requests compared in full"
-    assert pb.STOP_STRING in [want[i][3] for i in range(2, len(reqs), 4)], "the batch exercises stop strings"
-    assert pb.STOP_TOKEN in [want[i][3] for i in range(1, len(reqs), 4)], "the batch exercises stop ids"
+    assert pb.STOP_STRING in [want[i].finish for i in range(2, len(reqs), 4)], "the batch exercises stop strings"
+    assert pb.STOP_TOKEN in [want[i].finish for i in range(1, len(reqs), 4)], "the batch exercises stop ids"
     info = wait_until_idle(ahead.stub)
     assert info.running_requests == 0 and info.free_kv_blocks == info.total_kv_blocks > 0
