@@ -18,6 +18,7 @@
 #include "engine/config.h"
 #include "engine/config_fields.h"
 #include "engine/engine.h"
+#include "server/health_probe.h"
 #include "server/inference_service.h"
 #include "server/liveness.h"
 #include "server/metrics.h"
@@ -45,7 +46,8 @@ int WaitForSignal() {
 constexpr const char* kUsage =
     "usage: inferd --config FILE [--listen HOST:PORT] [--metrics-listen HOST:PORT|\"\"]\n"
     "       inferd --config-reference    (every config key as a markdown table)\n"
-    "       inferd plan --config FILE [--gpu-memory-gib N]    (the cuda memory plan, without starting)";
+    "       inferd plan --config FILE [--gpu-memory-gib N]    (the cuda memory plan, without starting)\n"
+    "       inferd health-probe [--address HOST:PORT]    (exit 0 when the server there is SERVING)";
 
 int Run(int argc, char** argv) {
   std::string config_path, listen;
@@ -184,5 +186,6 @@ int Run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "plan") return inferd::RunPlan(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "health-probe") return inferd::RunHealthProbe(argc, argv);
   return Run(argc, argv);
 }

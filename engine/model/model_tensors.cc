@@ -1,5 +1,6 @@
 #include "engine/model/model_tensors.h"
 
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -8,7 +9,21 @@
 
 namespace inferd {
 
+std::vector<std::shared_ptr<const void>> ReleaseTensorBytes(ModelTensors* t) {
+  for (TensorDesc* d : {&t->embed, &t->final_norm, &t->lm_head}) d->bytes = {};
+  for (LayerTensors& L : t->layers) {
+    for (TensorDesc* d : {&L.input_norm, &L.q_proj, &L.k_proj, &L.v_proj, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_proj,
+                          &L.post_norm, &L.gate_proj, &L.up_proj, &L.down_proj}) {
+      d->bytes = {};
+    }
+  }
+  return std::exchange(t->files, {});
+}
+
 absl::Status DecodeRows(const TensorDesc& t, int64_t first, int64_t count, float* out) {
+  if (t.present() && t.bytes.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("tensor '", t.name, "': its bytes were released"));
+  }
   if (first < 0 || count < 0 || first + count > t.rows) {
     return absl::OutOfRangeError(
         absl::StrCat("tensor '", t.name, "': rows [", first, ", ", first + count, ") outside [0, ", t.rows, ")"));

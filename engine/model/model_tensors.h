@@ -50,6 +50,11 @@ struct ModelTensors {
   std::vector<std::shared_ptr<const void>> files;  // the mapped files the byte spans point into
 };
 
+// Drops the tensors' bytes once a backend has built its own weights and hands over the mapped files: dropping
+// those unmaps them, whose pages would otherwise stay resident (and count against a container's memory limit)
+// for the server's whole life. Shapes and names stay; a tensor's bytes are empty after.
+[[nodiscard]] std::vector<std::shared_ptr<const void>> ReleaseTensorBytes(ModelTensors* tensors);
+
 // Decodes rows [first, first + count) of a tensor to fp32 into out[count, cols].
 absl::Status DecodeRows(const TensorDesc& tensor, int64_t first, int64_t count, float* out);
 

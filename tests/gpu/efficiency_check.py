@@ -133,6 +133,16 @@ def main():
                   f"({int(hist_n)} one-second samples in the histogram)")
             if not (0 < per_token < 100):
                 failures.append(f"energy_{name}")
+        # Host memory of the serving process once it serves: the checkpoint's mapped pages are released after the
+        # upload, so what stays is the CUDA context, pinned step buffers and the process itself.
+        status = dict(line.split(":", 1) for line in open(f"/proc/{server.pid}/status") if ":" in line)
+        kib = lambda key: int(status.get(key, "0 kB").split()[0])  # noqa: E731
+        report["rss_bytes"] = kib("VmRSS") * 1024
+        report["rss_file_bytes"] = kib("RssFile") * 1024
+        report["rss_anon_bytes"] = kib("RssAnon") * 1024
+        print(f"serving process resident memory: {report['rss_bytes'] / 2**30:.2f} GiB "
+              f"({report['rss_anon_bytes'] / 2**30:.2f} anonymous, {report['rss_file_bytes'] / 2**30:.2f} file-backed); "
+              f"goal under 2 GiB: {'met' if report['rss_bytes'] < 2 * 2**30 else 'missed'}")
         last = scrape(mport)
         for series in ["inferd_gpu_power_watts", "inferd_gpu_temperature_celsius", "inferd_gpu_sm_clock_hertz",
                        "inferd_gpu_utilization_ratio", "inferd_gpu_memory_used_bytes",

@@ -1,0 +1,106 @@
+"""The Kubernetes manifests (docker/k8s) against the Kubernetes API's own models (the `kubernetes` package): every
+key known and of its type, no key misspelt; and against the server they deploy: the ports, the probes on
+grpc.health.v1, the drain within the grace period, the GPU and memory resources, and a config the real binary
+accepts."""
+import os
+import re
+import subprocess
+
+import kubernetes.client as k8s
+import yaml
+
+from conftest import INFERD_BIN, SOURCE_DIR
+
+MANIFESTS = os.path.join(SOURCE_DIR, "docker", "k8s", "inferd.yaml")
+KINDS = {("v1", "ConfigMap"): "V1ConfigMap", ("apps/v1", "Deployment"): "V1Deployment", ("v1", "Service"): "V1Service",
+         ("policy/v1", "PodDisruptionBudget"): "V1PodDisruptionBudget"}
+PRIMITIVES = {"str": str, "int": int, "bool": bool, "float": (int, float)}
+
+
+def check(value, type_name, path, errors):
+    """Checks `value` against an OpenAPI type name of the kubernetes models, strictly: unknown keys are errors."""
+    m = re.fullmatch(r"List\[(.+)\]", type_name)
+    if m:
+        if not isinstance(value, list):
+            errors.append(f"{path}: a list expected")
+            return
+        for i, v in enumerate(value):
+            check(v, m.group(1), f"{path}[{i}]", errors)
+        return
+    m = re.fullmatch(r"Dict\[str, (.+)\]", type_name)
+    if m:
+        if not isinstance(value, dict):
+            errors.append(f"{path}: a mapping expected")
+            return
+        for key, v in value.items():
+            check(v, m.group(1), f"{path}.{key}", errors)
+        return
+    if type_name in PRIMITIVES:
+        if not isinstance(value, PRIMITIVES[type_name]) or (type_name == "int" and isinstance(value, bool)):
+            errors.append(f"{path}: {type_name} expected, got {value!r}")
+        return
+    if type_name == "object":
+        return
+    model = getattr(k8s, type_name)
+    if not isinstance(value, dict):
+        errors.append(f"{path}: a {type_name} mapping expected")
+        return
+    by_json = {json_key: attr for attr, json_key in model.attribute_map.items()}
+    for key, v in value.items():
+        if key not in by_json:
+            errors.append(f"{path}.{key}: not a field of {type_name}")
+            continue
+        check(v, model.openapi_types[by_json[key]], f"{path}.{key}", errors)
+
+
+def documents():
+    with open(MANIFESTS) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def test_every_manifest_is_a_valid_kubernetes_object():
+    docs = documents()
+    assert {(d["apiVersion"], d["kind"]) for d in docs} == set(KINDS)
+    for d in docs:
+        errors = []
+        check(d, KINDS[(d["apiVersion"], d["kind"])], d["kind"], errors)
+        assert not errors, errors
+    # The check catches what it should: a misspelt key and a wrong type.
+    bad = [{**d, "spec": {**d["spec"], "replica": 2}} for d in docs if d["kind"] == "Deployment"][0]
+    errors = []
+    check(bad, "V1Deployment", "Deployment", errors)
+    assert errors == ["Deployment.spec.replica: not a field of V1DeploymentSpec"]
+
+
+def test_the_manifests_name_what_the_server_really_has(tmp_path):
+    docs = {d["kind"]: d for d in documents()}
+    config_text = docs["ConfigMap"]["data"]["config.yaml"]
+    config = yaml.safe_load(config_text)
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["grpc"] == int(config["server"]["listen"].rsplit(":", 1)[1])
+    assert ports["metrics"] == int(config["server"]["metrics_listen"].rsplit(":", 1)[1])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == ports["grpc"], probe
+    # The drain fits the grace period after the preStop pause; a drain does not look like a dead server.
+    pause = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
+    drain = config["server"]["drain_timeout_s"]
+    assert pod["terminationGracePeriodSeconds"] >= pause + drain + 5
+    live = c["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] > drain
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    scrape = docs["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert int(scrape["prometheus.io/port"]) == ports["metrics"] and scrape["prometheus.io/path"] == "/metrics"
+    assert pod["securityContext"]["runAsNonRoot"] and c["securityContext"]["readOnlyRootFilesystem"]
+    # The config file is mounted where the server is told to read it, the model where the config points.
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert c["args"] == ["--config", os.path.join(mounts["config"], "config.yaml")]
+    assert config["model"]["path"].startswith(mounts["models"] + "/")
+    svc = docs["Service"]["spec"]
+    assert {p["targetPort"] for p in svc["ports"]} == set(ports)
+    # The real binary accepts the config: it stops at the missing model (exit 1), not at the config (exit 2).
+    path = tmp_path / "config.yaml"
+    path.write_text(config_text)
+    r = subprocess.run([INFERD_BIN, "--config", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "/models/llama-3-8b-instruct" in r.stderr, (r.returncode, r.stderr)
