@@ -95,6 +95,27 @@ def test_drain_finishes_running_requests_refuses_new_ones_and_exits_zero():
     assert s.proc.wait(timeout=30) == 0, s.logs()
 
 
+def test_requests_still_running_when_the_drain_ends_get_unavailable_and_the_process_exits_zero():
+    # The bundled SmolLM2 on the cpu: a 400-token stream takes far longer than a 1 s drain.
+    model = os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    s = Server(model=model, engine={"backend": "cpu", "cpu_kv_cache_gib": 0.25},
+               server={"listen": "127.0.0.1:1", "drain_timeout_s": 1})
+    req = pb.GenerateRequest(text="Tell me a long story.", sampling=pb.SamplingParams(temperature=0),
+                             stopping=pb.StoppingParams(max_tokens=400, ignore_eos=True))
+    stream = s.stub.GenerateStream(req)
+    got = len(next(stream).token_ids)
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    with pytest.raises(grpc.RpcError) as e:
+        for chunk in stream:
+            got += len(chunk.token_ids)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "shutting down" in e.value.details()
+    assert 0 < got < 400, "the stream was cut by the drain's end, after some tokens"
+    assert s.proc.wait(timeout=30) == 0, s.logs()
+    assert time.monotonic() - t0 < 10, "the process exits soon after the drain timeout"
+
+
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "fuzz", "corpus", "gguf")
 
 
