@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Tests the CPU image end to end with podman on loopback: builds it (docker/build-images.sh; SKIP_BUILD=1 to use
+# the one there), runs it read-only, waits for the container's own health check, sends generate and chat requests
+# from outside, scrapes /metrics, checks it runs as non-root on a read-only root filesystem, then sends SIGTERM
+# during a stream and checks the drain (docker/image_check.py). Prints the time from container start to SERVING.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CONTAINERS_CONF="$PWD/docker/containers.conf"
+[[ -n "${SKIP_BUILD:-}" ]] || bash docker/build-images.sh
+[[ -x .venv/bin/python ]] || bash scripts/setup.sh
+name=inferd-image-test-$$
+free_port() { .venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+mport=$(free_port)
+trap 'podman rm -f "$name" >/dev/null 2>&1 || true' EXIT
+start=$(date +%s.%N)
+podman run -d --name "$name" --read-only -p "127.0.0.1:$port:50051" -p "127.0.0.1:$mport:9090" localhost/inferd:cpu \
+  >/dev/null
+for _ in $(seq 1 240); do
+  podman healthcheck run "$name" >/dev/null 2>&1 && break
+  sleep 0.25
+done
+if ! podman healthcheck run "$name" >/dev/null 2>&1; then
+  podman logs "$name" >&2
+  echo "test-image: the container's health check never passed" >&2
+  exit 1
+fi
+echo "test-image: container start to SERVING (its health check) in $(echo "$(date +%s.%N) - $start" | bc) s"
+[[ "$(podman exec "$name" id -u)" == 10001 ]] || { echo "test-image: not running as uid 10001" >&2; exit 1; }
+if podman exec "$name" touch /etc/inferd/x 2>/dev/null; then
+  echo "test-image: the root filesystem is writable" >&2
+  exit 1
+fi
+metrics=$(curl -sf "127.0.0.1:$mport/metrics" || true)
+grep -q '^inferd_' <<<"$metrics" || { echo "test-image: /metrics has no inferd_ series" >&2; exit 1; }
+echo "test-image: /metrics serves $(grep -c '^inferd_' <<<"$metrics") inferd_ samples"
+.venv/bin/python docker/image_check.py "127.0.0.1:$port" "$name"
+echo "test-image: ok ($(podman images --format '{{.Size}}' localhost/inferd:cpu))"
