@@ -28,11 +28,15 @@ if [[ ! -f $cache/bookworm-minbase.tar ]]; then
     bookworm "$cache/bookworm-minbase.tar.part"
   mv "$cache/bookworm-minbase.tar.part" "$cache/bookworm-minbase.tar"
 fi
-# The base is what the committed manifest says, or the build stops: Debian's archive moved on (update the
-# manifest with the new list after reviewing it).
+# The base is what the committed manifest says, or the build stops: Debian's archive moved on (review the list
+# above and commit it as docker/base-packages.txt). INFERD_BASE_DRIFT=warn goes on with a warning instead (CI:
+# the archive moves between a commit and its test, and no snapshot of it is reachable from here).
 if ! diff -u docker/base-packages.txt "$cache/packages.txt" >&2; then
-  echo "build-images: the minbase's packages differ from docker/base-packages.txt (above)" >&2
-  exit 1
+  if [[ "${INFERD_BASE_DRIFT:-}" != warn ]]; then
+    echo "build-images: the minbase's packages differ from docker/base-packages.txt (above)" >&2
+    exit 1
+  fi
+  echo "build-images: warning: the minbase's packages differ from docker/base-packages.txt (above)" >&2
 fi
 podman import --quiet "$cache/bookworm-minbase.tar" localhost/inferd-base:bookworm >/dev/null
 echo "build-images: localhost/inferd-base:bookworm ($(sha256sum "$cache/bookworm-minbase.tar" | cut -c1-16))"

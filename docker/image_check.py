@@ -25,7 +25,7 @@ assert "Paris" in chat.text, chat.text
 print(f"generate: {r.text!r}; chat: {chat.text!r}")
 
 stream = stub.GenerateStream(pb.GenerateRequest(text="Tell me a long story.", sampling=greedy,
-                                                stopping=pb.StoppingParams(max_tokens=64, ignore_eos=True)),
+                                                stopping=pb.StoppingParams(max_tokens=200, ignore_eos=True)),
                              timeout=120)
 chunks = [next(stream)]
 reader = threading.Thread(target=lambda: chunks.extend(stream))
@@ -38,7 +38,7 @@ try:
 except grpc.RpcError as e:
     assert e.code() in (grpc.StatusCode.UNAVAILABLE,), e
 reader.join(timeout=120)
-assert chunks[-1].finish_reason == pb.LENGTH and sum(len(c.token_ids) for c in chunks) == 64, chunks[-1]
+assert chunks[-1].finish_reason == pb.LENGTH and sum(len(c.token_ids) for c in chunks) == 200, chunks[-1]
 code = subprocess.run(["podman", "wait", container], check=True, capture_output=True, text=True).stdout.strip()
 assert code == "0", f"the container exited {code}"
-print("drain: the running stream finished its 64 tokens, a new request was UNAVAILABLE, exit code 0")
+print("drain: the running stream finished its 200 tokens, a new request was UNAVAILABLE, exit code 0")
