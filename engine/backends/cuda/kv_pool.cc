@@ -18,6 +18,7 @@ absl::Status KvPool::Allocate(const DeviceLayout& layout, int32_t num_layers, in
 }
 
 absl::Status KvPool::AllocateSwapSpace(int32_t num_blocks) {
+  INFERD_CHECK(allocated(), "the KV pool is allocated before its swap space (it sets the block geometry)");
   INFERD_RETURN_IF_ERROR(swap_.Allocate(int64_t{num_blocks} * 2 * num_layers_ * block_bytes_));
   const int64_t max_copies = std::max<int64_t>(num_blocks, num_blocks_);
   INFERD_RETURN_IF_ERROR(swap_lists_.Allocate(4 * max_copies * sizeof(int32_t)));
