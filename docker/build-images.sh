@@ -41,6 +41,7 @@ fi
 podman import --quiet "$cache/bookworm-minbase.tar" localhost/inferd-base:bookworm >/dev/null
 echo "build-images: localhost/inferd-base:bookworm ($(sha256sum "$cache/bookworm-minbase.tar" | cut -c1-16))"
 [[ -n "${BASE_ONLY:-}" ]] && exit 0
-podman build --quiet --format docker --network host --timestamp "$SOURCE_DATE_EPOCH" -f docker/Dockerfile -t localhost/inferd:cpu . \
+podman build --quiet --format docker --network host --timestamp "$SOURCE_DATE_EPOCH" \
+  --ignorefile docker/Dockerfile.dockerignore -f docker/Dockerfile -t localhost/inferd:cpu . \
   >/dev/null
 podman images --format "build-images: {{.Repository}}:{{.Tag}} {{.Size}}" localhost/inferd:cpu

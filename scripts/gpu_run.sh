@@ -19,6 +19,12 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH="$BUNDLE/pystubs${PYTHONPATH:+:$PYTHONPATH}"  # gRPC stubs and grpc_health for the black-box tests
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/device.txt"
 status=0
+# A gpu_tests log in brief: every parity line and failure; precision lines only where a kernel is off by more
+# than a rounding or so.
+summarize_gpu_tests() {
+  grep -E "^\[ parity|FAILED|Failure|Expected|Which is|^\[  (PASSED|SKIPPED)|tests ran" "$1"
+  grep -E "^\[ precision" "$1" | grep -vE "error (0\.|1\.[0-2])"
+}
 
 if [[ "$what" == all || "$what" == tests || "$what" == parity ]]; then
   # Random-weight models with head dims 64, 128 and 256 (the "-sharp" ones with large activations) and their
@@ -34,9 +40,7 @@ fi
 if [[ "$what" == parity ]]; then  # the precision and whole-model parity tests alone
   "$BUNDLE/bin/gpu_tests" --gtest_filter='Precision.*:Models/CudaParity.*:Models/SharpParity.*' --gtest_output="xml:$OUT/gpu_tests.xml" \
     > "$OUT/gpu_tests_parity.log" 2>&1 || status=1
-  # Every parity line; precision lines only where a kernel is off by more than a rounding or so.
-  grep -E "^\[ parity|FAILED|Failure|Expected|Which is|^\[  (PASSED|SKIPPED)|tests ran" "$OUT/gpu_tests_parity.log"
-  grep -E "^\[ precision" "$OUT/gpu_tests_parity.log" | grep -vE "error (0\.|1\.[0-2])"
+  summarize_gpu_tests "$OUT/gpu_tests_parity.log"
 fi
 if [[ "$what" == all || "$what" == tests ]]; then
   # The bundled SmolLM2 (98 MB) does not travel with the working tree (64 MiB per call): without it, the
@@ -47,8 +51,7 @@ if [[ "$what" == all || "$what" == tests ]]; then
   fi
   echo "== gpu_tests"
   "$BUNDLE/bin/gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1 || status=1
-  grep -E "^\[ parity|FAILED|Failure|^\[  (PASSED|SKIPPED)|tests ran" "$OUT/gpu_tests.log"
-  grep -E "^\[ precision" "$OUT/gpu_tests.log" | grep -vE "error (0\.|1\.[0-2])"
+  summarize_gpu_tests "$OUT/gpu_tests.log"
   for t in core_tests engine_tests; do
     echo "== $t"
     "$BUNDLE/bin/$t" --gtest_filter="$filter" --gtest_output="xml:$OUT/$t.xml" 2>&1 | tail -n 3

@@ -9,14 +9,31 @@
 
 namespace inferd {
 
-std::vector<std::shared_ptr<const void>> ReleaseTensorBytes(ModelTensors* t) {
-  for (TensorDesc* d : {&t->embed, &t->final_norm, &t->lm_head}) d->bytes = {};
-  for (LayerTensors& L : t->layers) {
-    for (TensorDesc* d : {&L.input_norm, &L.q_proj, &L.k_proj, &L.v_proj, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_proj,
-                          &L.post_norm, &L.gate_proj, &L.up_proj, &L.down_proj}) {
-      d->bytes = {};
+namespace {
+
+template <typename Tensors, typename Desc>
+std::vector<Desc*> Collect(Tensors& t) {
+  std::vector<Desc*> all = {&t.embed, &t.final_norm, &t.lm_head};
+  for (auto& L : t.layers) {
+    for (Desc* d : {&L.input_norm, &L.q_proj, &L.k_proj, &L.v_proj, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_proj,
+                    &L.post_norm, &L.gate_proj, &L.up_proj, &L.down_proj}) {
+      all.push_back(d);
     }
   }
+  return all;
+}
+
+}  // namespace
+
+std::vector<TensorDesc*> AllTensors(ModelTensors* t) {
+  return Collect<ModelTensors, TensorDesc>(*t);
+}
+std::vector<const TensorDesc*> AllTensors(const ModelTensors& t) {
+  return Collect<const ModelTensors, const TensorDesc>(t);
+}
+
+std::vector<std::shared_ptr<const void>> ReleaseTensorBytes(ModelTensors* t) {
+  for (TensorDesc* d : AllTensors(t)) d->bytes = {};
   return std::exchange(t->files, {});
 }
 

@@ -50,6 +50,10 @@ struct ModelTensors {
   std::vector<std::shared_ptr<const void>> files;  // the mapped files the byte spans point into
 };
 
+// Every tensor of the model, present or not (embedding, final norm, LM head, then each layer's).
+std::vector<TensorDesc*> AllTensors(ModelTensors* tensors);
+std::vector<const TensorDesc*> AllTensors(const ModelTensors& tensors);
+
 // Drops the tensors' bytes once a backend has built its own weights and hands over the mapped files: dropping
 // those unmaps them, whose pages would otherwise stay resident (and count against a container's memory limit)
 // for the server's whole life. Shapes and names stay; a tensor's bytes are empty after.

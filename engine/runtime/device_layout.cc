@@ -16,13 +16,8 @@ Region ArenaBuilder::Add(int64_t bytes) {
 namespace {
 
 int64_t WeightBytes(const ModelTensors& t, int64_t e) {
-  int64_t n = t.embed.numel() + t.final_norm.numel() + (t.lm_head.present() ? t.lm_head.numel() : 0);
-  for (const LayerTensors& L : t.layers) {
-    for (const TensorDesc* d : {&L.input_norm, &L.q_proj, &L.k_proj, &L.v_proj, &L.q_bias, &L.k_bias, &L.v_bias,
-                                &L.o_proj, &L.post_norm, &L.gate_proj, &L.up_proj, &L.down_proj}) {
-      if (d->present()) n += d->numel();
-    }
-  }
+  int64_t n = 0;
+  for (const TensorDesc* d : AllTensors(t)) n += d->numel();  // numel() is 0 for an absent tensor
   return n * e;
 }
 

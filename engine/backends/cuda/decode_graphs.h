@@ -40,7 +40,6 @@ class DecodeGraphs {
   cudaGraphExec_t Find(int32_t bucket, bool unsplit, const kernels::AttentionPlan& plan) const;
 
   void set_num_sms(int32_t n) { num_sms_ = n; }
-  int32_t num_sms() const { return num_sms_; }
 
  private:
   struct Graph {
