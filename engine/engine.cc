@@ -93,14 +93,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
       mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size, e->model_->tensors.stored_dtype);
 
   INFERD_ASSIGN_OR_RETURN(e->backend_, factory(config, *e->model_));
-  // Every backend holds its own weights now: the checkpoint is unmapped (for an 8B model ~0.2 s of page-table
-  // teardown) on a thread of its own while start-up goes on.
-  struct Unmapping {
-    std::thread thread;
-    ~Unmapping() {
-      if (thread.joinable()) thread.join();
-    }
-  } unmapping{std::thread([files = ReleaseTensorBytes(&e->model_->tensors)]() mutable { files.clear(); })};
+  // Every backend holds its own weights now: the checkpoint is unmapped (for an 8B model ~0.2 s of start-up).
+  ReleaseTensorBytes(&e->model_->tensors).clear();
   e->plan_ahead_ =
       config.engine.plan_ahead == "on" || (config.engine.plan_ahead == "auto" && e->backend_->name() == "cuda");
   const absl::Time t1 = absl::Now();
@@ -158,7 +152,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   warm.sampling.push_back(SamplingRow{.params = SamplingParams{.temperature = 0}, .position = 1});
   StepOutput warm_out;
   INFERD_RETURN_IF_ERROR(e->backend_->Step(warm, &warm_out));
-  unmapping.thread.join();
   spdlog::info("engine ready in {:.2f} s{}", absl::ToDoubleSeconds(absl::Now() - t0),
                e->plan_ahead_ ? "; each step is planned while the one before it runs" : "");
   e->PublishStats();
