@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """From outside the container (docker/test-image.sh): a generate and a chat request, then SIGTERM during a stream:
-the stream finishes, a new request is UNAVAILABLE, the container exits 0."""
+the stream finishes, a new request is UNAVAILABLE, the container exits 0. check_drain serves docker/payload_check.py
+too."""
+import os
 import subprocess
 import sys
 import threading
@@ -8,37 +10,53 @@ import time
 
 import grpc
 
-sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/tools")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from inferd_client import stubs  # noqa: E402
 
 pb, pb_grpc = stubs()
-address, container = sys.argv[1], sys.argv[2]
-stub = pb_grpc.InferenceStub(grpc.insecure_channel(address))
-greedy = pb.SamplingParams(temperature=0)
-r = stub.Generate(pb.GenerateRequest(text="The capital of France is", sampling=greedy,
-                                     stopping=pb.StoppingParams(max_tokens=8)), timeout=60)
-assert r.usage.completion_tokens > 0 and r.text, r
-chat = stub.Generate(pb.GenerateRequest(
-    messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="What is the capital of France?")]),
-    sampling=greedy, stopping=pb.StoppingParams(max_tokens=24)), timeout=60)
-assert "Paris" in chat.text, chat.text
-print(f"generate: {r.text!r}; chat: {chat.text!r}")
 
-stream = stub.GenerateStream(pb.GenerateRequest(text="Tell me a long story.", sampling=greedy,
-                                                stopping=pb.StoppingParams(max_tokens=200, ignore_eos=True)),
-                             timeout=120)
-chunks = [next(stream)]
-reader = threading.Thread(target=lambda: chunks.extend(stream))
-reader.start()
-subprocess.run(["podman", "kill", "--signal", "TERM", container], check=True, capture_output=True)
-time.sleep(0.3)
-try:
-    stub.Generate(pb.GenerateRequest(text="Hi", stopping=pb.StoppingParams(max_tokens=2)), timeout=10)
-    sys.exit("a request during the drain was served")
-except grpc.RpcError as e:
-    assert e.code() in (grpc.StatusCode.UNAVAILABLE,), e
-reader.join(timeout=120)
-assert chunks[-1].finish_reason == pb.LENGTH and sum(len(c.token_ids) for c in chunks) == 200, chunks[-1]
-code = subprocess.run(["podman", "wait", container], check=True, capture_output=True, text=True).stdout.strip()
-assert code == "0", f"the container exited {code}"
-print("drain: the running stream finished its 200 tokens, a new request was UNAVAILABLE, exit code 0")
+
+def check_drain(stub, terminate, wait_exit, tokens=200):
+    """SIGTERM (terminate()) while a stream of `tokens` runs: it finishes, a new request is UNAVAILABLE, and the
+    server exits 0 (wait_exit() returns its exit code)."""
+    stream = stub.GenerateStream(pb.GenerateRequest(
+        text="Tell me a long story.", sampling=pb.SamplingParams(temperature=0),
+        stopping=pb.StoppingParams(max_tokens=tokens, ignore_eos=True)), timeout=120)
+    chunks = [next(stream)]
+    reader = threading.Thread(target=lambda: chunks.extend(stream))
+    reader.start()
+    terminate()
+    time.sleep(0.3)
+    try:
+        stub.Generate(pb.GenerateRequest(text="Hi", stopping=pb.StoppingParams(max_tokens=2)), timeout=10)
+        sys.exit("a request during the drain was served")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+    reader.join(timeout=120)
+    assert chunks[-1].finish_reason == pb.LENGTH and sum(len(c.token_ids) for c in chunks) == tokens, chunks[-1]
+    code = wait_exit()
+    assert code == 0, f"the server exited {code}"
+    print(f"drain: the running stream finished its {tokens} tokens, a new request was UNAVAILABLE, exit code 0")
+
+
+def main():
+    address, container = sys.argv[1], sys.argv[2]
+    stub = pb_grpc.InferenceStub(grpc.insecure_channel(address))
+    greedy = pb.SamplingParams(temperature=0)
+    r = stub.Generate(pb.GenerateRequest(text="The capital of France is", sampling=greedy,
+                                         stopping=pb.StoppingParams(max_tokens=8)), timeout=60)
+    assert r.usage.completion_tokens > 0 and r.text, r
+    chat = stub.Generate(pb.GenerateRequest(
+        messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="What is the capital of France?")]),
+        sampling=greedy, stopping=pb.StoppingParams(max_tokens=24)), timeout=60)
+    assert "Paris" in chat.text, chat.text
+    print(f"generate: {r.text!r}; chat: {chat.text!r}")
+    check_drain(
+        stub,
+        lambda: subprocess.run(["podman", "kill", "--signal", "TERM", container], check=True, capture_output=True),
+        lambda: int(subprocess.run(["podman", "wait", container], check=True, capture_output=True,
+                                   text=True).stdout.strip()))
+
+
+if __name__ == "__main__":
+    main()

@@ -18,7 +18,7 @@ if [[ -z "${SKIP_BUILD:-}" ]]; then
     cat /tmp/inferd-podman-probe.txt >&2
     exit 1
   fi
-  bash docker/build-images.sh
+  bash docker/build-images.sh cpu
 fi
 [[ -x .venv/bin/python ]] || bash scripts/setup.sh
 name=inferd-image-test-$$

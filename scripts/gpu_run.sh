@@ -4,6 +4,8 @@
 # writes the Llama-3-8B-shaped random model, benchmarks it, and checks the served model's live efficiency
 # metrics against the benchmark's ratios. Results go to $OUT (or ./gpu-results).
 #   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|bench|efficiency|sweep|all]
+# image: the CUDA image's own inferd from its root filesystem in a chroot, serving the 8B model (needs
+#   `bash docker/build-images.sh cuda && bash docker/export-payload.sh` here instead of the bundle; root there).
 # parity: the test models and references, then the precision and whole-model parity tests alone.
 # sweep: the 8B model served by inferd on cuda, `inferd-bench serve` at a list of request rates (CSV in $OUT).
 set -uo pipefail
@@ -12,7 +14,7 @@ what=${1:-all}
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 BUNDLE=/tmp/inferd-bundle
-rm -rf "$BUNDLE" && mkdir -p "$BUNDLE" && tar -C "$BUNDLE" -xJf .bundle/bundle.tar.xz
+[[ "$what" == image ]] || { rm -rf "$BUNDLE" && mkdir -p "$BUNDLE" && tar -C "$BUNDLE" -xJf .bundle/bundle.tar.xz; }
 export LD_LIBRARY_PATH="$BUNDLE/lib:${LD_LIBRARY_PATH:-}"
 export INFERD_SOURCE_DIR="$PWD"
 export PYTHONUNBUFFERED=1
@@ -132,12 +134,15 @@ if [[ "$what" == sweep ]]; then
   curl -s 127.0.0.1:9090/metrics > "$OUT/sweep_metrics.txt" || true
   kill -TERM $server; wait $server
 fi
+if [[ "$what" == image ]]; then
+  bash docker/run-payload.sh "$OUT" || status=1
+fi
 # One line per test binary, then everything but the headline files packed into one archive (the device tool
 # brings back at most 8 files).
 for x in "$OUT"/*_tests.xml; do
   [[ -f $x ]] && python3 -c "import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); print(sys.argv[1].rsplit('/', 1)[-1], 'tests', r.get('tests'), 'failures', r.get('failures'), 'errors', r.get('errors'), 'disabled', r.get('disabled'))" "$x"
 done | tee "$OUT/test_summary.txt"
 ( cd "$OUT" && find . -maxdepth 1 -type f ! -name 'bench_8b.*' ! -name 'efficiency_8b.json' ! -name device.txt \
-    ! -name test_summary.txt ! -name sweep_8b.csv ! -name results.tar.gz -printf '%f\n' | sort > /tmp/packed.txt
+    ! -name test_summary.txt ! -name sweep_8b.csv ! -name 'image_payload*' ! -name results.tar.gz -printf '%f\n' | sort > /tmp/packed.txt
   [[ -s /tmp/packed.txt ]] && tar -czf results.tar.gz -T /tmp/packed.txt && xargs rm -f < /tmp/packed.txt )
 exit $status

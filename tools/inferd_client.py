@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A small command-line client for inferd (Python grpcio, stubs generated from the proto on the fly).
+"""A small command-line client for inferd (Python grpcio, stubs generated from the proto on the fly, or taken from
+the directory INFERD_PY_STUBS names where grpcio-tools is missing).
 
     .venv/bin/python tools/inferd_client.py chat "What is the capital of France?"
     .venv/bin/python tools/inferd_client.py chat "Hi" --system "You answer in one word."
@@ -12,12 +13,16 @@ import sys
 import tempfile
 
 import grpc
-from grpc_tools import protoc
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
 def stubs():
+    if os.environ.get("INFERD_PY_STUBS"):
+        sys.path.insert(0, os.environ["INFERD_PY_STUBS"])
+        from inferd.v1 import inferd_pb2, inferd_pb2_grpc
+        return inferd_pb2, inferd_pb2_grpc
+    from grpc_tools import protoc
     out = tempfile.mkdtemp(prefix="inferd-client-")
     if protoc.main(["protoc", f"-I{ROOT}/proto", f"--python_out={out}", f"--grpc_python_out={out}",
                     f"{ROOT}/proto/inferd/v1/inferd.proto"]) != 0:
