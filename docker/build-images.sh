@@ -74,6 +74,8 @@ for variant in "${variants[@]}"; do
     }
     echo "build-images: warning: localhost/inferd:$variant's packages differ from docker/image-packages.txt" >&2
   fi
-  podman images --format "build-images: {{.Repository}}:{{.Tag}} {{.Size}} (built in $((SECONDS - begin)) s)" \
+  # The layers' digest: the same on a rebuild from the same commit, base and wheels (compare to check).
+  layers=$(podman inspect --format '{{.RootFS.Layers}}' "localhost/inferd:$variant" | sha256sum | cut -c1-16)
+  podman images --format "build-images: {{.Repository}}:{{.Tag}} {{.Size}}, layers $layers (built in $((SECONDS - begin)) s)" \
     "localhost/inferd:$variant"
 done

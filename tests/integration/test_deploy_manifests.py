@@ -104,3 +104,49 @@ def test_the_manifests_name_what_the_server_really_has(tmp_path):
     path.write_text(config_text)
     r = subprocess.run([INFERD_BIN, "--config", str(path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "/models/llama-3-8b-instruct" in r.stderr, (r.returncode, r.stderr)
+
+
+def defaults():
+    """Every config key's default, from the real binary's reference table."""
+    out = subprocess.run([INFERD_BIN, "--config-reference"], capture_output=True, text=True, check=True).stdout
+    return dict(re.findall(r"^\| `([a-z_.]+)` \| ([^|]*?) \|", out, re.M))
+
+
+def port(address):
+    return int(address.rsplit(":", 1)[1])
+
+
+def test_compose_publishes_what_the_server_listens_on(tmp_path):
+    with open(os.path.join(SOURCE_DIR, "docker", "compose.yaml")) as f:
+        services = yaml.safe_load(f)["services"]
+    cpu, gpu = services["inferd"], services["inferd-cuda"]
+    assert cpu["build"]["args"]["VARIANT"] == "cpu" and gpu["build"]["args"]["VARIANT"] == "cuda"
+    # The GPU service is off unless asked for, and reserves a GPU through the NVIDIA driver.
+    assert gpu["profiles"] == ["gpu"]
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    # The GPU config is mounted where the command reads it; the model where the config points.
+    mounts = {target: source for source, target, _mode in (v.rsplit(":", 2) for v in gpu["volumes"])}
+    assert gpu["command"][0] == "--config"
+    gpu_config_file = os.path.join(SOURCE_DIR, "docker", mounts[gpu["command"][1]])
+    with open(gpu_config_file) as f:
+        gpu_config = yaml.safe_load(f)
+    assert any(gpu_config["model"]["path"] == m for m in mounts), (gpu_config["model"], mounts)
+    # The CPU service runs the image's default config: the repository's configs/default.yaml.
+    with open(os.path.join(SOURCE_DIR, "configs", "default.yaml")) as f:
+        cpu_config = yaml.safe_load(f)
+    d = defaults()
+    for service, config in ((cpu, cpu_config), (gpu, gpu_config)):
+        server = config["server"]
+        listen = server.get("listen", d["server.listen"])
+        metrics = server.get("metrics_listen", d["server.metrics_listen"])
+        published = {int(p.split(":")[-1]) for p in service["ports"]}
+        assert published == {port(listen), port(metrics)}, (service["image"], published)
+        assert service["healthcheck"]["test"][-1] == f"127.0.0.1:{port(listen)}"
+        assert "health-probe" in service["healthcheck"]["test"]
+        drain = int(server.get("drain_timeout_s", d["server.drain_timeout_s"]))
+        assert int(service["stop_grace_period"].rstrip("s")) >= drain + 5, service["image"]
+        assert service["read_only"] is True
+    # The real binary accepts the GPU config: it stops at the missing model (exit 1), not at the config (exit 2).
+    r = subprocess.run([INFERD_BIN, "--config", gpu_config_file], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "/models/model" in r.stderr, (r.returncode, r.stderr)
