@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CONTAINERS_CONF="$PWD/docker/containers.conf"
 image=${1:-localhost/inferd:cuda}
+[[ -x .venv/bin/python ]] || bash scripts/setup.sh   # grpcio-tools for the stubs
 work=$(mktemp -d)
 cid=$(podman create "$image")
 trap 'podman rm -f "$cid" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
