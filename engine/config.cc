@@ -37,6 +37,20 @@ absl::Status Validate(const Config& c) {
                                                      "' is not HOST:PORT with PORT 0..65535 (or empty for off)"));
     }
   }
+  if (!c.server.http_listen.empty()) {
+    if (absl::Status st = CheckListenAddress(c.server.http_listen); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("config: server.http_listen = '", c.server.http_listen,
+                                                     "' is not HOST:PORT with PORT 0..65535 (or empty for off)"));
+    }
+  }
+  if (c.server.tls_cert_file.empty() != c.server.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "config: server.tls_cert_file and server.tls_key_file go together; allowed: both set, or neither");
+  }
+  if (!c.server.tls_client_ca_file.empty() && c.server.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "config: server.tls_client_ca_file needs server.tls_cert_file and server.tls_key_file (mutual TLS is TLS)");
+  }
   return CheckListenAddress(c.server.listen);
 }
 

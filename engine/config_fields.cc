@@ -240,6 +240,33 @@ std::vector<ConfigField> MakeFields() {
       "0..86400",
       "health reports NOT_SERVING while requests are pending and no step has finished for this long (and "
       "SERVING again once steps resume); 0 = off"));
+  f.push_back(Text(
+      "server", "http_listen", [](Config& c) -> std::string& { return c.server.http_listen; }, {},
+      "HOST:PORT, or empty",
+      "the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics); "
+      "the default config serves it on 127.0.0.1:8000",
+      "(off)"));
+  f.push_back(Text(
+      "server", "tls_cert_file", [](Config& c) -> std::string& { return c.server.tls_cert_file; }, {}, "PEM file",
+      "TLS for gRPC and HTTP with this certificate chain (and tls_key_file); plaintext is refused then",
+      "(plaintext)"));
+  f.push_back(Text(
+      "server", "tls_key_file", [](Config& c) -> std::string& { return c.server.tls_key_file; }, {}, "PEM file",
+      "the private key of tls_cert_file", "(none)"));
+  f.push_back(Text(
+      "server", "tls_client_ca_file", [](Config& c) -> std::string& { return c.server.tls_client_ca_file; }, {},
+      "PEM file", "mutual TLS: clients must present a certificate this CA signed", "(no client certificates)"));
+  f.push_back(Text(
+      "server", "api_keys_file", [](Config& c) -> std::string& { return c.server.api_keys_file; }, {}, "file",
+      "API keys, one per line (# comments), reloaded on SIGHUP: every request needs one (HTTP `Authorization: "
+      "Bearer KEY`, gRPC `authorization: Bearer KEY` metadata); keys are never logged",
+      "(no keys asked)"));
+  f.push_back(Flag(
+      "server", "api_keys_exempt_health", [](Config& c) -> bool& { return c.server.api_keys_exempt_health; },
+      "HTTP /health answers without a key (gRPC health always does: Kubernetes' gRPC probes send no metadata)"));
+  f.push_back(Flag(
+      "server", "api_keys_exempt_metrics", [](Config& c) -> bool& { return c.server.api_keys_exempt_metrics; },
+      "/metrics on http_listen answers without a key (metrics_listen never asks for one: keep it internal)"));
   return f;
 }
 

@@ -1,12 +1,8 @@
 #include "server/generate_call.h"
 
-#include <chrono>
-
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/proto_conversion.h"
-#include "server/request_builder.h"
 #include "server/status_mapping.h"
 
 namespace inferd {
@@ -18,51 +14,38 @@ std::string NewRequestId() {
   return absl::StrFormat("req-%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
 }
 
-// Parses, validates, renders and tokenizes a generate request.
-absl::StatusOr<BuiltRequest> BuildFromWire(const std::shared_ptr<Engine>& engine, grpc::CallbackServerContext* ctx,
-                                           const grpc::ByteBuffer& wire, int64_t max_request_bytes) {
+}  // namespace
+
+absl::StatusOr<BuiltRequest> PrepareGenerate(const std::shared_ptr<Engine>& engine, const v1::GenerateRequest& proto,
+                                             absl::Time deadline) {
   if (!engine) return ModelLoadingStatus();
-  if (static_cast<int64_t>(wire.Length()) > max_request_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GenerateRequest = ", wire.Length(),
-                     " bytes is not allowed; allowed: at most server.max_request_bytes = ", max_request_bytes));
-  }
-  const auto deadline = ctx->deadline();
-  if (std::chrono::system_clock::now() >= deadline) {
-    return absl::DeadlineExceededError("the request's deadline expired before it was tokenized");
-  }
-  v1::GenerateRequest proto;
-  if (absl::Status st = ParseMessage(wire, "GenerateRequest", &proto); !st.ok()) return st;
+  if (absl::Now() >= deadline) return absl::DeadlineExceededError("the request's deadline expired before it was tokenized");
   if (engine->draining()) return absl::UnavailableError("the server is draining and takes no new requests");
   const Model& m = engine->model();
   auto request =
       BuildRequest(proto, {m.tokenizer.get(), m.config.vocab_size, engine->max_model_len(), m.chat_template.get()});
   if (!request.ok()) return request.status();
   if (request->request.id.empty()) request->request.id = NewRequestId();
-  if (deadline != std::chrono::system_clock::time_point::max()) {
-    request->request.deadline = absl::FromChrono(deadline);
-  }
+  if (deadline != absl::InfiniteFuture()) request->request.deadline = deadline;
   return request;
 }
 
-}  // namespace
-
-void GenerateCall::Start(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
-  if (s_.workers->TryRun([self = shared_from_this(), ctx, request] { self->Prepare(ctx, *request); })) return;
+void GenerateCall::Start(Prepare prepare) {
+  if (s_.workers->TryRun([self = shared_from_this(), prepare = std::move(prepare)] { self->Run(prepare); })) return;
   std::lock_guard<std::mutex> lock(mu_);
-  EndLocked(ToGrpcStatus(WorkersFullStatus()));
+  EndLocked(WorkersFullStatus());
 }
 
-void GenerateCall::Prepare(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& wire) {
-  auto request = BuildFromWire(s_.engine, ctx, wire, s_.max_request_bytes);
+void GenerateCall::Run(const Prepare& prepare) {
+  auto request = prepare(s_.engine);
   std::lock_guard<std::mutex> lock(mu_);
-  if (cancelled_) return EndLocked(ToGrpcStatus(CallCancelledStatus("cancelled")));
-  if (!request.ok()) return EndLocked(ToGrpcStatus(request.status()));
+  if (cancelled_) return EndLocked(CallCancelledStatus("cancelled"));
+  if (!request.ok()) return EndLocked(request.status());
   if (emitter_) emitter_->Begin(request->request.id);
   request->request.sink = shared_from_this();
   text_.emplace(s_.engine->model().tokenizer.get(), std::move(request->text));
   auto handle = s_.engine->Submit(std::move(request->request));
-  if (!handle.ok()) return EndLocked(ToGrpcStatus(handle.status()));
+  if (!handle.ok()) return EndLocked(handle.status());
   submitted_ = true;
   handle_ = *handle;
 }
@@ -104,8 +87,8 @@ void GenerateCall::DrainLocked() {
     s_.engine->StopAt(handle_, *text_->stopped_at());
   }
   if (emitter_->busy()) return;
-  if (!error_.ok()) return EndLocked(ToGrpcStatus(error_));
-  if (emitter_->Send(last_added_)) EndLocked(grpc::Status::OK);
+  if (!error_.ok()) return EndLocked(error_);
+  if (emitter_->Send(last_added_)) EndLocked(absl::OkStatus());
 }
 
 void GenerateCall::SendDone(bool ok) {
@@ -114,9 +97,9 @@ void GenerateCall::SendDone(bool ok) {
   const bool was_last = emitter_->Sent();
   if (!ok) {  // the client is gone; the engine is told by OnCancel
     queue_.clear();
-    return EndLocked(ToGrpcStatus(CallCancelledStatus("the client went away")));
+    return EndLocked(CallCancelledStatus("the client went away"));
   }
-  if (was_last) return EndLocked(grpc::Status::OK);
+  if (was_last) return EndLocked(absl::OkStatus());
   // What was made while the send was out goes now; outputs still without text go to a writer (no text is made
   // on gRPC's threads).
   if (queue_.empty()) {
@@ -137,10 +120,10 @@ void GenerateCall::Detach() {
   emitter_ = nullptr;
 }
 
-void GenerateCall::EndLocked(const grpc::Status& status) {
+void GenerateCall::EndLocked(const absl::Status& status) {
   if (ended_ || !emitter_) return;
   ended_ = true;
-  if (s_.metrics) s_.metrics->CountCall(status.error_code());
+  if (s_.metrics) s_.metrics->CountCall(static_cast<grpc::StatusCode>(status.code()));
   emitter_->Finish(status);
 }
 

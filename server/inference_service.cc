@@ -1,5 +1,7 @@
 #include "server/inference_service.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "server/generate_call.h"
 #include "server/proto_conversion.h"
@@ -10,14 +12,33 @@ namespace {
 
 constexpr const char* kVersion = "0.1.0";
 
+// A Generate or GenerateStream request from its bytes: bounded, parsed, then prepared as every front end's.
+GenerateCall::Prepare FromWire(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire, int64_t max_bytes) {
+  return [ctx, wire, max_bytes](const std::shared_ptr<Engine>& engine) -> absl::StatusOr<BuiltRequest> {
+    if (!engine) return ModelLoadingStatus();
+    if (static_cast<int64_t>(wire->Length()) > max_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("GenerateRequest = ", wire->Length(),
+                                                     " bytes is not allowed; allowed: at most "
+                                                     "server.max_request_bytes = ",
+                                                     max_bytes));
+    }
+    v1::GenerateRequest proto;
+    if (absl::Status st = ParseMessage(*wire, "GenerateRequest", &proto); !st.ok()) return st;
+    const auto deadline = ctx->deadline();
+    return PrepareGenerate(engine, proto,
+                           deadline == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture()
+                                                                                      : absl::FromChrono(deadline));
+  };
+}
+
 // GenerateStream's emitter: one chunk written at a time; what arrives while a write is out merges into the next.
 class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public GenerateCall::Emitter {
  public:
-  StreamReactor(GenerateCall::Services services, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+  StreamReactor(GenerateCall::Services services, GenerateCall::Prepare prepare,
                 std::shared_ptr<std::atomic<int64_t>> active_calls)
       : call_(std::make_shared<GenerateCall>(std::move(services), this)), active_calls_(std::move(active_calls)) {
     ++*active_calls_;
-    call_->Start(ctx, request);
+    call_->Start(std::move(prepare));
   }
 
   void Begin(const std::string& request_id) override { id_ = request_id; }
@@ -43,7 +64,9 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, p
     writing_ = false;
     return last_written_;
   }
-  void Finish(const grpc::Status& status) override { grpc::ServerWriteReactor<grpc::ByteBuffer>::Finish(status); }
+  void Finish(const absl::Status& status) override {
+    grpc::ServerWriteReactor<grpc::ByteBuffer>::Finish(ToGrpcStatus(status));
+  }
 
   void OnWriteDone(bool ok) override { call_->SendDone(ok); }
   void OnCancel() override { call_->Cancel(); }
@@ -67,14 +90,13 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, p
 // Generate's emitter: the whole result, answered once.
 class UnaryGenerateReactor final : public grpc::ServerUnaryReactor, public GenerateCall::Emitter {
  public:
-  UnaryGenerateReactor(GenerateCall::Services services, grpc::CallbackServerContext* ctx,
-                       const grpc::ByteBuffer* request, grpc::ByteBuffer* wire,
+  UnaryGenerateReactor(GenerateCall::Services services, GenerateCall::Prepare prepare, grpc::ByteBuffer* wire,
                        std::shared_ptr<std::atomic<int64_t>> active_calls)
       : call_(std::make_shared<GenerateCall>(std::move(services), this)),
         active_calls_(std::move(active_calls)),
         wire_(wire) {
     ++*active_calls_;
-    call_->Start(ctx, request);
+    call_->Start(std::move(prepare));
   }
 
   void Begin(const std::string& request_id) override { result_.set_request_id(request_id); }
@@ -85,7 +107,7 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor, public Gener
     return last;
   }
   bool Sent() override { return false; }
-  void Finish(const grpc::Status& status) override { grpc::ServerUnaryReactor::Finish(status); }
+  void Finish(const absl::Status& status) override { grpc::ServerUnaryReactor::Finish(ToGrpcStatus(status)); }
 
   void OnCancel() override { call_->Cancel(); }
   void OnDone() override {
@@ -107,20 +129,42 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::S
   return r;
 }
 
+// A stream refused before it starts.
+class RefusedStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RefusedStream(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
+
+absl::Status InferenceService::Authorize(grpc::CallbackServerContext* ctx) {
+  if (!keys_) return absl::OkStatus();
+  const auto& md = ctx->client_metadata();
+  const auto it = md.find("authorization");
+  const auto key = it == md.end() ? std::nullopt : BearerToken(std::string_view(it->second.data(), it->second.size()));
+  if (key && keys_->Check(*key)) return absl::OkStatus();
+  if (metrics_) metrics_->CountAuthFailure("grpc");
+  return absl::UnauthenticatedError(key ? "the API key is not valid"
+                                        : "an API key is required: send the metadata 'authorization: Bearer KEY'");
+}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::GenerateStream(grpc::CallbackServerContext* ctx,
                                                                              const grpc::ByteBuffer* request) {
-  return new StreamReactor(Services(), ctx, request, active_calls_);
+  if (absl::Status st = Authorize(ctx); !st.ok()) return new RefusedStream(st);
+  return new StreamReactor(Services(), FromWire(ctx, request, limits_.max_request_bytes), active_calls_);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* result) {
-  return new UnaryGenerateReactor(Services(), ctx, request, result, active_calls_);
+  if (absl::Status st = Authorize(ctx); !st.ok()) return Answer(ctx, st);
+  return new UnaryGenerateReactor(Services(), FromWire(ctx, request, limits_.max_request_bytes), result,
+                                  active_calls_);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
                                                      grpc::ByteBuffer* out) {
+  if (absl::Status st = Authorize(ctx); !st.ok()) return Answer(ctx, st);
   const std::shared_ptr<Engine> engine = this->engine();
   if (!engine) return Answer(ctx, ModelLoadingStatus());
   if (static_cast<int64_t>(wire->Length()) > limits_.max_request_bytes) {
@@ -145,6 +189,7 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
 
 grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
                                                        grpc::ByteBuffer* out) {
+  if (absl::Status st = Authorize(ctx); !st.ok()) return Answer(ctx, st);
   const std::shared_ptr<Engine> engine = this->engine();
   if (!engine) return Answer(ctx, ModelLoadingStatus());
   v1::DetokenizeRequest request;
@@ -166,6 +211,7 @@ grpc::ServerUnaryReactor* InferenceService::Detokenize(grpc::CallbackServerConte
 
 grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
                                                          grpc::ByteBuffer* out) {
+  if (absl::Status st = Authorize(ctx); !st.ok()) return Answer(ctx, st);
   v1::GetModelInfoRequest request;
   if (absl::Status st = ParseMessage(*wire, "GetModelInfoRequest", &request); !st.ok()) return Answer(ctx, st);
   const std::shared_ptr<Engine> engine = this->engine();
@@ -175,6 +221,7 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
 }
 grpc::ServerUnaryReactor* InferenceService::GetServerInfo(grpc::CallbackServerContext* ctx,
                                                           const grpc::ByteBuffer* wire, grpc::ByteBuffer* out) {
+  if (absl::Status st = Authorize(ctx); !st.ok()) return Answer(ctx, st);
   v1::GetServerInfoRequest request;
   if (absl::Status st = ParseMessage(*wire, "GetServerInfoRequest", &request); !st.ok()) return Answer(ctx, st);
   const std::shared_ptr<Engine> engine = this->engine();
@@ -184,6 +231,7 @@ grpc::ServerUnaryReactor* InferenceService::GetServerInfo(grpc::CallbackServerCo
 
 grpc::ServerUnaryReactor* InferenceService::Abort(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
                                                   grpc::ByteBuffer* out) {
+  if (absl::Status st = Authorize(ctx); !st.ok()) return Answer(ctx, st);
   v1::AbortRequest request;
   if (absl::Status st = ParseMessage(*wire, "AbortRequest", &request); !st.ok()) return Answer(ctx, st);
   const std::shared_ptr<Engine> engine = this->engine();

@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "inferd/v1/inferd.grpc.pb.h"
+#include "server/api_keys.h"
 #include "server/generate_call.h"
 #include "server/metrics.h"
 #include "server/request_workers.h"
@@ -38,6 +39,8 @@ class InferenceService final : public InferenceServiceBase {
 
   // Generate calls are counted by status there, when set (before serving).
   void SetMetrics(Metrics* metrics) { metrics_ = metrics; }
+  // Every method then needs one of these keys in its `authorization: Bearer KEY` metadata (before serving).
+  void SetApiKeys(const ApiKeys* keys) { keys_ = keys; }
   // Until an engine is set (model loading), generation RPCs answer UNAVAILABLE.
   void SetEngine(std::shared_ptr<Engine> engine) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -62,13 +65,18 @@ class InferenceService final : public InferenceServiceBase {
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                   grpc::ByteBuffer* response) override;
 
+  // What a generate call runs on, for every front end; and the count of their calls not yet done.
+  GenerateCall::Services Services() { return {engine(), &workers_, &writers_, metrics_}; }
+  std::shared_ptr<std::atomic<int64_t>> call_counter() const { return active_calls_; }
+
  private:
   // Reactors keep their own reference, so the engine outlives every call that uses it.
   std::shared_ptr<Engine> engine() const {
     std::lock_guard<std::mutex> lock(mu_);
     return engine_;
   }
-  GenerateCall::Services Services() { return {engine(), &workers_, &writers_, limits_.max_request_bytes, metrics_}; }
+  absl::Status Authorize(grpc::CallbackServerContext* ctx);
+  const ApiKeys* keys_ = nullptr;
   mutable std::mutex mu_;
   std::shared_ptr<Engine> engine_;
   const Limits limits_;

@@ -1,5 +1,5 @@
-// inferd: serves a Llama-family model over gRPC.
-// Usage: inferd --config FILE [--listen HOST:PORT] [--metrics-listen HOST:PORT|""]
+// inferd: serves a Llama-family model over gRPC and the OpenAI-compatible HTTP API.
+// Usage: inferd --config FILE [--listen HOST:PORT] [--http-listen HOST:PORT|""] [--metrics-listen HOST:PORT|""]
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -11,14 +11,19 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <optional>
 #include <thread>
 
 #include "engine/config.h"
 #include "engine/config_fields.h"
 #include "engine/engine.h"
+#include "server/api_keys.h"
 #include "server/health_probe.h"
+#include "server/http/http_server.h"
+#include "server/http/openai_front_end.h"
 #include "server/inference_service.h"
 #include "server/liveness.h"
 #include "server/metrics.h"
@@ -35,29 +40,70 @@ extern "C" void OnSignal(int sig) {
   (void)unused;
 }
 
-// Blocks until SIGINT or SIGTERM arrives; returns its number.
-int WaitForSignal() {
-  unsigned char b = 0;
-  while (read(g_signal_pipe[0], &b, 1) != 1) {
+// Blocks until SIGINT or SIGTERM arrives; returns its number. SIGHUP reloads the API keys meanwhile.
+int WaitForSignal(inferd::ApiKeys* keys) {
+  while (true) {
+    unsigned char b = 0;
+    while (read(g_signal_pipe[0], &b, 1) != 1) {
+    }
+    if (b != SIGHUP) return b;
+    if (!keys) {
+      spdlog::info("SIGHUP: no server.api_keys_file to reload");
+    } else if (absl::Status st = keys->Reload(); st.ok()) {
+      spdlog::info("SIGHUP: reloaded {} API keys", keys->size());
+    } else {
+      spdlog::error("SIGHUP: {}; the {} keys before stay", std::string(st.message()), keys->size());
+    }
   }
-  return b;
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* key) {
+  std::ifstream in(path);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("config: server.", key, " = '", path, "' cannot be read"));
+  }
+  return text.str();
+}
+
+// gRPC's credentials from the server.tls_* files: plaintext when none is set.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> GrpcCredentials(const inferd::ServerSection& s) {
+  if (s.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+  auto cert = ReadPem(s.tls_cert_file, "tls_cert_file");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPem(s.tls_key_file, "tls_key_file");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions options(s.tls_client_ca_file.empty()
+                                                ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                                : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  if (!s.tls_client_ca_file.empty()) {
+    auto ca = ReadPem(s.tls_client_ca_file, "tls_client_ca_file");
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *ca;
+  }
+  options.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(options);
 }
 
 constexpr const char* kUsage =
-    "usage: inferd --config FILE [--listen HOST:PORT] [--metrics-listen HOST:PORT|\"\"]\n"
+    "usage: inferd --config FILE [--listen HOST:PORT] [--http-listen HOST:PORT|\"\"] [--metrics-listen "
+    "HOST:PORT|\"\"]\n"
     "       inferd --config-reference    (every config key as a markdown table)\n"
     "       inferd plan --config FILE [--gpu-memory-gib N]    (the cuda memory plan, without starting)\n"
     "       inferd health-probe [--address HOST:PORT]    (exit 0 when the server there is SERVING)";
 
 int Run(int argc, char** argv) {
   std::string config_path, listen;
-  std::optional<std::string> metrics_listen;
+  std::optional<std::string> metrics_listen, http_listen;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if ((arg == "--config" || arg == "--listen") && i + 1 < argc) {
       (arg == "--config" ? config_path : listen) = argv[++i];
     } else if (arg == "--metrics-listen" && i + 1 < argc) {
       metrics_listen = argv[++i];
+    } else if (arg == "--http-listen" && i + 1 < argc) {
+      http_listen = argv[++i];
     } else if (arg == "--config-reference") {
       std::cout << inferd::ConfigReferenceMarkdown();
       return 0;
@@ -78,12 +124,13 @@ int Run(int argc, char** argv) {
     std::cerr << "inferd: " << config.status().message() << "\n";
     return 2;
   }
-  if (!listen.empty() || metrics_listen) {
+  if (!listen.empty() || metrics_listen || http_listen) {
     if (!listen.empty()) config->server.listen = listen;
     if (metrics_listen) config->server.metrics_listen = *metrics_listen;
+    if (http_listen) config->server.http_listen = *http_listen;
     auto checked = inferd::ParseConfig(inferd::ConfigToYaml(*config));
     if (!checked.ok()) {
-      std::cerr << "inferd: --listen / --metrics-listen: " << checked.status().message() << "\n";
+      std::cerr << "inferd: --listen / --http-listen / --metrics-listen: " << checked.status().message() << "\n";
       return 2;
     }
   }
@@ -101,15 +148,33 @@ int Run(int argc, char** argv) {
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGHUP, &action, nullptr);
+
+  std::unique_ptr<inferd::ApiKeys> keys;
+  if (!config->server.api_keys_file.empty()) {
+    auto loaded = inferd::ApiKeys::Load(config->server.api_keys_file);
+    if (!loaded.ok()) {
+      std::cerr << "inferd: config: " << loaded.status().message() << "\n";
+      return 2;
+    }
+    keys = *std::move(loaded);
+    spdlog::info("API keys: {} from {} (SIGHUP reloads them)", keys->size(), config->server.api_keys_file);
+  }
+  auto credentials = GrpcCredentials(config->server);
+  if (!credentials.ok()) {
+    std::cerr << "inferd: " << credentials.status().message() << "\n";
+    return 2;
+  }
 
   // Request preparation (parsing, chat rendering, tokenizing) gets half the cores, at least two threads.
   const int request_workers = std::max(2, static_cast<int>(std::thread::hardware_concurrency() / 2));
   inferd::InferenceService service({.max_request_bytes = config->server.max_request_bytes}, request_workers);
+  service.SetApiKeys(keys.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config->server.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config->server.listen, *credentials, &port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 << 20);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -117,10 +182,16 @@ int Run(int argc, char** argv) {
     std::cerr << "inferd: cannot listen on server.listen = '" << config->server.listen << "'\n";
     return 1;
   }
-  auto* health = server->GetHealthCheckService();
-  health->SetServingStatus(false);
+  auto* grpc_health = server->GetHealthCheckService();
+  // What grpc.health.v1 says, and HTTP's /health with it.
+  auto serving = std::make_shared<std::atomic<bool>>(false);
+  auto set_serving = [grpc_health, serving](bool on) {
+    serving->store(on);
+    grpc_health->SetServingStatus(on);
+  };
+  set_serving(false);
   std::unique_ptr<inferd::Metrics> metrics;
-  if (!config->server.metrics_listen.empty()) {
+  if (!config->server.metrics_listen.empty() || !config->server.http_listen.empty()) {
     auto started = inferd::Metrics::Start(config->server.metrics_listen);
     if (!started.ok()) {
       std::cerr << "inferd: " << started.status().message() << "\n";
@@ -129,7 +200,35 @@ int Run(int argc, char** argv) {
     }
     metrics = *std::move(started);
     service.SetMetrics(metrics.get());
-    spdlog::info("metrics on {} at /metrics", config->server.metrics_listen);
+    if (!config->server.metrics_listen.empty()) spdlog::info("metrics on {} at /metrics", config->server.metrics_listen);
+  }
+  std::unique_ptr<inferd::OpenAiFrontEnd> front_end;
+  std::unique_ptr<inferd::HttpServer> http;
+  if (!config->server.http_listen.empty()) {
+    front_end = std::make_unique<inferd::OpenAiFrontEnd>(inferd::OpenAiFrontEnd::Hooks{
+        .services = [&service] { return service.Services(); },
+        .active_calls = service.call_counter(),
+        .serving = [serving] { return serving->load(); },
+        .metrics = metrics.get(),
+        .keys = keys.get(),
+        .keys_exempt_health = config->server.api_keys_exempt_health,
+        .keys_exempt_metrics = config->server.api_keys_exempt_metrics});
+    const inferd::TlsFiles tls{config->server.tls_cert_file, config->server.tls_key_file,
+                               config->server.tls_client_ca_file};
+    auto started = inferd::HttpServer::Start(
+        {.listen = config->server.http_listen,
+         .threads = 2,
+         .max_body_bytes = config->server.max_request_bytes,
+         .tls = config->server.tls_cert_file.empty() ? nullptr : &tls},
+        [fe = front_end.get()](std::shared_ptr<inferd::HttpExchange> exchange) { fe->Handle(std::move(exchange)); });
+    if (!started.ok()) {
+      std::cerr << "inferd: config: " << started.status().message() << "\n";
+      server->Shutdown(std::chrono::system_clock::now());
+      return 2;
+    }
+    http = *std::move(started);
+    spdlog::info("OpenAI-compatible HTTP{} on {} (port {})", config->server.tls_cert_file.empty() ? "" : "S",
+                 config->server.http_listen, http->port());
   }
   spdlog::info("listening on {} (port {}); loading the model", config->server.listen, port);
 
@@ -142,23 +241,22 @@ int Run(int argc, char** argv) {
   std::shared_ptr<inferd::Engine> live = std::move(*engine);
   if (metrics) metrics->Attach(live);
   service.SetEngine(live);
-  health->SetServingStatus(true);  // after the engine's warm-up step
-  inferd::Liveness liveness(live, config->server.liveness_timeout_s,
-                            [health](bool serving) { health->SetServingStatus(serving); });
+  set_serving(true);  // after the engine's warm-up step
+  inferd::Liveness liveness(live, config->server.liveness_timeout_s, set_serving);
   spdlog::info("ready: model '{}' on the {} backend, max_model_len {}", live->model().name, live->backend_name(),
                live->max_model_len());
 
-  const int sig = WaitForSignal();
+  const int sig = WaitForSignal(keys.get());
   spdlog::info("signal {}: draining (up to {} s)", sig, config->server.drain_timeout_s);
   // A second signal while draining ends the process at once.
-  std::thread([] {
-    const int again = WaitForSignal();
+  std::thread([keys = keys.get()] {
+    const int again = WaitForSignal(keys);
     spdlog::warn("signal {} again: exiting now without finishing the drain (exit code {})", again, 128 + again);
     spdlog::default_logger()->flush();
     std::_Exit(128 + again);
   }).detach();
   liveness.Stop();
-  health->SetServingStatus(false);
+  set_serving(false);
   live->StartDraining();
   const auto drain_end = std::chrono::steady_clock::now() +
                          std::chrono::milliseconds(static_cast<int64_t>(config->server.drain_timeout_s * 1000));
@@ -175,6 +273,7 @@ int Run(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   server->Shutdown(std::chrono::system_clock::now());
+  if (http) http->Stop();
   service.SetEngine(nullptr);
   live.reset();
   server->Wait();

@@ -138,6 +138,7 @@ struct Metrics::Impl {
   std::mutex mu;  // histograms and counters are thread-safe; this guards `engine`
   prometheus::Family<prometheus::Counter>* finished = nullptr;
   prometheus::Family<prometheus::Counter>* calls = nullptr;
+  prometheus::Family<prometheus::Counter>* auth_failures = nullptr;
   Histogram *ttft = nullptr, *tpot = nullptr, *itl = nullptr, *e2e = nullptr, *queue = nullptr;
   Histogram *prompt = nullptr, *generated = nullptr, *batch = nullptr, *step_tokens = nullptr, *step_s = nullptr;
 
@@ -234,18 +235,16 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
   impl->flops =
       AddCounter(r, "inferd_model_flops_total", "Model FLOPs of the steps (over device busy seconds: FLOP/s).");
   impl->generated_tokens = AddCounter(r, "inferd_generation_tokens_total", "Tokens generated.");
+  impl->auth_failures = &BuildCounter()
+                             .Name("inferd_auth_failures_total")
+                             .Help("Requests refused for a missing or wrong API key, by front end.")
+                             .Register(r);
   Impl* m = impl.get();
-  m->http.Get("/metrics", [m](const httplib::Request&, httplib::Response& res) {
-    std::vector<prometheus::MetricFamily> families = m->registry->Collect();
-    std::shared_ptr<EngineCollector> engine;
-    {
-      std::lock_guard<std::mutex> lock(m->mu);
-      engine = m->engine;
-    }
-    if (engine) {
-      for (prometheus::MetricFamily& f : engine->Collect()) families.push_back(std::move(f));
-    }
-    res.set_content(prometheus::TextSerializer().Serialize(families), "text/plain; version=0.0.4; charset=utf-8");
+  auto metrics = std::unique_ptr<Metrics>(new Metrics(std::move(impl)));
+  if (listen.empty()) return metrics;
+  Metrics* self = metrics.get();
+  m->http.Get("/metrics", [self](const httplib::Request&, httplib::Response& res) {
+    res.set_content(self->Render(), kContentType);
   });
   const size_t colon = listen.rfind(':');
   const std::string host = listen.substr(0, colon);
@@ -257,7 +256,25 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
   m->thread = std::thread([m] { m->http.listen_after_bind(); });
   // Until it listens, stop() would not reach it: wait, so that a start-up failure right after can shut it down.
   for (int i = 0; i < 5000 && !m->http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  return std::unique_ptr<Metrics>(new Metrics(std::move(impl)));
+  return metrics;
+}
+
+std::string Metrics::Render() const {
+  Impl* m = impl_.get();
+  std::vector<prometheus::MetricFamily> families = m->registry->Collect();
+  std::shared_ptr<EngineCollector> engine;
+  {
+    std::lock_guard<std::mutex> lock(m->mu);
+    engine = m->engine;
+  }
+  if (engine) {
+    for (prometheus::MetricFamily& f : engine->Collect()) families.push_back(std::move(f));
+  }
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+void Metrics::CountAuthFailure(const char* front_end) {
+  impl_->auth_failures->Add({{"api", front_end}}).Increment();
 }
 
 Metrics::Metrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -16,14 +16,20 @@ namespace inferd {
 
 class Metrics {
  public:
-  // Serves /metrics on `listen` (HOST:PORT); fails naming server.metrics_listen when it cannot.
+  // Serves /metrics on `listen` (HOST:PORT; empty: nowhere of its own, the HTTP front end serves Render());
+  // fails naming server.metrics_listen when it cannot.
   static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& listen);
+  static constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
   ~Metrics();
 
   // Installs the engine's observers and reads its state at every scrape. Before the engine serves.
   void Attach(std::shared_ptr<Engine> engine);
   // A Generate or GenerateStream call ended with this status (refused ones included).
   void CountCall(grpc::StatusCode code);
+  // A request refused for its API key ("grpc" or "http").
+  void CountAuthFailure(const char* front_end);
+  // The exposition text of every metric, read now.
+  std::string Render() const;
 
   struct Impl;
 

@@ -1,0 +1,436 @@
+#include "server/http/http_server.h"
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <thread>
+
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace inferd {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace ssl = asio::ssl;
+using tcp = asio::ip::tcp;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
+struct Shared {
+  HttpHandler handler;
+  int64_t max_body_bytes;
+  std::chrono::seconds header_timeout;
+  std::chrono::seconds idle_timeout;
+  std::atomic<int64_t> open{0};
+};
+
+// A transport failure answered before any handler sees the request, in the JSON error shape the API uses.
+std::string ErrorBody(const std::string& message, const char* type) {
+  return absl::StrCat(R"({"error":{"message":")", message, R"(","type":")", type, R"(","param":null,"code":null}})");
+}
+
+template <class Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
+ public:
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+
+  Session(std::shared_ptr<asio::io_context> ioc, Stream stream, std::shared_ptr<Shared> shared)
+      : ioc_(std::move(ioc)), stream_(std::move(stream)), shared_(std::move(shared)) {
+    ++shared_->open;
+  }
+  ~Session() { --shared_->open; }
+
+  void Run() {
+    if constexpr (kTls) {
+      beast::get_lowest_layer(stream_).expires_after(shared_->header_timeout);
+      stream_.async_handshake(ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
+        if (ec) return;  // not TLS, or not trusted: closed
+        self->ReadRequest();
+      });
+    } else {
+      ReadRequest();
+    }
+  }
+
+  asio::any_io_executor executor() { return stream_.get_executor(); }
+
+  void Respond(int status, const std::string& content_type, std::string body,
+               std::vector<std::pair<std::string, std::string>> headers) {
+    if (closed_ || answered_) return;
+    answered_ = true;
+    Pending p{.kind = Pending::kWhole};
+    p.whole.result(status);
+    p.whole.version(11);
+    p.whole.set(http::field::server, "inferd");
+    p.whole.set(http::field::content_type, content_type);
+    for (auto& [name, value] : headers) p.whole.set(name, value);
+    p.whole.body() = std::move(body);
+    p.whole.keep_alive(keep_alive_);
+    p.whole.prepare_payload();
+    writes_.push_back(std::move(p));
+    Pump();
+  }
+  void StartStream(int status, const std::string& content_type) {
+    if (closed_ || answered_) return;
+    answered_ = true;
+    Pending p{.kind = Pending::kHead};
+    p.head.result(status);
+    p.head.version(11);
+    p.head.set(http::field::server, "inferd");
+    p.head.set(http::field::content_type, content_type);
+    p.head.set(http::field::cache_control, "no-cache");
+    p.head.set("X-Accel-Buffering", "no");  // proxies pass each event on at once
+    p.head.keep_alive(keep_alive_);
+    p.head.chunked(true);
+    writes_.push_back(std::move(p));
+    Pump();
+  }
+  void Write(std::string data, std::function<void(bool)> done) {
+    if (closed_) {
+      if (done) done(false);
+      return;
+    }
+    writes_.push_back(Pending{.kind = Pending::kChunk, .data = std::move(data), .done = std::move(done)});
+    Pump();
+  }
+  void End() {
+    if (closed_) return;
+    writes_.push_back(Pending{.kind = Pending::kLast});
+    Pump();
+  }
+  void SetGone(std::function<void()> gone) {
+    if (gone_reported_) {
+      gone();
+      return;
+    }
+    gone_ = std::move(gone);
+  }
+
+ private:
+  struct Pending {
+    enum Kind { kWhole, kHead, kChunk, kLast } kind;
+    std::string data;
+    std::function<void(bool)> done;
+    http::response<http::string_body> whole;
+    http::response<http::empty_body> head;
+  };
+
+  void ReadRequest() {
+    parser_.emplace();
+    parser_->body_limit(shared_->max_body_bytes);
+    parser_->header_limit(16 << 10);
+    answered_ = false;
+    beast::get_lowest_layer(stream_).expires_after(shared_->header_timeout);
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
+  }
+
+  void OnRequest(beast::error_code ec) {
+    if (ec == http::error::body_limit) {
+      keep_alive_ = false;
+      return Respond(413, "application/json",
+                     ErrorBody(absl::StrCat("the request body is larger than server.max_request_bytes = ",
+                                            shared_->max_body_bytes, " bytes"),
+                               "invalid_request_error"),
+                     {});
+    }
+    if (ec == http::error::header_limit) {
+      keep_alive_ = false;
+      return Respond(431, "application/json", ErrorBody("the request head is larger than 16 KiB", "invalid_request_error"), {});
+    }
+    if (ec && ec.category() == http::make_error_code(http::error::bad_target).category() &&
+        ec != http::error::end_of_stream &&
+        ec != http::error::partial_message) {
+      keep_alive_ = false;
+      return Respond(400, "application/json", ErrorBody("malformed HTTP request", "invalid_request_error"), {});
+    }
+    if (ec) return Close();  // the client closed, or was too slow
+    http::request<http::string_body> req = parser_->release();
+    HttpRequest request;
+    request.method = std::string(req.method_string());
+    request.target = std::string(req.target());
+    for (const auto& field : req) {
+      request.headers[absl::AsciiStrToLower(std::string(field.name_string()))] = std::string(field.value());
+    }
+    request.body = std::move(req.body());
+    keep_alive_ = req.keep_alive();
+    responding_ = true;
+    beast::get_lowest_layer(stream_).expires_never();  // a generation takes as long as it takes
+    Watch();
+    shared_->handler(std::make_shared<Exchange>(this->shared_from_this(), std::move(request)));
+  }
+
+  // A read while the response is made: it ends with the client's EOF (gone: its work stops) or brings the next
+  // request's first bytes, which wait in the buffer.
+  void Watch() {
+    if (watching_ || closed_ || buffer_.size() > (64 << 10)) return;
+    watching_ = true;
+    stream_.async_read_some(buffer_.prepare(4096), [self = this->shared_from_this()](beast::error_code ec, size_t n) {
+      self->OnWatch(ec, n);
+    });
+  }
+  void OnWatch(beast::error_code ec, size_t n) {
+    watching_ = false;
+    if (ec) {
+      if (responding_) return Gone();
+      return Close();  // idle too long, or closed between requests
+    }
+    buffer_.commit(n);
+    if (next_wanted_) {
+      next_wanted_ = false;
+      return ReadRequest();
+    }
+    Watch();
+  }
+
+  void Gone() {
+    if (!gone_reported_) {
+      gone_reported_ = true;
+      if (gone_) std::exchange(gone_, nullptr)();
+    }
+    Close();
+  }
+
+  void Pump() {
+    if (writing_ || writes_.empty()) return;
+    if (closed_) {
+      for (Pending& p : writes_) {
+        if (p.done) p.done(false);
+      }
+      writes_.clear();
+      return;
+    }
+    writing_ = true;
+    Pending& p = writes_.front();
+    auto done = [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnWritten(ec); };
+    switch (p.kind) {
+      case Pending::kWhole:
+        http::async_write(stream_, p.whole, std::move(done));
+        break;
+      case Pending::kHead:
+        head_serializer_.emplace(p.head);
+        http::async_write_header(stream_, *head_serializer_, std::move(done));
+        break;
+      case Pending::kChunk:
+        asio::async_write(stream_, http::make_chunk(asio::buffer(p.data)), std::move(done));
+        break;
+      case Pending::kLast:
+        asio::async_write(stream_, http::make_chunk_last(), std::move(done));
+        break;
+    }
+  }
+  void OnWritten(beast::error_code ec) {
+    writing_ = false;
+    Pending p = std::move(writes_.front());
+    writes_.pop_front();
+    if (ec) {
+      if (p.done) p.done(false);
+      Gone();
+      return Pump();  // fails what is left
+    }
+    if (p.done) p.done(true);
+    if (p.kind == Pending::kWhole || p.kind == Pending::kLast) return Finished();
+    Pump();
+  }
+
+  // The response is out: the next request, or the end of the connection.
+  void Finished() {
+    responding_ = false;
+    gone_ = nullptr;
+    if (!keep_alive_) return Close();
+    beast::get_lowest_layer(stream_).expires_after(shared_->idle_timeout);
+    if (watching_) {
+      next_wanted_ = true;
+    } else {
+      ReadRequest();
+    }
+  }
+
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    beast::error_code ignored;
+    beast::get_lowest_layer(stream_).socket().shutdown(tcp::socket::shutdown_both, ignored);
+    beast::get_lowest_layer(stream_).close();
+  }
+
+  class Exchange final : public HttpExchange {
+   public:
+    Exchange(std::shared_ptr<Session> session, HttpRequest request)
+        : session_(std::move(session)), request_(std::move(request)) {}
+    const HttpRequest& request() const override { return request_; }
+    void Respond(int status, const std::string& content_type, std::string body,
+                 std::vector<std::pair<std::string, std::string>> headers) override {
+      asio::post(session_->executor(), [s = session_, status, content_type, body = std::move(body),
+                                        headers = std::move(headers)]() mutable {
+        s->Respond(status, content_type, std::move(body), std::move(headers));
+      });
+    }
+    void StartStream(int status, const std::string& content_type) override {
+      asio::post(session_->executor(), [s = session_, status, content_type] { s->StartStream(status, content_type); });
+    }
+    void Write(std::string data, std::function<void(bool)> done) override {
+      asio::post(session_->executor(), [s = session_, data = std::move(data), done = std::move(done)]() mutable {
+        s->Write(std::move(data), std::move(done));
+      });
+    }
+    void End() override {
+      asio::post(session_->executor(), [s = session_] { s->End(); });
+    }
+    void OnGone(std::function<void()> gone) override {
+      asio::post(session_->executor(), [s = session_, gone = std::move(gone)]() mutable { s->SetGone(std::move(gone)); });
+    }
+
+   private:
+    std::shared_ptr<Session> session_;
+    HttpRequest request_;
+  };
+
+  std::shared_ptr<asio::io_context> ioc_;  // outlives the stream
+  Stream stream_;
+  std::shared_ptr<Shared> shared_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::deque<Pending> writes_;
+  std::optional<http::response_serializer<http::empty_body>> head_serializer_;
+  std::function<void()> gone_;
+  bool keep_alive_ = false;
+  bool responding_ = false;   // a request is being answered
+  bool answered_ = false;     // its answer has begun
+  bool watching_ = false;
+  bool next_wanted_ = false;  // read the next request once the watch returns
+  bool writing_ = false;
+  bool gone_reported_ = false;
+  bool closed_ = false;
+};
+
+class Server final : public HttpServer {
+ public:
+  Server(std::shared_ptr<Shared> shared, std::optional<ssl::context> tls)
+      : ioc_(std::make_shared<asio::io_context>()), acceptor_(*ioc_), shared_(std::move(shared)), tls_(std::move(tls)) {}
+  ~Server() override { Stop(); }
+
+  absl::Status Listen(const std::string& listen, int threads) {
+    const size_t colon = listen.rfind(':');
+    int port = -1;
+    if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("server.http_listen = '", listen, "' is not allowed; allowed: HOST:PORT, PORT 0..65535"));
+    }
+    std::string host = listen.substr(0, colon);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    beast::error_code ec;
+    tcp::resolver resolver(*ioc_);
+    auto endpoints = resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
+    if (ec || endpoints.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("server.http_listen = '", listen, "': ", ec.message()));
+    }
+    const tcp::endpoint endpoint = *endpoints.begin();
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on server.http_listen = '", listen, "': ", ec.message()));
+    }
+    port_ = acceptor_.local_endpoint().port();
+    Accept();
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { ioc_->run(); });
+    return absl::OkStatus();
+  }
+
+  int port() const override { return port_; }
+  int64_t open_connections() const override { return shared_->open.load(); }
+
+  void Stop() override {
+    if (stopped_.exchange(true)) return;
+    asio::post(*ioc_, [this] {
+      beast::error_code ignored;
+      acceptor_.close(ignored);
+    });
+    ioc_->stop();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+
+ private:
+  void Accept() {
+    acceptor_.async_accept(asio::make_strand(*ioc_), [this](beast::error_code ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+      if (!ec) {
+        beast::error_code ignored;
+        socket.set_option(tcp::no_delay(true), ignored);  // each event leaves at once
+        if (tls_) {
+          std::make_shared<Session<TlsStream>>(ioc_, TlsStream(std::move(socket), *tls_), shared_)->Run();
+        } else {
+          std::make_shared<Session<beast::tcp_stream>>(ioc_, beast::tcp_stream(std::move(socket)), shared_)->Run();
+        }
+      } else if (ec == asio::error::no_descriptors) {
+        spdlog::warn("http: out of file descriptors; accepting again in 100 ms");
+        auto timer = std::make_shared<asio::steady_timer>(*ioc_, std::chrono::milliseconds(100));
+        return timer->async_wait([this, timer](beast::error_code) { Accept(); });
+      }
+      Accept();
+    });
+  }
+
+  std::shared_ptr<asio::io_context> ioc_;
+  tcp::acceptor acceptor_;
+  std::shared_ptr<Shared> shared_;
+  std::optional<ssl::context> tls_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stopped_{false};
+  int port_ = 0;
+};
+
+absl::StatusOr<ssl::context> TlsContext(const TlsFiles& files) {
+  ssl::context ctx(ssl::context::tls_server);
+  ctx.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                  ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 | ssl::context::single_dh_use);
+  beast::error_code ec;
+  ctx.use_certificate_chain_file(files.cert_file, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("server.tls.cert_file = '", files.cert_file, "': ", ec.message()));
+  ctx.use_private_key_file(files.key_file, ssl::context::pem, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("server.tls.key_file = '", files.key_file, "': ", ec.message()));
+  if (!files.client_ca_file.empty()) {
+    ctx.load_verify_file(files.client_ca_file, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("server.tls.client_ca_file = '", files.client_ca_file, "': ", ec.message()));
+    }
+    ctx.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+  }
+  return ctx;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const Options& options, HttpHandler handler) {
+  auto shared = std::make_shared<Shared>();
+  shared->handler = std::move(handler);
+  shared->max_body_bytes = options.max_body_bytes;
+  shared->header_timeout = std::chrono::seconds(options.header_timeout_s);
+  shared->idle_timeout = std::chrono::seconds(options.idle_timeout_s);
+  std::optional<ssl::context> tls;
+  if (options.tls) {
+    auto ctx = TlsContext(*options.tls);
+    if (!ctx.ok()) return ctx.status();
+    tls.emplace(std::move(*ctx));
+  }
+  auto server = std::make_unique<Server>(std::move(shared), std::move(tls));
+  if (absl::Status st = server->Listen(options.listen, options.threads); !st.ok()) return st;
+  return std::unique_ptr<HttpServer>(std::move(server));
+}
+
+}  // namespace inferd

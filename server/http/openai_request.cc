@@ -1,0 +1,337 @@
+#include "server/http/openai_request.h"
+
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace inferd {
+namespace {
+
+using json = nlohmann::json;
+
+absl::Status Bad(const std::string& field, const json& value, const std::string& allowed) {
+  std::string shown = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+  return absl::InvalidArgumentError(absl::StrCat(field, " = ", shown, " is not allowed; allowed: ", allowed));
+}
+
+absl::Status Unsupported(const std::string& field) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " is not supported by inferd; leave it out"));
+}
+
+// The body's fields, checked one by one as they are taken; what is left at the end is unknown.
+class Fields {
+ public:
+  explicit Fields(json body) : body_(std::move(body)) {}
+
+  bool Has(const char* key) const { return body_.contains(key) && !body_.at(key).is_null(); }
+  const json& At(const char* key) const { return body_.at(key); }
+  void Done(const char* key) { body_.erase(key); }
+  const json& Rest() const { return body_; }
+
+  absl::Status Float(const char* key, v1::SamplingParams* s, void (v1::SamplingParams::*set)(float)) {
+    if (!Has(key)) return Take(key);
+    if (!At(key).is_number()) return Bad(key, At(key), "a number");
+    const double v = At(key).get<double>();
+    if (!std::isfinite(v) || std::abs(v) > 1e30) return Bad(key, At(key), "a finite number");
+    (s->*set)(static_cast<float>(v));
+    return Take(key);
+  }
+  absl::StatusOr<std::optional<int64_t>> Int(const char* key, int64_t lo, int64_t hi) {
+    if (!Has(key)) {
+      Done(key);
+      return std::optional<int64_t>();
+    }
+    const json& v = At(key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) ||
+        v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+      return Bad(key, v, absl::StrCat("an integer in [", lo, ", ", hi, "]"));
+    }
+    const int64_t out = v.get<int64_t>();
+    Done(key);
+    return std::optional<int64_t>(out);
+  }
+  absl::StatusOr<std::optional<bool>> Bool(const char* key) {
+    if (!Has(key)) {
+      Done(key);
+      return std::optional<bool>();
+    }
+    if (!At(key).is_boolean()) return Bad(key, At(key), "true or false");
+    const bool out = At(key).get<bool>();
+    Done(key);
+    return std::optional<bool>(out);
+  }
+
+ private:
+  absl::Status Take(const char* key) {
+    Done(key);
+    return absl::OkStatus();
+  }
+  json body_;
+};
+
+absl::Status TokenIds(const json& ids, const std::string& field, v1::GenerateRequest* r) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!ids[i].is_number_integer() || ids[i].get<int64_t>() < 0 ||
+        ids[i].get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return Bad(absl::StrCat(field, "[", i, "]"), ids[i], "a token id");
+    }
+    r->mutable_token_ids()->add_ids(ids[i].get<int32_t>());
+  }
+  if (ids.empty()) return Bad(field, ids, "at least one token id");
+  return absl::OkStatus();
+}
+
+absl::Status Prompts(const json& prompt, std::vector<v1::GenerateRequest>* out) {
+  if (prompt.is_string()) {
+    out->emplace_back().set_text(prompt.get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!prompt.is_array() || prompt.empty()) {
+    return Bad("prompt", prompt, "a string, a list of strings, a list of token ids, or a list of such lists");
+  }
+  if (prompt[0].is_number_integer()) return TokenIds(prompt, "prompt", &out->emplace_back());
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const std::string field = absl::StrCat("prompt[", i, "]");
+    if (prompt[i].is_string()) {
+      out->emplace_back().set_text(prompt[i].get<std::string>());
+    } else if (prompt[i].is_array()) {
+      if (absl::Status st = TokenIds(prompt[i], field, &out->emplace_back()); !st.ok()) return st;
+    } else {
+      return Bad(field, prompt[i], "a string or a list of token ids");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A message's content: a string, or a list of text parts (joined).
+absl::StatusOr<std::string> Content(const json& content, const std::string& field) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return Bad(field, content, "a string or a list of {\"type\": \"text\", \"text\": ...} parts");
+  std::string text;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const json& part = content[j];
+    const std::string pf = absl::StrCat(field, "[", j, "]");
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+        !part["text"].is_string() || part.size() != 2) {
+      return Bad(pf, part, "{\"type\": \"text\", \"text\": STRING} (inferd serves text only)");
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+absl::Status Messages(const json& messages, v1::GenerateRequest* r) {
+  if (!messages.is_array() || messages.empty()) return Bad("messages", messages, "a non-empty list of messages");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    const std::string field = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return Bad(field, m, "an object with role and content");
+    for (const auto& [key, value] : m.items()) {
+      if (key != "role" && key != "content") return Unsupported(absl::StrCat(field, ".", key));
+    }
+    if (!m.contains("role") || !m["role"].is_string()) return Bad(field + ".role", m.value("role", json()), "a string");
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "developer" && role != "user" && role != "assistant") {
+      return Bad(field + ".role", m["role"], "system, developer, user or assistant");
+    }
+    if (!m.contains("content")) return Bad(field + ".content", json(), "a string or a list of text parts");
+    auto content = Content(m["content"], field + ".content");
+    if (!content.ok()) return content.status();
+    v1::ChatMessage* out = r->mutable_messages()->add_messages();
+    out->set_role(role == "developer" ? "system" : role);
+    out->set_content(*std::move(content));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRoute route) {
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) {
+    return absl::InvalidArgumentError("the request body is not valid JSON; allowed: one JSON object");
+  }
+  if (!parsed.is_object()) return Bad("the request body", parsed, "one JSON object");
+  Fields f(std::move(parsed));
+  OpenAiRequest out;
+  out.route = route;
+  const bool chat = route == OpenAiRoute::kChat;
+
+  // What inferd does not serve, by name.
+  for (const char* key : {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio",
+                          "modalities", "prediction", "web_search_options", "suffix", "guided_json", "guided_regex",
+                          "guided_choice", "guided_grammar", "logit_bias", "reasoning_effort"}) {
+    if (f.Has(key)) return Unsupported(key);
+    f.Done(key);
+  }
+  if (f.Has("response_format")) {
+    const json& rf = f.At("response_format");
+    if (!rf.is_object() || rf.value("type", "") != "text" || rf.size() != 1) {
+      return Bad("response_format", rf, "{\"type\": \"text\"} (structured output is not supported)");
+    }
+  }
+  f.Done("response_format");
+  // Accepted and without effect on generation: who is asking, and whether OpenAI would store the answer.
+  for (const char* key : {"user", "metadata", "store"}) f.Done(key);
+
+  if (f.Has("model")) {
+    if (!f.At("model").is_string()) return Bad("model", f.At("model"), "the served model's name");
+    out.model = f.At("model").get<std::string>();
+  }
+  f.Done("model");
+
+  v1::GenerateRequest base;
+  if (chat) {
+    if (!f.Has("messages")) return Bad("messages", json(), "a non-empty list of messages");
+    if (absl::Status st = Messages(f.At("messages"), &base); !st.ok()) return st;
+    f.Done("messages");
+  } else {
+    if (!f.Has("prompt")) return Bad("prompt", json(), "a string, a list of strings or token ids");
+    if (absl::Status st = Prompts(f.At("prompt"), &out.prompts); !st.ok()) return st;
+    f.Done("prompt");
+    auto echo = f.Bool("echo");
+    if (!echo.ok()) return echo.status();
+    if (echo->value_or(false)) return Unsupported("echo");
+  }
+
+  v1::SamplingParams* s = base.mutable_sampling();
+  for (auto [key, set] : std::initializer_list<std::pair<const char*, void (v1::SamplingParams::*)(float)>>{
+           {"temperature", &v1::SamplingParams::set_temperature},
+           {"top_p", &v1::SamplingParams::set_top_p},
+           {"min_p", &v1::SamplingParams::set_min_p},
+           {"presence_penalty", &v1::SamplingParams::set_presence_penalty},
+           {"frequency_penalty", &v1::SamplingParams::set_frequency_penalty},
+           {"repetition_penalty", &v1::SamplingParams::set_repetition_penalty}}) {
+    if (absl::Status st = f.Float(key, s, set); !st.ok()) return st;
+  }
+  auto top_k = f.Int("top_k", -1, std::numeric_limits<int32_t>::max());
+  if (!top_k.ok()) return top_k.status();
+  if (*top_k) s->set_top_k(**top_k < 0 ? 0 : static_cast<int32_t>(**top_k));  // -1: off, as vLLM takes it
+  auto seed = f.Int("seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+  if (!seed.ok()) return seed.status();
+  if (*seed) s->set_seed(static_cast<uint64_t>(**seed));
+
+  v1::StoppingParams* stop = base.mutable_stopping();
+  auto max_tokens = f.Int("max_tokens", 1, std::numeric_limits<int32_t>::max());
+  if (!max_tokens.ok()) return max_tokens.status();
+  auto max_completion = f.Int("max_completion_tokens", 1, std::numeric_limits<int32_t>::max());
+  if (!max_completion.ok()) return max_completion.status();
+  if (*max_tokens && *max_completion && **max_tokens != **max_completion) {
+    return Bad("max_completion_tokens", **max_completion,
+               absl::StrCat("the same as max_tokens = ", **max_tokens, ", or only one of them"));
+  }
+  if (*max_completion) stop->set_max_tokens(static_cast<int32_t>(**max_completion));
+  if (*max_tokens) stop->set_max_tokens(static_cast<int32_t>(**max_tokens));
+  if (!chat && !stop->has_max_tokens()) stop->set_max_tokens(16);  // OpenAI's completions default
+  auto min_tokens = f.Int("min_tokens", 0, std::numeric_limits<int32_t>::max());
+  if (!min_tokens.ok()) return min_tokens.status();
+  if (*min_tokens) stop->set_min_tokens(static_cast<int32_t>(**min_tokens));
+  if (f.Has("stop")) {
+    const json& st = f.At("stop");
+    if (st.is_string()) {
+      stop->add_stop(st.get<std::string>());
+    } else if (st.is_array()) {
+      for (size_t i = 0; i < st.size(); ++i) {
+        if (!st[i].is_string()) return Bad(absl::StrCat("stop[", i, "]"), st[i], "a string");
+        stop->add_stop(st[i].get<std::string>());
+      }
+    } else {
+      return Bad("stop", st, "a string or a list of strings");
+    }
+  }
+  f.Done("stop");
+  if (f.Has("stop_token_ids")) {
+    const json& ids = f.At("stop_token_ids");
+    if (!ids.is_array()) return Bad("stop_token_ids", ids, "a list of token ids");
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!ids[i].is_number_integer() || ids[i].get<int64_t>() < 0 ||
+          ids[i].get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return Bad(absl::StrCat("stop_token_ids[", i, "]"), ids[i], "a token id");
+      }
+      stop->add_stop_token_ids(ids[i].get<int32_t>());
+    }
+  }
+  f.Done("stop_token_ids");
+  for (auto [key, set] : std::initializer_list<std::pair<const char*, void (v1::StoppingParams::*)(bool)>>{
+           {"ignore_eos", &v1::StoppingParams::set_ignore_eos},
+           {"include_stop_str_in_output", &v1::StoppingParams::set_include_stop_str_in_output}}) {
+    auto v = f.Bool(key);
+    if (!v.ok()) return v.status();
+    if (*v) (stop->*set)(**v);
+  }
+  for (auto [key, set] : std::initializer_list<std::pair<const char*, void (v1::OutputOptions::*)(bool)>>{
+           {"skip_special_tokens", &v1::OutputOptions::set_skip_special_tokens},
+           {"add_special_tokens", &v1::OutputOptions::set_add_special_tokens}}) {
+    auto v = f.Bool(key);
+    if (!v.ok()) return v.status();
+    if (*v) (base.mutable_output()->*set)(**v);
+  }
+  auto priority = f.Int("priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max());
+  if (!priority.ok()) return priority.status();
+  if (*priority) base.set_priority(static_cast<int32_t>(**priority));
+
+  // Log probabilities: chat has logprobs (bool) and top_logprobs (0..20); completions logprobs (0..20).
+  if (chat) {
+    auto lp = f.Bool("logprobs");
+    if (!lp.ok()) return lp.status();
+    auto top = f.Int("top_logprobs", 0, 20);
+    if (!top.ok()) return top.status();
+    out.logprobs = lp->value_or(false);
+    out.top_logprobs = static_cast<int>(top->value_or(0));
+    if (*top && !out.logprobs) return Bad("top_logprobs", **top, "only with logprobs = true");
+    // Every token's own logprob comes with its top alternatives: at least one is asked of the engine.
+    if (out.logprobs) base.mutable_output()->set_top_logprobs(static_cast<int32_t>(std::max<int64_t>(1, top->value_or(0))));
+  } else {
+    auto lp = f.Int("logprobs", 0, 20);
+    if (!lp.ok()) return lp.status();
+    out.logprobs = lp->has_value();
+    out.top_logprobs = static_cast<int>(lp->value_or(0));
+    if (out.logprobs) base.mutable_output()->set_top_logprobs(static_cast<int32_t>(std::max<int64_t>(1, **lp)));
+  }
+
+  auto n = f.Int("n", 1, kMaxOpenAiChoices);
+  if (!n.ok()) return n.status();
+  out.n = static_cast<int>(n->value_or(1));
+  auto best_of = f.Int("best_of", 1, kMaxOpenAiChoices);
+  if (!best_of.ok()) return best_of.status();
+  if (*best_of && **best_of != out.n) return Bad("best_of", **best_of, absl::StrCat("n = ", out.n, " or left out"));
+
+  auto stream = f.Bool("stream");
+  if (!stream.ok()) return stream.status();
+  out.stream = stream->value_or(false);
+  if (f.Has("stream_options")) {
+    const json& so = f.At("stream_options");
+    if (!out.stream) return Bad("stream_options", so, "only with stream = true");
+    if (!so.is_object()) return Bad("stream_options", so, "{\"include_usage\": BOOL}");
+    for (const auto& [key, value] : so.items()) {
+      if (key != "include_usage" && key != "continuous_usage_stats") return Unsupported("stream_options." + key);
+      if (!value.is_boolean()) return Bad("stream_options." + key, value, "true or false");
+      if (key == "continuous_usage_stats" && value.get<bool>()) return Unsupported("stream_options.continuous_usage_stats");
+    }
+    out.include_usage = so.value("include_usage", false);
+  }
+  f.Done("stream_options");
+
+  if (!f.Rest().empty()) return Unsupported(f.Rest().begin().key());
+
+  if (chat) out.prompts.push_back(std::move(base));
+  else {
+    for (v1::GenerateRequest& p : out.prompts) {
+      v1::GenerateRequest merged = base;
+      if (p.has_token_ids()) *merged.mutable_token_ids() = p.token_ids();
+      else merged.set_text(p.text());
+      p = std::move(merged);
+    }
+  }
+  if (static_cast<int64_t>(out.prompts.size()) * out.n > kMaxOpenAiChoices) {
+    return Bad("n", out.n, absl::StrCat("at most ", kMaxOpenAiChoices, " choices in all (", out.prompts.size(),
+                                        " prompts × n)"));
+  }
+  return out;
+}
+
+}  // namespace inferd

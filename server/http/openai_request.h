@@ -1,0 +1,34 @@
+// OpenAI's /v1/chat/completions and /v1/completions request bodies, turned into inferd's own GenerateRequests:
+// one per prompt, each run n times. Everything is checked here or by the shared request builder; a field
+// inferd does not serve (tools, response_format with a schema, ...) is refused with its name, never ignored.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "inferd/v1/inferd.pb.h"
+
+namespace inferd {
+
+enum class OpenAiRoute { kChat, kCompletion };
+
+struct OpenAiRequest {
+  OpenAiRoute route = OpenAiRoute::kChat;
+  std::string model;  // as the client named it; empty when not given
+  std::vector<v1::GenerateRequest> prompts;  // completions may send several; chat one
+  int n = 1;                                 // choices per prompt
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+  bool logprobs = false;       // chat: logprobs; completions: logprobs given (its value is top_logprobs)
+  int top_logprobs = 0;        // alternatives shown per token
+};
+
+// Choices a request may ask for (prompts × n).
+constexpr int kMaxOpenAiChoices = 128;
+
+// INVALID_ARGUMENT naming the field, its value and what is allowed.
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRoute route);
+
+}  // namespace inferd
