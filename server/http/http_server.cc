@@ -248,13 +248,34 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   void Finished() {
     responding_ = false;
     gone_ = nullptr;
-    if (!keep_alive_) return Close();
+    if (!keep_alive_) return Linger();
     beast::get_lowest_layer(stream_).expires_after(shared_->idle_timeout);
     if (watching_) {
       next_wanted_ = true;
     } else {
       ReadRequest();
     }
+  }
+
+  // Ends the connection after a response to a client that may still be sending (a body over the limit): our
+  // side is shut, what it still sends is read and dropped for a few seconds, so it reads the answer instead of
+  // a reset.
+  void Linger() {
+    if (closed_) return;
+    closed_ = true;
+    beast::error_code ignored;
+    beast::get_lowest_layer(stream_).socket().shutdown(tcp::socket::shutdown_send, ignored);
+    if (watching_) return;  // the watch read ends it
+    beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(5));
+    Drop();
+  }
+  void Drop() {
+    buffer_.clear();
+    beast::get_lowest_layer(stream_).async_read_some(
+        buffer_.prepare(64 << 10), [self = this->shared_from_this()](beast::error_code ec, size_t) {
+          if (ec) return beast::get_lowest_layer(self->stream_).close();
+          self->Drop();
+        });
   }
 
   void Close() {

@@ -44,13 +44,20 @@ def free_port():
 
 
 class Server:
-    def __init__(self, model="llama3-tiny", **sections):
+    """http=True also serves the OpenAI-compatible HTTP API on a free port (self.http_url)."""
+
+    def __init__(self, model="llama3-tiny", http=False, grpc_credentials=None, **sections):
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.http_port = free_port() if http else None
+        tls = "tls_cert_file" in sections.get("server", {})
+        self.http_url = f"{'https' if tls else 'http'}://127.0.0.1:{self.http_port}" if http else None
         cfg = {"model": {"path": os.path.join(MODELS, model)},
                "engine": {"backend": "cpu", "block_size": 16, "cpu_kv_cache_gib": 0.05},
                "scheduler": {"max_num_seqs": 64, "max_num_batched_tokens": 512, "max_queue": 256},
                "server": {"listen": "127.0.0.1:1", "drain_timeout_s": 10, "metrics_listen": '""'}}
+        if http:
+            cfg["server"]["http_listen"] = f"127.0.0.1:{self.http_port}"
         for section, values in sections.items():
             cfg[section].update(values)
         fd, self.config_path = tempfile.mkstemp(suffix=".yaml")
@@ -62,7 +69,8 @@ class Server:
         self.log = tempfile.NamedTemporaryFile(prefix="inferd-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([INFERD_BIN, "--config", self.config_path, "--listen", self.address],
                                      stdout=self.log, stderr=subprocess.STDOUT)
-        self.channel = grpc.insecure_channel(self.address)
+        self.channel = (grpc.secure_channel(self.address, grpc_credentials) if grpc_credentials
+                        else grpc.insecure_channel(self.address))
         self.stub = inferd_pb2_grpc.InferenceStub(self.channel)
         self.wait_serving()
 
