@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""From outside the container (docker/test-image.sh): a generate and a chat request, then SIGTERM during a stream:
+"""From outside the container (docker/test-image.sh): a generate and a chat request over gRPC, a chat over the
+OpenAI-compatible HTTP API with the openai SDK, then SIGTERM during a stream:
 the stream finishes, a new request is UNAVAILABLE, the container exits 0. check_drain serves docker/payload_check.py
 too."""
 import os
@@ -40,7 +41,7 @@ def check_drain(stub, terminate, wait_exit, tokens=200):
 
 
 def main():
-    address, container = sys.argv[1], sys.argv[2]
+    address, container, http_url = sys.argv[1], sys.argv[2], sys.argv[3]
     stub = pb_grpc.InferenceStub(grpc.insecure_channel(address))
     greedy = pb.SamplingParams(temperature=0)
     r = stub.Generate(pb.GenerateRequest(text="The capital of France is", sampling=greedy,
@@ -51,6 +52,12 @@ def main():
         sampling=greedy, stopping=pb.StoppingParams(max_tokens=24)), timeout=60)
     assert "Paris" in chat.text, chat.text
     print(f"generate: {r.text!r}; chat: {chat.text!r}")
+    import openai
+    sdk = openai.OpenAI(base_url=http_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    answer = sdk.chat.completions.create(model=sdk.models.list().data[0].id, temperature=0, max_tokens=24,
+                                         messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert answer.choices[0].message.content == chat.text, (answer, chat.text)
+    print(f"OpenAI HTTP chat: {answer.choices[0].message.content!r} (the same as gRPC's)")
     check_drain(
         stub,
         lambda: subprocess.run(["podman", "kill", "--signal", "TERM", container], check=True, capture_output=True),

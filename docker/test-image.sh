@@ -25,9 +25,11 @@ name=inferd-image-test-$$
 free_port() { .venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 port=$(free_port)
 mport=$(free_port)
+hport=$(free_port)
 trap 'podman rm -f "$name" >/dev/null 2>&1 || true' EXIT
 start=$(date +%s.%N)
-podman run -d --name "$name" --read-only -p "127.0.0.1:$port:50051" -p "127.0.0.1:$mport:9090" localhost/inferd:cpu \
+podman run -d --name "$name" --read-only -p "127.0.0.1:$port:50051" -p "127.0.0.1:$mport:9090" \
+  -p "127.0.0.1:$hport:8000" localhost/inferd:cpu \
   >/dev/null
 for _ in $(seq 1 240); do
   podman healthcheck run "$name" >/dev/null 2>&1 && break
@@ -47,5 +49,5 @@ fi
 metrics=$(curl -sf "127.0.0.1:$mport/metrics" || true)
 grep -q '^inferd_' <<<"$metrics" || { echo "test-image: /metrics has no inferd_ series" >&2; exit 1; }
 echo "test-image: /metrics serves $(grep -c '^inferd_' <<<"$metrics") inferd_ samples"
-.venv/bin/python docker/image_check.py "127.0.0.1:$port" "$name"
+.venv/bin/python docker/image_check.py "127.0.0.1:$port" "$name" "http://127.0.0.1:$hport"
 echo "test-image: ok ($(podman images --format '{{.Size}}' localhost/inferd:cpu))"

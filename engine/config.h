@@ -45,6 +45,7 @@ struct ServerSection {
   std::string metrics_listen = "0.0.0.0:9090";  // Prometheus /metrics; "" = off
   double liveness_timeout_s = 30;  // health NOT_SERVING when no step ran this long with work pending; 0 = off
   std::string http_listen;         // the OpenAI-compatible HTTP API; "" = off
+  double http_request_timeout_s = 30;  // a request's head and body arrive within this; idle connections close after it
   std::string tls_cert_file;       // PEM certificate chain: TLS on both front ends; "" = plaintext
   std::string tls_key_file;        // its PEM private key
   std::string tls_client_ca_file;  // PEM CA bundle: clients must present a certificate it signed (mutual TLS)

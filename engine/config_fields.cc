@@ -246,6 +246,11 @@ std::vector<ConfigField> MakeFields() {
       "the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics); "
       "the default config serves it on 127.0.0.1:8000",
       "(off)"));
+  f.push_back(Real(
+      "server", "http_request_timeout_s", [](Config& c) -> double& { return c.server.http_request_timeout_s; }, 1,
+      3600, false, "1..3600",
+      "an HTTP request's head and body must arrive within this (slow clients are closed), and a kept-alive "
+      "connection without a request closes after it"));
   f.push_back(Text(
       "server", "tls_cert_file", [](Config& c) -> std::string& { return c.server.tls_cert_file; }, {}, "PEM file",
       "TLS for gRPC and HTTP with this certificate chain (and tls_key_file); plaintext is refused then",

@@ -2,6 +2,7 @@
 // its request to the engine and writes its outputs as they arrive; protobuf conversion is server/proto_conversion.h.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <memory>
@@ -28,13 +29,15 @@ class InferenceService final : public InferenceServiceBase {
  public:
   struct Limits {
     int64_t max_request_bytes = 4 << 20;  // server.max_request_bytes
+    int32_t max_queue = 256;              // scheduler.max_queue
   };
-  // Parsing, chat rendering and tokenizing run on `request_workers` threads, at most 64 requests each queued.
+  // Parsing, chat rendering and tokenizing run on `request_workers` threads; as many requests may wait for them as
+  // the scheduler would take waiting (scheduler.max_queue), and at least 64 per thread.
   // Building and writing the outputs the engine hands over run on kOutputWriters threads, never on the engine's:
   // its GPU would otherwise wait for them every step (through gRPC at 256 streams, 2.8 ms of a 17.7 ms step).
   InferenceService(Limits limits, int request_workers)
       : limits_(limits),
-        workers_(request_workers, 64 * request_workers),
+        workers_(request_workers, std::max(64 * request_workers, limits.max_queue)),
         writers_(kOutputWriters, std::numeric_limits<int>::max()) {}
 
   // Generate calls are counted by status there, when set (before serving).

@@ -168,7 +168,9 @@ int Run(int argc, char** argv) {
 
   // Request preparation (parsing, chat rendering, tokenizing) gets half the cores, at least two threads.
   const int request_workers = std::max(2, static_cast<int>(std::thread::hardware_concurrency() / 2));
-  inferd::InferenceService service({.max_request_bytes = config->server.max_request_bytes}, request_workers);
+  inferd::InferenceService service(
+      {.max_request_bytes = config->server.max_request_bytes, .max_queue = config->scheduler.max_queue},
+      request_workers);
   service.SetApiKeys(keys.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -219,6 +221,7 @@ int Run(int argc, char** argv) {
         {.listen = config->server.http_listen,
          .threads = 2,
          .max_body_bytes = config->server.max_request_bytes,
+         .request_timeout_s = config->server.http_request_timeout_s,
          .tls = config->server.tls_cert_file.empty() ? nullptr : &tls},
         [fe = front_end.get()](std::shared_ptr<inferd::HttpExchange> exchange) { fe->Handle(std::move(exchange)); });
     if (!started.ok()) {

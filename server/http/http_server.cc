@@ -30,8 +30,7 @@ using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 struct Shared {
   HttpHandler handler;
   int64_t max_body_bytes;
-  std::chrono::seconds header_timeout;
-  std::chrono::seconds idle_timeout;
+  std::chrono::milliseconds request_timeout;
   std::atomic<int64_t> open{0};
 };
 
@@ -53,7 +52,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   void Run() {
     if constexpr (kTls) {
-      beast::get_lowest_layer(stream_).expires_after(shared_->header_timeout);
+      beast::get_lowest_layer(stream_).expires_after(shared_->request_timeout);
       stream_.async_handshake(ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
         if (ec) return;  // not TLS, or not trusted: closed
         self->ReadRequest();
@@ -131,7 +130,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     parser_->body_limit(shared_->max_body_bytes);
     parser_->header_limit(16 << 10);
     answered_ = false;
-    beast::get_lowest_layer(stream_).expires_after(shared_->header_timeout);
+    beast::get_lowest_layer(stream_).expires_after(shared_->request_timeout);
     http::async_read(stream_, buffer_, *parser_,
                      [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
   }
@@ -249,7 +248,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     responding_ = false;
     gone_ = nullptr;
     if (!keep_alive_) return Linger();
-    beast::get_lowest_layer(stream_).expires_after(shared_->idle_timeout);
+    beast::get_lowest_layer(stream_).expires_after(shared_->request_timeout);
     if (watching_) {
       next_wanted_ = true;
     } else {
@@ -441,8 +440,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const Options& opt
   auto shared = std::make_shared<Shared>();
   shared->handler = std::move(handler);
   shared->max_body_bytes = options.max_body_bytes;
-  shared->header_timeout = std::chrono::seconds(options.header_timeout_s);
-  shared->idle_timeout = std::chrono::seconds(options.idle_timeout_s);
+  shared->request_timeout = std::chrono::milliseconds(static_cast<int64_t>(options.request_timeout_s * 1000));
   std::optional<ssl::context> tls;
   if (options.tls) {
     auto ctx = TlsContext(*options.tls);

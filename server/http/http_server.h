@@ -54,8 +54,8 @@ class HttpServer {
     std::string listen;          // HOST:PORT (port 0 picks one)
     int threads = 2;
     int64_t max_body_bytes = 4 << 20;
-    int header_timeout_s = 30;   // to receive a request's head and body
-    int idle_timeout_s = 60;     // a kept-alive connection without a request
+    double request_timeout_s = 30;  // to receive a request's head and body; and for a kept-alive connection to
+                                    // send its next request
     const TlsFiles* tls = nullptr;  // null: plain HTTP
   };
   // Listening on return; fails naming server.http_listen or the TLS file it could not use.

@@ -81,6 +81,7 @@ def test_the_manifests_name_what_the_server_really_has(tmp_path):
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["grpc"] == int(config["server"]["listen"].rsplit(":", 1)[1])
     assert ports["metrics"] == int(config["server"]["metrics_listen"].rsplit(":", 1)[1])
+    assert ports["http"] == int(config["server"]["http_listen"].rsplit(":", 1)[1])
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == ports["grpc"], probe
     # The drain fits the grace period after the preStop pause; a drain does not look like a dead server.
@@ -140,8 +141,9 @@ def test_compose_publishes_what_the_server_listens_on(tmp_path):
         server = config["server"]
         listen = server.get("listen", d["server.listen"])
         metrics = server.get("metrics_listen", d["server.metrics_listen"])
+        http = server["http_listen"]
         published = {int(p.split(":")[-1]) for p in service["ports"]}
-        assert published == {port(listen), port(metrics)}, (service["image"], published)
+        assert published == {port(listen), port(metrics), port(http)}, (service["image"], published)
         assert service["healthcheck"]["test"][-1] == f"127.0.0.1:{port(listen)}"
         assert "health-probe" in service["healthcheck"]["test"]
         drain = int(server.get("drain_timeout_s", d["server.drain_timeout_s"]))

@@ -1,0 +1,97 @@
+// OpenAI request bodies → inferd's GenerateRequests: every accepted field lands where it belongs, and every
+// refusal names the field.
+#include "server/http/openai_request.h"
+
+#include <gtest/gtest.h>
+
+namespace inferd {
+namespace {
+
+OpenAiRequest Parse(const std::string& body, OpenAiRoute route = OpenAiRoute::kChat) {
+  auto r = ParseOpenAiRequest(body, route);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : OpenAiRequest{};
+}
+
+std::string Refusal(const std::string& body, OpenAiRoute route = OpenAiRoute::kChat) {
+  auto r = ParseOpenAiRequest(body, route);
+  EXPECT_FALSE(r.ok()) << body;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(r.status().message());
+}
+
+TEST(OpenAiRequest, ChatFieldsLandInTheGenerateRequest) {
+  const OpenAiRequest r = Parse(R"({"model": "m", "messages": [{"role": "developer", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}],
+      "temperature": 0.3, "top_p": 0.9, "top_k": 7, "min_p": 0.05, "presence_penalty": 0.5,
+      "frequency_penalty": -0.5, "repetition_penalty": 1.1, "seed": 42, "max_completion_tokens": 9,
+      "stop": ["\n\n", "END"], "n": 2, "logprobs": true, "top_logprobs": 4, "ignore_eos": true, "min_tokens": 3,
+      "stream": true, "stream_options": {"include_usage": true}, "user": "u1"})");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  const v1::GenerateRequest& g = r.prompts[0];
+  ASSERT_EQ(g.messages().messages_size(), 2);
+  EXPECT_EQ(g.messages().messages(0).role(), "system");
+  EXPECT_EQ(g.messages().messages(1).content(), "Hi there");
+  EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.3f);
+  EXPECT_FLOAT_EQ(g.sampling().top_p(), 0.9f);
+  EXPECT_EQ(g.sampling().top_k(), 7);
+  EXPECT_FLOAT_EQ(g.sampling().min_p(), 0.05f);
+  EXPECT_FLOAT_EQ(g.sampling().presence_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().frequency_penalty(), -0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().repetition_penalty(), 1.1f);
+  EXPECT_EQ(g.sampling().seed(), 42u);
+  EXPECT_EQ(g.stopping().max_tokens(), 9);
+  EXPECT_EQ(g.stopping().min_tokens(), 3);
+  EXPECT_TRUE(g.stopping().ignore_eos());
+  ASSERT_EQ(g.stopping().stop_size(), 2);
+  EXPECT_EQ(g.stopping().stop(1), "END");
+  EXPECT_EQ(g.output().top_logprobs(), 4);
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.n, 2);
+  EXPECT_TRUE(r.stream && r.include_usage && r.logprobs);
+  EXPECT_EQ(r.top_logprobs, 4);
+}
+
+TEST(OpenAiRequest, CompletionPromptsAreStringsTokenIdsOrListsOfThem) {
+  const OpenAiRequest r = Parse(R"({"prompt": ["a b", [1, 2, 3]], "logprobs": 0, "temperature": 0})",
+                                OpenAiRoute::kCompletion);
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(r.prompts[0].text(), "a b");
+  EXPECT_EQ(r.prompts[1].token_ids().ids_size(), 3);
+  EXPECT_EQ(r.prompts[1].stopping().max_tokens(), 16);  // OpenAI's completions default
+  EXPECT_FLOAT_EQ(r.prompts[1].sampling().temperature(), 0.f);
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.prompts[0].output().top_logprobs(), 1);  // the token's own logprob comes with its top one
+  EXPECT_EQ(Parse(R"({"prompt": [5, 6]})", OpenAiRoute::kCompletion).prompts[0].token_ids().ids(1), 6);
+}
+
+TEST(OpenAiRequest, RefusalsNameTheField) {
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "tools": []})").find("tools"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1}})").find("logit_bias"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5})").find("max_tokens"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "n": 0})").find("n = 0"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})").find("top_logprobs"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {}})")
+                .find("stream_options"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "tool", "content": "x"}]})").find("messages[0].role"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x", "name": "bob"}]})").find("messages[0].name"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
+      "max_completion_tokens": 6})").find("max_completion_tokens"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"prompt": [[1, -2]]})", OpenAiRoute::kCompletion).find("prompt[0][1]"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"prompt": "x", "echo": true})", OpenAiRoute::kCompletion).find("echo"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"prompt": ["a", "b"], "n": 100})", OpenAiRoute::kCompletion).find("at most 128"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "whatever": 1})").find("whatever"),
+            std::string::npos);
+  EXPECT_NE(Refusal("{").find("not valid JSON"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace inferd
