@@ -8,6 +8,8 @@
 #   `bash docker/build-images.sh cuda && bash docker/export-payload.sh` here instead of the bundle; root there).
 # parity: the test models and references, then the precision and whole-model parity tests alone.
 # sweep: the 8B model served by inferd on cuda, `inferd-bench serve` at a list of request rates (CSV in $OUT).
+# frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
+#   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -137,12 +139,54 @@ fi
 if [[ "$what" == image ]]; then
   bash docker/run-payload.sh "$OUT" || status=1
 fi
+if [[ "$what" == frontends ]]; then
+  M=/tmp/llama3-8b-random
+  [[ -f $M/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M" || status=1
+  printf "model: {path: %s}\nengine: {backend: cuda}\nscheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192, max_queue: 4096}\nserver: {listen: '127.0.0.1:50051', http_listen: '127.0.0.1:8000', metrics_listen: ''}\n" "$M" > /tmp/frontends.yaml
+  "$BUNDLE/bin/inferd" --config /tmp/frontends.yaml > "$OUT/frontends_server.log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 120); do curl -sf 127.0.0.1:8000/health >/dev/null && break; sleep 1; done
+  for c in 1 64 256; do
+    n=$((c == 1 ? 32 : 4 * c))
+    for round in 1 2; do
+      for backend in grpc openai; do
+        address=127.0.0.1:50051; [[ $backend == openai ]] && address=127.0.0.1:8000
+        "$BUNDLE/bin/inferd-bench" serve --backend $backend --address $address --max-concurrency $c --num-prompts $n \
+          --warmup 4 --random-input-len 256 --random-output-len 256 --json "$OUT/frontends_${backend}_c${c}_r${round}.json" \
+          > /dev/null 2>&1 || status=1
+      done
+    done
+  done
+  kill -TERM $server; wait $server
+  python3 - "$OUT" <<'PY' | tee "$OUT/frontends.txt"
+import glob, json, sys
+rows = {}
+for f in glob.glob(f"{sys.argv[1]}/frontends_*_c*_r*.json"):
+    backend, c, r = f.rsplit("/", 1)[1][len("frontends_"):-len(".json")].split("_")
+    rows.setdefault((int(c[1:]), backend), []).append(json.load(open(f)))
+print(f"{'streams':>7} {'api':>6} {'out tok/s':>10} {'TPOT med ms':>12} {'ITL p99 ms':>11} {'TTFT med ms':>12}  (best of 2)")
+for c in sorted({k[0] for k in rows}):
+    best = {}
+    for backend in ("grpc", "openai"):
+        runs = rows.get((c, backend), [])
+        if not runs:
+            continue
+        r = max(runs, key=lambda x: x["output_throughput"])
+        best[backend] = r
+        print(f"{c:>7} {backend:>6} {r['output_throughput']:>10.0f} {r['tpot']['median_ms']:>12.3f} "
+              f"{r['itl']['p99_ms']:>11.3f} {r['ttft']['median_ms']:>12.1f}  failed {r['failed']}")
+    if len(best) == 2:
+        g, o = best["grpc"], best["openai"]
+        print(f"{c:>7} openai/grpc: throughput {o['output_throughput'] / g['output_throughput']:.3f}, "
+              f"TPOT {o['tpot']['median_ms'] - g['tpot']['median_ms']:+.3f} ms per token")
+PY
+fi
 # One line per test binary, then everything but the headline files packed into one archive (the device tool
 # brings back at most 8 files).
 for x in "$OUT"/*_tests.xml; do
   [[ -f $x ]] && python3 -c "import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); print(sys.argv[1].rsplit('/', 1)[-1], 'tests', r.get('tests'), 'failures', r.get('failures'), 'errors', r.get('errors'), 'disabled', r.get('disabled'))" "$x"
 done | tee "$OUT/test_summary.txt"
 ( cd "$OUT" && find . -maxdepth 1 -type f ! -name 'bench_8b.*' ! -name 'efficiency_8b.json' ! -name device.txt \
-    ! -name test_summary.txt ! -name sweep_8b.csv ! -name 'image_payload*' ! -name results.tar.gz -printf '%f\n' | sort > /tmp/packed.txt
+    ! -name test_summary.txt ! -name sweep_8b.csv ! -name 'image_payload*' ! -name frontends.txt ! -name results.tar.gz -printf '%f\n' | sort > /tmp/packed.txt
   [[ -s /tmp/packed.txt ]] && tar -czf results.tar.gz -T /tmp/packed.txt && xargs rm -f < /tmp/packed.txt )
 exit $status

@@ -1,4 +1,5 @@
-// `inferd-bench serve`: a serving benchmark against a running inferd over gRPC, with vLLM's serving-benchmark
+// `inferd-bench serve`: a serving benchmark against a running inferd over gRPC or (--backend openai) its
+// OpenAI-compatible HTTP API with Server-Sent Events (tools/openai_stream.h), with vLLM's serving-benchmark
 // definitions so the numbers compare: Poisson (or gamma, for burstiness) arrivals at a request rate, or all at
 // once, optionally capped in concurrency; random prompts (token ids) or prompts / chat messages from a JSONL file.
 // Reports completed and failed requests, duration, request and token throughput, and mean / median / p90 / p99 of
@@ -14,6 +15,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -24,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "inferd/v1/inferd.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "tools/openai_stream.h"
 
 namespace inferd {
 namespace {
@@ -32,6 +35,7 @@ using Clock = std::chrono::steady_clock;
 namespace v1 = inferd::v1;
 
 struct Options {
+  std::string backend = "grpc";  // or "openai"
   std::string address = "127.0.0.1:50051";
   std::vector<double> rates = {INFINITY};  // requests/s; inf = all at once
   double burstiness = 1.0;                 // gamma shape: 1 = Poisson, < 1 burstier, > 1 more regular
@@ -47,13 +51,9 @@ struct Options {
   std::string json_path, csv_path;
 };
 
-struct Result {
-  bool ok = false;
-  std::string error;
-  int prompt_tokens = 0, output_tokens = 0;
-  double ttft = 0, latency = 0;
-  std::vector<double> itl;  // seconds between consecutive chunks after the first
-};
+using Result = StreamTiming;
+// One request through the front end under test.
+using Client = std::function<Result(const v1::GenerateRequest&)>;
 
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -150,9 +150,9 @@ Result RunOne(v1::Inference::Stub& stub, const v1::GenerateRequest& request) {
 }
 
 // One run at one rate: returns its report.
-nlohmann::json RunRate(const Options& o, double rate, v1::Inference::Stub& stub,
+nlohmann::json RunRate(const Options& o, double rate, const Client& run_one,
                        const std::vector<v1::GenerateRequest>& requests) {
-  for (int i = 0; i < o.warmup; ++i) RunOne(stub, requests[i]);
+  for (int i = 0; i < o.warmup; ++i) run_one(requests[i]);
   std::mt19937 rng(o.seed + 1);
   std::gamma_distribution<double> gap(o.burstiness, std::isinf(rate) ? 0.0 : 1.0 / (rate * o.burstiness));
   std::vector<Result> results(o.num_prompts);
@@ -173,7 +173,7 @@ nlohmann::json RunRate(const Options& o, double rate, v1::Inference::Stub& stub,
       ++in_flight;
     }
     threads.emplace_back([&, i] {
-      Result r = RunOne(stub, requests[o.warmup + i]);
+      Result r = run_one(requests[o.warmup + i]);
       std::lock_guard<std::mutex> lock(mu);
       results[i] = std::move(r);
       --in_flight;
@@ -255,6 +255,9 @@ bool Parse(int argc, char** argv, Options* o) {
     bool ok = true;
     if (a == "--address" && has) {
       o->address = argv[++i];
+    } else if (a == "--backend" && has) {
+      o->backend = argv[++i];
+      ok = o->backend == "grpc" || o->backend == "openai";
     } else if (a == "--request-rate" || a == "--request-rates") {
       if (!has) return false;
       o->rates.clear();
@@ -319,7 +322,8 @@ int ServeMain(int argc, char** argv) {
   Options o;
   if (!Parse(argc, argv, &o)) {
     std::fprintf(stderr,
-                 "usage: inferd-bench serve [--address HOST:PORT] [--request-rate R | --request-rates R1,R2,inf]\n"
+                 "usage: inferd-bench serve [--backend grpc|openai] [--address HOST:PORT]\n"
+                 "         [--request-rate R | --request-rates R1,R2,inf]\n"
                  "         [--burstiness B] [--max-concurrency N] [--num-prompts N] [--warmup N] [--seed S]\n"
                  "         [--random-input-len N] [--random-output-len N] [--random-range-ratio r]\n"
                  "         [--dataset FILE.jsonl] [--no-ignore-eos] [--goodput ttft:MS,tpot:MS,e2el:MS]\n"
@@ -329,7 +333,15 @@ int ServeMain(int argc, char** argv) {
   auto channel = grpc::CreateChannel(o.address, grpc::InsecureChannelCredentials());
   auto stub = v1::Inference::NewStub(channel);
   v1::ModelInfo model;
-  {
+  Client run_one = [&stub](const v1::GenerateRequest& r) { return RunOne(*stub, r); };
+  if (o.backend == "openai") {
+    std::string error;
+    if (!OpenAiModelInfo(o.address, &model, &error)) {
+      std::fprintf(stderr, "serve: no OpenAI-compatible server at %s: %s\n", o.address.c_str(), error.c_str());
+      return 1;
+    }
+    run_one = [&o](const v1::GenerateRequest& r) { return RunOpenAiStream(o.address, r); };
+  } else {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     const grpc::Status s = stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &model);
@@ -347,8 +359,9 @@ int ServeMain(int argc, char** argv) {
   }
   nlohmann::json runs = nlohmann::json::array();
   for (double rate : o.rates) {
-    nlohmann::json r = RunRate(o, rate, *stub, requests);
+    nlohmann::json r = RunRate(o, rate, run_one, requests);
     r["model"] = model.name();
+    r["backend"] = o.backend;
     PrintReport(r);
     runs.push_back(r);
   }

@@ -3,8 +3,10 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
@@ -27,8 +29,17 @@ namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
+// What Stop closes: every open connection, by its session's Shutdown on the session's own strand.
+class SessionBase {
+ public:
+  virtual ~SessionBase() = default;
+  virtual void Shutdown() = 0;
+};
+
 struct Shared {
   HttpHandler handler;
+  std::mutex mu;
+  std::unordered_map<SessionBase*, std::weak_ptr<SessionBase>> sessions;
   int64_t max_body_bytes;
   std::chrono::milliseconds request_timeout;
   std::atomic<int64_t> open{0};
@@ -40,7 +51,7 @@ std::string ErrorBody(const std::string& message, const char* type) {
 }
 
 template <class Stream>
-class Session : public std::enable_shared_from_this<Session<Stream>> {
+class Session : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
  public:
   static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
 
@@ -48,9 +59,17 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       : ioc_(std::move(ioc)), stream_(std::move(stream)), shared_(std::move(shared)) {
     ++shared_->open;
   }
-  ~Session() { --shared_->open; }
+  ~Session() override {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->sessions.erase(this);
+    --shared_->open;
+  }
 
   void Run() {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->sessions[this] = this->shared_from_this();
+    }
     if constexpr (kTls) {
       beast::get_lowest_layer(stream_).expires_after(shared_->request_timeout);
       stream_.async_handshake(ssl::stream_base::server, [self = this->shared_from_this()](beast::error_code ec) {
@@ -63,6 +82,13 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   asio::any_io_executor executor() { return stream_.get_executor(); }
+
+  void Shutdown() override {
+    asio::post(executor(), [self = this->shared_from_this()] {
+      if (self->responding_) self->Gone();
+      self->Close();
+    });
+  }
 
   void Respond(int status, const std::string& content_type, std::string body,
                std::vector<std::pair<std::string, std::string>> headers) {
@@ -375,10 +401,24 @@ class Server final : public HttpServer {
 
   void Stop() override {
     if (stopped_.exchange(true)) return;
-    asio::post(*ioc_, [this] {
+    asio::post(acceptor_.get_executor(), [this] {
       beast::error_code ignored;
       acceptor_.close(ignored);
     });
+    // Every connection closes, and the handlers of its pending operations run (aborted) and let go of it.
+    std::vector<std::shared_ptr<SessionBase>> open;
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      for (auto& [raw, weak] : shared_->sessions) {
+        if (auto s = weak.lock()) open.push_back(std::move(s));
+      }
+    }
+    for (auto& s : open) s->Shutdown();
+    open.clear();
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (shared_->open.load() > 0 && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     ioc_->stop();
     for (std::thread& t : threads_) t.join();
     threads_.clear();

@@ -2,6 +2,7 @@
 
 #include <ctime>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -175,7 +176,7 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
       self->StartSiblings(prompt);  // a first choice that ended without a token still lets its siblings end
       if (done) self->Answer();
     };
-    if (!services_.writers->TryRun(later)) later();
+    if (!services_.writers->TryRun(later)) std::thread(later).detach();  // the writers are stopping
   }
 
   void CancelAll() {
@@ -293,7 +294,8 @@ void OpenAiFrontEnd::Models(HttpExchange& exchange) {
          {"object", "model"},
          {"created", started_},
          {"owned_by", "inferd"},
-         {"max_model_len", s.engine->max_model_len()}}}}};
+         {"max_model_len", s.engine->max_model_len()},
+         {"vocab_size", s.engine->model().config.vocab_size}}}}};
   exchange.Respond(200, kJson, body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 

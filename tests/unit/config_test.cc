@@ -86,7 +86,9 @@ engine: {backend: cpu, dtype: float16, cuda_graphs: false, plan_ahead: "off", bl
 scheduler: {max_num_seqs: 12, max_num_batched_tokens: 640, prefix_caching: false, max_queue: 99,
             max_queued_tokens: 12345, long_prefill_chunk: 128, priority_aging_s: 2.5}
 server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000, metrics_listen: '',
-         liveness_timeout_s: 0})";
+         liveness_timeout_s: 0, http_listen: '127.0.0.1:7001', http_request_timeout_s: 7.5, tls_cert_file: /c.pem,
+         tls_key_file: /k.pem, tls_client_ca_file: /ca.pem, api_keys_file: /keys, api_keys_exempt_health: false,
+         api_keys_exempt_metrics: false})";
   auto c = ParseConfig(yaml);
   ASSERT_TRUE(c.ok()) << c.status();
   auto again = ParseConfig(ConfigToYaml(*c));
@@ -118,6 +120,14 @@ server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000
     EXPECT_EQ(x->server.max_request_bytes, 1000);
     EXPECT_EQ(x->server.metrics_listen, "");
     EXPECT_DOUBLE_EQ(x->server.liveness_timeout_s, 0);
+    EXPECT_EQ(x->server.http_listen, "127.0.0.1:7001");
+    EXPECT_DOUBLE_EQ(x->server.http_request_timeout_s, 7.5);
+    EXPECT_EQ(x->server.tls_cert_file, "/c.pem");
+    EXPECT_EQ(x->server.tls_key_file, "/k.pem");
+    EXPECT_EQ(x->server.tls_client_ca_file, "/ca.pem");
+    EXPECT_EQ(x->server.api_keys_file, "/keys");
+    EXPECT_FALSE(x->server.api_keys_exempt_health);
+    EXPECT_FALSE(x->server.api_keys_exempt_metrics);
   }
   // Each key's line differs from the defaults' dump: none was dropped or written as its default.
   auto defaults = ParseConfig("model: {path: /m}\n");
