@@ -147,7 +147,7 @@ if [[ "$what" == frontends ]]; then
   server=$!
   for _ in $(seq 1 120); do curl -sf 127.0.0.1:8000/health >/dev/null && break; sleep 1; done
   for c in 1 64 256; do
-    n=$((c == 1 ? 32 : 4 * c))
+    n=$((c == 1 ? 8 : (c == 64 ? 256 : 512)))
     for round in 1 2; do
       for backend in grpc openai; do
         address=127.0.0.1:50051; [[ $backend == openai ]] && address=127.0.0.1:8000

@@ -80,7 +80,7 @@ StreamTiming RunOpenAiStream(const std::string& address, const v1::GenerateReque
       parser.get().body().data = chunk;
       parser.get().body().size = sizeof(chunk);
       beast::error_code ec;
-      http::read(stream, buffer, parser, ec);
+      http::read_some(stream, buffer, parser, ec);  // what has arrived: each event is timed as it comes
       if (ec && ec != http::error::need_buffer) throw beast::system_error(ec);
       pending.append(chunk, sizeof(chunk) - parser.get().body().size);
       const Clock::time_point now = Clock::now();

@@ -211,7 +211,12 @@ def test_step_efficiency_counts_bytes_and_flops_as_the_model_shape_says():
         want_bytes = sum(element * (linear + norms + V * H + t * H) + kv_token * ctx for t, ctx in zip(tokens, contexts))
         keys = P * (P + 1) // 2 + sum(contexts[1:])
         want_flops = 2 * linear * (P + N - 1) + 2 * V * H * N + 4 * L * q * keys
+        # The answer can leave before the last step's observer has run (its outputs go first): wait for all N.
+        deadline = time.time() + 10
         text = scrape(port)
+        while sample(text, "inferd_step_device_idle_ratio_count") < N and time.time() < deadline:
+            time.sleep(0.02)
+            text = scrape(port)
         assert sample(text, "inferd_model_read_bytes_total") == pytest.approx(want_bytes, rel=1e-12)
         assert sample(text, "inferd_model_flops_total") == pytest.approx(want_flops, rel=1e-12)
         assert sample(text, "inferd_generation_tokens_total") == N
