@@ -21,11 +21,16 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   std::optional<uint64_t> seed;  // unset = random
+  // Added to these ids' logits after the penalties, before sampling (their reported logprobs stay the raw ones);
+  // sorted by id, at most kMaxLogitBias.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // Whether sampling reads the tokens so far (repetition, presence or frequency penalty).
   bool penalized() const { return repetition_penalty != 1.f || presence_penalty != 0.f || frequency_penalty != 0.f; }
 };
 
+// The most logit_bias entries a request may give (OpenAI's limit; backends size per-row buffers by it).
+constexpr int32_t kMaxLogitBias = 300;
 // The most stop_token_ids a request may give (backends size their per-step sampling buffers by it).
 constexpr int32_t kMaxStopTokenIds = 256;
 // What ends a request on the engine: tokens and lengths. Stop strings are text, matched on the server

@@ -68,7 +68,8 @@ __device__ bool IsExcluded(int32_t v, const int32_t* ids, int n) {
 __global__ void __launch_bounds__(kThreads)
     SampleRowsKernel(float* logits, int32_t vocab, const SamplingRowParams* params, const int32_t* penalty_indptr,
                      const int32_t* penalty_tokens, const int32_t* penalty_counts, const uint8_t* penalty_flags,
-                     float* penalty_raw, int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs) {
+                     const float* penalty_bias, float* penalty_raw, int32_t* tokens, float* logprobs, int32_t* top_ids,
+                     float* top_logprobs) {
   __shared__ Shared tmp;
   __shared__ float sf;
   __shared__ int si;
@@ -114,6 +115,7 @@ __global__ void __launch_bounds__(kThreads)
       v = v > 0 ? v / p.repetition_penalty : v * p.repetition_penalty;
     }
     if (penalty_counts[e] > 0) v -= double{p.frequency_penalty} * penalty_counts[e] + p.presence_penalty;
+    if (penalty_flags[e] & kPenaltyBias) v += penalty_bias[e];
     l[t] = (penalty_flags[e] & kPenaltyBanned) ? -INFINITY : static_cast<float>(fmin(fmax(v, -FLT_MAX), FLT_MAX));
   }
   __syncthreads();
@@ -229,13 +231,13 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t SampleRows(float* logits, int32_t num_rows, int32_t vocab, const SamplingRowParams* params,
                        const int32_t* penalty_indptr, const int32_t* penalty_tokens, const int32_t* penalty_counts,
-                       const uint8_t* penalty_flags, float* penalty_raw, int32_t* tokens, float* logprobs,
-                       int32_t* top_ids, float* top_logprobs, cudaStream_t stream) {
+                       const uint8_t* penalty_flags, const float* penalty_bias, float* penalty_raw, int32_t* tokens,
+                       float* logprobs, int32_t* top_ids, float* top_logprobs, cudaStream_t stream) {
   if (num_rows <= 0) return cudaSuccess;
   if (vocab <= 0) return cudaErrorInvalidValue;
   SampleRowsKernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, params, penalty_indptr, penalty_tokens,
-                                                      penalty_counts, penalty_flags, penalty_raw, tokens, logprobs,
-                                                      top_ids, top_logprobs);
+                                                      penalty_counts, penalty_flags, penalty_bias, penalty_raw,
+                                                      tokens, logprobs, top_ids, top_logprobs);
   return cudaGetLastError();
 }
 

@@ -31,5 +31,6 @@ struct SamplingRowParams {
 // Penalty entries of row r: [penalty_indptr[r], penalty_indptr[r + 1]), one per distinct token id.
 constexpr uint8_t kPenaltySeen = 1;    // in the prompt or output: repetition penalty applies
 constexpr uint8_t kPenaltyBanned = 2;  // may not be sampled now
+constexpr uint8_t kPenaltyBias = 4;    // penalty_bias is added to its logit (after the penalties)
 
 }  // namespace inferd::kernels

@@ -1,5 +1,6 @@
 #include "server/request_builder.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -94,6 +95,24 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
     sp.top_k = s.top_k();
   }
   if (s.has_seed()) sp.seed = s.seed();
+  if (s.logit_bias_size() > kMaxLogitBias) {
+    return Bad("sampling.logit_bias", absl::StrCat("(", s.logit_bias_size(), " entries)"),
+               absl::StrCat("at most ", kMaxLogitBias, " entries"));
+  }
+  for (const auto& [id, bias] : s.logit_bias()) {
+    if (id < 0 || id >= limits.vocab_size) {
+      return Bad("sampling.logit_bias", absl::StrCat("{", id, ": ...}"),
+                 absl::StrCat("token ids in [0, ", limits.vocab_size, ")"));
+    }
+    float checked = 0;
+    if (absl::Status st = FloatIn(absl::StrCat("sampling.logit_bias[", id, "]").c_str(), bias, -100, 100, false,
+                                  &checked);
+        !st.ok()) {
+      return st;
+    }
+    sp.logit_bias.emplace_back(id, checked);
+  }
+  std::sort(sp.logit_bias.begin(), sp.logit_bias.end());
 
   const int32_t prompt_len = static_cast<int32_t>(r.prompt.size());
   if (prompt_len >= limits.max_model_len) {

@@ -33,9 +33,10 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   l.weight_bytes = WeightBytes(model.tensors, e);
 
   // Step inputs sized for the worst case: every sequence at the model's longest context, and one penalty entry
-  // per distinct id a row can hold or ban (its context, at most kMaxStopTokenIds stop ids and the eos ids).
+  // per distinct id a row can hold, ban or bias (its context, at most kMaxStopTokenIds stop ids, the eos ids and
+  // kMaxLogitBias biased ids).
   const int64_t max_context = c.max_position_embeddings;
-  const int64_t max_banned = kMaxStopTokenIds + static_cast<int64_t>(model.eos_token_ids.size());
+  const int64_t max_banned = kMaxStopTokenIds + static_cast<int64_t>(model.eos_token_ids.size()) + kMaxLogitBias;
   InputRegions& in = l.inputs;
   in.max_pages = std::min<int64_t>(R * ((max_context + bs - 1) / bs), int64_t{1} << 22);
   in.max_penalties = R * std::min<int64_t>(max_context + max_banned, c.vocab_size);
@@ -52,6 +53,7 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   in.kv_indices = inputs.Add(in.max_pages * 4);
   in.penalty_tokens = inputs.Add(in.max_penalties * 4);
   in.penalty_counts = inputs.Add(in.max_penalties * 4);
+  in.penalty_bias = inputs.Add(in.max_penalties * 4);
   in.penalty_flags = inputs.Add(in.max_penalties);
   l.input_arena_bytes = inputs.size();
 

@@ -64,9 +64,10 @@ struct InputRegions {
   Region kv_indices;                   // [max_pages] int32 block ids
   Region penalty_tokens;               // [max_penalties] int32
   Region penalty_counts;               // [max_penalties] int32: times in the output
+  Region penalty_bias;                 // [max_penalties] fp32: logit bias, where the flags say kPenaltyBias
   Region penalty_flags;                // [max_penalties] uint8 kernels::kPenalty*
   int64_t max_pages = 0;               // every sequence at the model's longest context (at most 2^22)
-  int64_t max_penalties = 0;           // every sequence's distinct ids: context, stop ids and eos ids
+  int64_t max_penalties = 0;           // every sequence's distinct ids: context, stop, eos and biased ids
 };
 
 struct DeviceLayout {

@@ -56,6 +56,9 @@ void ApplyPenalties(std::span<float> logits, const SamplingRow& ctx) {
       logits[t] = Finite(double{logits[t]} - (double{p.frequency_penalty} * n + p.presence_penalty));
     }
   }
+  for (const auto& [t, bias] : p.logit_bias) {
+    if (t >= 0 && t < static_cast<int32_t>(logits.size())) logits[t] = Finite(double{logits[t]} + bias);
+  }
 }
 
 }  // namespace

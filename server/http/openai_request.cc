@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace inferd {
@@ -164,7 +165,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
   // What inferd does not serve, by name.
   for (const char* key : {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio",
                           "modalities", "prediction", "web_search_options", "suffix", "guided_json", "guided_regex",
-                          "guided_choice", "guided_grammar", "logit_bias", "reasoning_effort"}) {
+                          "guided_choice", "guided_grammar", "reasoning_effort"}) {
     if (f.Has(key)) return Unsupported(key);
     f.Done(key);
   }
@@ -208,6 +209,18 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
            {"repetition_penalty", &v1::SamplingParams::set_repetition_penalty}}) {
     if (absl::Status st = f.Float(key, s, set); !st.ok()) return st;
   }
+  if (f.Has("logit_bias")) {
+    const json& lb = f.At("logit_bias");
+    if (!lb.is_object()) return Bad("logit_bias", lb, "an object of token id (as a string) to a bias in [-100, 100]");
+    for (const auto& [key, value] : lb.items()) {
+      int32_t id = 0;
+      const std::string field = absl::StrCat("logit_bias[\"", key, "\"]");
+      if (!absl::SimpleAtoi(key, &id) || id < 0) return Bad(field, key, "a token id");
+      if (!value.is_number()) return Bad(field, value, "a number in [-100, 100]");
+      (*s->mutable_logit_bias())[id] = value.get<float>();  // ranges: the request builder
+    }
+  }
+  f.Done("logit_bias");
   auto top_k = f.Int("top_k", -1, std::numeric_limits<int32_t>::max());
   if (!top_k.ok()) return top_k.status();
   if (*top_k) s->set_top_k(**top_k < 0 ? 0 : static_cast<int32_t>(**top_k));  // -1: off, as vLLM takes it

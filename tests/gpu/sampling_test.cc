@@ -21,6 +21,7 @@ struct Rows {
   std::vector<kernels::SamplingRowParams> params;
   std::vector<int32_t> indptr = {0}, tokens, counts;
   std::vector<uint8_t> flags;
+  std::vector<float> bias;  // per entry; zeros where not given
 };
 
 struct Result {
@@ -35,11 +36,15 @@ Result RunOnDevice(const Rows& r, int32_t vocab) {
   Dev<kernels::SamplingRowParams> params(r.params);
   Dev<int32_t> indptr(r.indptr), tokens(r.tokens), counts(r.counts);
   Dev<uint8_t> flags(r.flags);
+  std::vector<float> bias_host = r.bias;
+  bias_host.resize(r.tokens.size() + 1, 0.f);
+  Dev<float> bias(bias_host);
   Dev<float> raw(r.tokens.size() + 1);
   Dev<int32_t> out(n), top_ids(n * kernels::kMaxTopLogprobs);
   Dev<float> lp(n), top_lp(n * kernels::kMaxTopLogprobs);
   EXPECT_EQ(kernels::SampleRows(logits.get(), n, vocab, params.get(), indptr.get(), tokens.get(), counts.get(),
-                                flags.get(), raw.get(), out.get(), lp.get(), top_ids.get(), top_lp.get(), nullptr),
+                                flags.get(), bias.get(), raw.get(), out.get(), lp.get(), top_ids.get(), top_lp.get(),
+                                nullptr),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return {out.Host(), lp.Host(), top_lp.Host(), top_ids.Host()};
@@ -98,6 +103,45 @@ TEST(DeviceSampler, PenaltiesAndBansMatchTheHostSampler) {
   EXPECT_EQ(got.tokens[0], Sample(row, hr).token);
   // 0: 2 / 4 = 0.5; 1: banned; 2: 0.5 untouched; 3: 1.9 / 4 - 2 * 0.1 = 0.275. Ties go to the lower id.
   EXPECT_EQ(got.tokens[0], 0);
+}
+
+TEST(DeviceSampler, LogitBiasMatchesTheHostSamplerAndLeavesTheLogprobsRaw) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  const int32_t vocab = 7;
+  Rows r;
+  r.logits = {2.0f, 1.0f, 0.5f, 1.9f, -1.f, 0.f, 0.3f};
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.0f;
+  p.logit_bias = {{0, -3.f}, {4, 3.5f}, {6, 100.f}};
+  // Row 0: ids 0 (prompt, biased -3), 4 (+3.5), 6 (+100, but banned). Row 1: the same bias, nothing banned.
+  for (int row = 0; row < 2; ++row) {
+    r.logits.insert(r.logits.end(), r.logits.begin(), r.logits.begin() + vocab);
+    r.params.push_back(Params(p, 0.5, 3));
+    const bool banned = row == 0;
+    r.tokens.insert(r.tokens.end(), {0, 4, 6});
+    r.counts.insert(r.counts.end(), {0, 0, 0});
+    r.flags.insert(r.flags.end(), {uint8_t(kernels::kPenaltySeen | kernels::kPenaltyBias), kernels::kPenaltyBias,
+                                   uint8_t(kernels::kPenaltyBias | (banned ? kernels::kPenaltyBanned : 0))});
+    r.bias.insert(r.bias.end(), {-3.f, 3.5f, 100.f});
+    r.indptr.push_back(r.indptr.back() + 3);
+  }
+  r.logits.resize(2 * vocab);
+  const Result got = RunOnDevice(r, vocab);
+  for (int row = 0; row < 2; ++row) {
+    std::vector<float> logits(r.logits.begin() + row * vocab, r.logits.begin() + (row + 1) * vocab);
+    const std::vector<int32_t> history = {0}, banned = row == 0 ? std::vector<int32_t>{6} : std::vector<int32_t>{};
+    SamplingRow hr{.params = p, .tokens = history, .num_prompt_tokens = 1, .banned = banned, .top_logprobs = 3};
+    const SampleResult want = Sample(logits, hr);
+    EXPECT_EQ(got.tokens[row], want.token) << "row " << row;
+    EXPECT_NEAR(got.logprobs[row], want.logprob.logprob, 1e-4) << "row " << row;
+    EXPECT_EQ(got.top_ids[row * kernels::kMaxTopLogprobs], want.logprob.top[0].token_id);
+  }
+  // 0: 2 / 2 - 3 = -2; 4: -1 + 3.5 = 2.5 beats 3's 1.9; 6 is banned in row 0 and wins with 100.3 in row 1.
+  EXPECT_EQ(got.tokens[0], 4);
+  EXPECT_EQ(got.tokens[1], 6);
+  // The reported logprob is the raw one: token 0 (logit 2.0) is still the top alternative.
+  EXPECT_EQ(got.top_ids[0], 0);
 }
 
 TEST(DeviceSampler, DistributionsMatchAndDrawsDependOnlyOnTheUniform) {

@@ -211,3 +211,23 @@ def test_a_client_gone_mid_stream_cancels_its_request_at_once(smollm2, model):
     info = wait_until_idle(smollm2.stub, timeout=5)
     assert info.running_requests == 0 and info.free_kv_blocks == info.total_kv_blocks
     assert time.time() - start < 2
+
+
+def test_logit_bias_bans_and_forces_tokens(smollm2, client, model):
+    base = client.completions.create(model=model, prompt="The capital of France is", max_tokens=3, temperature=0,
+                                     logprobs=1)
+    first = base.choices[0].logprobs.tokens[0]
+    (first_id,) = smollm2.stub.Tokenize(pb.TokenizeRequest(text=first, add_special_tokens=False)).token_ids
+    banned = client.completions.create(model=model, prompt="The capital of France is", max_tokens=3, temperature=0,
+                                       logprobs=1, logit_bias={str(first_id): -100})
+    assert banned.choices[0].logprobs.tokens[0] != first
+    # The reported logprobs stay the model's own: the banned token is still the top alternative.
+    assert first in banned.choices[0].logprobs.top_logprobs[0]
+    comma = smollm2.stub.Detokenize(pb.DetokenizeRequest(token_ids=[28])).text
+    forced = client.completions.create(model=model, prompt="The capital of France is", max_tokens=4, temperature=0.9,
+                                       seed=3, logprobs=1, logit_bias={"28": 100})
+    assert forced.choices[0].logprobs.tokens == [comma] * 4, forced.choices[0].logprobs.tokens
+    with pytest.raises(openai.BadRequestError, match=r"logit_bias\[5\]"):
+        client.completions.create(model=model, prompt="x", logit_bias={"5": 101})
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.completions.create(model=model, prompt="x", logit_bias={"99999999": 1})

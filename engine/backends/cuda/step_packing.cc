@@ -1,6 +1,7 @@
 #include "engine/backends/cuda/step_packing.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -36,8 +37,8 @@ PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32
   INFERD_CHECK(static_cast<int64_t>(R * sizeof(kernels::SamplingRowParams)) <= layout.params.bytes &&
                    in.sampling.size() == static_cast<size_t>(R),
                "every logits row has its sampling parameters, within the region");
-  // Penalty entries: one per distinct id of a row that uses penalties or bans ids, sorted by id.
-  std::vector<std::pair<int32_t, int32_t>> seen;  // (id, 1 when from the output, 0 from the prompt, -1 banned)
+  // Penalty entries: one per distinct id of a row that uses penalties, bans or biases ids, sorted by id.
+  std::vector<std::pair<int32_t, int32_t>> seen;  // (id, 1 from the output, 0 the prompt, -1 banned, -2 biased)
   int32_t* indptr = At<int32_t>(arena, layout.penalty_indptr);
   indptr[0] = 0;
   int64_t n = 0;
@@ -61,14 +62,19 @@ PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32
       }
     }
     for (int32_t b : row.banned) seen.emplace_back(b, -1);
+    for (const auto& [id, bias] : p.logit_bias) seen.emplace_back(id, -2);
     std::sort(seen.begin(), seen.end());
     for (size_t i = 0; i < seen.size();) {
       const int32_t id = seen[i].first;
       int32_t count = 0;
       uint8_t flags = 0;
+      float bias = 0.f;
       for (; i < seen.size() && seen[i].first == id; ++i) {
         if (seen[i].second == -1) {
           flags |= kernels::kPenaltyBanned;
+        } else if (seen[i].second == -2) {
+          flags |= kernels::kPenaltyBias;
+          bias = std::lower_bound(p.logit_bias.begin(), p.logit_bias.end(), std::pair{id, -INFINITY})->second;
         } else {
           flags |= kernels::kPenaltySeen;
           count += seen[i].second;
@@ -78,9 +84,10 @@ PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32
       INFERD_CHECK(n < layout.max_penalties, "penalty entries fit (sized for every row's context)");
       At<int32_t>(arena, layout.penalty_tokens)[n] = id;
       At<int32_t>(arena, layout.penalty_counts)[n] = count;
-      // Without a repetition penalty, the prompt's ids only matter when banned.
+      At<float>(arena, layout.penalty_bias)[n] = bias;
+      // Without a repetition penalty, the prompt's ids only matter when banned or biased.
       At<uint8_t>(arena, layout.penalty_flags)[n] =
-          p.repetition_penalty != 1.f ? flags : (flags & kernels::kPenaltyBanned);
+          p.repetition_penalty != 1.f ? flags : (flags & (kernels::kPenaltyBanned | kernels::kPenaltyBias));
       ++n;
     }
     indptr[r + 1] = static_cast<int32_t>(n);

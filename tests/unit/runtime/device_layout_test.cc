@@ -80,6 +80,7 @@ TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
                   {"kv_indices", in.kv_indices},
                   {"penalty_tokens", in.penalty_tokens},
                   {"penalty_counts", in.penalty_counts},
+                  {"penalty_bias", in.penalty_bias},
                   {"penalty_flags", in.penalty_flags}},
                  l.input_arena_bytes);
   // The page table comes after every fixed-size section: a step's head copy ends inside it.
@@ -88,7 +89,7 @@ TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
     EXPECT_LT(r->offset, in.kv_indices.offset);
   }
   EXPECT_EQ(in.max_pages, 256 * 8192 / 16);
-  EXPECT_EQ(in.max_penalties, 256 * (8192 + kMaxStopTokenIds + 2));
+  EXPECT_EQ(in.max_penalties, 256 * (8192 + kMaxStopTokenIds + 2 + kMaxLogitBias));
   EXPECT_EQ(in.params.bytes, R * int64_t{sizeof(kernels::SamplingRowParams)});
   const OutputRegions& o = l.outputs;
   ExpectDisjoint(

@@ -130,6 +130,32 @@ TEST(Sampler, PenaltiesAndBannedIds) {
   EXPECT_EQ(Sample(logits, bctx).token, 1);
 }
 
+TEST(Sampler, LogitBiasShiftsTheLogitsAfterThePenaltiesButNotTheReportedLogprobs) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.0f;
+  p.logit_bias = {{0, 1.5f}, {2, 0.6f}};
+  std::vector<float> logits = {2.0f, 1.6f, 1.0f};
+  const std::vector<int32_t> tokens = {0};
+  SamplingRow ctx{.params = p, .tokens = tokens, .num_prompt_tokens = 1, .top_logprobs = 1};
+  const SampleResult r = Sample(logits, ctx);
+  // 0: 2.0 / 2 + 1.5 = 2.5 (penalty first, then bias; bias first would give 3.5 / 2 = 1.75 < 1.6 + 0);
+  // 2: 1.6; 1: 1.6 — 0 wins. Its reported logprob is the raw one: log softmax(2.0 | 2.0, 1.6, 1.0).
+  EXPECT_EQ(r.token, 0);
+  const double z = std::log(std::exp(2.0) + std::exp(1.6) + std::exp(1.0));
+  EXPECT_NEAR(r.logprob.logprob, 2.0 - z, 1e-5);
+
+  SamplingParams q;  // at temperature 1, -100 makes a token practically impossible, +100 practically certain
+  q.logit_bias = {{1, 100.f}, {0, -100.f}};
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < 200; ++i) {
+    std::vector<float> l = {5.0f, 0.0f, 4.0f};
+    SamplingRow row{.params = q, .uniform = SamplingUniform(3, i)};
+    counts[Sample(l, row).token]++;
+  }
+  EXPECT_EQ(counts[1], 200);
+}
+
 // Parameters drawn over their whole documented ranges, extremes included: the sampled token is in the
 // vocabulary, not banned, and had a finite penalized logit; logprobs are finite, at most 0 and sorted.
 TEST(Sampler, NoValidParametersProduceNanOrAnImpossibleToken) {

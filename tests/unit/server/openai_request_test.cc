@@ -26,7 +26,7 @@ TEST(OpenAiRequest, ChatFieldsLandInTheGenerateRequest) {
       "temperature": 0.3, "top_p": 0.9, "top_k": 7, "min_p": 0.05, "presence_penalty": 0.5,
       "frequency_penalty": -0.5, "repetition_penalty": 1.1, "seed": 42, "max_completion_tokens": 9,
       "stop": ["\n\n", "END"], "n": 2, "logprobs": true, "top_logprobs": 4, "ignore_eos": true, "min_tokens": 3,
-      "stream": true, "stream_options": {"include_usage": true}, "user": "u1"})");
+      "stream": true, "stream_options": {"include_usage": true}, "user": "u1", "logit_bias": {"5": -100, "17": 2.5}})");
   ASSERT_EQ(r.prompts.size(), 1u);
   const v1::GenerateRequest& g = r.prompts[0];
   ASSERT_EQ(g.messages().messages_size(), 2);
@@ -46,6 +46,9 @@ TEST(OpenAiRequest, ChatFieldsLandInTheGenerateRequest) {
   ASSERT_EQ(g.stopping().stop_size(), 2);
   EXPECT_EQ(g.stopping().stop(1), "END");
   EXPECT_EQ(g.output().top_logprobs(), 4);
+  ASSERT_EQ(g.sampling().logit_bias_size(), 2);
+  EXPECT_FLOAT_EQ(g.sampling().logit_bias().at(5), -100.f);
+  EXPECT_FLOAT_EQ(g.sampling().logit_bias().at(17), 2.5f);
   EXPECT_EQ(r.model, "m");
   EXPECT_EQ(r.n, 2);
   EXPECT_TRUE(r.stream && r.include_usage && r.logprobs);
@@ -68,7 +71,8 @@ TEST(OpenAiRequest, CompletionPromptsAreStringsTokenIdsOrListsOfThem) {
 TEST(OpenAiRequest, RefusalsNameTheField) {
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "tools": []})").find("tools"),
             std::string::npos);
-  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1}})").find("logit_bias"),
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"five": 1}})")
+                .find("logit_bias[\"five\"]"),
             std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5})").find("max_tokens"),
             std::string::npos);

@@ -59,6 +59,7 @@ TEST(StepPacking, PenaltiesBansSeedsAndLogprobRowsLandWhereTheKernelsReadThem) {
   r1.tokens = history;
   r1.num_prompt_tokens = 7;
   r1.banned = banned;
+  r1.params.logit_bias = {{40, 1.5f}, {50, -2.f}};  // 40 is also in the output; 50 only biased
   in.sampling = {r0, r1};
 
   const cuda::PackedStep packed = cuda::PackStepInputs(in, layout.inputs, model.config.vocab_size, arena.data());
@@ -85,22 +86,25 @@ TEST(StepPacking, PenaltiesBansSeedsAndLogprobRowsLandWhereTheKernelsReadThem) {
   EXPECT_DOUBLE_EQ(params[1].uniform, 0.75);
 
   // Row 0: distinct prompt ids 5, 7, 9 seen (counts from the output: none); 300 dropped.
-  // Row 1: output ids 40 (twice) and 41 seen, 41 also banned, eos 2 banned; -1 dropped.
+  // Row 1: output ids 40 (twice, biased) and 41 seen, 41 also banned, eos 2 banned, 50 biased; -1 dropped.
   const int32_t* indptr = At<int32_t>(arena, ir.penalty_indptr);
   EXPECT_EQ(indptr[0], 0);
   EXPECT_EQ(indptr[1], 3);
-  EXPECT_EQ(indptr[2], 6);
-  EXPECT_EQ(packed.penalty_entries, 6);
+  EXPECT_EQ(indptr[2], 7);
+  EXPECT_EQ(packed.penalty_entries, 7);
   const int32_t* ids = At<int32_t>(arena, ir.penalty_tokens);
   const int32_t* counts = At<int32_t>(arena, ir.penalty_counts);
+  const float* bias = At<float>(arena, ir.penalty_bias);
   const uint8_t* flags = At<uint8_t>(arena, ir.penalty_flags);
-  EXPECT_EQ(std::vector<int32_t>(ids, ids + 6), (std::vector<int32_t>{5, 7, 9, 2, 40, 41}));
-  EXPECT_EQ(std::vector<int32_t>(counts, counts + 6), (std::vector<int32_t>{0, 0, 0, 0, 2, 1}));
+  EXPECT_EQ(std::vector<int32_t>(ids, ids + 7), (std::vector<int32_t>{5, 7, 9, 2, 40, 41, 50}));
+  EXPECT_EQ(std::vector<int32_t>(counts, counts + 7), (std::vector<int32_t>{0, 0, 0, 0, 2, 1, 0}));
+  EXPECT_EQ(std::vector<float>(bias, bias + 7), (std::vector<float>{0, 0, 0, 0, 1.5f, 0, -2.f}));
   EXPECT_EQ(flags[0], kernels::kPenaltySeen);
-  // Without a repetition penalty only bans are flags; frequency and presence read the counts.
+  // Without a repetition penalty only bans and biases are flags; frequency and presence read the counts.
   EXPECT_EQ(flags[3], kernels::kPenaltyBanned);
-  EXPECT_EQ(flags[4], 0);
+  EXPECT_EQ(flags[4], kernels::kPenaltyBias);
   EXPECT_EQ(flags[5], kernels::kPenaltyBanned);
+  EXPECT_EQ(flags[6], kernels::kPenaltyBias);
 }
 
 TEST(StepPacking, RowsWithoutPenaltiesOrBansAddNoEntries) {
