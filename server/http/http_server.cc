@@ -214,6 +214,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     buffer_.commit(n);
     if (next_wanted_) {
       next_wanted_ = false;
+      if (idle_) idle_->cancel();
       return ReadRequest();
     }
     Watch();
@@ -274,12 +275,15 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     responding_ = false;
     gone_ = nullptr;
     if (!keep_alive_) return Linger();
-    beast::get_lowest_layer(stream_).expires_after(shared_->request_timeout);
-    if (watching_) {
-      next_wanted_ = true;
-    } else {
-      ReadRequest();
-    }
+    if (!watching_) return ReadRequest();
+    // The watch read still waits for the next request; the stream's own timeout cannot cover a read already out,
+    // so a timer of its own closes the connection if none comes.
+    next_wanted_ = true;
+    idle_.emplace(stream_.get_executor());
+    idle_->expires_after(shared_->request_timeout);
+    idle_->async_wait([self = this->shared_from_this()](beast::error_code ec) {
+      if (!ec && self->next_wanted_) self->Close();
+    });
   }
 
   // Ends the connection after a response to a client that may still be sending (a body over the limit): our
@@ -304,6 +308,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   void Close() {
+    if (idle_) idle_->cancel();
     if (closed_) return;
     closed_ = true;
     beast::error_code ignored;
@@ -351,6 +356,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   std::deque<Pending> writes_;
   std::optional<http::response_serializer<http::empty_body>> head_serializer_;
   std::function<void()> gone_;
+  std::optional<asio::steady_timer> idle_;  // a kept-alive connection waiting for its next request
   bool keep_alive_ = false;
   bool responding_ = false;   // a request is being answered
   bool answered_ = false;     // its answer has begun

@@ -133,6 +133,21 @@ def test_slow_loris_heads_and_bodies_are_closed_and_hold_nobody_back(server):
         s.close()
 
 
+def test_a_kept_alive_connection_closes_once_idle_after_its_answer(server):
+    server.prober.current = "idle after an answer"
+    for stream in (False, True):
+        s = socket.create_connection((server.host, server.hport), timeout=10)
+        s.sendall(request("/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2, "stream": stream})))
+        got = b""
+        while not (got.endswith(b"0\r\n\r\n") if stream else b'"usage"' in got and got.endswith(b"}")):
+            got += s.recv(65536)
+        assert got.startswith(b"HTTP/1.1 200"), got[:100]
+        t0 = time.time()
+        assert s.recv(100) == b"", "closed, with nothing more sent"
+        assert 1.5 < time.time() - t0 < 6  # server.http_request_timeout_s is 2 s here
+        s.close()
+
+
 def test_clients_that_vanish_mid_stream_free_every_block(server):
     server.prober.current = "vanishing clients"
     socks = []
