@@ -43,13 +43,13 @@ struct ServerSection {
   double drain_timeout_s = 30;          // graceful shutdown: how long running requests may finish
   int64_t max_request_bytes = 4 << 20;  // a larger GenerateRequest or Tokenize text is INVALID_ARGUMENT: 1..64 MiB
   std::string metrics_listen = "0.0.0.0:9090";  // Prometheus /metrics; "" = off
-  double liveness_timeout_s = 30;  // health NOT_SERVING when no step ran this long with work pending; 0 = off
-  std::string http_listen;         // the OpenAI-compatible HTTP API; "" = off
-  double http_request_timeout_s = 30;  // a request's head and body arrive within this; idle connections close after it
-  std::string tls_cert_file;       // PEM certificate chain: TLS on both front ends; "" = plaintext
-  std::string tls_key_file;        // its PEM private key
-  std::string tls_client_ca_file;  // PEM CA bundle: clients must present a certificate it signed (mutual TLS)
-  std::string api_keys_file;       // one key per line, reloaded on SIGHUP; "" = no keys asked
+  double liveness_timeout_s = 30;       // health NOT_SERVING when no step ran this long with work pending; 0 = off
+  std::string http_listen;              // the OpenAI-compatible HTTP API; "" = off
+  double http_request_timeout_s = 30;   // a request's head and body arrive within this; idle connections close after it
+  std::string tls_cert_file;            // PEM certificate chain: TLS on both front ends; "" = plaintext
+  std::string tls_key_file;             // its PEM private key
+  std::string tls_client_ca_file;       // PEM CA bundle: clients must present a certificate it signed (mutual TLS)
+  std::string api_keys_file;            // one key per line, reloaded on SIGHUP; "" = no keys asked
   bool api_keys_exempt_health = true;   // health (HTTP /health; gRPC health is always open) without a key
   bool api_keys_exempt_metrics = true;  // /metrics on http_listen without a key
 };

@@ -247,8 +247,8 @@ std::vector<ConfigField> MakeFields() {
       "the default config serves it on 127.0.0.1:8000",
       "(off)"));
   f.push_back(Real(
-      "server", "http_request_timeout_s", [](Config& c) -> double& { return c.server.http_request_timeout_s; }, 1,
-      3600, false, "1..3600",
+      "server", "http_request_timeout_s", [](Config& c) -> double& { return c.server.http_request_timeout_s; }, 1, 3600,
+      false, "1..3600",
       "an HTTP request's head and body must arrive within this (slow clients are closed), and a kept-alive "
       "connection without a request closes after it"));
   f.push_back(Text(

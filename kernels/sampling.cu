@@ -236,8 +236,8 @@ cudaError_t SampleRows(float* logits, int32_t num_rows, int32_t vocab, const Sam
   if (num_rows <= 0) return cudaSuccess;
   if (vocab <= 0) return cudaErrorInvalidValue;
   SampleRowsKernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, params, penalty_indptr, penalty_tokens,
-                                                      penalty_counts, penalty_flags, penalty_bias, penalty_raw,
-                                                      tokens, logprobs, top_ids, top_logprobs);
+                                                      penalty_counts, penalty_flags, penalty_bias, penalty_raw, tokens,
+                                                      logprobs, top_ids, top_logprobs);
   return cudaGetLastError();
 }
 

@@ -19,7 +19,8 @@ std::string NewRequestId() {
 absl::StatusOr<BuiltRequest> PrepareGenerate(const std::shared_ptr<Engine>& engine, const v1::GenerateRequest& proto,
                                              absl::Time deadline) {
   if (!engine) return ModelLoadingStatus();
-  if (absl::Now() >= deadline) return absl::DeadlineExceededError("the request's deadline expired before it was tokenized");
+  if (absl::Now() >= deadline)
+    return absl::DeadlineExceededError("the request's deadline expired before it was tokenized");
   if (engine->draining()) return absl::UnavailableError("the server is draining and takes no new requests");
   const Model& m = engine->model();
   auto request =

@@ -46,7 +46,7 @@ class GenerateCall final : public OutputSink, public std::enable_shared_from_thi
     std::shared_ptr<Engine> engine;  // null while the model loads
     RequestWorkers* workers;         // prepare requests
     RequestWorkers* writers;         // make text and write outputs
-    Metrics* metrics;  // calls counted by status, when set
+    Metrics* metrics;                // calls counted by status, when set
   };
 
   GenerateCall(Services services, Emitter* emitter) : s_(std::move(services)), emitter_(emitter) {}

@@ -25,9 +25,9 @@ GenerateCall::Prepare FromWire(grpc::CallbackServerContext* ctx, const grpc::Byt
     v1::GenerateRequest proto;
     if (absl::Status st = ParseMessage(*wire, "GenerateRequest", &proto); !st.ok()) return st;
     const auto deadline = ctx->deadline();
-    return PrepareGenerate(engine, proto,
-                           deadline == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture()
-                                                                                      : absl::FromChrono(deadline));
+    return PrepareGenerate(
+        engine, proto,
+        deadline == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture() : absl::FromChrono(deadline));
   };
 }
 
@@ -158,8 +158,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::GenerateStream(grp
 grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* result) {
   if (absl::Status st = Authorize(ctx); !st.ok()) return Answer(ctx, st);
-  return new UnaryGenerateReactor(Services(), FromWire(ctx, request, limits_.max_request_bytes), result,
-                                  active_calls_);
+  return new UnaryGenerateReactor(Services(), FromWire(ctx, request, limits_.max_request_bytes), result, active_calls_);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,

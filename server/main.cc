@@ -13,8 +13,8 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "engine/config.h"
@@ -202,19 +202,20 @@ int Run(int argc, char** argv) {
     }
     metrics = *std::move(started);
     service.SetMetrics(metrics.get());
-    if (!config->server.metrics_listen.empty()) spdlog::info("metrics on {} at /metrics", config->server.metrics_listen);
+    if (!config->server.metrics_listen.empty())
+      spdlog::info("metrics on {} at /metrics", config->server.metrics_listen);
   }
   std::unique_ptr<inferd::OpenAiFrontEnd> front_end;
   std::unique_ptr<inferd::HttpServer> http;
   if (!config->server.http_listen.empty()) {
-    front_end = std::make_unique<inferd::OpenAiFrontEnd>(inferd::OpenAiFrontEnd::Hooks{
-        .services = [&service] { return service.Services(); },
-        .active_calls = service.call_counter(),
-        .serving = [serving] { return serving->load(); },
-        .metrics = metrics.get(),
-        .keys = keys.get(),
-        .keys_exempt_health = config->server.api_keys_exempt_health,
-        .keys_exempt_metrics = config->server.api_keys_exempt_metrics});
+    front_end = std::make_unique<inferd::OpenAiFrontEnd>(
+        inferd::OpenAiFrontEnd::Hooks{.services = [&service] { return service.Services(); },
+                                      .active_calls = service.call_counter(),
+                                      .serving = [serving] { return serving->load(); },
+                                      .metrics = metrics.get(),
+                                      .keys = keys.get(),
+                                      .keys_exempt_health = config->server.api_keys_exempt_health,
+                                      .keys_exempt_metrics = config->server.api_keys_exempt_metrics});
     const inferd::TlsFiles tls{config->server.tls_cert_file, config->server.tls_key_file,
                                config->server.tls_client_ca_file};
     auto started = inferd::HttpServer::Start(

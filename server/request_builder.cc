@@ -105,8 +105,8 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
                  absl::StrCat("token ids in [0, ", limits.vocab_size, ")"));
     }
     float checked = 0;
-    if (absl::Status st = FloatIn(absl::StrCat("sampling.logit_bias[", id, "]").c_str(), bias, -100, 100, false,
-                                  &checked);
+    if (absl::Status st =
+            FloatIn(absl::StrCat("sampling.logit_bias[", id, "]").c_str(), bias, -100, 100, false, &checked);
         !st.ok()) {
       return st;
     }

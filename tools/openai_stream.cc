@@ -3,7 +3,6 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-
 #include <chrono>
 
 #include "nlohmann/json.hpp"

@@ -1,18 +1,17 @@
 #include "server/http/http_server.h"
 
 #include <atomic>
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
-
-#include <boost/asio.hpp>
-#include <boost/asio/ssl.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <boost/beast/ssl.hpp>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -172,11 +171,11 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     }
     if (ec == http::error::header_limit) {
       keep_alive_ = false;
-      return Respond(431, "application/json", ErrorBody("the request head is larger than 16 KiB", "invalid_request_error"), {});
+      return Respond(431, "application/json",
+                     ErrorBody("the request head is larger than 16 KiB", "invalid_request_error"), {});
     }
     if (ec && ec.category() == http::make_error_code(http::error::bad_target).category() &&
-        ec != http::error::end_of_stream &&
-        ec != http::error::partial_message) {
+        ec != http::error::end_of_stream && ec != http::error::partial_message) {
       keep_alive_ = false;
       return Respond(400, "application/json", ErrorBody("malformed HTTP request", "invalid_request_error"), {});
     }
@@ -300,11 +299,11 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
   void Drop() {
     buffer_.clear();
-    beast::get_lowest_layer(stream_).async_read_some(
-        buffer_.prepare(64 << 10), [self = this->shared_from_this()](beast::error_code ec, size_t) {
-          if (ec) return beast::get_lowest_layer(self->stream_).close();
-          self->Drop();
-        });
+    beast::get_lowest_layer(stream_).async_read_some(buffer_.prepare(64 << 10),
+                                                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                                                       if (ec) return beast::get_lowest_layer(self->stream_).close();
+                                                       self->Drop();
+                                                     });
   }
 
   void Close() {
@@ -323,10 +322,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     const HttpRequest& request() const override { return request_; }
     void Respond(int status, const std::string& content_type, std::string body,
                  std::vector<std::pair<std::string, std::string>> headers) override {
-      asio::post(session_->executor(), [s = session_, status, content_type, body = std::move(body),
-                                        headers = std::move(headers)]() mutable {
-        s->Respond(status, content_type, std::move(body), std::move(headers));
-      });
+      asio::post(session_->executor(),
+                 [s = session_, status, content_type, body = std::move(body), headers = std::move(headers)]() mutable {
+                   s->Respond(status, content_type, std::move(body), std::move(headers));
+                 });
     }
     void StartStream(int status, const std::string& content_type) override {
       asio::post(session_->executor(), [s = session_, status, content_type] { s->StartStream(status, content_type); });
@@ -340,7 +339,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       asio::post(session_->executor(), [s = session_] { s->End(); });
     }
     void OnGone(std::function<void()> gone) override {
-      asio::post(session_->executor(), [s = session_, gone = std::move(gone)]() mutable { s->SetGone(std::move(gone)); });
+      asio::post(session_->executor(),
+                 [s = session_, gone = std::move(gone)]() mutable { s->SetGone(std::move(gone)); });
     }
 
    private:
@@ -358,8 +358,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   std::function<void()> gone_;
   std::optional<asio::steady_timer> idle_;  // a kept-alive connection waiting for its next request
   bool keep_alive_ = false;
-  bool responding_ = false;   // a request is being answered
-  bool answered_ = false;     // its answer has begun
+  bool responding_ = false;  // a request is being answered
+  bool answered_ = false;    // its answer has begun
   bool watching_ = false;
   bool next_wanted_ = false;  // read the next request once the watch returns
   bool writing_ = false;
@@ -370,7 +370,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 class Server final : public HttpServer {
  public:
   Server(std::shared_ptr<Shared> shared, std::optional<ssl::context> tls)
-      : ioc_(std::make_shared<asio::io_context>()), acceptor_(*ioc_), shared_(std::move(shared)), tls_(std::move(tls)) {}
+      : ioc_(std::make_shared<asio::io_context>()),
+        acceptor_(*ioc_),
+        shared_(std::move(shared)),
+        tls_(std::move(tls)) {}
   ~Server() override { Stop(); }
 
   absl::Status Listen(const std::string& listen, int threads) {
@@ -394,7 +397,8 @@ class Server final : public HttpServer {
     if (!ec) acceptor_.bind(endpoint, ec);
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
-      return absl::UnavailableError(absl::StrCat("cannot listen on server.http_listen = '", listen, "': ", ec.message()));
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on server.http_listen = '", listen, "': ", ec.message()));
     }
     port_ = acceptor_.local_endpoint().port();
     Accept();
@@ -466,9 +470,11 @@ absl::StatusOr<ssl::context> TlsContext(const TlsFiles& files) {
                   ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 | ssl::context::single_dh_use);
   beast::error_code ec;
   ctx.use_certificate_chain_file(files.cert_file, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("server.tls.cert_file = '", files.cert_file, "': ", ec.message()));
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("server.tls.cert_file = '", files.cert_file, "': ", ec.message()));
   ctx.use_private_key_file(files.key_file, ssl::context::pem, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("server.tls.key_file = '", files.key_file, "': ", ec.message()));
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("server.tls.key_file = '", files.key_file, "': ", ec.message()));
   if (!files.client_ca_file.empty()) {
     ctx.load_verify_file(files.client_ca_file, ec);
     if (ec) {

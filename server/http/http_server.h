@@ -18,8 +18,8 @@
 namespace inferd {
 
 struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string target;  // the path and query, as sent
+  std::string method;                          // "GET", "POST", ...
+  std::string target;                          // the path and query, as sent
   std::map<std::string, std::string> headers;  // names in lower case
   std::string body;
 };
@@ -51,7 +51,7 @@ struct TlsFiles {
 class HttpServer {
  public:
   struct Options {
-    std::string listen;          // HOST:PORT (port 0 picks one)
+    std::string listen;  // HOST:PORT (port 0 picks one)
     int threads = 2;
     int64_t max_body_bytes = 4 << 20;
     double request_timeout_s = 30;  // to receive a request's head and body; and for a kept-alive connection to

@@ -2,10 +2,9 @@
 
 #include <ctime>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -126,12 +125,13 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
     auto self = shared_from_this();
     const v1::GenerateRequest& proto = request_.prompts[choices_[index]->prompt];
     const int j = index % request_.n;
-    choices_[index]->call->Start([self, &proto, j](const std::shared_ptr<Engine>& engine) -> absl::StatusOr<BuiltRequest> {
-      if (j == 0 || !proto.sampling().has_seed()) return PrepareGenerate(engine, proto, absl::InfiniteFuture());
-      v1::GenerateRequest sibling = proto;  // a seeded request's choices differ, and each is reproducible
-      sibling.mutable_sampling()->set_seed(proto.sampling().seed() + j);
-      return PrepareGenerate(engine, sibling, absl::InfiniteFuture());
-    });
+    choices_[index]->call->Start(
+        [self, &proto, j](const std::shared_ptr<Engine>& engine) -> absl::StatusOr<BuiltRequest> {
+          if (j == 0 || !proto.sampling().has_seed()) return PrepareGenerate(engine, proto, absl::InfiniteFuture());
+          v1::GenerateRequest sibling = proto;  // a seeded request's choices differ, and each is reproducible
+          sibling.mutable_sampling()->set_seed(proto.sampling().seed() + j);
+          return PrepareGenerate(engine, sibling, absl::InfiniteFuture());
+        });
   }
 
   // The first choice of `prompt` has its first token (its KV blocks are cached) or ended: start its siblings.
@@ -242,7 +242,9 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
 };
 
 // The path without its query.
-std::string Path(const std::string& target) { return target.substr(0, target.find('?')); }
+std::string Path(const std::string& target) {
+  return target.substr(0, target.find('?'));
+}
 
 }  // namespace
 
@@ -263,8 +265,8 @@ void OpenAiFrontEnd::Handle(std::shared_ptr<HttpExchange> exchange) {
   const auto method_is = [&](const char* method) {
     if (req.method == method) return true;
     exchange->Respond(405, kJson,
-                      OpenAiErrorBody(absl::InvalidArgumentError(absl::StrCat(
-                          req.method, " ", path, " is not allowed; allowed: ", method))),
+                      OpenAiErrorBody(absl::InvalidArgumentError(
+                          absl::StrCat(req.method, " ", path, " is not allowed; allowed: ", method))),
                       {{"Allow", method}});
     return false;
   };
@@ -279,7 +281,8 @@ void OpenAiFrontEnd::Handle(std::shared_ptr<HttpExchange> exchange) {
   } else if (metrics && hooks_.metrics) {
     if (method_is("GET")) exchange->Respond(200, Metrics::kContentType, hooks_.metrics->Render());
   } else {
-    Fail(*exchange, absl::NotFoundError(absl::StrCat("no route ", path, "; inferd serves /v1/chat/completions, "
+    Fail(*exchange, absl::NotFoundError(absl::StrCat("no route ", path,
+                                                     "; inferd serves /v1/chat/completions, "
                                                      "/v1/completions, /v1/models, /health and /metrics")));
   }
 }
@@ -287,15 +290,14 @@ void OpenAiFrontEnd::Handle(std::shared_ptr<HttpExchange> exchange) {
 void OpenAiFrontEnd::Models(HttpExchange& exchange) {
   const GenerateCall::Services s = hooks_.services();
   if (!s.engine) return Fail(exchange, ModelLoadingStatus());
-  const nlohmann::json body = {
-      {"object", "list"},
-      {"data",
-       {{{"id", s.engine->model().name},
-         {"object", "model"},
-         {"created", started_},
-         {"owned_by", "inferd"},
-         {"max_model_len", s.engine->max_model_len()},
-         {"vocab_size", s.engine->model().config.vocab_size}}}}};
+  const nlohmann::json body = {{"object", "list"},
+                               {"data",
+                                {{{"id", s.engine->model().name},
+                                  {"object", "model"},
+                                  {"created", started_},
+                                  {"owned_by", "inferd"},
+                                  {"max_model_len", s.engine->max_model_len()},
+                                  {"vocab_size", s.engine->model().config.vocab_size}}}}};
   exchange.Respond(200, kJson, body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 

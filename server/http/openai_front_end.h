@@ -21,7 +21,7 @@ namespace inferd {
 class OpenAiFrontEnd {
  public:
   struct Hooks {
-    std::function<GenerateCall::Services()> services;  // the engine (null while loading), workers, metrics
+    std::function<GenerateCall::Services()> services;    // the engine (null while loading), workers, metrics
     std::shared_ptr<std::atomic<int64_t>> active_calls;  // generate calls not yet done (the drain waits for them)
     std::function<bool()> serving;                       // what grpc.health.v1 says now
     Metrics* metrics = nullptr;                          // /metrics; null: 404

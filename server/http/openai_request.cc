@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
@@ -111,7 +110,8 @@ absl::Status Prompts(const json& prompt, std::vector<v1::GenerateRequest>* out) 
 // A message's content: a string, or a list of text parts (joined).
 absl::StatusOr<std::string> Content(const json& content, const std::string& field) {
   if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) return Bad(field, content, "a string or a list of {\"type\": \"text\", \"text\": ...} parts");
+  if (!content.is_array())
+    return Bad(field, content, "a string or a list of {\"type\": \"text\", \"text\": ...} parts");
   std::string text;
   for (size_t j = 0; j < content.size(); ++j) {
     const json& part = content[j];
@@ -297,7 +297,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
     out.top_logprobs = static_cast<int>(top->value_or(0));
     if (*top && !out.logprobs) return Bad("top_logprobs", **top, "only with logprobs = true");
     // Every token's own logprob comes with its top alternatives: at least one is asked of the engine.
-    if (out.logprobs) base.mutable_output()->set_top_logprobs(static_cast<int32_t>(std::max<int64_t>(1, top->value_or(0))));
+    if (out.logprobs)
+      base.mutable_output()->set_top_logprobs(static_cast<int32_t>(std::max<int64_t>(1, top->value_or(0))));
   } else {
     auto lp = f.Int("logprobs", 0, 20);
     if (!lp.ok()) return lp.status();
@@ -323,7 +324,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
     for (const auto& [key, value] : so.items()) {
       if (key != "include_usage" && key != "continuous_usage_stats") return Unsupported("stream_options." + key);
       if (!value.is_boolean()) return Bad("stream_options." + key, value, "true or false");
-      if (key == "continuous_usage_stats" && value.get<bool>()) return Unsupported("stream_options.continuous_usage_stats");
+      if (key == "continuous_usage_stats" && value.get<bool>())
+        return Unsupported("stream_options.continuous_usage_stats");
     }
     out.include_usage = so.value("include_usage", false);
   }
@@ -331,18 +333,21 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
 
   if (!f.Rest().empty()) return Unsupported(f.Rest().begin().key());
 
-  if (chat) out.prompts.push_back(std::move(base));
+  if (chat)
+    out.prompts.push_back(std::move(base));
   else {
     for (v1::GenerateRequest& p : out.prompts) {
       v1::GenerateRequest merged = base;
-      if (p.has_token_ids()) *merged.mutable_token_ids() = p.token_ids();
-      else merged.set_text(p.text());
+      if (p.has_token_ids())
+        *merged.mutable_token_ids() = p.token_ids();
+      else
+        merged.set_text(p.text());
       p = std::move(merged);
     }
   }
   if (static_cast<int64_t>(out.prompts.size()) * out.n > kMaxOpenAiChoices) {
-    return Bad("n", out.n, absl::StrCat("at most ", kMaxOpenAiChoices, " choices in all (", out.prompts.size(),
-                                        " prompts × n)"));
+    return Bad("n", out.n,
+               absl::StrCat("at most ", kMaxOpenAiChoices, " choices in all (", out.prompts.size(), " prompts × n)"));
   }
   return out;
 }

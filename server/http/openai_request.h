@@ -16,7 +16,7 @@ enum class OpenAiRoute { kChat, kCompletion };
 
 struct OpenAiRequest {
   OpenAiRoute route = OpenAiRoute::kChat;
-  std::string model;  // as the client named it; empty when not given
+  std::string model;                         // as the client named it; empty when not given
   std::vector<v1::GenerateRequest> prompts;  // completions may send several; chat one
   int n = 1;                                 // choices per prompt
   bool stream = false;

@@ -7,7 +7,9 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string Dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 // A token as OpenAI shows it: its text (a byte that is not whole UTF-8 by itself shows as U+FFFD) and its bytes.
 json TokenJson(const Tokenizer* tokenizer, int32_t id, float logprob) {
@@ -95,8 +97,9 @@ const char* ErrorType(int http_status) {
 
 json ErrorJson(const absl::Status& status) {
   const int http = OpenAiHttpStatus(status);
-  return {{"error",
-           {{"message", std::string(status.message())}, {"type", ErrorType(http)}, {"param", nullptr}, {"code", http}}}};
+  return {
+      {"error",
+       {{"message", std::string(status.message())}, {"type", ErrorType(http)}, {"param", nullptr}, {"code", http}}}};
 }
 
 }  // namespace
@@ -137,9 +140,8 @@ std::string OpenAiResponse(const OpenAiResponseContext& ctx, const std::vector<C
 
 std::string OpenAiChunkEvent(const OpenAiResponseContext& ctx, const ChoicePiece& piece) {
   json out = Head(ctx, true);
-  json choice = {{"index", piece.index},
-                 {"logprobs", Logprobs(ctx, piece.logprobs)},
-                 {"finish_reason", Finish(piece.finish)}};
+  json choice = {
+      {"index", piece.index}, {"logprobs", Logprobs(ctx, piece.logprobs)}, {"finish_reason", Finish(piece.finish)}};
   if (ctx.route == OpenAiRoute::kChat) {
     json delta = {{"content", piece.text}};
     if (piece.first) delta["role"] = "assistant";
@@ -187,8 +189,12 @@ int OpenAiHttpStatus(const absl::Status& status) {
   }
 }
 
-std::string OpenAiErrorBody(const absl::Status& status) { return Dump(ErrorJson(status)); }
+std::string OpenAiErrorBody(const absl::Status& status) {
+  return Dump(ErrorJson(status));
+}
 
-std::string OpenAiErrorEvent(const absl::Status& status) { return "data: " + Dump(ErrorJson(status)) + "\n\n"; }
+std::string OpenAiErrorEvent(const absl::Status& status) {
+  return "data: " + Dump(ErrorJson(status)) + "\n\n";
+}
 
 }  // namespace inferd

@@ -260,9 +260,8 @@ absl::Status CudaBackend::Stage(const StepInput& in, bool decode_graph, bool uns
       cudaMemcpyAsync(inputs_dev_.get(), inputs_host_.get(), packed.head_bytes, cudaMemcpyHostToDevice, compute_));
   if (packed.penalty_entries > 0) {
     const int64_t n = packed.penalty_entries;
-    for (auto [region, bytes] :
-         {std::pair{ir.penalty_tokens, n * 4}, std::pair{ir.penalty_counts, n * 4}, std::pair{ir.penalty_bias, n * 4},
-          std::pair{ir.penalty_flags, n}}) {
+    for (auto [region, bytes] : {std::pair{ir.penalty_tokens, n * 4}, std::pair{ir.penalty_counts, n * 4},
+                                 std::pair{ir.penalty_bias, n * 4}, std::pair{ir.penalty_flags, n}}) {
       INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get<char>() + region.offset, inputs_host_.get<char>() + region.offset,
                                   bytes, cudaMemcpyHostToDevice, compute_));
     }
