@@ -62,7 +62,6 @@ StreamTiming RunOpenAiStream(const std::string& address, const v1::GenerateReque
     req.set(http::field::content_type, "application/json");
     req.prepare_payload();
     const Clock::time_point t0 = Clock::now();
-    Clock::time_point last = t0;
     http::write(stream, req);
     beast::flat_buffer buffer;
     http::response_parser<http::buffer_body> parser;
@@ -73,7 +72,7 @@ StreamTiming RunOpenAiStream(const std::string& address, const v1::GenerateReque
       return res;
     }
     std::string pending;  // bytes of events not yet whole
-    bool first = true, done = false;
+    bool done = false;
     char chunk[16384];
     while (!parser.is_done() && !done) {
       parser.get().body().data = chunk;
@@ -101,13 +100,7 @@ StreamTiming RunOpenAiStream(const std::string& address, const v1::GenerateReque
           res.output_tokens = j["usage"]["completion_tokens"];
         }
         if (j["choices"].empty()) continue;
-        if (first) {
-          res.ttft = std::chrono::duration<double>(now - t0).count();
-          first = false;
-        } else {
-          res.itl.push_back(std::chrono::duration<double>(now - last).count());
-        }
-        last = now;
+        res.Chunk(t0, now);
       }
     }
     res.latency = std::chrono::duration<double>(Clock::now() - t0).count();

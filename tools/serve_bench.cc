@@ -124,20 +124,12 @@ Result RunOne(v1::Inference::Stub& stub, const v1::GenerateRequest& request) {
   Result res;
   grpc::ClientContext ctx;
   const Clock::time_point t0 = Clock::now();
-  Clock::time_point last = t0;
   auto stream = stub.GenerateStream(&ctx, request);
   v1::GenerateChunk chunk;
-  bool first = true;
   while (stream->Read(&chunk)) {
     const Clock::time_point now = Clock::now();
     if (chunk.token_ids_size() > 0) {
-      if (first) {
-        res.ttft = std::chrono::duration<double>(now - t0).count();
-        first = false;
-      } else {
-        res.itl.push_back(std::chrono::duration<double>(now - last).count());
-      }
-      last = now;
+      res.Chunk(t0, now);
       res.output_tokens += chunk.token_ids_size();
     }
     if (chunk.has_usage()) res.prompt_tokens = chunk.usage().prompt_tokens();
