@@ -154,6 +154,12 @@ std::vector<ConfigField> MakeFields() {
       "engine", "dtype", [](Config& c) -> std::string& { return c.engine.dtype; }, {"auto", "bfloat16", "float16"},
       "auto, bfloat16, float16",
       "cuda weights and activations; auto = bfloat16 (GGUF and fp32 files are converted at load)"));
+  f.push_back(Text(
+      "engine", "quantization", [](Config& c) -> std::string& { return c.engine.quantization; }, {"none", "fp8"},
+      "none, fp8",
+      "cuda: `fp8` quantizes the layers' linear weights to e4m3 at load (one scale per output channel) and their "
+      "inputs per token (steps of more than a few rows); embeddings, norms and the LM head stay in `dtype`. The "
+      "cpu backend refuses it"));
   f.push_back(Flag(
       "engine", "cuda_graphs", [](Config& c) -> bool& { return c.engine.cuda_graphs; },
       "cuda: decode steps replay CUDA graphs captured at start-up for batches of 1, 2, 4, … "

@@ -4,31 +4,10 @@
 #include "kernels/block_reduce.cuh"
 #include "kernels/dependent_launch.cuh"
 #include "kernels/elementwise.h"
+#include "kernels/float_convert.cuh"
 
 namespace inferd::kernels {
 namespace {
-
-__device__ __forceinline__ float F(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__device__ __forceinline__ float F(__half v) {
-  return __half2float(v);
-}
-template <typename T>
-__device__ __forceinline__ T To(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 To<__nv_bfloat16>(float v) {
-  return __float2bfloat16(v);
-}
-template <>
-__device__ __forceinline__ __half To<__half>(float v) {
-  return __float2half(v);
-}
-// Rounds through T, as a tensor of dtype T would.
-template <typename T>
-__device__ __forceinline__ float Round(float v) {
-  return F(To<T>(v));
-}
 
 cudaError_t Check(int64_t rows) {
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;

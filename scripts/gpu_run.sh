@@ -7,6 +7,9 @@
 # image: the CUDA image's own inferd from its root filesystem in a chroot, serving the 8B model (needs
 #   `bash docker/build-images.sh cuda && bash docker/export-payload.sh` here instead of the bundle; root there).
 # parity: the test models and references, then the precision and whole-model parity tests alone.
+# fp8: the test models and references (the -fp8 ones too), then every GPU test (the fp8 kernels' and the fp8
+#   parity cases among them).
+# fp8-bench: the 8B model benchmarked with engine.quantization none and fp8 in one run (same ceilings).
 # sweep: the 8B model served by inferd on cuda, `inferd-bench serve` at a list of request rates (CSV in $OUT).
 # frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
 #   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
@@ -30,7 +33,7 @@ summarize_gpu_tests() {
   grep -E "^\[ precision" "$1" | grep -vE "error (0\.|1\.[0-2])"
 }
 
-if [[ "$what" == all || "$what" == tests || "$what" == parity ]]; then
+if [[ "$what" == all || "$what" == tests || "$what" == parity || "$what" == fp8 ]]; then
   # Random-weight models with head dims 64, 128 and 256 (the "-sharp" ones with large activations) and their
   # references: fp32 on the CPU, bf16 on the GPU.
   export INFERD_GPU_MODELS=/tmp/inferd-gpu-models
@@ -39,12 +42,32 @@ if [[ "$what" == all || "$what" == tests || "$what" == parity ]]; then
   python3 tools/make_reference_fixtures.py "$INFERD_GPU_MODELS" "$INFERD_GPU_MODELS/reference" || status=1
   python3 tools/make_reference_fixtures.py --device cuda --dtype bfloat16 --suffix=-bf16 --forced-on-fp32 \
     "$INFERD_GPU_MODELS" "$INFERD_GPU_MODELS/reference" || status=1
+  python3 tools/make_reference_fixtures.py --fp8-weights --suffix=-fp8 "$INFERD_GPU_MODELS" \
+    "$INFERD_GPU_MODELS/reference" || status=1
+  python3 tools/make_reference_fixtures.py --fp8-weights --fp8-activations --suffix=-fp8a8 "$INFERD_GPU_MODELS" \
+    "$INFERD_GPU_MODELS/reference" || status=1
   tar -C "$INFERD_GPU_MODELS" -czf "$OUT/gpu_references.tar.gz" reference
 fi
 if [[ "$what" == parity ]]; then  # the precision and whole-model parity tests alone
   "$BUNDLE/bin/gpu_tests" --gtest_filter='Precision.*:Models/CudaParity.*:Models/SharpParity.*' --gtest_output="xml:$OUT/gpu_tests.xml" \
     > "$OUT/gpu_tests_parity.log" 2>&1 || status=1
   summarize_gpu_tests "$OUT/gpu_tests_parity.log"
+fi
+if [[ "$what" == fp8 ]]; then  # every GPU test, the fp8 ones among them
+  "$BUNDLE/bin/gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1 || status=1
+  summarize_gpu_tests "$OUT/gpu_tests.log"
+fi
+if [[ "$what" == all || "$what" == fp8-bench ]]; then
+  echo "== benchmarks: bf16 and fp8 (engine.quantization) on the 8B model"
+  M=/tmp/llama3-8b-random
+  [[ -f $M/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M" || status=1
+  for q in none fp8; do
+    "$BUNDLE/bin/inferd-bench" --model "$M" --quantization $q --sections "${FP8_BENCH_SECTIONS:-products,latency,prefill,decode,throughput}" \
+      --batches "${FP8_BENCH_BATCHES:-1,64,128,256}" --json "$OUT/bench_8b_$q.json" > "$OUT/bench_8b_$q.txt" 2>&1 || status=1
+    echo "-- quantization $q"
+    grep -E "weights|memory plan" "$OUT/bench_8b_$q.txt" | head -n 3
+    grep -v "^\[20" "$OUT/bench_8b_$q.txt"
+  done
 fi
 if [[ "$what" == all || "$what" == tests ]]; then
   # The bundled SmolLM2 (98 MB) does not travel with the working tree (64 MiB per call): without it, the

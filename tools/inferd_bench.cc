@@ -1,7 +1,8 @@
 // inferd-bench: the engine in-process (no gRPC in the timed path) on a model and the cuda backend, against
 // ceilings measured first on the same GPU: read-streaming bandwidth (a large read-only reduction) and the
-// cuBLASLt bf16 GEMM rate at 8192³. Prints a table and writes JSON.
+// cuBLASLt bf16 and fp8 GEMM rates at 8192³. Prints a table and writes JSON.
 //   inferd-bench --model DIR [--json FILE] [--sections products,latency,prefill,decode,throughput] [--batches 1,8]
+//                [--quantization none|fp8]
 //   inferd-bench serve ...   (the serving benchmark against a running server: tools/serve_bench.cc)
 #include <cstdio>
 #include <string>
@@ -36,6 +37,7 @@
 #include "engine/model/model_config.h"
 #include "engine/runtime/device_layout.h"
 #include "engine/runtime/step_cost.h"
+#include "kernels/fp8.h"
 #include "kernels/gemv.h"
 #include "nlohmann/json.hpp"
 
@@ -71,10 +73,10 @@ double ReadCeilingTBs() {
   return *r / 1e12;
 }
 
-double GemmCeilingTflops() {
+double GemmCeilingTflops(bool fp8) {
   int64_t ws = 0;
   auto gemm = cuda::Gemm::Create(CUDA_R_16BF, kGemmWorkspaceBytes, &ws);
-  auto r = gemm.ok() ? cuda::MeasureGemmRate(**gemm, true, 8192, 0) : absl::StatusOr<double>(gemm.status());
+  auto r = gemm.ok() ? cuda::MeasureGemmRate(**gemm, true, 8192, 0, fp8) : absl::StatusOr<double>(gemm.status());
   if (!r.ok()) {
     std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
     std::exit(1);
@@ -85,7 +87,9 @@ double GemmCeilingTflops() {
 // The decode step's matrix products (each layer's q/k/v, o, gate/up and down, then the LM head) at m = 1..16
 // rows, through cuBLASLt and through the streaming kernel, each reading a fresh region of a 2 GiB pool so no
 // weight is served from L2. Prints the weight bandwidth of each and the per-step chain, and returns it as JSON.
-nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs) {
+// fp8: the layers' weights are e4m3 (the LM head stays bf16); cuBLASLt gets e4m3 inputs, the streaming kernel
+// bf16 ones, as the forward pass runs them.
+nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
   struct Shape {
     const char* name;
     int64_t n, k;
@@ -105,29 +109,52 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs) {
     std::exit(1);
   }
   char* pool;
-  void *x, *y;
+  void *x, *y, *x8;
+  float* scales;
   BENCH_CUDA(cudaMalloc(&pool, pool_bytes));
   BENCH_CUDA(cudaMalloc(&x, 16 * std::max(H, I) * 2));
   BENCH_CUDA(cudaMalloc(&y, 16 * c.vocab_size * 4));
+  BENCH_CUDA(cudaMalloc(&x8, 16 * std::max(H, I)));
+  BENCH_CUDA(cudaMalloc(&scales, 2 * I * 4));
   {
     std::vector<uint16_t> host(size_t{1} << 24);  // random bf16 in [-1, 1), repeated over the pool
     std::mt19937 rng(3);
     for (uint16_t& v : host) v = static_cast<uint16_t>(0x3c00 + (rng() % 0x0300)) | ((rng() & 1) << 15);
+    if (fp8) {  // as bytes, finite e4m3 values (exponents 3..13, no NaN)
+      auto* b = reinterpret_cast<uint8_t*>(host.data());
+      for (size_t i = 0; i < host.size() * 2; ++i) b[i] = static_cast<uint8_t>(0x18 + rng() % 0x50) | (rng() & 0x80);
+    }
     for (int64_t off = 0; off < pool_bytes; off += host.size() * 2) {
       BENCH_CUDA(cudaMemcpy(pool + off, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
     }
+    BENCH_CUDA(cudaMemcpy(x8, host.data(), 16 * std::max(H, I), cudaMemcpyHostToDevice));
+    for (uint16_t& v : host) v = static_cast<uint16_t>(0x3c00 + (rng() % 0x0300)) | ((rng() & 1) << 15);
     BENCH_CUDA(cudaMemcpy(x, host.data(), 16 * std::max(H, I) * 2, cudaMemcpyHostToDevice));
+    const std::vector<float> ones(2 * I, 1.f / 64);
+    BENCH_CUDA(cudaMemcpy(scales, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
   }
+  // A product's weight and input for the path: fp8 layer weights with their scales; fp8 inputs for cuBLASLt.
+  auto weight_at = [&](const char* at, bool lm_head) {
+    return fp8 && !lm_head ? cuda::Operand(at, scales) : cuda::Operand(at);
+  };
+  auto input_for = [&](bool lm_head, int path) {
+    return fp8 && !lm_head && path == 0 ? cuda::Operand(x8, scales) : cuda::Operand(x);
+  };
+  auto weight_bytes = [&](const Shape& sh) { return sh.n * sh.k * (fp8 && !sh.lm_head ? 1 : 2); };
   nlohmann::json out = nlohmann::json::array();
   std::printf("decode-step products (weights streamed; %% of the read ceiling):\n");
   std::printf("%4s %-8s %22s %22s\n", "m", "product", "cuBLASLt", "streaming kernel");
   double chain_bytes = 0;
-  for (const Shape& sh : shapes) chain_bytes += sh.n * sh.k * 2.0 * (sh.lm_head ? 1 : c.num_layers);
+  for (const Shape& sh : shapes) chain_bytes += double(weight_bytes(sh)) * (sh.lm_head ? 1 : c.num_layers);
   // The whole chain of one decode step, captured in one CUDA graph: each layer's products read the next
   // regions of the pool, then the LM head.
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));
-  auto chain_ms = [&](int64_t m) {
+  auto set_path = [&](int path) {
+    (*gemm)->set_gemv_max_rows(path == 0 ? 0 : kernels::kGemvMaxRows);
+    (*gemm)->set_fp8_gemv_max_rows(path == 0 ? 0 : kernels::kGemvMaxRows);
+  };
+  auto chain_ms = [&](int64_t m, int path) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     int64_t off = 0;
@@ -135,9 +162,11 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs) {
     for (int layer = 0; layer <= c.num_layers; ++layer) {
       for (const Shape& sh : shapes) {
         if (sh.lm_head != (layer == c.num_layers)) continue;
-        const int64_t bytes = sh.n * sh.k * 2;
+        const int64_t bytes = weight_bytes(sh);
         if (off + bytes > pool_bytes) off = 0;
-        const absl::Status st = (*gemm)->Run(x, pool + off, y, m, sh.n, sh.k, nullptr, sh.lm_head, stream);
+        const absl::Status st =
+            (*gemm)->Run(input_for(sh.lm_head, path), weight_at(pool + off, sh.lm_head), y, m, sh.n, sh.k, nullptr,
+                         sh.lm_head, stream);
         if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
         off += bytes;
       }
@@ -154,21 +183,22 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs) {
     double chain[2] = {0, 0};
     for (int path = 0; path < 2; ++path) {
       if (path == 1 && m > kernels::kGemvMaxRows) continue;
-      (*gemm)->set_gemv_max_rows(path == 0 ? 0 : kernels::kGemvMaxRows);
-      chain[path] = chain_ms(m);
+      set_path(path);
+      chain[path] = chain_ms(m, path);
     }
     for (const Shape& sh : shapes) {
-      const int64_t bytes = sh.n * sh.k * 2;
+      const int64_t bytes = weight_bytes(sh);
       const int64_t regions = std::max<int64_t>(1, pool_bytes / bytes);
       double ms[2] = {0, 0};
       for (int path = 0; path < 2; ++path) {
         if (path == 1 && m > kernels::kGemvMaxRows) continue;
-        (*gemm)->set_gemv_max_rows(path == 0 ? 0 : kernels::kGemvMaxRows);
+        set_path(path);
         int64_t i = 0;
         ms[path] = TimeMs(
             [&] {
-              const void* w = pool + (i++ % regions) * bytes;
-              return (*gemm)->Run(x, w, y, m, sh.n, sh.k, nullptr, sh.lm_head, stream);
+              const char* w = pool + (i++ % regions) * bytes;
+              return (*gemm)->Run(input_for(sh.lm_head, path), weight_at(w, sh.lm_head), y, m, sh.n, sh.k, nullptr,
+                                  sh.lm_head, stream);
             },
             3, 21, stream);
       }
@@ -197,6 +227,8 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs) {
   cudaFree(pool);
   cudaFree(x);
   cudaFree(y);
+  cudaFree(x8);
+  cudaFree(scales);
   return out;
 }
 
@@ -277,6 +309,7 @@ int Main(int argc, char** argv) {
   std::string plan_ahead = "auto";
   int32_t profile_steps = 0;
   int32_t prefill_idle_ms = 1000;
+  std::string quantization = "none";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 < argc && a == "--sections") sections = argv[++i];
@@ -286,6 +319,7 @@ int Main(int argc, char** argv) {
     if (i + 1 < argc && a == "--plan-ahead") plan_ahead = argv[++i];
     if (i + 1 < argc && a == "--profile-steps") profile_steps = std::atoi(argv[++i]);
     if (i + 1 < argc && a == "--prefill-idle-ms") prefill_idle_ms = std::atoi(argv[++i]);
+    if (i + 1 < argc && a == "--quantization") quantization = argv[++i];
     if (i + 1 < argc && a == "--batches") {
       batches.clear();
       for (absl::string_view b : absl::StrSplit(argv[++i], ',')) batches.push_back(std::atoi(std::string(b).c_str()));
@@ -294,14 +328,16 @@ int Main(int argc, char** argv) {
   if (model.empty()) {
     std::fprintf(stderr,
                  "usage: inferd-bench --model DIR [--json FILE] [--sections LIST] [--batches B,...] [--no-graphs]\n"
-                 "       [--plan-ahead auto|on|off] [--profile-steps N] [--prefill-idle-ms MS]\n"
+                 "       [--plan-ahead auto|on|off] [--profile-steps N] [--prefill-idle-ms MS] [--quantization Q]\n"
                  "  LIST: comma-separated of products,latency,prefill,decode,throughput (default: all)\n"
                  "  B: the decode section's batch sizes (default 1,8,32,64,128,256)\n"
                  "  --no-graphs: decode steps launched kernel by kernel (engine.cuda_graphs: false)\n"
                  "  --plan-ahead: engine.plan_ahead (default auto: on for cuda)\n"
                  "  --profile-steps N: log where each of the first N steps' time went (engine.profile_steps)\n"
                  "  --prefill-idle-ms MS: the GPU's idle time before each timed prompt of the prefill section "
-                 "(default 1000)\n");
+                 "(default 1000)\n"
+                 "  --quantization none|fp8: engine.quantization (FLOPs utilisation then against the fp8 GEMM "
+                 "ceiling)\n");
     return 2;
   }
   cudaDeviceProp prop;
@@ -309,8 +345,12 @@ int Main(int argc, char** argv) {
   // Warm the GPU up (it idles at low clocks) with the ceiling kernels themselves, then measure them.
   ReadCeilingTBs();
   const double read_tbs = ReadCeilingTBs();
-  const double gemm_tflops = GemmCeilingTflops();
-  std::printf("device %s: read-streaming %.2f TB/s, bf16 GEMM 8192^3 %.0f TFLOP/s\n", prop.name, read_tbs, gemm_tflops);
+  const double bf16_tflops = GemmCeilingTflops(false);
+  const double fp8_tflops = GemmCeilingTflops(true);
+  const bool fp8 = quantization == "fp8";
+  const double gemm_tflops = fp8 ? fp8_tflops : bf16_tflops;  // what the prefill's FLOPs utilisation is against
+  std::printf("device %s: read-streaming %.2f TB/s, GEMM 8192^3 bf16 %.0f TFLOP/s, fp8 e4m3 %.0f TFLOP/s\n", prop.name,
+              read_tbs, bf16_tflops, fp8_tflops);
   const auto want = [&](const std::string& name) {
     return absl::StrContains(absl::StrCat(",", sections, ","), absl::StrCat(",", name, ","));
   };
@@ -323,7 +363,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "%s/config.json: %s\n", model.c_str(), mc.status().ToString().c_str());
       return 1;
     }
-    products = DecodeProducts(*mc, read_tbs);
+    products = DecodeProducts(*mc, read_tbs, fp8);
   }
 
   Config config;
@@ -332,6 +372,7 @@ int Main(int argc, char** argv) {
   config.engine.cuda_graphs = graphs;
   config.engine.plan_ahead = plan_ahead;
   config.engine.profile_steps = profile_steps;
+  config.engine.quantization = quantization;
   config.scheduler.max_num_seqs = 256;
   config.scheduler.max_num_batched_tokens = 8192;
   config.scheduler.max_queue = 1000;
@@ -348,7 +389,9 @@ int Main(int argc, char** argv) {
   const StepCostModel cost(c, plan, config.engine.block_size);
   nlohmann::json out = {{"device", prop.name},
                         {"read_ceiling_tb_s", read_tbs},
-                        {"gemm_ceiling_tflop_s", gemm_tflops},
+                        {"gemm_ceiling_tflop_s", bf16_tflops},
+                        {"fp8_gemm_ceiling_tflop_s", fp8_tflops},
+                        {"quantization", quantization},
                         {"startup_s", startup_s},
                         {"weight_bytes", plan.weight_bytes},
                         {"decode_products", products},

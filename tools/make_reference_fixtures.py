@@ -12,6 +12,11 @@ turn rendered with the model's template):
     python3 tools/make_reference_fixtures.py --gguf models/SmolLM2-135M-Instruct.Q4_1.gguf smollm2-135m-instruct \
         --skip-dir tests/fixtures/models tests/fixtures/reference
 
+With --fp8-weights (suffix -fp8), each linear layer's weight is first replaced by its fp8 dequantization as
+`engine.quantization: fp8` makes it (bf16, then e4m3 with one fp32 scale per output row, bit for bit), so the
+reference is the fp8 model in fp32 arithmetic. --fp8-activations (suffix -fp8a8) also rounds each of those
+layers' inputs per token to e4m3 (scale = max |row| / 448), as the engine does for steps of more than a few rows.
+
 Each file holds, per prompt: the prompt ids, 32 greedy tokens, and for every step the top-5 (id, logprob)
 and the margin between the two largest logits (tests skip positions where it is below 1e-2).
 """
@@ -44,6 +49,34 @@ def long_prompt_text(seed):
              "step and the engine samples the next token attention layers norm rotary weights 12 345").split()
     rng = random.Random(seed)
     return " ".join(rng.choice(words) for _ in range(4000))
+
+
+@torch.no_grad()
+def dequantize_fp8_weights(model):
+    """Each layer's linear weights through the engine's fp8 quantization: rounded to bf16, scale = max |row| / 448
+    (1 for a row of zeros), e4m3 = round-to-nearest-even of row / scale, saturating; then back to fp32."""
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or ".layers." not in f".{name}":
+            continue
+        w = module.weight.data.to(torch.bfloat16).to(torch.float32)
+        amax = w.abs().amax(dim=1, keepdim=True)
+        scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        q = (w / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        module.weight.data = (q.to(torch.float32) * scale).to(module.weight.dtype)
+
+
+def quantize_fp8_inputs(model):
+    """Each layer's linear inputs rounded per token (row) through e4m3 with scale max |row| / 448."""
+    def hook(module, args):
+        x = args[0]
+        amax = x.abs().amax(dim=-1, keepdim=True)
+        scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        q = (x / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return (q.to(x.dtype) * scale,) + tuple(args[1:])
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}":
+            module.register_forward_pre_hook(hook)
 
 
 @torch.no_grad()
@@ -112,6 +145,10 @@ def main():
     p.add_argument("--device", default="cpu", help="cpu (exact fp32) or cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--suffix", default="", help="appended to each reference's file name")
+    p.add_argument("--fp8-weights", action="store_true",
+                   help="linear weights dequantized from the engine's fp8 (the -sharp models are left out)")
+    p.add_argument("--fp8-activations", action="store_true",
+                   help="with --fp8-weights: the linear layers' inputs rounded per token to e4m3 too")
     p.add_argument("--forced-on-fp32", action="store_true",
                    help="for the -sharp models, also record steps along the fp32 reference's tokens in out_dir")
     args = p.parse_args()
@@ -119,16 +156,22 @@ def main():
     torch.manual_seed(0)
     for name in [] if args.skip_dir else sorted(os.listdir(args.models_dir)):
         d = os.path.join(args.models_dir, name)
-        if not os.path.exists(os.path.join(d, "config.json")):
+        if not os.path.exists(os.path.join(d, "config.json")) or (args.fp8_weights and name.endswith("-sharp")):
             continue
         model = AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, args.dtype),
                                                      attn_implementation="eager").to(args.device)
         model.eval()
+        if args.fp8_weights:
+            dequantize_fp8_weights(model)
+        if args.fp8_activations:
+            quantize_fp8_inputs(model)
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
         command = "python3 tools/make_reference_fixtures.py tests/fixtures/models tests/fixtures/reference"
-        if args.device != "cpu" or args.dtype != "float32":
+        if args.device != "cpu" or args.dtype != "float32" or args.fp8_weights:
             command = (f"python3 tools/make_reference_fixtures.py --device {args.device} --dtype {args.dtype} "
-                       f"--suffix '{args.suffix}' {args.models_dir} {args.out_dir}")
+                       f"--suffix '{args.suffix}'{' --fp8-weights' if args.fp8_weights else ''}"
+                       f"{' --fp8-activations' if args.fp8_activations else ''} "
+                       f"{args.models_dir} {args.out_dir}")
         prompts, cut = PROMPTS, None
         if name.endswith("-sharp"):
             prompts = PROMPTS + [long_prompt_text(n) for n in LONG_PROMPT_TOKENS]

@@ -15,22 +15,29 @@ Region ArenaBuilder::Add(int64_t bytes) {
 
 namespace {
 
-int64_t WeightBytes(const ModelTensors& t, int64_t e) {
+int64_t WeightBytes(const ModelTensors& t, int64_t e, bool fp8) {
   int64_t n = 0;
-  for (const TensorDesc* d : AllTensors(t)) n += d->numel();  // numel() is 0 for an absent tensor
-  return n * e;
+  for (const TensorDesc* d : AllTensors(t)) n += d->numel() * e;  // numel() is 0 for an absent tensor
+  if (!fp8) return n;
+  for (const LayerTensors& L : t.layers) {
+    for (const TensorDesc* d : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) {
+      n += d->numel() * (1 - e) + d->rows * 4;  // one byte an element and a fp32 scale per row
+    }
+  }
+  return n;
 }
 
 }  // namespace
 
-DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int64_t e) {
+DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int64_t e, bool fp8_weights) {
   const ModelConfig& c = model.config;
   const int64_t T = limits.max_num_batched_tokens, R = limits.max_num_seqs, bs = limits.block_size;
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   DeviceLayout l;
   l.limits = limits;
   l.element_bytes = e;
-  l.weight_bytes = WeightBytes(model.tensors, e);
+  l.fp8_weights = fp8_weights;
+  l.weight_bytes = WeightBytes(model.tensors, e, fp8_weights);
 
   // Step inputs sized for the worst case: every sequence at the model's longest context, and one penalty entry
   // per distinct id a row can hold, ban or bias (its context, at most kMaxStopTokenIds stop ids, the eos ids and
@@ -74,6 +81,9 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   a.attn = act.Add(T * c.q_width() * e);
   a.gate_up = act.Add(T * 2 * I * e);
   a.act = act.Add(T * I * e);
+  const int64_t widest_input = std::max<int64_t>({H, c.q_width(), I});
+  a.act_fp8 = act.Add(fp8_weights ? T * widest_input : 0);
+  a.act_scale = act.Add(fp8_weights ? T * 4 : 0);
   a.last = act.Add(R * H * e);
   a.last_delta = act.Add(R * H * e);
   a.last_n = act.Add(R * H * e);

@@ -35,6 +35,8 @@ struct ActivationRegions {
   Region attn;                      // [T, q_width] e: attention output
   Region gate_up;                   // [T, 2 * intermediate] e: gate rows then up rows
   Region act;                       // [T, intermediate] e: SiLU(gate) * up
+  Region act_fp8;                   // fp8 weights: [T, max(hidden, q_width, intermediate)] e4m3, a product's input
+  Region act_scale;                 // fp8 weights: [T] fp32, its per-token scales
   Region last, last_delta, last_n;  // [R, hidden] e: the rows that sample, their last delta, normed
   Region logits;                    // [R, vocab] fp32
   Region inv_freq;                  // [head_dim / 2] fp32 rotary inverse frequencies
@@ -73,7 +75,8 @@ struct InputRegions {
 struct DeviceLayout {
   StepLimits limits;  // the largest step it holds
   int64_t element_bytes = 0;
-  int64_t weight_bytes = 0;  // every present tensor at element_bytes
+  bool fp8_weights = false;  // the layers' linear weights are fp8 e4m3 with a fp32 scale per output row
+  int64_t weight_bytes = 0;  // every present tensor at element_bytes (linear weights as fp8 + scales if so)
   ActivationRegions activations;
   int64_t activation_arena_bytes = 0;
   int64_t gemm_workspace_bytes = 0;  // cuBLASLt's, allocated by the product wrapper
@@ -93,6 +96,7 @@ struct DeviceLayout {
 
 inline constexpr int64_t kGemmWorkspaceBytes = int64_t{32} << 20;
 
-DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int64_t element_bytes);
+DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int64_t element_bytes,
+                              bool fp8_weights = false);
 
 }  // namespace inferd

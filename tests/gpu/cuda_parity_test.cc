@@ -3,6 +3,11 @@
 // --gpu-models, tools/make_reference_fixtures.py in fp32 on the CPU and in bf16 on the GPU). Greedy tokens must
 // agree up to the first position whose reference top-2 margin is under 0.1; all prompts run batched, the long
 // one over many blocks and in prefill chunks. Skips without a GPU or without INFERD_GPU_MODELS.
+// engine.quantization = fp8 runs are compared with the "-fp8a8" references: transformers in fp32 on the CPU with
+// each linear weight replaced by its fp8 dequantization (the engine's per-channel scales, bit for bit) and each
+// linear input rounded per token to e4m3, as the engine rounds them. What differs is the engine's bf16 arithmetic
+// before each rounding, which moves an input across an e4m3 rounding boundary now and then (one e4m3 step is 12%
+// of a value): positions are compared up to a near-tie of margin 0.5, not 0.1.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -27,23 +32,26 @@ struct CudaCase {
   bool cuda_graphs = true;     // engine.cuda_graphs: decode steps replay captured graphs
   int32_t max_num_seqs = 8;    // 1: every request alone (decode rows through the streaming products)
   int32_t copies = 1;          // each prompt submitted this many times at once (a crowd)
+  const char* quantization = "none";  // engine.quantization
+  double near_tie = 0.1;              // positions are compared up to the reference's first top-2 margin under this
+  double logprob_tolerance = 0.25;    // the chosen tokens' logprobs against the reference's
 };
 
 // How far greedy tokens follow a reference: per prompt, the positions before the reference's first near-tie
-// (top-2 margin under 0.1) are compared, and agree up to the first mismatch.
+// (top-2 margin under near_tie) are compared, and agree up to the first mismatch.
 struct Agreement {
   int agreed = 0, compared = 0;
   std::string first_mismatch;
 };
 
-Agreement Agree(const std::vector<std::vector<int32_t>>& tokens, const nlohmann::json& ref) {
+Agreement Agree(const std::vector<std::vector<int32_t>>& tokens, const nlohmann::json& ref, double near_tie = 0.1) {
   Agreement a;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const auto& steps = ref["cases"][i % ref["cases"].size()]["steps"];
-    size_t near_tie = 0;
-    while (near_tie < steps.size() && steps[near_tie]["margin"].get<double>() >= 0.1) ++near_tie;
-    a.compared += static_cast<int>(near_tie);
-    for (size_t s = 0; s < near_tie && s < tokens[i].size(); ++s) {
+    size_t tie = 0;
+    while (tie < steps.size() && steps[tie]["margin"].get<double>() >= near_tie) ++tie;
+    a.compared += static_cast<int>(tie);
+    for (size_t s = 0; s < tie && s < tokens[i].size(); ++s) {
       if (tokens[i][s] != steps[s]["token"].get<int32_t>()) {
         if (a.first_mismatch.empty()) {
           a.first_mismatch =
@@ -60,8 +68,9 @@ Agreement Agree(const std::vector<std::vector<int32_t>>& tokens, const nlohmann:
 
 // A cuda engine's config for a parity run.
 Config CudaConfig(const std::string& model_dir, const char* dtype, int32_t block_size, int32_t budget,
-                  int32_t max_num_seqs, bool cuda_graphs) {
+                  int32_t max_num_seqs, bool cuda_graphs, const char* quantization = "none") {
   Config config;
+  config.engine.quantization = quantization;
   config.model.path = model_dir;
   config.engine.backend = "cuda";
   config.engine.block_size = block_size;
@@ -86,8 +95,8 @@ TEST_P(CudaParity, GreedyTokensMatchTransformersUntilANearTie) {
   const std::string ref_path = std::string(dir) + "/reference/" + c.model + c.reference_suffix + ".json";
   if (!std::filesystem::exists(ref_path)) GTEST_SKIP() << ref_path << " is missing";
   const nlohmann::json ref = testing::ReadJson(ref_path);
-  auto engine = Engine::Create(
-      CudaConfig(model_dir, c.dtype, c.block_size, c.max_num_batched_tokens, c.max_num_seqs, c.cuda_graphs));
+  auto engine = Engine::Create(CudaConfig(model_dir, c.dtype, c.block_size, c.max_num_batched_tokens, c.max_num_seqs,
+                                          c.cuda_graphs, c.quantization));
   ASSERT_TRUE(engine.ok()) << engine.status();
   ASSERT_EQ((*engine)->backend_name(), "cuda");
 
@@ -114,21 +123,26 @@ TEST_P(CudaParity, GreedyTokensMatchTransformersUntilANearTie) {
     const auto& steps = ref["cases"][i % num_prompts]["steps"];
     ASSERT_EQ(sinks[i]->tokens.size(), steps.size());
     tokens.push_back(sinks[i]->tokens);
-    for (size_t s = 0; s < steps.size() && steps[s]["margin"].get<double>() >= 0.1; ++s) {
+    for (size_t s = 0; s < steps.size() && steps[s]["margin"].get<double>() >= c.near_tie; ++s) {
       if (sinks[i]->tokens[s] != steps[s]["token"].get<int32_t>()) break;
       worst_logprob_error =
           std::max(worst_logprob_error, std::abs(sinks[i]->logprobs[s].logprob - steps[s]["top"][0][1].get<double>()));
     }
   }
-  const Agreement got = Agree(tokens, ref);
+  const Agreement got = Agree(tokens, ref, c.near_tie);
   std::printf(
-      "[ parity   ] %s%s %s block %d budget %d seqs %d x%d%s: %d of %d positions agree, worst chosen-logprob "
+      "[ parity   ] %s%s %s%s block %d budget %d seqs %d x%d%s: %d of %d positions agree, worst chosen-logprob "
       "error %.4f\n",
-      c.model, c.reference_suffix, c.dtype, c.block_size, c.max_num_batched_tokens, c.max_num_seqs, c.copies,
-      c.cuda_graphs ? "" : " eager", got.agreed, got.compared, worst_logprob_error);
+      c.model, c.reference_suffix, c.dtype, std::string(c.quantization) == "none" ? "" : " fp8", c.block_size,
+      c.max_num_batched_tokens, c.max_num_seqs, c.copies, c.cuda_graphs ? "" : " eager", got.agreed, got.compared,
+      worst_logprob_error);
   EXPECT_TRUE(got.first_mismatch.empty()) << c.model << c.reference_suffix << ": " << got.first_mismatch;
-  EXPECT_LT(worst_logprob_error, 0.25) << "bf16 logprobs stay near the reference";
-  EXPECT_GT(got.compared, static_cast<int>(tokens.size()) * 32 / 4) << "most positions are compared, not skipped";
+  EXPECT_LT(worst_logprob_error, c.logprob_tolerance) << "logprobs stay near the reference";
+  if (c.near_tie <= 0.1) {
+    EXPECT_GT(got.compared, static_cast<int>(tokens.size()) * 32 / 4) << "most positions are compared, not skipped";
+  } else {
+    EXPECT_GE(got.compared, static_cast<int>(tokens.size()) * 2) << "positions are compared, not skipped";
+  }
   const EngineStats stats = (*engine)->Stats();
   EXPECT_EQ(stats.free_blocks, stats.total_blocks) << "every block is back once all requests finished";
 }
@@ -146,14 +160,27 @@ std::vector<CudaCase> AllCases() {
           {"llama3-hd64", "", 16, 2048, "float16"},
           {"qwen2-hd128", "-bf16", 16, 2048, "auto", false},
           {"qwen2-hd128", "-bf16", 16, 2048, "auto", true, 32, 4},
-          {"qwen2-hd128", "-bf16", 16, 2048, "auto", true, 1}};
+          {"qwen2-hd128", "-bf16", 16, 2048, "auto", true, 1},
+          // fp8, batched (5 rows a step: every product through cuBLASLt's fp8 kernels, inputs quantized per
+          // token) against the -fp8a8 references; one request at a time (prefill as batched, decode through the
+          // fp8 streaming kernel with bf16 inputs, which the reference rounds to e4m3: a little apart by design).
+          // qwen2-hd128 (QKV bias) moves most: its chosen logprobs by up to 0.55 where the others move by 0.08 (its
+          // bf16 run is also the furthest from fp32: 0.11 against 0.05), hence its looser logprob tolerance.
+          {"llama3-hd64", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.25},
+          {"qwen2-hd128", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.75},
+          {"mistral-hd128-g3", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.25},
+          {"qwen2-hd128", "-fp8a8", 3, 24, "auto", true, 8, 1, "fp8", 0.5, 0.75},
+          {"mistral-hd128-g3", "-fp8a8", 16, 2048, "float16", true, 8, 1, "fp8", 0.5, 0.25},
+          {"llama3-hd64", "-fp8a8", 16, 2048, "auto", true, 1, 1, "fp8", 0.5, 0.25},
+          {"mistral-hd128-g3", "-fp8a8", 16, 2048, "auto", true, 1, 1, "fp8", 0.5, 0.25}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaParity, ::testing::ValuesIn(AllCases()), [](const auto& info) {
   std::string n = info.param.model;
   for (char& ch : n)
     if (ch == '-') ch = '_';
-  return n + (info.param.reference_suffix[0] ? "_bf16ref" : "_fp32ref") + "_bs" +
+  const std::string suffix = info.param.reference_suffix;
+  return n + (suffix.empty() ? "_fp32ref" : "_" + suffix.substr(1) + "ref") + "_bs" +
          std::to_string(info.param.block_size) + "_budget" + std::to_string(info.param.max_num_batched_tokens) + "_" +
          info.param.dtype + (info.param.cuda_graphs ? "" : "_eager") + "_seqs" +
          std::to_string(info.param.max_num_seqs) + "x" + std::to_string(info.param.copies);

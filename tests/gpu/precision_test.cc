@@ -118,7 +118,7 @@ void ProductsAreAsExactAsOneRounding(cudaDataType_t dtype) {
           for (int64_t i = 0; i < s.k; ++i) acc += double{x[r * s.k + i]} * w[c * s.k + i];
           ref[r * s.n + c] = acc;
         }
-      const void* weights[] = {dw.get()};
+      const cuda::Operand weights[] = {dw.get()};
       double ratio = 0;
       if (s.out_fp32) {
         Dev<float> y(m * s.n);

@@ -336,6 +336,10 @@ void CpuBackend::Attention(const StepInput& in, int layer, const float* qkv, flo
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const Model& model, const EngineSection& engine) {
+  if (engine.quantization != "none") {
+    return absl::FailedPreconditionError(absl::StrCat("engine.quantization = '", engine.quantization,
+                                                      "' needs the cuda backend; the cpu backend allows: none"));
+  }
   INFERD_ASSIGN_OR_RETURN(CpuWeights weights, BuildCpuWeights(model.tensors));
   return std::make_unique<CpuBackend>(model, engine, std::move(weights));
 }

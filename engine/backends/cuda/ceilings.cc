@@ -1,12 +1,14 @@
 #include "engine/backends/cuda/ceilings.h"
 
 #include <chrono>
+#include <tuple>
 #include <vector>
 
 #include "engine/backends/cuda/cuda_check.h"
 #include "engine/backends/cuda/device_buffer.h"
 #include "engine/backends/cuda/run_timer.h"
 #include "kernels/ceilings.h"
+#include "kernels/fp8.h"
 
 namespace inferd::cuda {
 
@@ -28,12 +30,26 @@ absl::StatusOr<double> MeasureReadBandwidth(int64_t bytes, cudaStream_t stream) 
   return bytes / s;
 }
 
-absl::StatusOr<double> MeasureGemmRate(Gemm& gemm, bool bf16, int64_t n, cudaStream_t stream) {
-  DeviceBuffer a, b, c;
+absl::StatusOr<double> MeasureGemmRate(Gemm& gemm, bool bf16, int64_t n, cudaStream_t stream, bool fp8) {
+  DeviceBuffer a, b, c, a8, b8, scales;
   for (DeviceBuffer* m : {&a, &b, &c}) INFERD_RETURN_IF_ERROR(m->Allocate(n * n * 2));
   INFERD_CUDA(kernels::FillUniform16(a.get(), n * n, bf16, 1, stream));
   INFERD_CUDA(kernels::FillUniform16(b.get(), n * n, bf16, 2, stream));
-  auto run = [&] { return gemm.Run(a.get(), b.get(), c.get(), n, n, n, nullptr, false, stream); };
+  Operand x(a.get()), w(b.get());
+  if (fp8) {
+    for (DeviceBuffer* m : {&a8, &b8}) INFERD_RETURN_IF_ERROR(m->Allocate(n * n));
+    INFERD_RETURN_IF_ERROR(scales.Allocate(2 * n * 4));
+    for (auto [src, dst, s] : {std::tuple{&a, &a8, 0}, std::tuple{&b, &b8, 1}}) {
+      float* row_scales = scales.get<float>() + s * n;
+      INFERD_CUDA(bf16 ? kernels::QuantizeRowsFp8(src->get<__nv_bfloat16>(), n, n, dst->get<kernels::Fp8>(),
+                                                  row_scales, stream)
+                       : kernels::QuantizeRowsFp8(src->get<__half>(), n, n, dst->get<kernels::Fp8>(), row_scales,
+                                                  stream));
+    }
+    x = Operand(a8.get(), scales.get<float>());
+    w = Operand(b8.get(), scales.get<float>() + n);
+  }
+  auto run = [&] { return gemm.Run(x, w, c.get(), n, n, n, nullptr, false, stream); };
   // The best rate over any kWindow consecutive runs in 400 ms of load from idle: the rate at the GPU's top clock.
   // A sustained GEMM first waits for the clock to rise from idle (up to ~150 ms), holds the top clock for a few
   // tens of milliseconds, and then its power management moves it by +-10% over the following second (on the

@@ -16,6 +16,8 @@ namespace inferd::cuda {
 absl::StatusOr<double> MeasureReadBandwidth(int64_t bytes, cudaStream_t stream);
 // FLOPs per second of gemm at n × n × n on random operands of its dtype at the GPU's top clock (the best of
 // windows of timed runs over 400 ms of load).
-absl::StatusOr<double> MeasureGemmRate(Gemm& gemm, bool bf16, int64_t n, cudaStream_t stream);
+// fp8: both operands e4m3 (quantized per row from those random values), per-row scales in the epilogue, as the
+// fp8 products run.
+absl::StatusOr<double> MeasureGemmRate(Gemm& gemm, bool bf16, int64_t n, cudaStream_t stream, bool fp8 = false);
 
 }  // namespace inferd::cuda

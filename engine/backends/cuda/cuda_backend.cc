@@ -169,15 +169,15 @@ absl::StatusOr<DeviceCeilings> CudaBackend::MeasureCeilings() {
   const bool bf16 = dtype_ == CUDA_R_16BF;
   DeviceCeilings c;
   // The GEMM first: its warm-up raises the clocks the read test then runs at.
-  INFERD_ASSIGN_OR_RETURN(c.gemm_flops_per_s, cuda::MeasureGemmRate(*gemm_, bf16, n, compute_));
+  INFERD_ASSIGN_OR_RETURN(c.gemm_flops_per_s, cuda::MeasureGemmRate(*gemm_, bf16, n, compute_, w_.fp8));
   INFERD_ASSIGN_OR_RETURN(c.read_bytes_per_s, cuda::MeasureReadBandwidth(read_bytes, compute_));
   c.read_test = absl::StrCat("a read-only reduction over ", read_bytes >> 20, " MiB");
-  c.gemm_test = absl::StrCat("cuBLASLt ", bf16 ? "bf16" : "fp16", " GEMM at ", n, "^3");
+  c.gemm_test = absl::StrCat("cuBLASLt ", w_.fp8 ? "fp8 e4m3" : (bf16 ? "bf16" : "fp16"), " GEMM at ", n, "^3");
   return c;
 }
 
 absl::StatusOr<MemoryPlan> CudaBackend::MeasureMemory(const StepLimits& limits) {
-  layout_ = PlanDeviceLayout(model_, limits, /*element_bytes=*/2);
+  layout_ = PlanDeviceLayout(model_, limits, /*element_bytes=*/2, w_.fp8);
   INFERD_RETURN_IF_ERROR(Allocate());
   const int32_t R = limits.max_num_seqs, bs = limits.block_size;
   // The largest step: R sequences that sample, every row with every option on so that sampling's peak is seen
@@ -461,9 +461,24 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, c
   INFERD_CUDA(cudaMemGetInfo(&free, &total));
   const bool fp16 = engine.dtype == "float16";
   const cudaDataType_t dtype = fp16 ? CUDA_R_16F : CUDA_R_16BF;
-  INFERD_ASSIGN_OR_RETURN(CudaWeights weights, cuda::UploadWeights(model.tensors, dtype));
-  spdlog::info("cuda: {} weights on {} ({:.1f} MiB)", fp16 ? "float16" : "bfloat16", prop.name,
-               weights.bytes / 1048576.0);
+  const bool fp8 = engine.quantization == "fp8";
+  if (fp8 && prop.major * 10 + prop.minor < 89) {
+    return absl::FailedPreconditionError(absl::StrCat("engine.quantization = 'fp8' needs fp8 tensor cores (compute "
+                                                      "capability 8.9 or later); ",
+                                                      prop.name, " is ", prop.major, ".", prop.minor));
+  }
+  const ModelConfig& c = model.config;
+  if (fp8 && (c.hidden_size % 16 != 0 || c.intermediate_size % 16 != 0 || c.q_width() % 16 != 0)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "engine.quantization = 'fp8' needs the products' inner dimensions to be multiples of 16 (fp8 tensor "
+        "cores); this model has hidden_size ",
+        c.hidden_size, ", intermediate_size ", c.intermediate_size, ", heads x head_dim ", c.q_width()));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  INFERD_ASSIGN_OR_RETURN(CudaWeights weights, cuda::UploadWeights(model.tensors, dtype, fp8));
+  spdlog::info("cuda: {} weights{} on {} ({:.1f} MiB) in {:.2f} s", fp16 ? "float16" : "bfloat16",
+               fp8 ? " with fp8 e4m3 linear layers (per-channel scales)" : "", prop.name, weights.bytes / 1048576.0,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return std::make_unique<CudaBackend>(model, std::move(weights), dtype, static_cast<int64_t>(free), prop.name,
                                        engine.cuda_graphs);
 }

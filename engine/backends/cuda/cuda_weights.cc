@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/backends/cuda/cuda_check.h"
 #include "engine/status_macros.h"
+#include "kernels/fp8.h"
 
 namespace inferd::cuda {
 namespace {
@@ -34,11 +35,13 @@ uint16_t FloatToF16(float f) {
   return u;
 }
 
-// Rows [first, first + count) of one source tensor, bound for dst (the device address of row `first`).
+// Rows [first, first + count) of one source tensor, bound for dst (the device address of row `first`); where
+// scale is set, quantized to fp8 on the way, row r's scale landing in scale[r - first].
 struct Piece {
   const TensorDesc* src;
   int64_t first, count;
   char* dst;
+  float* scale = nullptr;
 };
 
 // Copies pieces to the device through its own two pinned staging buffers on its own stream: decoding or
@@ -51,6 +54,7 @@ class Worker {
       INFERD_RETURN_IF_ERROR(staging_[i].Allocate(kStagingBytes));
       INFERD_CUDA(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
     }
+    INFERD_RETURN_IF_ERROR(device_staging_.Allocate(kStagingBytes));
     INFERD_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     return absl::OkStatus();
   }
@@ -79,7 +83,18 @@ class Worker {
         out[i] = dtype_ == CUDA_R_16BF ? FloatToBf16(decoded_[i]) : FloatToF16(decoded_[i]);
       }
     }
-    INFERD_CUDA(cudaMemcpyAsync(p.dst, stage, bytes, cudaMemcpyHostToDevice, stream_));
+    if (p.scale) {  // through the device staging (in stream order with the last piece's use of it), quantized
+      INFERD_CUDA(cudaMemcpyAsync(device_staging_.get(), stage, bytes, cudaMemcpyHostToDevice, stream_));
+      const cudaError_t e =
+          dtype_ == CUDA_R_16BF
+              ? kernels::QuantizeRowsFp8(device_staging_.get<__nv_bfloat16>(), p.count, t.cols,
+                                         reinterpret_cast<kernels::Fp8*>(p.dst), p.scale, stream_)
+              : kernels::QuantizeRowsFp8(device_staging_.get<__half>(), p.count, t.cols,
+                                         reinterpret_cast<kernels::Fp8*>(p.dst), p.scale, stream_);
+      INFERD_RETURN_IF_ERROR(FromCuda(e, "kernels::QuantizeRowsFp8"));
+    } else {
+      INFERD_CUDA(cudaMemcpyAsync(p.dst, stage, bytes, cudaMemcpyHostToDevice, stream_));
+    }
     INFERD_CUDA(cudaEventRecord(done_[cur_], stream_));
     return absl::OkStatus();
   }
@@ -104,6 +119,7 @@ class Worker {
 
   cudaDataType_t dtype_ = CUDA_R_16BF;
   PinnedBuffer staging_[2];
+  DeviceBuffer device_staging_;  // fp8 pieces: the rows before quantization
   cudaEvent_t done_[2] = {nullptr, nullptr};
   cudaStream_t stream_ = nullptr;
   int cur_ = 0;
@@ -135,13 +151,20 @@ absl::Status RunPieces(const std::vector<Piece>& pieces, cudaDataType_t dtype) {
   return absl::OkStatus();
 }
 
-// Allocates dst for the parts stacked row-wise and cuts them into pieces of at most one staging buffer.
+// Allocates dst for the parts stacked row-wise and cuts them into pieces of at most one staging buffer. With
+// scale, dst holds fp8 rows and scale one fp32 per row.
 absl::Status Stack(std::initializer_list<const TensorDesc*> parts, DeviceBuffer* dst, int64_t* bytes,
-                   std::vector<Piece>* pieces) {
-  int64_t numel = 0;
-  for (const TensorDesc* p : parts) numel += p->numel();
-  INFERD_RETURN_IF_ERROR(dst->Allocate(numel * 2, bytes));
+                   std::vector<Piece>* pieces, DeviceBuffer* scale = nullptr) {
+  const int64_t e = scale ? 1 : 2;  // bytes per element on the device
+  int64_t numel = 0, rows = 0;
+  for (const TensorDesc* p : parts) {
+    numel += p->numel();
+    rows += p->rows;
+  }
+  INFERD_RETURN_IF_ERROR(dst->Allocate(numel * e, bytes));
+  if (scale) INFERD_RETURN_IF_ERROR(scale->Allocate(rows * 4, bytes));
   char* at = dst->get<char>();
+  float* scale_at = scale ? scale->get<float>() : nullptr;
   for (const TensorDesc* p : parts) {
     if (p->cols * 2 > static_cast<int64_t>(kStagingBytes)) {
       return absl::InvalidArgumentError(absl::StrCat("tensor ", p->name, ": a row of ", p->cols,
@@ -150,17 +173,25 @@ absl::Status Stack(std::initializer_list<const TensorDesc*> parts, DeviceBuffer*
     }
     const int64_t rows_per_piece = static_cast<int64_t>(kStagingBytes) / (p->cols * 2);
     for (int64_t r = 0; r < p->rows; r += rows_per_piece) {
-      pieces->push_back({p, r, std::min(rows_per_piece, p->rows - r), at + r * p->cols * 2});
+      pieces->push_back(
+          {p, r, std::min(rows_per_piece, p->rows - r), at + r * p->cols * e, scale_at ? scale_at + r : nullptr});
     }
-    at += p->numel() * 2;
+    at += p->numel() * e;
+    if (scale_at) scale_at += p->rows;
   }
   return absl::OkStatus();
 }
 
+absl::Status StackLinear(std::initializer_list<const TensorDesc*> parts, bool fp8, LinearWeight* dst, int64_t* bytes,
+                         std::vector<Piece>* pieces) {
+  return Stack(parts, &dst->data, bytes, pieces, fp8 ? &dst->scale : nullptr);
+}
+
 }  // namespace
 
-absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& t, cudaDataType_t dtype) {
+absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& t, cudaDataType_t dtype, bool fp8) {
   CudaWeights w;
+  w.fp8 = fp8;
   std::vector<Piece> pieces;
   int64_t* b = &w.bytes;
   INFERD_RETURN_IF_ERROR(Stack({&t.embed}, &w.embed, b, &pieces));
@@ -169,12 +200,12 @@ absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& t, cudaDataType_t 
   for (const LayerTensors& L : t.layers) {
     CudaLayerWeights& l = w.layers.emplace_back();
     INFERD_RETURN_IF_ERROR(Stack({&L.input_norm}, &l.input_norm, b, &pieces));
-    INFERD_RETURN_IF_ERROR(Stack({&L.q_proj, &L.k_proj, &L.v_proj}, &l.qkv, b, &pieces));
+    INFERD_RETURN_IF_ERROR(StackLinear({&L.q_proj, &L.k_proj, &L.v_proj}, fp8, &l.qkv, b, &pieces));
     if (L.q_bias.present()) INFERD_RETURN_IF_ERROR(Stack({&L.q_bias, &L.k_bias, &L.v_bias}, &l.qkv_bias, b, &pieces));
-    INFERD_RETURN_IF_ERROR(Stack({&L.o_proj}, &l.o, b, &pieces));
+    INFERD_RETURN_IF_ERROR(StackLinear({&L.o_proj}, fp8, &l.o, b, &pieces));
     INFERD_RETURN_IF_ERROR(Stack({&L.post_norm}, &l.post_norm, b, &pieces));
-    INFERD_RETURN_IF_ERROR(Stack({&L.gate_proj, &L.up_proj}, &l.gate_up, b, &pieces));
-    INFERD_RETURN_IF_ERROR(Stack({&L.down_proj}, &l.down, b, &pieces));
+    INFERD_RETURN_IF_ERROR(StackLinear({&L.gate_proj, &L.up_proj}, fp8, &l.gate_up, b, &pieces));
+    INFERD_RETURN_IF_ERROR(StackLinear({&L.down_proj}, fp8, &l.down, b, &pieces));
   }
   INFERD_RETURN_IF_ERROR(RunPieces(pieces, dtype));
   return w;

@@ -1,7 +1,8 @@
 // The cuda backend's weights: bf16 or fp16 on the device, built from the model's tensor description by a few
 // threads, each through its own pinned staging (two buffers, so reading or decoding the next piece overlaps the
 // copy of the last) on its own stream, with q/k/v and gate/up fused and tied embeddings shared. Never a
-// whole-model copy on the host.
+// whole-model copy on the host. With fp8, the layers' linear weights are quantized on the device as they arrive
+// (per output channel, kernels/fp8.h); embeddings, norms, biases and the LM head stay in the compute dtype.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,18 +12,28 @@
 
 #include "absl/status/statusor.h"
 #include "engine/backends/cuda/device_buffer.h"
+#include "engine/backends/cuda/gemm.h"
 #include "engine/model/model_tensors.h"
 
 namespace inferd::cuda {
 
+// A linear layer's weight [rows, cols]: in the compute dtype, or fp8 e4m3 with one fp32 scale per row.
+struct LinearWeight {
+  DeviceBuffer data;
+  DeviceBuffer scale;  // [rows]; empty unless fp8
+
+  bool fp8() const { return scale.bytes() > 0; }
+  Operand operand() const { return {data.get(), fp8() ? scale.get<float>() : nullptr}; }
+};
+
 struct CudaLayerWeights {
   DeviceBuffer input_norm;  // [hidden]
-  DeviceBuffer qkv;         // [(heads + 2 * kv_heads) * head_dim, hidden]
+  LinearWeight qkv;         // [(heads + 2 * kv_heads) * head_dim, hidden]
   DeviceBuffer qkv_bias;    // [(heads + 2 * kv_heads) * head_dim]; empty without QKV bias
-  DeviceBuffer o;           // [hidden, heads * head_dim]
+  LinearWeight o;           // [hidden, heads * head_dim]
   DeviceBuffer post_norm;   // [hidden]
-  DeviceBuffer gate_up;     // [2 * intermediate, hidden]: gate rows then up rows
-  DeviceBuffer down;        // [hidden, intermediate]
+  LinearWeight gate_up;     // [2 * intermediate, hidden]: gate rows then up rows
+  LinearWeight down;        // [hidden, intermediate]
 };
 
 struct CudaWeights {
@@ -30,12 +41,13 @@ struct CudaWeights {
   DeviceBuffer final_norm;   // [hidden]
   DeviceBuffer lm_head_own;  // [vocab, hidden]; empty when tied
   std::vector<CudaLayerWeights> layers;
+  bool fp8 = false;  // the layers' linear weights are fp8
   int64_t bytes = 0;
 
   const void* lm_head() const { return lm_head_own.bytes() ? lm_head_own.get() : embed.get(); }
 };
 
-// dtype: CUDA_R_16BF or CUDA_R_16F.
-absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& tensors, cudaDataType_t dtype);
+// dtype: CUDA_R_16BF or CUDA_R_16F. fp8: quantize the layers' linear weights.
+absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& tensors, cudaDataType_t dtype, bool fp8);
 
 }  // namespace inferd::cuda

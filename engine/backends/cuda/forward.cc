@@ -14,6 +14,7 @@
 #include "engine/trace.h"
 #include "kernels/ceilings.h"
 #include "kernels/elementwise.h"
+#include "kernels/fp8.h"
 #include "kernels/gemv.h"
 #include "kernels/sampling.h"
 #include "spdlog/spdlog.h"
@@ -47,21 +48,37 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   char* out = b.outputs();
   const int32_t* sampled = reinterpret_cast<const int32_t*>(out + o.tokens.offset);
   INFERD_KERNEL(k::EmbedTokens(w.embed.get<T>(), b.in<int32_t>(ir.token_ids), sampled, x, Tn, H, s));
-  // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product.
-  const bool fused_qkv_rope =
-      Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) && k::GemvSupports(xn, w.layers[0].qkv.get(), Tn, H);
+  // fp8 weights: steps of more rows than the streaming kernel takes quantize each product's input per token, in
+  // the kernel that produces it; the streaming kernel reads the activations as they are.
+  const bool quantize = w.fp8 && Tn > gemm.streaming_rows(true);
+  k::Fp8* xq = b.act<k::Fp8>(a.act_fp8);
+  float* xs = b.act<float>(a.act_scale);
+  const Operand normed = quantize ? Operand(xq, xs) : Operand(xn);
+  // residual += delta, then its norm into the next product's input (xn, or xq and xs).
+  auto add_norm = [&](const T* delta, const T* weight) -> absl::Status {
+    if (!quantize) return FromCuda(k::AddRmsNorm(x, delta, weight, xn, Tn, H, eps, s), "AddRmsNorm");
+    if (k::AddRmsNormFp8Supports(x, delta, weight, H)) {
+      return FromCuda(k::AddRmsNormFp8(x, delta, weight, xq, xs, Tn, H, eps, s), "AddRmsNormFp8");
+    }
+    INFERD_KERNEL(k::AddRmsNorm(x, delta, weight, xn, Tn, H, eps, s));
+    return FromCuda(k::QuantizeRowsFp8(xn, Tn, H, xq, xs, s), "QuantizeRowsFp8");
+  };
+  // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product (bf16/fp16
+  // weights).
+  const bool fused_qkv_rope = !w.fp8 && Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
+                              k::GemvSupports(xn, w.layers[0].qkv.data.get(), Tn, H);
   for (int layer = 0; layer < cfg.num_layers; ++layer) {
     TraceRange range("layer");
     const CudaLayerWeights& L = w.layers[layer];
     T* k_cache = static_cast<T*>(b.k(layer));
     T* v_cache = static_cast<T*>(b.v(layer));
-    INFERD_KERNEL(k::AddRmsNorm(x, layer == 0 ? nullptr : tmp, L.input_norm.get<T>(), xn, Tn, H, eps, s));
+    INFERD_RETURN_IF_ERROR(add_norm(layer == 0 ? nullptr : tmp, L.input_norm.get<T>()));
     const T* qkv_bias = L.qkv_bias.bytes() ? L.qkv_bias.get<T>() : nullptr;
     if (fused_qkv_rope) {  // one kernel: the product, RoPE and the K/V write
-      INFERD_KERNEL(k::GemvQkvRope<T>(xn, L.qkv.get<T>(), qkv_bias, qkv, Tn, H, positions, slots, inv_freq, k_cache,
-                                      v_cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, s));
+      INFERD_KERNEL(k::GemvQkvRope<T>(xn, L.qkv.data.get<T>(), qkv_bias, qkv, Tn, H, positions, slots, inv_freq,
+                                      k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, s));
     } else {
-      INFERD_RETURN_IF_ERROR(gemm.Run(xn, L.qkv.get(), qkv, Tn, qkv_dim, H, qkv_bias, false, s));
+      INFERD_RETURN_IF_ERROR(gemm.Run(normed, L.qkv.operand(), qkv, Tn, qkv_dim, H, qkv_bias, false, s));
       INFERD_KERNEL(k::RopeWriteKv(qkv, positions, slots, inv_freq, k_cache, v_cache, Tn, cfg.num_heads,
                                    cfg.num_kv_heads, cfg.head_dim, s));
     }
@@ -72,13 +89,20 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           b.in<int32_t>(ir.qo_indptr), b.in<int32_t>(ir.kv_indptr), b.in<int32_t>(ir.kv_indices),
           b.in<int32_t>(ir.kv_last_page_len), attn, in.num_seqs(), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
           in.block_size, 1.0f / std::sqrt(static_cast<float>(cfg.head_dim)),
-          /*early_launch=*/Tn <= gemm.gemv_max_rows(), s));
+          /*early_launch=*/Tn <= gemm.streaming_rows(w.fp8), s));
     }
-    INFERD_RETURN_IF_ERROR(gemm.Run(attn, L.o.get(), tmp, Tn, H, q_dim, nullptr, false, s));
-    INFERD_KERNEL(k::AddRmsNorm(x, tmp, L.post_norm.get<T>(), xn, Tn, H, eps, s));
-    INFERD_RETURN_IF_ERROR(gemm.Run(xn, L.gate_up.get(), gate_up, Tn, 2 * I, H, nullptr, false, s));
-    INFERD_KERNEL(k::SiluMul(gate_up, act, Tn, I, s));
-    INFERD_RETURN_IF_ERROR(gemm.Run(act, L.down.get(), tmp, Tn, H, I, nullptr, false, s));
+    if (quantize) INFERD_KERNEL(k::QuantizeRowsFp8(attn, Tn, q_dim, xq, xs, s));
+    INFERD_RETURN_IF_ERROR(
+        gemm.Run(quantize ? Operand(xq, xs) : Operand(attn), L.o.operand(), tmp, Tn, H, q_dim, nullptr, false, s));
+    INFERD_RETURN_IF_ERROR(add_norm(tmp, L.post_norm.get<T>()));
+    INFERD_RETURN_IF_ERROR(gemm.Run(normed, L.gate_up.operand(), gate_up, Tn, 2 * I, H, nullptr, false, s));
+    if (quantize) {
+      INFERD_KERNEL(k::SiluMulFp8(gate_up, xq, xs, Tn, I, s));
+    } else {
+      INFERD_KERNEL(k::SiluMul(gate_up, act, Tn, I, s));
+    }
+    INFERD_RETURN_IF_ERROR(
+        gemm.Run(quantize ? Operand(xq, xs) : Operand(act), L.down.operand(), tmp, Tn, H, I, nullptr, false, s));
   }
   // Only the rows that sample go through the final norm and the LM head.
   TraceRange sampling("final norm, LM head and sampling");
@@ -114,32 +138,42 @@ absl::Status TuneProducts(const ModelConfig& cfg, const CudaWeights& w, Gemm& ge
   for (const Region* r : {&a.xn, &a.attn, &a.act, &a.last_n}) {  // random inputs: timings on real-looking data
     INFERD_KERNEL(k::FillUniform16(b.act<void>(*r), r->bytes / e, bf16, 3, stream));
   }
+  const int64_t tokens = a.act.bytes / (I * e);
+  if (w.fp8) {  // the fp8 products' inputs: valid e4m3 rows and scales, quantized from the random ones
+    INFERD_KERNEL(bf16 ? k::QuantizeRowsFp8(b.act<__nv_bfloat16>(a.act), tokens, I, b.act<k::Fp8>(a.act_fp8),
+                                            b.act<float>(a.act_scale), stream)
+                       : k::QuantizeRowsFp8(b.act<__half>(a.act), tokens, I, b.act<k::Fp8>(a.act_fp8),
+                                            b.act<float>(a.act_scale), stream));
+  }
+  auto input = [&](const Region& r) {
+    return w.fp8 ? Operand(b.act<void>(a.act_fp8), b.act<float>(a.act_scale)) : Operand(b.act<void>(r));
+  };
   struct Product {
     const char* name;
-    std::vector<const void*> weights;  // every layer's, cycled so that none is served from L2
-    const void* x;
+    std::vector<Operand> weights;  // every layer's, cycled so that none is served from L2
+    Operand x;
     void* y;
     int64_t n, k;
     const void* bias;
     bool out_fp32;
   };
   std::vector<Product> products = {
-      {"qkv", {}, b.act<void>(a.xn), b.act<void>(a.qkv), cfg.qkv_width(), H, nullptr, false},
-      {"o", {}, b.act<void>(a.attn), b.act<void>(a.tmp), H, cfg.q_width(), nullptr, false},
-      {"gate_up", {}, b.act<void>(a.xn), b.act<void>(a.gate_up), 2 * I, H, nullptr, false},
-      {"down", {}, b.act<void>(a.act), b.act<void>(a.tmp), H, I, nullptr, false},
+      {"qkv", {}, input(a.xn), b.act<void>(a.qkv), cfg.qkv_width(), H, nullptr, false},
+      {"o", {}, input(a.attn), b.act<void>(a.tmp), H, cfg.q_width(), nullptr, false},
+      {"gate_up", {}, input(a.xn), b.act<void>(a.gate_up), 2 * I, H, nullptr, false},
+      {"down", {}, input(a.act), b.act<void>(a.tmp), H, I, nullptr, false},
       {"lm_head", {w.lm_head()}, b.act<void>(a.last_n), b.act<void>(a.logits), cfg.vocab_size, H, nullptr, true}};
   for (const CudaLayerWeights& L : w.layers) {
-    products[0].weights.push_back(L.qkv.get());
+    products[0].weights.push_back(L.qkv.operand());
     products[0].bias = L.qkv_bias.bytes() ? L.qkv_bias.get() : nullptr;
-    products[1].weights.push_back(L.o.get());
-    products[2].weights.push_back(L.gate_up.get());
-    products[3].weights.push_back(L.down.get());
+    products[1].weights.push_back(L.o.operand());
+    products[2].weights.push_back(L.gate_up.operand());
+    products[3].weights.push_back(L.down.operand());
   }
   std::vector<std::string> gains;
   for (int32_t m : rows) {
-    if (m <= gemm.gemv_max_rows()) continue;  // the streaming kernel's
     for (const Product& p : products) {
+      if (m <= gemm.streaming_rows(p.weights[0].fp8())) continue;  // the streaming kernel's
       INFERD_ASSIGN_OR_RETURN(const double gain,
                               gemm.Tune(p.x, p.weights, p.y, m, p.n, p.k, p.bias, p.out_fp32, stream));
       if (gain > 1.02) gains.push_back(absl::StrFormat("%s at %d rows %.2fx", p.name, m, gain));

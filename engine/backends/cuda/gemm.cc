@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/backends/cuda/run_timer.h"
+#include "kernels/fp8.h"
 #include "kernels/gemv.h"
 
 namespace inferd::cuda {
@@ -16,6 +17,8 @@ namespace {
 // Up to 2 rows the streaming kernel beats cuBLASLt on the 8B model's decode chain (5.27-5.33 vs 5.53 ms), at 3
 // they tie, from 4 cuBLASLt wins: `inferd-bench --products-only`, kernels/NOTES.md.
 constexpr int64_t kStreamingMaxRows = 2;
+// fp8 weights: the streaming kernel reads half the bytes per weight for the same arithmetic.
+constexpr int64_t kFp8StreamingMaxRows = 4;
 
 template <typename T>
 cudaError_t RunGemv(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, const void* bias,
@@ -27,15 +30,27 @@ cudaError_t RunGemv(const void* x, const void* w, void* y, int64_t m, int64_t n,
                   : kernels::Gemv<T, T>(xt, wt, bt, static_cast<T*>(y), m, n, k, stream);
 }
 
+template <typename T>
+cudaError_t RunGemvFp8(const void* x, Operand w, void* y, int64_t m, int64_t n, int64_t k, const void* bias,
+                       bool out_fp32, cudaStream_t stream) {
+  const T* xt = static_cast<const T*>(x);
+  const auto* wq = static_cast<const kernels::Fp8*>(w.data);
+  const T* bt = static_cast<const T*>(bias);
+  return out_fp32 ? kernels::GemvFp8<T, float>(xt, wq, w.scale, bt, static_cast<float*>(y), m, n, k, stream)
+                  : kernels::GemvFp8<T, T>(xt, wq, w.scale, bt, static_cast<T*>(y), m, n, k, stream);
+}
+
+void Destroy(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c) {
+  cublasLtMatrixLayoutDestroy(a);
+  cublasLtMatrixLayoutDestroy(b);
+  cublasLtMatrixLayoutDestroy(c);
+  cublasLtMatmulDescDestroy(desc);
+}
+
 }  // namespace
 
 Gemm::~Gemm() {
-  for (auto& [key, p] : plans_) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.c);
-    cublasLtMatmulDescDestroy(p.desc);
-  }
+  for (auto& [key, p] : plans_) Destroy(p.desc, p.a, p.b, p.c);
   if (handle_) cublasLtDestroy(handle_);
 }
 
@@ -44,22 +59,21 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(cudaDataType_t dtype, int64_t
   std::unique_ptr<Gemm> g(new Gemm());
   g->dtype_ = dtype;
   g->gemv_max_rows_ = kStreamingMaxRows;
+  g->fp8_gemv_max_rows_ = kFp8StreamingMaxRows;
   INFERD_CUBLAS(cublasLtCreate(&g->handle_));
   INFERD_RETURN_IF_ERROR(g->workspace_.Allocate(static_cast<size_t>(workspace_bytes), device_bytes));
   return g;
 }
 
 // Row-major Y[m, n] = X[m, k] · W[n, k]ᵀ seen column-major is Y(n × m) = op(A) · B with A = W (k × n,
-// transposed), B = X (k × m).
-absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32,
+// transposed), B = X (k × m): the "TN" layout fp8 products require. fp8: A's outer-vector scales are W's
+// per-channel ones (n), B's are X's per-token ones (m), applied to each product element before the bias.
+absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32, bool fp8,
                                           std::vector<cublasLtMatmulAlgo_t>* candidates) {
-  const auto key = std::make_tuple(m, n, k, bias, out_fp32);
+  const auto key = std::make_tuple(m, n, k, bias, out_fp32, fp8);
   if (auto it = plans_.find(key); it != plans_.end() && !candidates) return &it->second;
   if (auto it = plans_.find(key); it != plans_.end()) {  // asked again for candidates: plan afresh
-    cublasLtMatrixLayoutDestroy(it->second.a);
-    cublasLtMatrixLayoutDestroy(it->second.b);
-    cublasLtMatrixLayoutDestroy(it->second.c);
-    cublasLtMatmulDescDestroy(it->second.desc);
+    Destroy(it->second.desc, it->second.a, it->second.b, it->second.c);
     plans_.erase(it);
   }
   Plan p;
@@ -72,8 +86,23 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool 
     INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &dtype_, sizeof(dtype_)));
   }
-  INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, dtype_, k, n, k));
-  INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, dtype_, k, m, k));
+  if (fp8) {
+    const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof(outer)));
+    INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof(outer)));
+    // Hopper's fp8 tensor cores accumulate in reduced precision unless promoted to fp32 every few k-steps; "fast
+    // accumulation" skips the promotion. Kept off, for accuracy.
+    const int8_t fast = 0;
+    INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+    // The heuristic refuses vector scales without a scale pointer; each run binds its own (Bind).
+    const void* placeholder = workspace_.get();
+    for (auto attr : {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER}) {
+      INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, attr, &placeholder, sizeof(placeholder)));
+    }
+  }
+  const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : dtype_;
+  INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, in_type, k, n, k));
+  INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, in_type, k, m, k));
   INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, out_fp32 ? CUDA_R_32F : dtype_, n, m, n));
   cublasLtMatmulPreference_t pref;
   INFERD_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
@@ -91,8 +120,9 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool 
   cublasLtMatmulPreferenceDestroy(pref);
   INFERD_CUBLAS(s);
   if (found == 0) {
+    Destroy(p.desc, p.a, p.b, p.c);
     return absl::InternalError(absl::StrCat("cublasLtMatmulAlgoGetHeuristic: no algorithm for m=", m, " n=", n,
-                                            " k=", k, out_fp32 ? " (fp32 output)" : ""));
+                                            " k=", k, out_fp32 ? " (fp32 output)" : "", fp8 ? " (fp8)" : ""));
   }
   p.algo = results[0].algo;
   if (candidates) {
@@ -104,19 +134,34 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool 
   return &plans_.emplace(key, p).first->second;
 }
 
-absl::StatusOr<double> Gemm::Tune(const void* x, std::span<const void* const> weights, void* y, int64_t m, int64_t n,
-                                  int64_t k, const void* bias, bool out_fp32, cudaStream_t stream) {
-  std::vector<cublasLtMatmulAlgo_t> candidates;
-  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, &candidates));
+absl::Status Gemm::Bind(Plan* p, Operand x, Operand w, const void* bias) {
   if (bias) {
     INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
+  if (w.fp8()) {
+    INFERD_CUBLAS(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w.scale, sizeof(w.scale)));
+    INFERD_CUBLAS(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x.scale, sizeof(x.scale)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Gemm::Tune(Operand x, std::span<const Operand> weights, void* y, int64_t m, int64_t n, int64_t k,
+                                  const void* bias, bool out_fp32, cudaStream_t stream) {
+  if (weights.empty() || weights[0].fp8() != x.fp8()) {
+    return absl::InvalidArgumentError("Gemm::Tune: the weights and the input are both fp8 or both not");
+  }
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, x.fp8(), &candidates));
   const float alpha = 1.f, beta = 0.f;
   size_t next = 0;
+  absl::Status bound;
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    const void* w = weights[next++ % weights.size()];
-    return cublasLtMatmul(handle_, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &algo, workspace_.get(),
-                          workspace_.bytes(), stream);
+    const Operand& w = weights[next++ % weights.size()];
+    if (bound = Bind(p, x, w, bias); !bound.ok()) return CUBLAS_STATUS_INVALID_VALUE;
+    return cublasLtMatmul(handle_, p->desc, &alpha, w.data, p->a, x.data, p->b, &beta, y, p->c, y, p->c, &algo,
+                          workspace_.get(), workspace_.bytes(), stream);
   };
   // Median of 5 timed runs after 2, each candidate in turn; a candidate that fails to run is passed over.
   std::vector<float> median(candidates.size(), -1.f);
@@ -130,25 +175,35 @@ absl::StatusOr<double> Gemm::Tune(const void* x, std::span<const void* const> we
   for (size_t c = 0; c < median.size(); ++c) {
     if (median[c] > 0 && (median[best] <= 0 || median[c] < median[best])) best = c;
   }
+  INFERD_RETURN_IF_ERROR(bound);
   if (candidates.empty() || median[best] <= 0) return 1.0;  // nothing measured: the heuristic's first stays
   p->algo = candidates[best];
   return median[0] > 0 ? median[0] / median[best] : 1.0;
 }
 
-absl::Status Gemm::Run(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, const void* bias,
-                       bool out_fp32, cudaStream_t stream) {
+absl::Status Gemm::Run(Operand x, Operand w, void* y, int64_t m, int64_t n, int64_t k, const void* bias, bool out_fp32,
+                       cudaStream_t stream) {
   if (m == 0) return absl::OkStatus();
-  if (m <= gemv_max_rows_ && kernels::GemvSupports(x, w, m, k)) {
-    const cudaError_t e = dtype_ == CUDA_R_16BF ? RunGemv<__nv_bfloat16>(x, w, y, m, n, k, bias, out_fp32, stream)
-                                                : RunGemv<__half>(x, w, y, m, n, k, bias, out_fp32, stream);
+  const bool bf16 = dtype_ == CUDA_R_16BF;
+  if (w.fp8() && !x.fp8()) {  // the activations stay in the compute dtype: the streaming kernel's shapes only
+    if (m > fp8_gemv_max_rows_ || !kernels::GemvFp8Supports(x.data, w.data, m, k)) {
+      return absl::InternalError(absl::StrCat("Gemm::Run: fp8 weights with an unquantized input of ", m, " rows (k=",
+                                              k, ") beyond the streaming kernel's ", fp8_gemv_max_rows_));
+    }
+    const cudaError_t e = bf16 ? RunGemvFp8<__nv_bfloat16>(x.data, w, y, m, n, k, bias, out_fp32, stream)
+                               : RunGemvFp8<__half>(x.data, w, y, m, n, k, bias, out_fp32, stream);
+    return FromCuda(e, "kernels::GemvFp8");
+  }
+  if (x.fp8() != w.fp8()) return absl::InternalError("Gemm::Run: an fp8 input needs fp8 weights");
+  if (!w.fp8() && m <= gemv_max_rows_ && kernels::GemvSupports(x.data, w.data, m, k)) {
+    const cudaError_t e = bf16 ? RunGemv<__nv_bfloat16>(x.data, w.data, y, m, n, k, bias, out_fp32, stream)
+                               : RunGemv<__half>(x.data, w.data, y, m, n, k, bias, out_fp32, stream);
     return FromCuda(e, "kernels::Gemv");
   }
-  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32));
-  if (bias) {
-    INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  }
+  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, w.fp8()));
+  INFERD_RETURN_IF_ERROR(Bind(p, x, w, bias));
   const float alpha = 1.f, beta = 0.f;
-  INFERD_CUBLAS(cublasLtMatmul(handle_, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
+  INFERD_CUBLAS(cublasLtMatmul(handle_, p->desc, &alpha, w.data, p->a, x.data, p->b, &beta, y, p->c, y, p->c, &p->algo,
                                workspace_.get(), workspace_.bytes(), stream));
   return absl::OkStatus();
 }

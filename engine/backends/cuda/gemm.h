@@ -1,7 +1,9 @@
-// Y[m, n] = X[m, k] · W[n, k]ᵀ (+ bias[n]): bf16/fp16 operands, fp32 accumulation, output in the operand dtype
-// or fp32 (logits). Products of up to gemv_max_rows() rows (decode steps) run our weight-streaming kernel
-// (kernels/gemv.h); larger ones run cuBLASLt: the algorithm Tune() measured fastest for the shape, else the
-// heuristic's first, chosen once per shape and cached. Row-major on our side.
+// Y[m, n] = X[m, k] · W[n, k]ᵀ (+ bias[n]): bf16/fp16 operands, or fp8 e4m3 ones with per-row scales
+// (kernels/fp8.h), fp32 accumulation, output in the compute dtype or fp32 (logits). Products of up to
+// streaming_rows() rows (decode steps) run our weight-streaming kernels (kernels/gemv.h; kernels/fp8.h for fp8
+// weights, whose activations then stay in the compute dtype); larger ones run cuBLASLt, fp8 ones with the
+// per-token and per-channel scales applied in its epilogue: the algorithm Tune() measured fastest for the shape,
+// else the heuristic's first, chosen once per shape and cached. Row-major on our side.
 #pragma once
 
 #include <cublasLt.h>
@@ -17,24 +19,37 @@
 
 namespace inferd::cuda {
 
+// A product's operand: rows in the compute dtype, or fp8 e4m3 rows each scaled by scale[row].
+struct Operand {
+  Operand(const void* data, const float* scale = nullptr) : data(data), scale(scale) {}  // NOLINT: implicit
+  const void* data;
+  const float* scale;
+  bool fp8() const { return scale != nullptr; }
+};
+
 class Gemm {
  public:
   ~Gemm();
   // dtype: CUDA_R_16BF or CUDA_R_16F. workspace_bytes: cuBLASLt's (DeviceLayout::gemm_workspace_bytes).
   static absl::StatusOr<std::unique_ptr<Gemm>> Create(cudaDataType_t dtype, int64_t workspace_bytes,
                                                       int64_t* device_bytes);
-  // y: [m, n] of the operand dtype, or fp32 when out_fp32. bias: [n] of the operand dtype, or null.
-  absl::Status Run(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, const void* bias,
-                   bool out_fp32, cudaStream_t stream);
+  // y: [m, n] of the compute dtype, or fp32 when out_fp32. bias: [n] of the compute dtype, or null. x and w
+  // are both fp8 (cuBLASLt, m > streaming_rows(true)), both not, or w fp8 and x not (the streaming kernel).
+  absl::Status Run(Operand x, Operand w, void* y, int64_t m, int64_t n, int64_t k, const void* bias, bool out_fp32,
+                   cudaStream_t stream);
   // Times up to kTuneCandidates of cuBLASLt's heuristic algorithms for this shape (weights cycled through
   // `weights` so that none is served from L2) and keeps the fastest for every later Run of the shape. Returns
   // the heuristic's first algorithm's time over the chosen one's (1 when it was already the fastest).
-  absl::StatusOr<double> Tune(const void* x, std::span<const void* const> weights, void* y, int64_t m, int64_t n,
-                              int64_t k, const void* bias, bool out_fp32, cudaStream_t stream);
+  absl::StatusOr<double> Tune(Operand x, std::span<const Operand> weights, void* y, int64_t m, int64_t n, int64_t k,
+                              const void* bias, bool out_fp32, cudaStream_t stream);
   static constexpr int kTuneCandidates = 8;
-  // Products of at most this many rows use the streaming kernel (0: cuBLASLt for every product).
+  // Products of at most this many rows use the streaming kernel (0: cuBLASLt for every product), for bf16/fp16
+  // weights and for fp8 ones.
   int64_t gemv_max_rows() const { return gemv_max_rows_; }
   void set_gemv_max_rows(int64_t rows) { gemv_max_rows_ = rows; }
+  int64_t fp8_gemv_max_rows() const { return fp8_gemv_max_rows_; }
+  void set_fp8_gemv_max_rows(int64_t rows) { fp8_gemv_max_rows_ = rows; }
+  int64_t streaming_rows(bool fp8_weights) const { return fp8_weights ? fp8_gemv_max_rows_ : gemv_max_rows_; }
 
  private:
   struct Plan {
@@ -43,15 +58,18 @@ class Gemm {
     cublasLtMatmulAlgo_t algo;
   };
   // The plan of this shape, its algorithm the heuristic's first (or, with `candidates`, its first n).
-  absl::StatusOr<Plan*> PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32,
+  absl::StatusOr<Plan*> PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32, bool fp8,
                                 std::vector<cublasLtMatmulAlgo_t>* candidates = nullptr);
+  // Points the plan at this call's bias and fp8 scales.
+  absl::Status Bind(Plan* p, Operand x, Operand w, const void* bias);
 
   Gemm() = default;
   cublasLtHandle_t handle_ = nullptr;
   cudaDataType_t dtype_ = CUDA_R_16BF;
   int64_t gemv_max_rows_ = 0;
+  int64_t fp8_gemv_max_rows_ = 0;
   DeviceBuffer workspace_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, Plan> plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool>, Plan> plans_;
 };
 
 }  // namespace inferd::cuda

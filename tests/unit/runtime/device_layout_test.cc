@@ -26,8 +26,10 @@ Model Llama3_8bShape() {
   return m;
 }
 
-// Each region aligned to 256 bytes, inside [0, size), and overlapping none of the others.
+// Each region aligned to 256 bytes, inside [0, size), and overlapping none of the others (an empty one overlaps
+// nothing).
 void ExpectDisjoint(std::vector<std::pair<const char*, Region>> regions, int64_t size) {
+  std::erase_if(regions, [](const auto& r) { return r.second.bytes == 0; });
   std::sort(regions.begin(), regions.end(), [](auto& a, auto& b) { return a.second.offset < b.second.offset; });
   int64_t end = 0;
   for (const auto& [name, r] : regions) {
@@ -41,7 +43,7 @@ void ExpectDisjoint(std::vector<std::pair<const char*, Region>> regions, int64_t
 TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
   const Model m = Llama3_8bShape();
   const int64_t T = 8192, R = 256, e = 2;
-  const DeviceLayout l = PlanDeviceLayout(m, StepLimits{256, 8192, 16}, e);
+  const DeviceLayout l = PlanDeviceLayout(m, StepLimits{256, 8192, 16}, e, /*fp8_weights=*/true);
   const ActivationRegions& a = l.activations;
   ExpectDisjoint({{"x", a.x},
                   {"xn", a.xn},
@@ -50,6 +52,8 @@ TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
                   {"attn", a.attn},
                   {"gate_up", a.gate_up},
                   {"act", a.act},
+                  {"act_fp8", a.act_fp8},
+                  {"act_scale", a.act_scale},
                   {"last", a.last},
                   {"last_delta", a.last_delta},
                   {"last_n", a.last_n},
@@ -101,6 +105,45 @@ TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
   EXPECT_EQ(l.kv_bytes_per_block, 2 * 32 * l.kv_block_bytes);
   EXPECT_EQ(l.activation_bytes(), l.activation_arena_bytes + kGemmWorkspaceBytes);
   EXPECT_EQ(l.step_input_bytes(), l.input_arena_bytes + l.kv_bytes_per_block);
+}
+
+// fp8 weights: the layers' seven linear weights take one byte an element and a fp32 scale per output row; every
+// other tensor keeps the activation dtype. The products' fp8 input is as wide as the widest of their inputs.
+TEST(DeviceLayout, Fp8WeightsTakeOneByteAndAScalePerRow) {
+  Model m = Llama3_8bShape();
+  const ModelConfig& c = m.config;
+  auto set = [](TensorDesc& t, int64_t rows, int64_t cols) {
+    t.rows = rows;
+    t.cols = cols;
+  };
+  set(m.tensors.embed, c.vocab_size, c.hidden_size);
+  set(m.tensors.final_norm, 1, c.hidden_size);
+  for (int i = 0; i < 2; ++i) {
+    LayerTensors& L = m.tensors.layers.emplace_back();
+    set(L.input_norm, 1, c.hidden_size);
+    set(L.post_norm, 1, c.hidden_size);
+    set(L.q_proj, 4096, 4096);
+    set(L.k_proj, 1024, 4096);
+    set(L.v_proj, 1024, 4096);
+    set(L.o_proj, 4096, 4096);
+    set(L.gate_proj, 14336, 4096);
+    set(L.up_proj, 14336, 4096);
+    set(L.down_proj, 4096, 14336);
+  }
+  const StepLimits limits{256, 8192, 16};
+  const DeviceLayout bf16 = PlanDeviceLayout(m, limits, 2);
+  const DeviceLayout fp8 = PlanDeviceLayout(m, limits, 2, /*fp8_weights=*/true);
+  const int64_t linear_numel = 4096 * 4096 * 2 + 1024 * 4096 * 2 + 14336 * 4096 * 3;
+  const int64_t linear_rows = 4096 + 1024 * 2 + 4096 + 14336 * 2 + 4096;
+  const int64_t embed_and_norms = int64_t{c.vocab_size} * c.hidden_size + c.hidden_size + 2 * 2 * c.hidden_size;
+  EXPECT_EQ(bf16.weight_bytes, (embed_and_norms + 2 * linear_numel) * 2);
+  EXPECT_EQ(fp8.weight_bytes, bf16.weight_bytes - 2 * linear_numel + 2 * linear_rows * 4);
+  EXPECT_FALSE(bf16.fp8_weights);
+  EXPECT_TRUE(fp8.fp8_weights);
+  EXPECT_EQ(bf16.activations.act_fp8.bytes, 0);
+  EXPECT_EQ(fp8.activations.act_fp8.bytes, int64_t{8192} * 14336);
+  EXPECT_EQ(fp8.activations.act_scale.bytes, int64_t{8192} * 4);
+  EXPECT_EQ(fp8.activation_arena_bytes, bf16.activation_arena_bytes + 8192 * 14336 + 8192 * 4);
 }
 
 TEST(DeviceLayout, DecodeBucketsDoubleUpToTheLargestBatch) {

@@ -105,5 +105,23 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.param.max_num_batched_tokens);
     });
 
+// engine.quantization = fp8 is the cuda backend's: the cpu backend refuses it at start-up, naming the key and
+// what it allows, whether asked for directly or reached through engine.backend = auto.
+TEST(CpuBackend, RefusesFp8QuantizationNamingTheKey) {
+  for (const char* backend : {"cpu", "auto"}) {
+    Config config;
+    config.model.path = testing::ModelDir("llama3-tiny");
+    config.engine.backend = backend;
+    config.engine.quantization = "fp8";
+    config.engine.cpu_kv_cache_gib = 0.05;
+    auto engine = Engine::Create(config);
+    if (engine.ok() && (*engine)->backend_name() == "cuda") continue;  // auto chose a GPU: fp8 is served there
+    ASSERT_FALSE(engine.ok()) << backend;
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(engine.status().message().find("engine.quantization = 'fp8'"), std::string::npos) << engine.status();
+    EXPECT_NE(engine.status().message().find("allows: none"), std::string::npos) << engine.status();
+  }
+}
+
 }  // namespace
 }  // namespace inferd

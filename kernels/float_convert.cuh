@@ -1,0 +1,35 @@
+// Conversions between the activation dtypes (bf16, fp16) and fp32 shared by the kernels (device code only).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace inferd::kernels {
+
+__device__ __forceinline__ float F(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float F(__half v) {
+  return __half2float(v);
+}
+template <typename T>
+__device__ __forceinline__ T To(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 To<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
+template <>
+__device__ __forceinline__ __half To<__half>(float v) {
+  return __float2half(v);
+}
+template <>
+__device__ __forceinline__ float To<float>(float v) {
+  return v;
+}
+// Rounds through T, as a tensor of dtype T would.
+template <typename T>
+__device__ __forceinline__ float Round(float v) {
+  return F(To<T>(v));
+}
+
+}  // namespace inferd::kernels

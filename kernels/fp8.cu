@@ -1,0 +1,328 @@
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "kernels/block_reduce.cuh"
+#include "kernels/dependent_launch.cuh"
+#include "kernels/float_convert.cuh"
+#include "kernels/fp8.h"
+#include "kernels/gemv.h"
+
+namespace inferd::kernels {
+namespace {
+
+bool Aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+__device__ __forceinline__ float ScaleFor(float amax) {
+  return amax > 0.f ? amax / kFp8Max : 1.f;
+}
+
+__device__ __forceinline__ Fp8 Quantize(float v, float scale) {
+  Fp8 q;
+  q.__x = __nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3);
+  return q;
+}
+
+// One block per row, two passes over it: the largest magnitude, then the quantized values.
+constexpr int kQuantThreads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kQuantThreads)
+    QuantizeRowsKernel(const T* __restrict__ src, int64_t cols, Fp8* __restrict__ q, float* __restrict__ scales) {
+  AllowDependentsToLaunch();
+  WaitForPrerequisites();
+  const T* s = src + int64_t{blockIdx.x} * cols;
+  Fp8* o = q + int64_t{blockIdx.x} * cols;
+  float amax = 0.f;
+  for (int64_t i = threadIdx.x; i < cols; i += kQuantThreads) amax = fmaxf(amax, fabsf(F(s[i])));
+  const float scale = ScaleFor(BlockMax<kQuantThreads>(amax));
+  for (int64_t i = threadIdx.x; i < cols; i += kQuantThreads) o[i] = Quantize(F(s[i]), scale);
+  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+}
+
+// AddRmsNormVecKernel's (kernels/elementwise.cu) arithmetic with its output quantized: each thread holds up to
+// kNormVecs vectors of 8 of its row in registers, so the row is read once.
+constexpr int kNormThreads = 512;
+constexpr int kNormVecs = 4;
+
+template <typename T>
+__global__ void __launch_bounds__(kNormThreads)
+    AddRmsNormFp8Kernel(T* __restrict__ residual, const T* __restrict__ delta, const T* __restrict__ weight,
+                        Fp8* __restrict__ q, float* __restrict__ scales, int64_t n, float eps) {
+  AllowDependentsToLaunch();
+  WaitForPrerequisites();
+  const int64_t nv = n / 8;
+  uint4* x = reinterpret_cast<uint4*>(residual + int64_t{blockIdx.x} * n);
+  const uint4* d = delta ? reinterpret_cast<const uint4*>(delta + int64_t{blockIdx.x} * n) : nullptr;
+  uint2* o = reinterpret_cast<uint2*>(q + int64_t{blockIdx.x} * n);
+  const uint4* w = reinterpret_cast<const uint4*>(weight);
+  float v[kNormVecs][8];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kNormVecs; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kNormThreads;
+    if (i >= nv) break;
+    uint4 xv = x[i];
+    T* xe = reinterpret_cast<T*>(&xv);
+    if (d) {
+      const uint4 dv = d[i];
+      const T* de = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) xe[e] = To<T>(F(xe[e]) + F(de[e]));
+      x[i] = xv;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      v[j][e] = F(xe[e]);
+      ss += v[j][e] * v[j][e];
+    }
+  }
+  const float inv = rsqrtf(BlockSum<kNormThreads>(ss) / static_cast<float>(n) + eps);
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < kNormVecs; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kNormThreads;
+    if (i >= nv) break;
+    const uint4 wv = w[i];
+    const T* we = reinterpret_cast<const T*>(&wv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      v[j][e] = Round<T>(F(we[e]) * Round<T>(v[j][e] * inv));
+      amax = fmaxf(amax, fabsf(v[j][e]));
+    }
+  }
+  const float scale = ScaleFor(BlockMax<kNormThreads>(amax));
+#pragma unroll
+  for (int j = 0; j < kNormVecs; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kNormThreads;
+    if (i >= nv) break;
+    uint2 ov;
+    Fp8* oe = reinterpret_cast<Fp8*>(&ov);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) oe[e] = Quantize(v[j][e], scale);
+    o[i] = ov;
+  }
+  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+}
+
+// One block per row, two passes: SiLU(gate)·up and its largest magnitude, then again (the row is in L2 by then)
+// for the quantized values.
+constexpr int kSiluThreads = 1024;
+
+template <typename T>
+__device__ __forceinline__ float SiluMulAt(const T* g, int64_t inter, int64_t i) {
+  const float x = F(g[i]);
+  return Round<T>(Round<T>(x / (1.f + expf(-x))) * F(g[inter + i]));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kSiluThreads)
+    SiluMulFp8Kernel(const T* __restrict__ gate_up, Fp8* __restrict__ q, float* __restrict__ scales, int64_t inter) {
+  AllowDependentsToLaunch();
+  WaitForPrerequisites();
+  const T* g = gate_up + int64_t{blockIdx.x} * 2 * inter;
+  Fp8* o = q + int64_t{blockIdx.x} * inter;
+  float amax = 0.f;
+  for (int64_t i = threadIdx.x; i < inter; i += kSiluThreads) amax = fmaxf(amax, fabsf(SiluMulAt(g, inter, i)));
+  const float scale = ScaleFor(BlockMax<kSiluThreads>(amax));
+  for (int64_t i = threadIdx.x; i < inter; i += kSiluThreads) o[i] = Quantize(SiluMulAt(g, inter, i), scale);
+  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+}
+
+// The weight-streaming product with e4m3 weights: a 16-byte load is 16 weights; the matching 16 activations are
+// two 16-byte loads of x per row. A block's kWarps warps share its R weight rows and split k between them
+// (kernels/gemv.cu gives each warp its own rows): an fp8 row is half a bf16 row's bytes, and a warp alone on it
+// would have too few loads in flight to stream at full speed (kernels/NOTES.md).
+constexpr int kWarps = 4;
+constexpr int kInFlight = 8;
+
+__device__ __forceinline__ uint4 LoadOnce(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float2 Fp8PairToFloat2(uint16_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+template <typename T, int M, int R>
+__device__ __forceinline__ void AccumulateFp8(const uint4 (&wv)[R], const T* __restrict__ x, int64_t k, int64_t c,
+                                              float (&acc)[R][M]) {
+#pragma unroll
+  for (int r = 0; r < M; ++r) {
+    const uint4* xr = reinterpret_cast<const uint4*>(x + r * k) + 2 * c;
+    uint4 xv[2] = {__ldg(xr), __ldg(xr + 1)};
+    float xf[16];
+    const T* xe = reinterpret_cast<const T*>(xv);
+#pragma unroll
+    for (int e = 0; e < 16; ++e) xf[e] = F(xe[e]);
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      const uint16_t* wp = reinterpret_cast<const uint16_t*>(&wv[j]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float2 wf = Fp8PairToFloat2(wp[i]);
+        acc[j][r] = fmaf(wf.x, xf[2 * i], fmaf(wf.y, xf[2 * i + 1], acc[j][r]));
+      }
+    }
+  }
+}
+
+template <typename T, typename Out, int M, int R>
+__global__ void __launch_bounds__(kWarps * 32)
+    GemvFp8Kernel(const T* __restrict__ x, const Fp8* __restrict__ w, const float* __restrict__ w_scale,
+                  const T* __restrict__ bias, Out* __restrict__ y, int64_t n, int64_t k) {
+  constexpr int kSteps = kInFlight / R;
+  constexpr int kStride = kWarps * 32;  // chunks between a thread's consecutive loads of one row
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t first_col = int64_t{blockIdx.x} * R;
+  const uint4* wr[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) wr[j] = reinterpret_cast<const uint4*>(w + std::min(first_col + j, n - 1) * k);
+  const int64_t chunks = k / 16;
+  float acc[R][M];
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+#pragma unroll
+    for (int r = 0; r < M; ++r) acc[j][r] = 0.f;
+  }
+  int64_t c = threadIdx.x;
+  uint4 wv[kSteps][R];
+  if (c + (kSteps - 1) * kStride < chunks) {  // the first batch streams in while the kernel before may still run
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+#pragma unroll
+      for (int j = 0; j < R; ++j) wv[u][j] = LoadOnce(wr[j] + c + u * kStride);
+    }
+  }
+  WaitForPrerequisites();
+  for (bool first = true; c + (kSteps - 1) * kStride < chunks; c += kSteps * kStride, first = false) {
+    if (!first) {
+#pragma unroll
+      for (int u = 0; u < kSteps; ++u) {
+#pragma unroll
+        for (int j = 0; j < R; ++j) wv[u][j] = LoadOnce(wr[j] + c + u * kStride);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) AccumulateFp8<T, M, R>(wv[u], x, k, c + u * kStride, acc);
+  }
+  for (; c < chunks; c += kStride) {
+    uint4 one[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) one[j] = LoadOnce(wr[j] + c);
+    AccumulateFp8<T, M, R>(one, x, k, c, acc);
+  }
+  __shared__ float partial[kWarps][R][M];
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      for (int off = 16; off > 0; off /= 2) acc[j][r] += __shfl_xor_sync(0xffffffff, acc[j][r], off);
+      if (lane == 0) partial[warp][j][r] = acc[j][r];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x >= R * M) return;
+  const int j = threadIdx.x / M, r = threadIdx.x % M;
+  const int64_t col = first_col + j;
+  if (col >= n) return;
+  float sum = 0.f;
+#pragma unroll
+  for (int v = 0; v < kWarps; ++v) sum += partial[v][j][r];
+  y[r * n + col] = To<Out>(fmaf(sum, w_scale[col], bias ? F(bias[col]) : 0.f));
+}
+
+template <int M>
+constexpr int RowsPerBlock() {
+  return M <= 2 ? 2 : 4;
+}
+
+template <typename T, typename Out, int M>
+cudaError_t LaunchFp8Rows(const T* x, const Fp8* w, const float* w_scale, const T* bias, Out* y, int64_t n, int64_t k,
+                          cudaStream_t stream) {
+  constexpr int R = RowsPerBlock<M>();
+  const int64_t blocks = (n + R - 1) / R;
+  return LaunchDependent(GemvFp8Kernel<T, Out, M, R>, static_cast<unsigned>(blocks), kWarps * 32, stream, x, w,
+                         w_scale, bias, y, n, k);
+}
+
+template <typename T, typename Out, int... Ms>
+cudaError_t DispatchFp8(int64_t m, const T* x, const Fp8* w, const float* w_scale, const T* bias, Out* y, int64_t n,
+                        int64_t k, cudaStream_t stream, std::integer_sequence<int, Ms...>) {
+  cudaError_t result = cudaErrorInvalidValue;
+  ((m == Ms + 1 ? (result = LaunchFp8Rows<T, Out, Ms + 1>(x, w, w_scale, bias, y, n, k, stream), true) : false) ||
+   ...);
+  return result;
+}
+
+cudaError_t CheckRows(int64_t rows) {
+  return rows > 0x7fffffff ? cudaErrorInvalidValue : cudaSuccess;
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t QuantizeRowsFp8(const T* src, int64_t rows, int64_t cols, Fp8* q, float* scales, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (cols <= 0 || CheckRows(rows) != cudaSuccess) return cudaErrorInvalidValue;
+  return LaunchDependent(QuantizeRowsKernel<T>, static_cast<unsigned>(rows), kQuantThreads, stream, src, cols, q,
+                         scales);
+}
+
+bool AddRmsNormFp8Supports(const void* residual, const void* delta, const void* weight, int64_t n) {
+  return n > 0 && n % 8 == 0 && n <= int64_t{kNormThreads} * kNormVecs * 8 && Aligned(residual) && Aligned(delta) &&
+         Aligned(weight);
+}
+
+template <typename T>
+cudaError_t AddRmsNormFp8(T* residual, const T* delta, const T* weight, Fp8* q, float* scales, int64_t rows,
+                          int64_t n, float eps, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (!AddRmsNormFp8Supports(residual, delta, weight, n) || !Aligned(q) || CheckRows(rows) != cudaSuccess) {
+    return cudaErrorInvalidValue;
+  }
+  return LaunchDependent(AddRmsNormFp8Kernel<T>, static_cast<unsigned>(rows), kNormThreads, stream, residual, delta,
+                         weight, q, scales, n, eps);
+}
+
+template <typename T>
+cudaError_t SiluMulFp8(const T* gate_up, Fp8* q, float* scales, int64_t rows, int64_t inter, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (inter <= 0 || CheckRows(rows) != cudaSuccess) return cudaErrorInvalidValue;
+  return LaunchDependent(SiluMulFp8Kernel<T>, static_cast<unsigned>(rows), kSiluThreads, stream, gate_up, q, scales,
+                         inter);
+}
+
+bool GemvFp8Supports(const void* x, const void* w, int64_t m, int64_t k) {
+  return m >= 1 && m <= kGemvMaxRows && k > 0 && k % 16 == 0 && Aligned(x) && Aligned(w);
+}
+
+template <typename T, typename Out>
+cudaError_t GemvFp8(const T* x, const Fp8* w, const float* w_scale, const T* bias, Out* y, int64_t m, int64_t n,
+                    int64_t k, cudaStream_t stream) {
+  if (!GemvFp8Supports(x, w, m, k) || n <= 0 || n > 0x7fffffff) return cudaErrorInvalidValue;
+  return DispatchFp8(m, x, w, w_scale, bias, y, n, k, stream, std::make_integer_sequence<int, kGemvMaxRows>{});
+}
+
+#define INFERD_INSTANTIATE(T)                                                                                         \
+  template cudaError_t QuantizeRowsFp8<T>(const T*, int64_t, int64_t, Fp8*, float*, cudaStream_t);                    \
+  template cudaError_t AddRmsNormFp8<T>(T*, const T*, const T*, Fp8*, float*, int64_t, int64_t, float, cudaStream_t); \
+  template cudaError_t SiluMulFp8<T>(const T*, Fp8*, float*, int64_t, int64_t, cudaStream_t);                         \
+  template cudaError_t GemvFp8<T, T>(const T*, const Fp8*, const float*, const T*, T*, int64_t, int64_t, int64_t,     \
+                                     cudaStream_t);                                                                   \
+  template cudaError_t GemvFp8<T, float>(const T*, const Fp8*, const float*, const T*, float*, int64_t, int64_t,      \
+                                         int64_t, cudaStream_t);
+INFERD_INSTANTIATE(__nv_bfloat16)
+INFERD_INSTANTIATE(__half)
+#undef INFERD_INSTANTIATE
+
+}  // namespace inferd::kernels
