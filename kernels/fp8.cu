@@ -251,16 +251,15 @@ cudaError_t LaunchFp8Rows(const T* x, const Fp8* w, const float* w_scale, const 
                           cudaStream_t stream) {
   constexpr int R = RowsPerBlock<M>();
   const int64_t blocks = (n + R - 1) / R;
-  return LaunchDependent(GemvFp8Kernel<T, Out, M, R>, static_cast<unsigned>(blocks), kWarps * 32, stream, x, w,
-                         w_scale, bias, y, n, k);
+  return LaunchDependent(GemvFp8Kernel<T, Out, M, R>, static_cast<unsigned>(blocks), kWarps * 32, stream, x, w, w_scale,
+                         bias, y, n, k);
 }
 
 template <typename T, typename Out, int... Ms>
 cudaError_t DispatchFp8(int64_t m, const T* x, const Fp8* w, const float* w_scale, const T* bias, Out* y, int64_t n,
                         int64_t k, cudaStream_t stream, std::integer_sequence<int, Ms...>) {
   cudaError_t result = cudaErrorInvalidValue;
-  ((m == Ms + 1 ? (result = LaunchFp8Rows<T, Out, Ms + 1>(x, w, w_scale, bias, y, n, k, stream), true) : false) ||
-   ...);
+  ((m == Ms + 1 ? (result = LaunchFp8Rows<T, Out, Ms + 1>(x, w, w_scale, bias, y, n, k, stream), true) : false) || ...);
   return result;
 }
 
@@ -284,8 +283,8 @@ bool AddRmsNormFp8Supports(const void* residual, const void* delta, const void* 
 }
 
 template <typename T>
-cudaError_t AddRmsNormFp8(T* residual, const T* delta, const T* weight, Fp8* q, float* scales, int64_t rows,
-                          int64_t n, float eps, cudaStream_t stream) {
+cudaError_t AddRmsNormFp8(T* residual, const T* delta, const T* weight, Fp8* q, float* scales, int64_t rows, int64_t n,
+                          float eps, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (!AddRmsNormFp8Supports(residual, delta, weight, n) || !Aligned(q) || CheckRows(rows) != cudaSuccess) {
     return cudaErrorInvalidValue;

@@ -29,8 +29,8 @@ bool AddRmsNormFp8Supports(const void* residual, const void* delta, const void* 
 // AddRmsNorm (kernels/elementwise.h) whose output, rounded to T as there, is quantized per row into q and scales
 // instead of being stored in T. residual, delta: [rows, n] (delta may be null); q: [rows, n]; scales: [rows].
 template <typename T>
-cudaError_t AddRmsNormFp8(T* residual, const T* delta, const T* weight, Fp8* q, float* scales, int64_t rows,
-                          int64_t n, float eps, cudaStream_t stream);
+cudaError_t AddRmsNormFp8(T* residual, const T* delta, const T* weight, Fp8* q, float* scales, int64_t rows, int64_t n,
+                          float eps, cudaStream_t stream);
 
 // SiluMul (kernels/elementwise.h) whose output, rounded to T as there, is quantized per row. gate_up: [rows,
 // 2 * inter]; q: [rows, inter]; scales: [rows].

@@ -164,9 +164,8 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
         if (sh.lm_head != (layer == c.num_layers)) continue;
         const int64_t bytes = weight_bytes(sh);
         if (off + bytes > pool_bytes) off = 0;
-        const absl::Status st =
-            (*gemm)->Run(input_for(sh.lm_head, path), weight_at(pool + off, sh.lm_head), y, m, sh.n, sh.k, nullptr,
-                         sh.lm_head, stream);
+        const absl::Status st = (*gemm)->Run(input_for(sh.lm_head, path), weight_at(pool + off, sh.lm_head), y, m, sh.n,
+                                             sh.k, nullptr, sh.lm_head, stream);
         if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
         off += bytes;
       }

@@ -28,10 +28,10 @@ struct CudaCase {
   const char* reference_suffix;  // "" = fp32 on the CPU, "-bf16" = bf16 on the GPU
   int32_t block_size;
   int32_t max_num_batched_tokens;
-  const char* dtype = "auto";  // engine.dtype
-  bool cuda_graphs = true;     // engine.cuda_graphs: decode steps replay captured graphs
-  int32_t max_num_seqs = 8;    // 1: every request alone (decode rows through the streaming products)
-  int32_t copies = 1;          // each prompt submitted this many times at once (a crowd)
+  const char* dtype = "auto";         // engine.dtype
+  bool cuda_graphs = true;            // engine.cuda_graphs: decode steps replay captured graphs
+  int32_t max_num_seqs = 8;           // 1: every request alone (decode rows through the streaming products)
+  int32_t copies = 1;                 // each prompt submitted this many times at once (a crowd)
   const char* quantization = "none";  // engine.quantization
   double near_tie = 0.1;              // positions are compared up to the reference's first top-2 margin under this
   double logprob_tolerance = 0.25;    // the chosen tokens' logprobs against the reference's

@@ -194,8 +194,8 @@ void CheckStreaming(const Shape& shape, uint32_t seed) {
   Dev<float> ds(w.scale);
   Dev<Out> dy(size_t(m) * n);
   ASSERT_TRUE(kernels::GemvFp8Supports(dx.get(), dw.get(), m, k));
-  CUDA_OK((kernels::GemvFp8<__nv_bfloat16, Out>(dx.get(), dw.get(), ds.get(), with_bias ? db.get() : nullptr,
-                                                dy.get(), m, n, k, nullptr)));
+  CUDA_OK((kernels::GemvFp8<__nv_bfloat16, Out>(dx.get(), dw.get(), ds.get(), with_bias ? db.get() : nullptr, dy.get(),
+                                                m, n, k, nullptr)));
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<double> ref(size_t(m) * n), mag(size_t(m) * n);
   for (int r = 0; r < m; ++r) {

@@ -41,10 +41,9 @@ absl::StatusOr<double> MeasureGemmRate(Gemm& gemm, bool bf16, int64_t n, cudaStr
     INFERD_RETURN_IF_ERROR(scales.Allocate(2 * n * 4));
     for (auto [src, dst, s] : {std::tuple{&a, &a8, 0}, std::tuple{&b, &b8, 1}}) {
       float* row_scales = scales.get<float>() + s * n;
-      INFERD_CUDA(bf16 ? kernels::QuantizeRowsFp8(src->get<__nv_bfloat16>(), n, n, dst->get<kernels::Fp8>(),
-                                                  row_scales, stream)
-                       : kernels::QuantizeRowsFp8(src->get<__half>(), n, n, dst->get<kernels::Fp8>(), row_scales,
-                                                  stream));
+      INFERD_CUDA(
+          bf16 ? kernels::QuantizeRowsFp8(src->get<__nv_bfloat16>(), n, n, dst->get<kernels::Fp8>(), row_scales, stream)
+               : kernels::QuantizeRowsFp8(src->get<__half>(), n, n, dst->get<kernels::Fp8>(), row_scales, stream));
     }
     x = Operand(a8.get(), scales.get<float>());
     w = Operand(b8.get(), scales.get<float>() + n);

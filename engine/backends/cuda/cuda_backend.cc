@@ -463,9 +463,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, c
   const cudaDataType_t dtype = fp16 ? CUDA_R_16F : CUDA_R_16BF;
   const bool fp8 = engine.quantization == "fp8";
   if (fp8 && prop.major * 10 + prop.minor < 89) {
-    return absl::FailedPreconditionError(absl::StrCat("engine.quantization = 'fp8' needs fp8 tensor cores (compute "
-                                                      "capability 8.9 or later); ",
-                                                      prop.name, " is ", prop.major, ".", prop.minor));
+    return absl::FailedPreconditionError(
+        absl::StrCat("engine.quantization = 'fp8' needs fp8 tensor cores (compute "
+                     "capability 8.9 or later); ",
+                     prop.name, " is ", prop.major, ".", prop.minor));
   }
   const ModelConfig& c = model.config;
   if (fp8 && (c.hidden_size % 16 != 0 || c.intermediate_size % 16 != 0 || c.q_width() % 16 != 0)) {

@@ -85,12 +85,11 @@ class Worker {
     }
     if (p.scale) {  // through the device staging (in stream order with the last piece's use of it), quantized
       INFERD_CUDA(cudaMemcpyAsync(device_staging_.get(), stage, bytes, cudaMemcpyHostToDevice, stream_));
-      const cudaError_t e =
-          dtype_ == CUDA_R_16BF
-              ? kernels::QuantizeRowsFp8(device_staging_.get<__nv_bfloat16>(), p.count, t.cols,
-                                         reinterpret_cast<kernels::Fp8*>(p.dst), p.scale, stream_)
-              : kernels::QuantizeRowsFp8(device_staging_.get<__half>(), p.count, t.cols,
-                                         reinterpret_cast<kernels::Fp8*>(p.dst), p.scale, stream_);
+      const cudaError_t e = dtype_ == CUDA_R_16BF
+                                ? kernels::QuantizeRowsFp8(device_staging_.get<__nv_bfloat16>(), p.count, t.cols,
+                                                           reinterpret_cast<kernels::Fp8*>(p.dst), p.scale, stream_)
+                                : kernels::QuantizeRowsFp8(device_staging_.get<__half>(), p.count, t.cols,
+                                                           reinterpret_cast<kernels::Fp8*>(p.dst), p.scale, stream_);
       INFERD_RETURN_IF_ERROR(FromCuda(e, "kernels::QuantizeRowsFp8"));
     } else {
       INFERD_CUDA(cudaMemcpyAsync(p.dst, stage, bytes, cudaMemcpyHostToDevice, stream_));

@@ -187,8 +187,8 @@ absl::Status Gemm::Run(Operand x, Operand w, void* y, int64_t m, int64_t n, int6
   const bool bf16 = dtype_ == CUDA_R_16BF;
   if (w.fp8() && !x.fp8()) {  // the activations stay in the compute dtype: the streaming kernel's shapes only
     if (m > fp8_gemv_max_rows_ || !kernels::GemvFp8Supports(x.data, w.data, m, k)) {
-      return absl::InternalError(absl::StrCat("Gemm::Run: fp8 weights with an unquantized input of ", m, " rows (k=",
-                                              k, ") beyond the streaming kernel's ", fp8_gemv_max_rows_));
+      return absl::InternalError(absl::StrCat("Gemm::Run: fp8 weights with an unquantized input of ", m, " rows (k=", k,
+                                              ") beyond the streaming kernel's ", fp8_gemv_max_rows_));
     }
     const cudaError_t e = bf16 ? RunGemvFp8<__nv_bfloat16>(x.data, w, y, m, n, k, bias, out_fp32, stream)
                                : RunGemvFp8<__half>(x.data, w, y, m, n, k, bias, out_fp32, stream);
