@@ -159,7 +159,8 @@ std::vector<ConfigField> MakeFields() {
       "none, fp8",
       "cuda: `fp8` quantizes the layers' linear weights to e4m3 at load (one scale per output channel) and their "
       "inputs per token (steps of more than a few rows); embeddings, norms and the LM head stay in `dtype`. The "
-      "cpu backend refuses it"));
+      "cpu backend refuses it. An FP8 checkpoint (compressed-tensors float-quantized, or `quant_method: fp8`) "
+      "runs as fp8 on cuda whatever this says, and dequantized on cpu"));
   f.push_back(Flag(
       "engine", "cuda_graphs", [](Config& c) -> bool& { return c.engine.cuda_graphs; },
       "cuda: decode steps replay CUDA graphs captured at start-up for batches of 1, 2, 4, … "

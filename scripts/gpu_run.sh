@@ -47,6 +47,11 @@ if [[ "$what" == all || "$what" == tests || "$what" == parity || "$what" == fp8 
   python3 tools/make_reference_fixtures.py --fp8-weights --fp8-activations --suffix=-fp8a8 "$INFERD_GPU_MODELS" \
     "$INFERD_GPU_MODELS/reference" || status=1
   tar -C "$INFERD_GPU_MODELS" -czf "$OUT/gpu_references.tar.gz" reference
+  # FP8 checkpoints (compressed-tensors, per channel) of two of them, beside the models (not referenced).
+  rm -rf "$INFERD_GPU_MODELS-fp8"
+  for m in llama3-hd64 qwen2-hd128; do
+    python3 tools/make_fp8_checkpoint.py "$INFERD_GPU_MODELS/$m" "$INFERD_GPU_MODELS-fp8/$m" || status=1
+  done
 fi
 if [[ "$what" == parity ]]; then  # the precision and whole-model parity tests alone
   "$BUNDLE/bin/gpu_tests" --gtest_filter='Precision.*:Models/CudaParity.*:Models/SharpParity.*' --gtest_output="xml:$OUT/gpu_tests.xml" \

@@ -145,6 +145,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
                                                    "attention is not supported"));
   }
   if (!(s = ParseRope(j, &c.rope)).ok()) return s;
+  if (!(s = ParseQuantizationConfig(j, &c.quantization)).ok()) return s;
   ReadIds(j, "eos_token_id", &c.eos_token_ids);
   std::vector<int32_t> bos;
   ReadIds(j, "bos_token_id", &bos);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/quantization_config.h"
 
 namespace inferd {
 
@@ -33,7 +34,8 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2
   RopeConfig rope;
-  std::string torch_dtype;  // as stated in config.json, informational
+  std::string torch_dtype;          // as stated in config.json, informational
+  QuantizationConfig quantization;  // an FP8 checkpoint's quantization_config
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;
 

@@ -73,6 +73,10 @@ absl::Status DecodeRows(const TensorDesc& t, int64_t first, int64_t count, float
     } else {
       ConvertToF32(t.dtype, row, dst);
     }
+    if (!t.scales.empty()) {
+      const float scale = t.scales[t.scales.size() == 1 ? 0 : src];
+      for (int64_t i = 0; i < t.cols; ++i) dst[i] *= scale;
+    }
   }
   return absl::OkStatus();
 }

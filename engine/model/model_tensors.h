@@ -26,6 +26,9 @@ struct TensorDesc {
   // > 0: GGUF stores each head's rows (rows / rotary_heads of them) in llama.cpp's interleaved rotary order;
   // DecodeRows returns them in the Hugging Face (rotate-half) order the forward pass uses.
   int32_t rotary_heads = 0;
+  // F8_E4M3 tensors: the checkpoint's weight_scale, one per row or one for the whole tensor; a value is the
+  // e4m3 element times its scale (DecodeRows applies it).
+  std::vector<float> scales;
 
   bool present() const { return rows > 0; }
   int64_t numel() const { return rows * cols; }
@@ -47,6 +50,7 @@ struct ModelTensors {
   TensorDesc lm_head;     // [vocab, hidden]; absent when the embeddings are tied
   std::vector<LayerTensors> layers;
   std::string stored_dtype;                        // dtype of most weights in the files ("bfloat16", "Q4_K", ...)
+  bool fp8_checkpoint = false;                     // the layers' linear weights are stored F8_E4M3 (scaled)
   std::vector<std::shared_ptr<const void>> files;  // the mapped files the byte spans point into
 };
 

@@ -189,6 +189,55 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaParity, ::testing::ValuesIn(AllCases()), []
          std::to_string(info.param.max_num_seqs) + "x" + std::to_string(info.param.copies);
 });
 
+// An FP8 checkpoint of a model (tools/make_fp8_checkpoint.py, per channel: bit for bit the weights that
+// `engine.quantization: fp8` makes at load) runs as stored on cuda and answers as the online quantization of the
+// original does: the same greedy tokens up to the reference's first near-tie (margin 0.1), chosen logprobs within
+// 0.02 (the two engines may pick different cuBLASLt algorithms by timing). scripts/gpu_run.sh writes the
+// checkpoints under $INFERD_GPU_MODELS-fp8.
+TEST(Fp8CheckpointOnCuda, AnswersAsOnlineQuantizationOfTheOriginal) {
+  const char* dir = std::getenv("INFERD_GPU_MODELS");
+  if (!dir) GTEST_SKIP() << "INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)";
+  for (const char* model : {"llama3-hd64", "qwen2-hd128"}) {
+    const std::string original = std::string(dir) + "/" + model, checkpoint = std::string(dir) + "-fp8/" + model;
+    const std::string ref_path = std::string(dir) + "/reference/" + model + "-fp8a8.json";
+    if (!std::filesystem::exists(checkpoint) || !std::filesystem::exists(ref_path)) GTEST_SKIP() << checkpoint;
+    const nlohmann::json ref = testing::ReadJson(ref_path);
+    std::vector<std::vector<std::shared_ptr<testing::CollectingSink>>> runs;
+    for (const auto& [path, quantization] : {std::pair{original, "fp8"}, std::pair{checkpoint, "none"}}) {
+      auto engine = Engine::Create(CudaConfig(path, "auto", 16, 2048, 8, true, quantization));
+      ASSERT_TRUE(engine.ok()) << path << ": " << engine.status();
+      runs.emplace_back();
+      for (size_t i = 0; i < ref["cases"].size(); ++i) {
+        Request r;
+        r.id = "case-" + std::to_string(i);
+        r.prompt = ref["cases"][i]["prompt_ids"].get<std::vector<int32_t>>();
+        r.sampling.temperature = 0;
+        r.stopping.max_tokens = static_cast<int32_t>(ref["cases"][i]["steps"].size());
+        r.stopping.ignore_eos = true;
+        r.top_logprobs = 1;
+        runs.back().push_back(std::make_shared<testing::CollectingSink>());
+        r.sink = runs.back().back();
+        ASSERT_TRUE((*engine)->Submit(std::move(r)).ok());
+      }
+      for (auto& sink : runs.back()) {
+        ASSERT_TRUE(sink->WaitFor(absl::Seconds(300)));
+        ASSERT_EQ(sink->finish, FinishReason::kLength) << sink->error;
+      }
+    }
+    int compared = 0;
+    for (size_t i = 0; i < ref["cases"].size(); ++i) {
+      const auto& steps = ref["cases"][i]["steps"];
+      const auto &a = *runs[0][i], &b = *runs[1][i];
+      for (size_t s = 0; s < steps.size() && steps[s]["margin"].get<double>() >= 0.1; ++s, ++compared) {
+        ASSERT_EQ(a.tokens[s], b.tokens[s]) << model << " prompt " << i << " step " << s;
+        EXPECT_NEAR(a.logprobs[s].logprob, b.logprobs[s].logprob, 0.02) << model << " prompt " << i << " step " << s;
+      }
+    }
+    std::printf("[ parity   ] %s FP8 checkpoint against online fp8: %d positions equal\n", model, compared);
+    EXPECT_GT(compared, 20) << model;
+  }
+}
+
 // Models of large activations ("-sharp": every weight of std 0.2, attention logits of std ~20), where a bf16
 // rounding anywhere flips tokens whose margin is well over 0.1 and greedy runs part after the first flip: each
 // position is compared with the context fixed to the fp32 reference's tokens (teacher forcing), which measures

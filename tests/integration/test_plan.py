@@ -1,5 +1,5 @@
 """`inferd plan`: the cuda memory plan of a config without a GPU, on the Llama-3-8B shape (a sparse
-safetensors file: shapes without data) and an 80 GB GPU."""
+safetensors file: shapes without data) and an 80 GB GPU, in bf16, fp16 and with `engine.quantization: fp8`."""
 import json
 import os
 import subprocess
@@ -40,16 +40,24 @@ def test_llama3_8b_bf16_on_an_80_gb_gpu(tmp_path):
     regions = [2 * Tn * H] * 3 + [2 * Tn * (NH + 2 * NKV) * D, 2 * Tn * NH * D, 2 * Tn * 2 * I, 2 * Tn * I] \
         + [2 * R * H] * 3 + [4 * R * V, 4 * (D // 2), 128 << 20, 8 << 20, outputs, 4 * max_penalties]
     activations = sum(aligned(n) for n in regions) + (32 << 20)
+    # engine.quantization fp8: the layers' linear weights one byte an element and a fp32 scale per output row;
+    # the products' e4m3 inputs [Tn, max(H, NH * D, I)] and their per-token scales in the activation arena.
+    linear = L * ((NH + 2 * NKV) * D * H + H * NH * D + 3 * I * H)
+    linear_rows = L * ((NH + 2 * NKV) * D + H + 2 * I + H)
+    fp8_weights = 2 * params - linear + 4 * linear_rows
+    fp8_activations = activations + aligned(Tn * max(H, NH * D, I)) + aligned(4 * Tn)
+    assert [p["dtype"] for p in out["plans"]] == ["bfloat16", "float16", "fp8"]
     for p in out["plans"]:
-        assert p["weight_bytes"] == 2 * params  # 15316.5 MiB
-        assert p["activation_bytes"] == activations  # 1331.8 MiB
+        fp8 = p["dtype"] == "fp8"
+        assert p["weight_bytes"] == (fp8_weights if fp8 else 2 * params)  # 8665.8 / 15316.5 MiB
+        assert p["activation_bytes"] == (fp8_activations if fp8 else activations)  # 1443.9 / 1331.8 MiB
         assert p["kv_bytes_per_block"] == 2 * L * 16 * NKV * D * 2 == 2 << 20  # 128 KiB per token
         assert p["num_blocks"] == (budget - p["weight_bytes"] - p["activation_bytes"] - p["other_bytes"]) // (2 << 20)
-        assert 28_000 < p["num_blocks"] < 29_000
+        assert (31_000 < p["num_blocks"] < 32_500) if fp8 else (28_000 < p["num_blocks"] < 29_000)
         assert p["sequences_at_4096"] == p["num_blocks"] // 256
-    assert [p["dtype"] for p in out["plans"]] == ["bfloat16", "float16"]
     table = plan(tmp_path, "--gpu-memory-gib", "80")
     assert "15316.5" in table.stdout and "1331.8" in table.stdout and "131072" in table.stdout
+    assert "8665.8" in table.stdout and "1443.9" in table.stdout
 
 
 def test_without_a_gpu_it_asks_for_the_memory(tmp_path):

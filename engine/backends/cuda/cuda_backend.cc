@@ -461,7 +461,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, c
   INFERD_CUDA(cudaMemGetInfo(&free, &total));
   const bool fp16 = engine.dtype == "float16";
   const cudaDataType_t dtype = fp16 ? CUDA_R_16F : CUDA_R_16BF;
-  const bool fp8 = engine.quantization == "fp8";
+  // An FP8 checkpoint runs as stored: its weights and scales go up as they are.
+  const bool fp8 = engine.quantization == "fp8" || model.tensors.fp8_checkpoint;
+  if (model.tensors.fp8_checkpoint && engine.quantization != "fp8") {
+    spdlog::info("cuda: the checkpoint is FP8 ({}): engine.quantization = fp8", model.config.quantization.description);
+  }
   if (fp8 && prop.major * 10 + prop.minor < 89) {
     return absl::FailedPreconditionError(
         absl::StrCat("engine.quantization = 'fp8' needs fp8 tensor cores (compute "

@@ -69,6 +69,7 @@ class Worker {
     const TensorDesc& t = *p.src;
     const size_t bytes = static_cast<size_t>(p.count * t.cols * 2);
     INFERD_ASSIGN_OR_RETURN(char* stage, NextStaging());
+    if (p.scale && t.dtype == DType::kF8E4M3 && !t.ggml) return CopyFp8(p, stage);
     if (SameDtype(t)) {
       if (t.bytes.size() != static_cast<size_t>(t.numel() * 2)) {
         return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, " holds ", t.bytes.size(),
@@ -94,6 +95,23 @@ class Worker {
     } else {
       INFERD_CUDA(cudaMemcpyAsync(p.dst, stage, bytes, cudaMemcpyHostToDevice, stream_));
     }
+    INFERD_CUDA(cudaEventRecord(done_[cur_], stream_));
+    return absl::OkStatus();
+  }
+
+  // An FP8 checkpoint's rows as stored, and their scales (one per row, or the tensor's for every row).
+  absl::Status CopyFp8(const Piece& p, char* stage) {
+    const TensorDesc& t = *p.src;
+    const size_t bytes = static_cast<size_t>(p.count * t.cols);
+    if (t.bytes.size() != static_cast<size_t>(t.numel()) || t.scales.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, " holds ", t.bytes.size(),
+                                                     " bytes; allowed: rows x cols = ", t.numel(), ", with scales"));
+    }
+    std::memcpy(stage, t.bytes.data() + p.first * t.cols, bytes);
+    float* scales = reinterpret_cast<float*>(stage + (bytes + 15) / 16 * 16);  // after the rows: the piece's half
+    for (int64_t r = 0; r < p.count; ++r) scales[r] = t.scales[t.scales.size() == 1 ? 0 : p.first + r];
+    INFERD_CUDA(cudaMemcpyAsync(p.dst, stage, bytes, cudaMemcpyHostToDevice, stream_));
+    INFERD_CUDA(cudaMemcpyAsync(p.scale, scales, p.count * sizeof(float), cudaMemcpyHostToDevice, stream_));
     INFERD_CUDA(cudaEventRecord(done_[cur_], stream_));
     return absl::OkStatus();
   }

@@ -1,3 +1,4 @@
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -77,8 +78,47 @@ class TensorSource {
     out->cols = shape.back();
     out->dtype = info.dtype;
     out->bytes = it->second->Bytes(info);
+    if (info.dtype == DType::kF8E4M3) INFERD_RETURN_IF_ERROR(ReadScales(name, out));
     return absl::OkStatus();
   }
+
+  // An F8_E4M3 weight's `weight_scale` beside it: one fp32 (or 16-bit) value per row ([rows] or [rows, 1]) or one
+  // for the tensor ([] or [1]), each finite and positive.
+  absl::Status ReadScales(const std::string& name, TensorDesc* out) {
+    if (!fp8_) {
+      return absl::InvalidArgumentError(absl::StrCat("weights: tensor '", name,
+                                                     "' is F8_E4M3 but config.json has no quantization_config "
+                                                     "describing an FP8 checkpoint"));
+    }
+    const std::string base = name.size() > 7 && name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
+    const std::string scale_name = base + ".weight_scale";
+    auto it = where_.find(scale_name);
+    if (it == where_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weights: tensor '", name, "' is F8_E4M3 but '", scale_name, "' is missing"));
+    }
+    const TensorInfo& info = it->second->tensors().at(scale_name);
+    const int64_t n = info.numel();
+    if (info.dtype == DType::kF8E4M3 || (n != 1 && n != out->rows) || info.shape.size() > 2 ||
+        (info.shape.size() == 2 && info.shape[1] != 1)) {
+      return absl::InvalidArgumentError(absl::StrCat("weights: '", scale_name, "' must hold one float per row (",
+                                                     out->rows, ") or one for the tensor; it holds ", n, " ",
+                                                     DTypeName(info.dtype), " values"));
+    }
+    out->scales.resize(n);
+    ConvertToF32(info.dtype, it->second->Bytes(info), out->scales.data());
+    for (float s : out->scales) {
+      if (!(s > 0) || !std::isfinite(s)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("weights: '", scale_name, "' holds ", s, "; allowed: finite values > 0"));
+      }
+    }
+    any_fp8_ = true;
+    return absl::OkStatus();
+  }
+
+  void set_fp8(bool fp8) { fp8_ = fp8; }
+  bool any_fp8() const { return any_fp8_; }
 
   std::vector<std::shared_ptr<const void>> TakeFiles() {
     std::vector<std::shared_ptr<const void>> out;
@@ -92,6 +132,8 @@ class TensorSource {
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
   std::string dtype_;
+  bool fp8_ = false;      // config.json describes an FP8 checkpoint
+  bool any_fp8_ = false;  // a tensor was F8_E4M3
 };
 
 }  // namespace
@@ -99,6 +141,7 @@ class TensorSource {
 absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const ModelConfig& c) {
   TensorSource src;
   INFERD_RETURN_IF_ERROR(src.Open(dir));
+  src.set_fp8(c.quantization.fp8);
   ModelTensors w;
   const int64_t h = c.hidden_size, q_dim = c.q_width(), kv_dim = c.kv_width(), ff = c.intermediate_size;
   INFERD_RETURN_IF_ERROR(src.Describe("model.embed_tokens.weight", {c.vocab_size, h}, &w.embed));
@@ -128,6 +171,7 @@ absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const Mod
     INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.down_proj.weight", {h, ff}, &L.down_proj));
   }
   w.stored_dtype = src.dtype();
+  w.fp8_checkpoint = src.any_fp8();
   w.files = src.TakeFiles();
   return w;
 }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -22,12 +23,21 @@ const char* DTypeName(DType d) {
       return "float16";
     case DType::kBF16:
       return "bfloat16";
+    case DType::kF8E4M3:
+      return "float8_e4m3";
   }
   return "?";
 }
 
 size_t DTypeSize(DType d) {
-  return d == DType::kF32 ? 4 : 2;
+  switch (d) {
+    case DType::kF32:
+      return 4;
+    case DType::kF8E4M3:
+      return 1;
+    default:
+      return 2;
+  }
 }
 
 int64_t TensorInfo::numel() const {
@@ -62,8 +72,10 @@ absl::StatusOr<std::map<std::string, TensorInfo>> ParseSafetensorsHeader(std::st
       info.dtype = DType::kF16;
     else if (dtype == "BF16")
       info.dtype = DType::kBF16;
+    else if (dtype == "F8_E4M3")
+      info.dtype = DType::kF8E4M3;
     else
-      return bad(absl::StrCat("dtype '", dtype, "' is not supported; supported: F32, F16, BF16"));
+      return bad(absl::StrCat("dtype '", dtype, "' is not supported; supported: F32, F16, BF16, F8_E4M3"));
     uint64_t numel = 1;
     for (const auto& d : t["shape"]) {
       if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<int64_t>() >= 0))
@@ -188,10 +200,28 @@ float BFloat16ToFloat(uint16_t b) {
   return f;
 }
 
+// e4m3 "fn": 4 exponent bits of bias 7, 3 mantissa bits, no infinities; 0x7F and 0xFF are NaN.
+float E4m3ToFloat(uint8_t v) {
+  const int exp = (v >> 3) & 15, man = v & 7;
+  float f;
+  if (exp == 15 && man == 7) {
+    f = std::numeric_limits<float>::quiet_NaN();
+  } else if (exp == 0) {
+    f = std::ldexp(static_cast<float>(man), -9);
+  } else {
+    f = std::ldexp(1.f + man / 8.f, exp - 7);
+  }
+  return (v & 0x80) ? -f : f;
+}
+
 void ConvertToF32(DType dtype, std::span<const uint8_t> bytes, float* out) {
   const size_t n = bytes.size() / DTypeSize(dtype);
   if (dtype == DType::kF32) {
     std::memcpy(out, bytes.data(), n * 4);
+    return;
+  }
+  if (dtype == DType::kF8E4M3) {
+    for (size_t i = 0; i < n; ++i) out[i] = E4m3ToFloat(bytes[i]);
     return;
   }
   for (size_t i = 0; i < n; ++i) {

@@ -14,7 +14,7 @@
 
 namespace inferd {
 
-enum class DType { kF32, kF16, kBF16 };
+enum class DType { kF32, kF16, kBF16, kF8E4M3 };
 const char* DTypeName(DType dtype);
 size_t DTypeSize(DType dtype);
 
@@ -53,8 +53,9 @@ class SafetensorsFile {
   std::map<std::string, TensorInfo> tensors_;
 };
 
-// Converts stored elements to fp32.
+// Converts stored elements to fp32 (F8_E4M3: the e4m3 value, before any scale).
 void ConvertToF32(DType dtype, std::span<const uint8_t> bytes, float* out);
+float E4m3ToFloat(uint8_t v);
 float HalfToFloat(uint16_t h);
 float BFloat16ToFloat(uint16_t b);
 

@@ -1,0 +1,171 @@
+// FP8 checkpoints as published (tests/fixtures/models/*-fp8, written by tools/make_fp8_checkpoint.py from the bf16
+// test models): compressed-tensors "float-quantized" with per-channel weight scales (llama3-tiny-fp8) and the older
+// `quant_method: fp8` with per-tensor scales and static input scales (qwen2-tiny-fp8). The loader reads the e4m3
+// weights with their scales; the cpu backend serves them dequantized; unsupported quantization configs are
+// refused naming the field.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/engine.h"
+#include "engine/model/model.h"
+#include "engine/model/model_tensors.h"
+#include "tests/unit/collecting_sink.h"
+#include "tests/unit/fixtures.h"
+
+namespace inferd {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<float> Rows(const TensorDesc& t) {
+  std::vector<float> out(t.numel());
+  EXPECT_TRUE(DecodeRows(t, 0, t.rows, out.data()).ok()) << t.name;
+  return out;
+}
+
+// Each dequantized weight within half an e4m3 step of the bf16 original (relative 1/16 of normal values, half the
+// smallest subnormal step below), and each row's scale its largest magnitude / 448.
+void ExpectCloseToOriginal(const TensorDesc& fp8, const TensorDesc& bf16, bool per_channel) {
+  ASSERT_EQ(fp8.dtype, DType::kF8E4M3) << fp8.name;
+  ASSERT_EQ(fp8.scales.size(), per_channel ? static_cast<size_t>(fp8.rows) : 1u) << fp8.name;
+  const std::vector<float> got = Rows(fp8), want = Rows(bf16);
+  float tensor_max = 0;
+  for (float v : want) tensor_max = std::max(tensor_max, std::abs(v));
+  int bad = 0;
+  for (int64_t r = 0; r < fp8.rows; ++r) {
+    float row_max = 0;
+    for (int64_t c = 0; c < fp8.cols; ++c) row_max = std::max(row_max, std::abs(want[r * fp8.cols + c]));
+    const float scale = fp8.scales[per_channel ? r : 0];
+    EXPECT_FLOAT_EQ(scale, (per_channel ? row_max : tensor_max) / 448.f) << fp8.name << " row " << r;
+    for (int64_t c = 0; c < fp8.cols; ++c) {
+      const float w = want[r * fp8.cols + c], q = got[r * fp8.cols + c];
+      if (!(std::abs(q - w) <= std::abs(w) / 16 + scale * std::ldexp(1.f, -10) * 1.0001f) && ++bad <= 3) {
+        ADD_FAILURE() << fp8.name << "[" << r << ", " << c << "] = " << q << ", bf16 " << w;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << fp8.name;
+}
+
+TEST(Fp8Checkpoint, CompressedTensorsPerChannelWeightsLoadWithTheirScales) {
+  auto fp8 = LoadModel(testing::ModelDir("llama3-tiny-fp8"));
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  auto bf16 = LoadModel(testing::ModelDir("llama3-tiny"));
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_TRUE((*fp8)->config.quantization.fp8);
+  EXPECT_EQ((*fp8)->config.quantization.description,
+            "compressed-tensors float-quantized: weights per channel, inputs per token");
+  EXPECT_TRUE((*fp8)->tensors.fp8_checkpoint);
+  EXPECT_FALSE((*bf16)->tensors.fp8_checkpoint);
+  for (size_t l = 0; l < (*fp8)->tensors.layers.size(); ++l) {
+    const LayerTensors& q = (*fp8)->tensors.layers[l];
+    const LayerTensors& o = (*bf16)->tensors.layers[l];
+    for (auto [a, b] :
+         {std::pair{&q.q_proj, &o.q_proj}, std::pair{&q.k_proj, &o.k_proj}, std::pair{&q.v_proj, &o.v_proj},
+          std::pair{&q.o_proj, &o.o_proj}, std::pair{&q.gate_proj, &o.gate_proj}, std::pair{&q.up_proj, &o.up_proj},
+          std::pair{&q.down_proj, &o.down_proj}}) {
+      ExpectCloseToOriginal(*a, *b, /*per_channel=*/true);
+    }
+    EXPECT_EQ(q.input_norm.dtype, DType::kBF16);  // norms are not quantized
+  }
+  EXPECT_EQ((*fp8)->tensors.lm_head.dtype, DType::kBF16);  // ignore: ["lm_head"]
+}
+
+TEST(Fp8Checkpoint, OlderFp8FormatPerTensorScalesLoad) {
+  auto fp8 = LoadModel(testing::ModelDir("qwen2-tiny-fp8"));
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  auto bf16 = LoadModel(testing::ModelDir("qwen2-tiny"));
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ((*fp8)->config.quantization.description, "fp8: weights per tensor, inputs static per tensor");
+  const LayerTensors& q = (*fp8)->tensors.layers[0];
+  const LayerTensors& o = (*bf16)->tensors.layers[0];
+  ExpectCloseToOriginal(q.q_proj, o.q_proj, /*per_channel=*/false);
+  ExpectCloseToOriginal(q.down_proj, o.down_proj, /*per_channel=*/false);
+  EXPECT_EQ(q.q_bias.dtype, DType::kBF16);
+}
+
+// The cpu backend serves an FP8 checkpoint dequantized (fp32 arithmetic on the e4m3 values times their scales).
+TEST(Fp8Checkpoint, TheCpuBackendServesItDequantized) {
+  for (const char* name : {"llama3-tiny-fp8", "qwen2-tiny-fp8"}) {
+    Config config;
+    config.model.path = testing::ModelDir(name);
+    config.engine.backend = "cpu";
+    config.engine.cpu_kv_cache_gib = 0.05;
+    auto engine = Engine::Create(config);
+    ASSERT_TRUE(engine.ok()) << name << ": " << engine.status();
+    auto sink = std::make_shared<testing::CollectingSink>();
+    Request r;
+    r.id = "fp8";
+    r.prompt = {5, 17, 42, 99, 7};
+    r.sampling.temperature = 0;
+    r.stopping.max_tokens = 12;
+    r.stopping.ignore_eos = true;
+    r.top_logprobs = 1;
+    r.sink = sink;
+    ASSERT_TRUE((*engine)->Submit(std::move(r)).ok());
+    ASSERT_TRUE(sink->WaitFor(absl::Seconds(60)));
+    EXPECT_EQ(sink->finish, FinishReason::kLength) << sink->error;
+    EXPECT_EQ(sink->tokens.size(), 12u);
+    for (const auto& lp : sink->logprobs) EXPECT_TRUE(std::isfinite(lp.logprob) && lp.logprob <= 0) << name;
+  }
+}
+
+// A copy of llama3-tiny-fp8 whose config.json has `edit` applied to its quantization_config.
+class EditedCheckpoint {
+ public:
+  explicit EditedCheckpoint(const std::function<void(nlohmann::json&)>& edit)
+      : dir_(fs::temp_directory_path() / ("inferd-fp8-" + std::to_string(::getpid()) + "-" + std::to_string(n_++))) {
+    fs::create_directories(dir_);
+    for (const auto& f : fs::directory_iterator(testing::ModelDir("llama3-tiny-fp8"))) {
+      fs::copy(f.path(), dir_ / f.path().filename());
+    }
+    nlohmann::json config = testing::ReadJson((dir_ / "config.json").string());
+    edit(config);
+    std::ofstream(dir_ / "config.json") << config.dump();
+  }
+  ~EditedCheckpoint() { fs::remove_all(dir_); }
+  std::string path() const { return dir_.string(); }
+
+ private:
+  static inline int n_ = 0;
+  fs::path dir_;
+};
+
+TEST(Fp8Checkpoint, UnsupportedQuantizationConfigsAreRefusedNamingTheField) {
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](nlohmann::json& c) {
+         c["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}};
+       },
+       "quantization_config.quant_method = \"awq\" is not supported; supported: \"compressed-tensors\""},
+      {[](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 4; },
+       "quantization_config.config_groups.group_0.weights.num_bits = 4 is not supported; supported: 8"},
+      {[](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"]["weights"]["type"] = "int"; },
+       "quantization_config.config_groups.group_0.weights.type = \"int\""},
+      {[](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "group"; },
+       "weights.strategy = \"group\" is not supported; supported: \"tensor\", \"channel\""},
+      {[](nlohmann::json& c) { c["quantization_config"]["format"] = "pack-quantized"; },
+       "quantization_config.format = \"pack-quantized\""},
+      {[](nlohmann::json& c) {
+         c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+       },
+       "quantization_config.weight_block_size = [128,128] is not supported"},
+      {[](nlohmann::json& c) { c.erase("quantization_config"); },
+       "is F8_E4M3 but config.json has no quantization_config"},
+  };
+  for (const Case& c : cases) {
+    EditedCheckpoint dir(c.edit);
+    auto model = LoadModel(dir.path());
+    ASSERT_FALSE(model.ok()) << c.message;
+    EXPECT_NE(model.status().message().find(c.message), std::string::npos) << model.status();
+  }
+}
+
+}  // namespace
+}  // namespace inferd
