@@ -158,6 +158,8 @@ def main():
         d = os.path.join(args.models_dir, name)
         if not os.path.exists(os.path.join(d, "config.json")) or (args.fp8_weights and name.endswith("-sharp")):
             continue
+        if name.endswith("-fp8"):  # an FP8 checkpoint of another model (tools/make_fp8_checkpoint.py)
+            continue
         model = AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, args.dtype),
                                                      attn_implementation="eager").to(args.device)
         model.eval()

@@ -48,7 +48,7 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     for name in sorted(os.listdir(models_dir)):
         path = os.path.join(models_dir, name, "tokenizer.json")
-        if not os.path.exists(path):
+        if not os.path.exists(path) or name.endswith("-fp8"):  # FP8 checkpoints share their source's tokenizer
             continue
         tok = Tokenizer.from_file(path)
         cases = []
