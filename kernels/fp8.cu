@@ -176,94 +176,17 @@ __device__ __forceinline__ void AccumulateFp8(const uint4 (&wv)[R], const T* __r
   }
 }
 
-// A block's R weight rows and what becomes of their sums. `partial` holds each warp's sums; Sum adds them in warp
-// order, so a row's value does not depend on which policy computed it.
-template <int M, int R>
-__device__ __forceinline__ float Sum(const float (&partial)[kWarps][R][M], int j, int r) {
-  float sum = 0.f;
-#pragma unroll
-  for (int v = 0; v < kWarps; ++v) sum += partial[v][j][r];
-  return sum;
-}
-
-// Plain products: R adjacent rows, each result scaled, biased and rounded once to Out.
-struct PlainFp8Columns {
-  template <int R>
-  __device__ int64_t Col(int64_t block, int j) const {
-    return block * R + j;
-  }
-  template <typename T, typename Out, int M, int R>
-  __device__ void Store(const float (&partial)[kWarps][R][M], int64_t block, const float* w_scale, const T* bias,
-                        Out* y, int64_t n) const {
-    if (threadIdx.x >= R * M) return;
-    const int j = threadIdx.x / M, r = threadIdx.x % M;
-    const int64_t col = Col<R>(block, j);
-    if (col >= n) return;
-    y[r * n + col] = To<Out>(fmaf(Sum(partial, j, r), w_scale[col], bias ? F(bias[col]) : 0.f));
-  }
-};
-
-// The q/k/v product of a decode step with RoPE and the K/V write (kernels/gemv.h's GemvQkvRope, fp8 weights): a
-// block holds dimensions d and d + head_dim / 2 of one head (R = 2), rounds them as the plain product would, then
-// rotates q and k heads as RopeWriteKv does and writes K and V into the token's slot.
-template <typename T>
-struct RopeFp8Columns {
-  const int32_t* positions;
-  const int32_t* slots;
-  const float* inv_freq;
-  T* k_cache;
-  T* v_cache;
-  int32_t num_heads, num_kv_heads, head_dim;
-
-  template <int R>
-  __device__ int64_t Col(int64_t block, int j) const {
-    const int32_t half = head_dim / 2;
-    return (block / half) * head_dim + block % half + j * half;
-  }
-  template <typename Unused, typename Out, int M, int R>
-  __device__ void Store(const float (&partial)[kWarps][R][M], int64_t block, const float* w_scale, const T* bias,
-                        T* y, int64_t n) const {
-    static_assert(R == 2, "a block holds one rotation pair");
-    if (threadIdx.x >= M) return;
-    const int r = threadIdx.x;
-    const int32_t half = head_dim / 2;
-    const int64_t head = block / half, d = block % half, col = head * head_dim + d;
-    if (col >= n) return;
-    const float fa = Round<T>(fmaf(Sum(partial, 0, r), w_scale[col], bias ? F(bias[col]) : 0.f));
-    const float fb = Round<T>(fmaf(Sum(partial, 1, r), w_scale[col + half], bias ? F(bias[col + half]) : 0.f));
-    const int64_t kv_dim = int64_t{num_kv_heads} * head_dim;
-    if (head >= num_heads + num_kv_heads) {  // a v head: into the cache unrotated
-      const int64_t at = int64_t{slots[r]} * kv_dim + (head - num_heads - num_kv_heads) * head_dim + d;
-      y[r * n + col] = v_cache[at] = To<T>(fa);
-      y[r * n + col + half] = v_cache[at + half] = To<T>(fb);
-      return;
-    }
-    const float angle = static_cast<float>(positions[r]) * inv_freq[d];
-    const float c = Round<T>(cosf(angle)), s = Round<T>(sinf(angle));
-    const T ra = To<T>(fa * c - fb * s), rb = To<T>(fb * c + fa * s);
-    y[r * n + col] = ra;
-    y[r * n + col + half] = rb;
-    if (head >= num_heads) {  // a k head
-      const int64_t at = int64_t{slots[r]} * kv_dim + (head - num_heads) * head_dim + d;
-      k_cache[at] = ra;
-      k_cache[at + half] = rb;
-    }
-  }
-};
-
-template <typename T, typename Out, int M, int R, typename Columns>
+template <typename T, typename Out, int M, int R>
 __global__ void __launch_bounds__(kWarps * 32)
     GemvFp8Kernel(const T* __restrict__ x, const Fp8* __restrict__ w, const float* __restrict__ w_scale,
-                  const T* __restrict__ bias, Out* __restrict__ y, int64_t n, int64_t k, Columns columns) {
+                  const T* __restrict__ bias, Out* __restrict__ y, int64_t n, int64_t k) {
   constexpr int kSteps = kInFlight / R;
   constexpr int kStride = kWarps * 32;  // chunks between a thread's consecutive loads of one row
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t block = blockIdx.x;
+  const int64_t first_col = int64_t{blockIdx.x} * R;
   const uint4* wr[R];
 #pragma unroll
-  for (int j = 0; j < R; ++j) {
-    wr[j] = reinterpret_cast<const uint4*>(w + std::min(columns.template Col<R>(block, j), n - 1) * k);
-  }
+  for (int j = 0; j < R; ++j) wr[j] = reinterpret_cast<const uint4*>(w + std::min(first_col + j, n - 1) * k);
   const int64_t chunks = k / 16;
   float acc[R][M];
 #pragma unroll
@@ -308,7 +231,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   __syncthreads();
-  columns.template Store<T, Out, M, R>(partial, block, w_scale, bias, y, n);
+  if (threadIdx.x >= R * M) return;
+  const int j = threadIdx.x / M, r = threadIdx.x % M;
+  const int64_t col = first_col + j;
+  if (col >= n) return;
+  float sum = 0.f;
+#pragma unroll
+  for (int v = 0; v < kWarps; ++v) sum += partial[v][j][r];
+  y[r * n + col] = To<Out>(fmaf(sum, w_scale[col], bias ? F(bias[col]) : 0.f));
 }
 
 template <int M>
@@ -316,13 +246,13 @@ constexpr int RowsPerBlock() {
   return M <= 2 ? 2 : 4;
 }
 
-template <typename T, typename Out, int M, typename Columns = PlainFp8Columns>
+template <typename T, typename Out, int M>
 cudaError_t LaunchFp8Rows(const T* x, const Fp8* w, const float* w_scale, const T* bias, Out* y, int64_t n, int64_t k,
-                          cudaStream_t stream, Columns columns = {}) {
+                          cudaStream_t stream) {
   constexpr int R = RowsPerBlock<M>();
   const int64_t blocks = (n + R - 1) / R;
-  return LaunchDependent(GemvFp8Kernel<T, Out, M, R, Columns>, static_cast<unsigned>(blocks), kWarps * 32, stream, x,
-                         w, w_scale, bias, y, n, k, columns);
+  return LaunchDependent(GemvFp8Kernel<T, Out, M, R>, static_cast<unsigned>(blocks), kWarps * 32, stream, x, w, w_scale,
+                         bias, y, n, k);
 }
 
 template <typename T, typename Out, int... Ms>
@@ -382,19 +312,6 @@ cudaError_t GemvFp8(const T* x, const Fp8* w, const float* w_scale, const T* bia
   return DispatchFp8(m, x, w, w_scale, bias, y, n, k, stream, std::make_integer_sequence<int, kGemvMaxRows>{});
 }
 
-template <typename T>
-cudaError_t GemvQkvRopeFp8(const T* x, const Fp8* w, const float* w_scale, const T* bias, T* qkv, int64_t m, int64_t k,
-                           const int32_t* positions, const int32_t* slots, const float* inv_freq, T* k_cache,
-                           T* v_cache, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream) {
-  const int64_t n = int64_t{num_heads + 2 * num_kv_heads} * head_dim;
-  if (m < 1 || m > 2 || !GemvFp8Supports(x, w, m, k) || head_dim % 2 != 0 || num_kv_heads <= 0) {
-    return cudaErrorInvalidValue;
-  }
-  const RopeFp8Columns<T> columns{positions, slots, inv_freq, k_cache, v_cache, num_heads, num_kv_heads, head_dim};
-  return m == 1 ? LaunchFp8Rows<T, T, 1>(x, w, w_scale, bias, qkv, n, k, stream, columns)
-                : LaunchFp8Rows<T, T, 2>(x, w, w_scale, bias, qkv, n, k, stream, columns);
-}
-
 #define INFERD_INSTANTIATE(T)                                                                                         \
   template cudaError_t QuantizeRowsFp8<T>(const T*, int64_t, int64_t, Fp8*, float*, cudaStream_t);                    \
   template cudaError_t AddRmsNormFp8<T>(T*, const T*, const T*, Fp8*, float*, int64_t, int64_t, float, cudaStream_t); \
@@ -402,10 +319,7 @@ cudaError_t GemvQkvRopeFp8(const T* x, const Fp8* w, const float* w_scale, const
   template cudaError_t GemvFp8<T, T>(const T*, const Fp8*, const float*, const T*, T*, int64_t, int64_t, int64_t,     \
                                      cudaStream_t);                                                                   \
   template cudaError_t GemvFp8<T, float>(const T*, const Fp8*, const float*, const T*, float*, int64_t, int64_t,      \
-                                         int64_t, cudaStream_t);                                                      \
-  template cudaError_t GemvQkvRopeFp8<T>(const T*, const Fp8*, const float*, const T*, T*, int64_t, int64_t,          \
-                                         const int32_t*, const int32_t*, const float*, T*, T*, int32_t, int32_t,      \
-                                         int32_t, cudaStream_t);
+                                         int64_t, cudaStream_t);
 INFERD_INSTANTIATE(__nv_bfloat16)
 INFERD_INSTANTIATE(__half)
 #undef INFERD_INSTANTIATE

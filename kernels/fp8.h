@@ -46,11 +46,4 @@ template <typename T, typename Out>
 cudaError_t GemvFp8(const T* x, const Fp8* w, const float* w_scale, const T* bias, Out* y, int64_t m, int64_t n,
                     int64_t k, cudaStream_t stream);
 
-// GemvQkvRope (kernels/gemv.h) with fp8 weights: the q/k/v product of a decode step of m ≤ 2 tokens, RoPE and
-// the K/V write in one kernel — the same values, bit for bit, as GemvFp8 then RopeWriteKv.
-template <typename T>
-cudaError_t GemvQkvRopeFp8(const T* x, const Fp8* w, const float* w_scale, const T* bias, T* qkv, int64_t m, int64_t k,
-                           const int32_t* positions, const int32_t* slots, const float* inv_freq, T* k_cache,
-                           T* v_cache, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream);
-
 }  // namespace inferd::kernels

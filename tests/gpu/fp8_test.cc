@@ -13,7 +13,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <tuple>
 
 #include "engine/backends/cuda/gemm.h"
@@ -284,49 +283,6 @@ TEST_P(Fp8GemmTest, MatchesTheDequantizedReference) {
 INSTANTIATE_TEST_SUITE_P(OddShapes, Fp8GemmTest,
                          ::testing::Values(Shape{5, 96, 64, false}, Shape{17, 1008, 1040, true},
                                            Shape{300, 240, 2064, false}, Shape{64, 2064, 4096, true}));
-
-// The fused fp8 q/k/v product with RoPE and the K/V write against the two kernels it replaces (GemvFp8, then
-// RopeWriteKv), bit for bit: the q/k/v rows and the whole of both caches, untouched slots included.
-// (rows, head_dim, bias)
-using RopeShape = std::tuple<int, int, bool>;
-class GemvQkvRopeFp8Test : public ::testing::TestWithParam<RopeShape> {};
-
-TEST_P(GemvQkvRopeFp8Test, EqualsProductThenRope) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
-  const auto [m, D, with_bias] = GetParam();
-  const int heads = 6, kv_heads = 2, slots_in_cache = 16;
-  const int64_t k = 208, n = int64_t{heads + 2 * kv_heads} * D, cache = int64_t{slots_in_cache} * kv_heads * D;
-  std::mt19937 rng(41 + m + D);
-  const Fp8Weights w(n, k, rng);
-  const std::vector<__nv_bfloat16> x = Bf16(Random(size_t(m) * k, rng)), bias = Bf16(Random(n, rng));
-  const std::vector<__nv_bfloat16> k_init = Bf16(Random(cache, rng)), v_init = Bf16(Random(cache, rng));
-  std::vector<float> inv_freq(D / 2);
-  for (int i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(500000.f, -2.f * i / D);
-  Dev<__nv_bfloat16> dx(x), db(bias), k_a(k_init), v_a(v_init), k_b(k_init), v_b(v_init);
-  Dev<__nv_bfloat16> qkv_a(size_t(m) * n), qkv_b(size_t(m) * n);
-  Dev<Fp8> dw(w.q);
-  Dev<float> ds(w.scale), dfreq(inv_freq);
-  Dev<int32_t> dpos(std::vector<int32_t>{4001, 37}), dslots(std::vector<int32_t>{11, 5});
-  const __nv_bfloat16* b = with_bias ? db.get() : nullptr;
-  CUDA_OK((kernels::GemvFp8<__nv_bfloat16, __nv_bfloat16>(dx.get(), dw.get(), ds.get(), b, qkv_a.get(), m, n, k,
-                                                          nullptr)));
-  CUDA_OK(kernels::RopeWriteKv(qkv_a.get(), dpos.get(), dslots.get(), dfreq.get(), k_a.get(), v_a.get(), m, heads,
-                               kv_heads, D, nullptr));
-  CUDA_OK(kernels::GemvQkvRopeFp8(dx.get(), dw.get(), ds.get(), b, qkv_b.get(), m, k, dpos.get(), dslots.get(),
-                                  dfreq.get(), k_b.get(), v_b.get(), heads, kv_heads, D, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  auto same = [](const std::vector<__nv_bfloat16>& a, const std::vector<__nv_bfloat16>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
-  };
-  EXPECT_TRUE(same(qkv_a.Host(), qkv_b.Host()));
-  EXPECT_TRUE(same(k_a.Host(), k_b.Host()));
-  EXPECT_TRUE(same(v_a.Host(), v_b.Host()));
-  EXPECT_FALSE(same(k_a.Host(), k_init)) << "the tokens' K was written";
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, GemvQkvRopeFp8Test,
-                         ::testing::Values(RopeShape{1, 128, false}, RopeShape{2, 128, true}, RopeShape{1, 64, true},
-                                           RopeShape{2, 64, false}));
 
 TEST(Fp8, RefusesShapesItCannotRun) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";

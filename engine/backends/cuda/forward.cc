@@ -63,11 +63,10 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     INFERD_KERNEL(k::AddRmsNorm(x, delta, weight, xn, Tn, H, eps, s));
     return FromCuda(k::QuantizeRowsFp8(xn, Tn, H, xq, xs, s), "QuantizeRowsFp8");
   };
-  // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product.
-  const bool fused_qkv_rope =
-      Tn <= std::min<int64_t>(gemm.streaming_rows(w.fp8), 2) &&
-      (w.fp8 ? k::GemvFp8Supports(xn, w.layers[0].qkv.data.get(), Tn, H)
-             : k::GemvSupports(xn, w.layers[0].qkv.data.get(), Tn, H));
+  // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product (bf16/fp16
+  // weights).
+  const bool fused_qkv_rope = !w.fp8 && Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
+                              k::GemvSupports(xn, w.layers[0].qkv.data.get(), Tn, H);
   for (int layer = 0; layer < cfg.num_layers; ++layer) {
     TraceRange range("layer");
     const CudaLayerWeights& L = w.layers[layer];
@@ -75,11 +74,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     T* v_cache = static_cast<T*>(b.v(layer));
     INFERD_RETURN_IF_ERROR(add_norm(layer == 0 ? nullptr : tmp, L.input_norm.get<T>()));
     const T* qkv_bias = L.qkv_bias.bytes() ? L.qkv_bias.get<T>() : nullptr;
-    if (fused_qkv_rope && w.fp8) {  // one kernel: the product, RoPE and the K/V write
-      INFERD_KERNEL(k::GemvQkvRopeFp8<T>(xn, L.qkv.data.get<k::Fp8>(), L.qkv.scale.get<float>(), qkv_bias, qkv, Tn, H,
-                                         positions, slots, inv_freq, k_cache, v_cache, cfg.num_heads,
-                                         cfg.num_kv_heads, cfg.head_dim, s));
-    } else if (fused_qkv_rope) {
+    if (fused_qkv_rope) {  // one kernel: the product, RoPE and the K/V write
       INFERD_KERNEL(k::GemvQkvRope<T>(xn, L.qkv.data.get<T>(), qkv_bias, qkv, Tn, H, positions, slots, inv_freq,
                                       k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, s));
     } else {
