@@ -112,9 +112,10 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
   void *x, *y, *x8;
   float* scales;
   BENCH_CUDA(cudaMalloc(&pool, pool_bytes));
-  BENCH_CUDA(cudaMalloc(&x, 16 * std::max(H, I) * 2));
-  BENCH_CUDA(cudaMalloc(&y, 16 * c.vocab_size * 4));
-  BENCH_CUDA(cudaMalloc(&x8, 16 * std::max(H, I)));
+  constexpr int64_t kMaxRows = 128;
+  BENCH_CUDA(cudaMalloc(&x, kMaxRows * std::max(H, I) * 2));
+  BENCH_CUDA(cudaMalloc(&y, kMaxRows * c.vocab_size * 4));
+  BENCH_CUDA(cudaMalloc(&x8, kMaxRows * std::max(H, I)));
   BENCH_CUDA(cudaMalloc(&scales, 2 * I * 4));
   {
     std::vector<uint16_t> host(size_t{1} << 24);  // random bf16 in [-1, 1), repeated over the pool
@@ -127,23 +128,27 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
     for (int64_t off = 0; off < pool_bytes; off += host.size() * 2) {
       BENCH_CUDA(cudaMemcpy(pool + off, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
     }
-    BENCH_CUDA(cudaMemcpy(x8, host.data(), 16 * std::max(H, I), cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(x8, host.data(), kMaxRows * std::max(H, I), cudaMemcpyHostToDevice));
     for (uint16_t& v : host) v = static_cast<uint16_t>(0x3c00 + (rng() % 0x0300)) | ((rng() & 1) << 15);
-    BENCH_CUDA(cudaMemcpy(x, host.data(), 16 * std::max(H, I) * 2, cudaMemcpyHostToDevice));
-    const std::vector<float> ones(2 * I, 1.f / 64);
+    BENCH_CUDA(cudaMemcpy(x, host.data(), kMaxRows * std::max(H, I) * 2, cudaMemcpyHostToDevice));
+    const std::vector<float> ones(2 * I, 1.f / 64);  // per row, or [0] for the whole tensor
     BENCH_CUDA(cudaMemcpy(scales, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
   }
-  // A product's weight and input for the path: fp8 layer weights with their scales; fp8 inputs for cuBLASLt.
-  auto weight_at = [&](const char* at, bool lm_head) {
-    return fp8 && !lm_head ? cuda::Operand(at, scales) : cuda::Operand(at);
+  // Paths: 0 cuBLASLt, 1 the streaming kernel, 2 (fp8 only) cuBLASLt with per-tensor scales on both sides, for
+  // comparison: the layers' fp8 products scale per token and per channel (path 0). A product's weight and input
+  // for the path: fp8 layer weights with their scales; fp8 inputs for cuBLASLt.
+  const int paths = fp8 ? 3 : 2;
+  auto weight_at = [&](const char* at, bool lm_head, int path) {
+    return fp8 && !lm_head ? cuda::Operand(at, scales, path == 2) : cuda::Operand(at);
   };
   auto input_for = [&](bool lm_head, int path) {
-    return fp8 && !lm_head && path == 0 ? cuda::Operand(x8, scales) : cuda::Operand(x);
+    return fp8 && !lm_head && path != 1 ? cuda::Operand(x8, scales, path == 2) : cuda::Operand(x);
   };
   auto weight_bytes = [&](const Shape& sh) { return sh.n * sh.k * (fp8 && !sh.lm_head ? 1 : 2); };
   nlohmann::json out = nlohmann::json::array();
   std::printf("decode-step products (weights streamed; %% of the read ceiling):\n");
-  std::printf("%4s %-8s %22s %22s\n", "m", "product", "cuBLASLt", "streaming kernel");
+  std::printf("%4s %-8s %22s %22s %22s\n", "m", "product", "cuBLASLt", "streaming kernel",
+              fp8 ? "cuBLASLt per-tensor" : "");
   double chain_bytes = 0;
   for (const Shape& sh : shapes) chain_bytes += double(weight_bytes(sh)) * (sh.lm_head ? 1 : c.num_layers);
   // The whole chain of one decode step, captured in one CUDA graph: each layer's products read the next
@@ -151,8 +156,8 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));
   auto set_path = [&](int path) {
-    (*gemm)->set_gemv_max_rows(path == 0 ? 0 : kernels::kGemvMaxRows);
-    (*gemm)->set_fp8_gemv_max_rows(path == 0 ? 0 : kernels::kGemvMaxRows);
+    (*gemm)->set_gemv_max_rows(path == 1 ? kernels::kGemvMaxRows : 0);
+    (*gemm)->set_fp8_gemv_max_rows(path == 1 ? kernels::kGemvMaxRows : 0);
   };
   auto chain_ms = [&](int64_t m, int path) {
     cudaGraph_t graph;
@@ -164,8 +169,8 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
         if (sh.lm_head != (layer == c.num_layers)) continue;
         const int64_t bytes = weight_bytes(sh);
         if (off + bytes > pool_bytes) off = 0;
-        const absl::Status st = (*gemm)->Run(input_for(sh.lm_head, path), weight_at(pool + off, sh.lm_head), y, m, sh.n,
-                                             sh.k, nullptr, sh.lm_head, stream);
+        const absl::Status st = (*gemm)->Run(input_for(sh.lm_head, path), weight_at(pool + off, sh.lm_head, path), y, m,
+                                             sh.n, sh.k, nullptr, sh.lm_head, stream);
         if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
         off += bytes;
       }
@@ -178,9 +183,9 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
     cudaGraphDestroy(graph);
     return ms;
   };
-  for (int64_t m : {1, 2, 3, 4, 6, 8, 16}) {
-    double chain[2] = {0, 0};
-    for (int path = 0; path < 2; ++path) {
+  for (int64_t m : {1, 2, 3, 4, 6, 8, 16, 64, 128}) {
+    double chain[3] = {0, 0, 0};
+    for (int path = 0; path < paths; ++path) {
       if (path == 1 && m > kernels::kGemvMaxRows) continue;
       set_path(path);
       chain[path] = chain_ms(m, path);
@@ -188,16 +193,16 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
     for (const Shape& sh : shapes) {
       const int64_t bytes = weight_bytes(sh);
       const int64_t regions = std::max<int64_t>(1, pool_bytes / bytes);
-      double ms[2] = {0, 0};
-      for (int path = 0; path < 2; ++path) {
+      double ms[3] = {0, 0, 0};
+      for (int path = 0; path < paths; ++path) {
         if (path == 1 && m > kernels::kGemvMaxRows) continue;
         set_path(path);
         int64_t i = 0;
         ms[path] = TimeMs(
             [&] {
               const char* w = pool + (i++ % regions) * bytes;
-              return (*gemm)->Run(input_for(sh.lm_head, path), weight_at(w, sh.lm_head), y, m, sh.n, sh.k, nullptr,
-                                  sh.lm_head, stream);
+              return (*gemm)->Run(input_for(sh.lm_head, path), weight_at(w, sh.lm_head, path), y, m, sh.n, sh.k,
+                                  nullptr, sh.lm_head, stream);
             },
             3, 21, stream);
       }
@@ -206,20 +211,23 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
         std::snprintf(buf, sizeof buf, "%7.1f us %5.1f%%", 1e3 * t, 100 * bytes / (t * 1e-3) / (read_tbs * 1e12));
         return t > 0 ? std::string(buf) : std::string("-");
       };
-      std::printf("%4lld %-8s %22s %22s\n", static_cast<long long>(m), sh.name, cell(ms[0]).c_str(),
-                  cell(ms[1]).c_str());
-      out.push_back(
-          {{"m", m}, {"product", sh.name}, {"bytes", bytes}, {"cublaslt_ms", ms[0]}, {"streaming_ms", ms[1]}});
+      std::printf("%4lld %-8s %22s %22s %22s\n", static_cast<long long>(m), sh.name, cell(ms[0]).c_str(),
+                  cell(ms[1]).c_str(), fp8 ? cell(ms[2]).c_str() : "");
+      out.push_back({{"m", m},
+                     {"product", sh.name},
+                     {"bytes", bytes},
+                     {"cublaslt_ms", ms[0]},
+                     {"streaming_ms", ms[1]},
+                     {"cublaslt_per_tensor_ms", ms[2]}});
     }
-    for (int path = 0; path < 2; ++path) {
+    const char* path_names[] = {"cuBLASLt", "streaming", "cuBLASLt per-tensor"};
+    const char* path_keys[] = {"cublaslt_ms", "streaming_ms", "cublaslt_per_tensor_ms"};
+    for (int path = 0; path < paths; ++path) {
       if (chain[path] <= 0) continue;
       std::printf("%4lld chain in a graph, %-9s %7.2f ms  %.2f TB/s  %5.1f%%\n", static_cast<long long>(m),
-                  path == 0 ? "cuBLASLt" : "streaming", chain[path], chain_bytes / (chain[path] * 1e-3) / 1e12,
+                  path_names[path], chain[path], chain_bytes / (chain[path] * 1e-3) / 1e12,
                   100 * chain_bytes / (chain[path] * 1e-3) / (read_tbs * 1e12));
-      out.push_back({{"m", m},
-                     {"product", "chain"},
-                     {"bytes", chain_bytes},
-                     {path == 0 ? "cublaslt_ms" : "streaming_ms", chain[path]}});
+      out.push_back({{"m", m}, {"product", "chain"}, {"bytes", chain_bytes}, {path_keys[path], chain[path]}});
     }
   }
   cudaStreamDestroy(stream);

@@ -284,6 +284,48 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, Fp8GemmTest,
                          ::testing::Values(Shape{5, 96, 64, false}, Shape{17, 1008, 1040, true},
                                            Shape{300, 240, 2064, false}, Shape{64, 2064, 4096, true}));
 
+// Per-tensor scales on both sides (cuBLASLt's scalar scaling): the scale vectors' first entries scale every row.
+TEST(Fp8, PerTensorScaledProductMatchesTheReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  const int m = 33, n = 256, k = 528;
+  std::mt19937 rng(51);
+  const Fp8Weights w(n, k, rng);
+  std::vector<Fp8> xq(size_t(m) * k);
+  std::vector<float> xs(m);
+  const std::vector<float> x = testing::FromBf16(Bf16(Random(size_t(m) * k, rng)));
+  for (int r = 0; r < m; ++r) xs[r] = QuantizeRow(x.data() + size_t(r) * k, k, xq.data() + size_t(r) * k);
+  Dev<Fp8> dxq(xq), dwq(w.q);
+  Dev<float> dxs(xs), dws(w.scale);
+  Dev<__nv_bfloat16> dy(size_t(m) * n);
+  int64_t ws_bytes = 0;
+  auto gemm = cuda::Gemm::Create(CUDA_R_16BF, int64_t{32} << 20, &ws_bytes);
+  ASSERT_TRUE(gemm.ok());
+  const absl::Status st =
+      (*gemm)->Run(cuda::Operand(dxq.get(), dxs.get(), true), cuda::Operand(dwq.get(), dws.get(), true), dy.get(), m, n,
+                   k, nullptr, false, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> ref(size_t(m) * n), mag(size_t(m) * n);
+  for (int r = 0; r < m; ++r) {
+    for (int c = 0; c < n; ++c) {
+      double acc = 0, a = 0;
+      for (int i = 0; i < k; ++i) {
+        const double p = Deq(xq[size_t(r) * k + i]) * double{xs[0]} * Deq(w.q[size_t(c) * k + i]) * w.scale[0];
+        acc += p;
+        a += std::abs(p);
+      }
+      ref[size_t(r) * n + c] = acc;
+      mag[size_t(r) * n + c] = a;
+    }
+  }
+  ExpectProduct(dy.Host(), ref, mag, 1e-3, "cuBLASLt fp8 per-tensor");
+  // Mixed (per-row on one side, per-tensor on the other) is refused, not run.
+  EXPECT_FALSE((*gemm)
+                   ->Run(cuda::Operand(dxq.get(), dxs.get(), true), cuda::Operand(dwq.get(), dws.get()), dy.get(), m, n,
+                         k, nullptr, false, nullptr)
+                   .ok());
+}
+
 TEST(Fp8, RefusesShapesItCannotRun) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
   Dev<__nv_bfloat16> x(size_t{64});

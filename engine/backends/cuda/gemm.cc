@@ -68,9 +68,18 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(cudaDataType_t dtype, int64_t
 // Row-major Y[m, n] = X[m, k] · W[n, k]ᵀ seen column-major is Y(n × m) = op(A) · B with A = W (k × n,
 // transposed), B = X (k × m): the "TN" layout fp8 products require. fp8: A's outer-vector scales are W's
 // per-channel ones (n), B's are X's per-token ones (m), applied to each product element before the bias.
-absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32, bool fp8,
+absl::StatusOr<Gemm::Scales> Gemm::ScalesOf(Operand x, Operand w) {
+  if (x.fp8() != w.fp8()) return absl::InternalError("Gemm: an fp8 input needs fp8 weights, and the other way round");
+  if (!w.fp8()) return kNone;
+  if (x.per_tensor != w.per_tensor)
+    return absl::InternalError("Gemm: fp8 scales are per row on both sides or on neither");
+  return w.per_tensor ? kPerTensor : kPerRow;
+}
+
+absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32, Scales scales,
                                           std::vector<cublasLtMatmulAlgo_t>* candidates) {
-  const auto key = std::make_tuple(m, n, k, bias, out_fp32, fp8);
+  const bool fp8 = scales != kNone;
+  const auto key = std::make_tuple(m, n, k, bias, out_fp32, scales);
   if (auto it = plans_.find(key); it != plans_.end() && !candidates) return &it->second;
   if (auto it = plans_.find(key); it != plans_.end()) {  // asked again for candidates: plan afresh
     Destroy(it->second.desc, it->second.a, it->second.b, it->second.c);
@@ -87,9 +96,10 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool 
     INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &dtype_, sizeof(dtype_)));
   }
   if (fp8) {
-    const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof(outer)));
-    INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof(outer)));
+    const int32_t mode =
+        scales == kPerRow ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+    INFERD_CUBLAS(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
     // Hopper's fp8 tensor cores accumulate in reduced precision unless promoted to fp32 every few k-steps; "fast
     // accumulation" skips the promotion. Kept off, for accuracy.
     const int8_t fast = 0;
@@ -149,11 +159,10 @@ absl::Status Gemm::Bind(Plan* p, Operand x, Operand w, const void* bias) {
 
 absl::StatusOr<double> Gemm::Tune(Operand x, std::span<const Operand> weights, void* y, int64_t m, int64_t n, int64_t k,
                                   const void* bias, bool out_fp32, cudaStream_t stream) {
-  if (weights.empty() || weights[0].fp8() != x.fp8()) {
-    return absl::InvalidArgumentError("Gemm::Tune: the weights and the input are both fp8 or both not");
-  }
+  if (weights.empty()) return absl::InvalidArgumentError("Gemm::Tune: no weights");
+  INFERD_ASSIGN_OR_RETURN(const Scales scales, ScalesOf(x, weights[0]));
   std::vector<cublasLtMatmulAlgo_t> candidates;
-  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, x.fp8(), &candidates));
+  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, scales, &candidates));
   const float alpha = 1.f, beta = 0.f;
   size_t next = 0;
   absl::Status bound;
@@ -185,7 +194,7 @@ absl::Status Gemm::Run(Operand x, Operand w, void* y, int64_t m, int64_t n, int6
                        cudaStream_t stream) {
   if (m == 0) return absl::OkStatus();
   const bool bf16 = dtype_ == CUDA_R_16BF;
-  if (w.fp8() && !x.fp8()) {  // the activations stay in the compute dtype: the streaming kernel's shapes only
+  if (w.fp8() && !x.fp8() && !w.per_tensor) {  // inputs in the compute dtype: the streaming kernel's shapes only
     if (m > fp8_gemv_max_rows_ || !kernels::GemvFp8Supports(x.data, w.data, m, k)) {
       return absl::InternalError(absl::StrCat("Gemm::Run: fp8 weights with an unquantized input of ", m, " rows (k=", k,
                                               ") beyond the streaming kernel's ", fp8_gemv_max_rows_));
@@ -194,13 +203,13 @@ absl::Status Gemm::Run(Operand x, Operand w, void* y, int64_t m, int64_t n, int6
                                : RunGemvFp8<__half>(x.data, w, y, m, n, k, bias, out_fp32, stream);
     return FromCuda(e, "kernels::GemvFp8");
   }
-  if (x.fp8() != w.fp8()) return absl::InternalError("Gemm::Run: an fp8 input needs fp8 weights");
+  INFERD_ASSIGN_OR_RETURN(const Scales scales, ScalesOf(x, w));
   if (!w.fp8() && m <= gemv_max_rows_ && kernels::GemvSupports(x.data, w.data, m, k)) {
     const cudaError_t e = bf16 ? RunGemv<__nv_bfloat16>(x.data, w.data, y, m, n, k, bias, out_fp32, stream)
                                : RunGemv<__half>(x.data, w.data, y, m, n, k, bias, out_fp32, stream);
     return FromCuda(e, "kernels::Gemv");
   }
-  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, w.fp8()));
+  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, scales));
   INFERD_RETURN_IF_ERROR(Bind(p, x, w, bias));
   const float alpha = 1.f, beta = 0.f;
   INFERD_CUBLAS(cublasLtMatmul(handle_, p->desc, &alpha, w.data, p->a, x.data, p->b, &beta, y, p->c, y, p->c, &p->algo,

@@ -19,11 +19,14 @@
 
 namespace inferd::cuda {
 
-// A product's operand: rows in the compute dtype, or fp8 e4m3 rows each scaled by scale[row].
+// A product's operand: rows in the compute dtype, or fp8 e4m3 rows each scaled by scale[row] (per_tensor: all
+// by scale[0]; both operands of a product are per-row or both per-tensor).
 struct Operand {
-  Operand(const void* data, const float* scale = nullptr) : data(data), scale(scale) {}  // NOLINT: implicit
+  Operand(const void* data, const float* scale = nullptr, bool per_tensor = false)  // NOLINT: implicit
+      : data(data), scale(scale), per_tensor(per_tensor) {}
   const void* data;
   const float* scale;
+  bool per_tensor;
   bool fp8() const { return scale != nullptr; }
 };
 
@@ -58,7 +61,10 @@ class Gemm {
     cublasLtMatmulAlgo_t algo;
   };
   // The plan of this shape, its algorithm the heuristic's first (or, with `candidates`, its first n).
-  absl::StatusOr<Plan*> PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32, bool fp8,
+  // scales: kNone (bf16/fp16 operands), kPerRow (fp8, outer-vector scales) or kPerTensor (fp8, scalar scales).
+  enum Scales { kNone, kPerRow, kPerTensor };
+  static absl::StatusOr<Scales> ScalesOf(Operand x, Operand w);
+  absl::StatusOr<Plan*> PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32, Scales scales,
                                 std::vector<cublasLtMatmulAlgo_t>* candidates = nullptr);
   // Points the plan at this call's bias and fp8 scales.
   absl::Status Bind(Plan* p, Operand x, Operand w, const void* bias);
@@ -69,7 +75,7 @@ class Gemm {
   int64_t gemv_max_rows_ = 0;
   int64_t fp8_gemv_max_rows_ = 0;
   DeviceBuffer workspace_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool>, Plan> plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, Scales>, Plan> plans_;
 };
 
 }  // namespace inferd::cuda
