@@ -81,8 +81,10 @@ int RunPlan(int argc, char** argv) {
     std::printf("%-9s %12s %12s %10s %12s %12s %10s %12s  %s\n", "dtype", "weights MiB", "activ. MiB", "other MiB",
                 "KV B/token", "KV KiB/blk", "blocks", "KV tokens", "sequences at context 1024 / 4096 / 8192 / max");
   // The layouts the cuda backend allocates from: bf16 and fp16 both take 2 bytes an element; "fp8" is
-  // engine.quantization = fp8 (its linear weights one byte an element and a scale per row).
+  // engine.quantization = fp8 (its linear weights one byte an element and a scale per row), the only way an FP8
+  // checkpoint runs.
   for (const char* dtype : {"bfloat16", "float16", "fp8"}) {
+    if ((*model)->tensors.fp8_checkpoint && std::string(dtype) != "fp8") continue;
     const DeviceLayout layout = PlanDeviceLayout(**model, limits, 2, /*fp8_weights=*/std::string(dtype) == "fp8");
     const int64_t weights = layout.weight_bytes;
     const int64_t act = layout.activation_bytes();
