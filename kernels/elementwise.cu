@@ -5,6 +5,7 @@
 #include "kernels/dependent_launch.cuh"
 #include "kernels/elementwise.h"
 #include "kernels/float_convert.cuh"
+#include "kernels/row_access.cuh"
 
 namespace inferd::kernels {
 namespace {
@@ -67,31 +68,10 @@ __global__ void __launch_bounds__(kNormVecThreads)
   AllowDependentsToLaunch();  // the product after the norm may start streaming its weights
   WaitForPrerequisites();
   const int64_t nv = n / 8;
-  uint4* x = reinterpret_cast<uint4*>(residual + int64_t{blockIdx.x} * n);
-  const uint4* d = delta ? reinterpret_cast<const uint4*>(delta + int64_t{blockIdx.x} * n) : nullptr;
   uint4* o = reinterpret_cast<uint4*>(out + int64_t{blockIdx.x} * n);
   const uint4* w = reinterpret_cast<const uint4*>(weight);
   float v[kNormVecs][8];
-  float ss = 0.f;
-#pragma unroll
-  for (int j = 0; j < kNormVecs; ++j) {
-    const int64_t i = threadIdx.x + int64_t{j} * kNormVecThreads;
-    if (i >= nv) break;
-    uint4 xv = x[i];
-    T* xe = reinterpret_cast<T*>(&xv);
-    if (d) {
-      const uint4 dv = d[i];
-      const T* de = reinterpret_cast<const T*>(&dv);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) xe[e] = To<T>(F(xe[e]) + F(de[e]));
-      x[i] = xv;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      v[j][e] = F(xe[e]);
-      ss += v[j][e] * v[j][e];
-    }
-  }
+  const float ss = AddResidualRow<T, kNormVecThreads, kNormVecs>(residual, delta, n, v);
   const float inv = rsqrtf(BlockSum<kNormVecThreads>(ss) / static_cast<float>(n) + eps);
 #pragma unroll
   for (int j = 0; j < kNormVecs; ++j) {

@@ -9,6 +9,7 @@
 #include "kernels/float_convert.cuh"
 #include "kernels/fp8.h"
 #include "kernels/gemv.h"
+#include "kernels/row_access.cuh"
 
 namespace inferd::kernels {
 namespace {
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(kQuantThreads)
 }
 
 // AddRmsNormVecKernel's (kernels/elementwise.cu) arithmetic with its output quantized: each thread holds up to
-// kNormVecs vectors of 8 of its row in registers, so the row is read once.
+// kNormVecs vectors of 8 of its row in registers (AddResidualRow), so the row is read once.
 constexpr int kNormThreads = 512;
 constexpr int kNormVecs = 4;
 
@@ -56,31 +57,10 @@ __global__ void __launch_bounds__(kNormThreads)
   AllowDependentsToLaunch();
   WaitForPrerequisites();
   const int64_t nv = n / 8;
-  uint4* x = reinterpret_cast<uint4*>(residual + int64_t{blockIdx.x} * n);
-  const uint4* d = delta ? reinterpret_cast<const uint4*>(delta + int64_t{blockIdx.x} * n) : nullptr;
   uint2* o = reinterpret_cast<uint2*>(q + int64_t{blockIdx.x} * n);
   const uint4* w = reinterpret_cast<const uint4*>(weight);
   float v[kNormVecs][8];
-  float ss = 0.f;
-#pragma unroll
-  for (int j = 0; j < kNormVecs; ++j) {
-    const int64_t i = threadIdx.x + int64_t{j} * kNormThreads;
-    if (i >= nv) break;
-    uint4 xv = x[i];
-    T* xe = reinterpret_cast<T*>(&xv);
-    if (d) {
-      const uint4 dv = d[i];
-      const T* de = reinterpret_cast<const T*>(&dv);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) xe[e] = To<T>(F(xe[e]) + F(de[e]));
-      x[i] = xv;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      v[j][e] = F(xe[e]);
-      ss += v[j][e] * v[j][e];
-    }
-  }
+  const float ss = AddResidualRow<T, kNormThreads, kNormVecs>(residual, delta, n, v);
   const float inv = rsqrtf(BlockSum<kNormThreads>(ss) / static_cast<float>(n) + eps);
   float amax = 0.f;
 #pragma unroll
@@ -139,14 +119,6 @@ __global__ void __launch_bounds__(kSiluThreads)
 // would have too few loads in flight to stream at full speed (kernels/NOTES.md).
 constexpr int kWarps = 4;
 constexpr int kInFlight = 8;
-
-__device__ __forceinline__ uint4 LoadOnce(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 __device__ __forceinline__ float2 Fp8PairToFloat2(uint16_t pair) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);

@@ -3,6 +3,7 @@
 
 #include "kernels/dependent_launch.cuh"
 #include "kernels/gemv.h"
+#include "kernels/row_access.cuh"
 
 namespace inferd::kernels {
 namespace {
@@ -37,15 +38,6 @@ __device__ float ToFloat(__nv_bfloat16 v) {
 }
 __device__ float ToFloat(__half v) {
   return __half2float(v);
-}
-
-// W is read once: bypass L1 so the rows of X stay there.
-__device__ __forceinline__ uint4 LoadOnce(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
 }
 
 // acc[j][r] += W row j's chunk (8 values) · X row r's chunk, for the R rows of W and M rows of X at chunk c.

@@ -182,6 +182,28 @@ void ExpectProduct(const std::vector<Out>& y, const std::vector<double>& ref, co
   EXPECT_EQ(bad, 0) << what;
 }
 
+// The fp64 product y[r, c] = Σ x(r, i) · w(c, i) (+ bias[c]), and the sum of its terms' magnitudes.
+struct Reference {
+  std::vector<double> y, mag;
+};
+template <typename X, typename W>
+Reference Product(int m, int n, int k, X x, W w, const std::vector<__nv_bfloat16>* bias) {
+  Reference out{std::vector<double>(size_t(m) * n), std::vector<double>(size_t(m) * n)};
+  for (int r = 0; r < m; ++r) {
+    for (int c = 0; c < n; ++c) {
+      double acc = bias ? __bfloat162float((*bias)[c]) : 0.0, a = std::abs(acc);
+      for (int i = 0; i < k; ++i) {
+        const double p = x(r, i) * w(c, i);
+        acc += p;
+        a += std::abs(p);
+      }
+      out.y[size_t(r) * n + c] = acc;
+      out.mag[size_t(r) * n + c] = a;
+    }
+  }
+  return out;
+}
+
 template <typename Out>
 void CheckStreaming(const Shape& shape, uint32_t seed) {
   const auto [m, n, k, with_bias] = shape;
@@ -197,20 +219,10 @@ void CheckStreaming(const Shape& shape, uint32_t seed) {
   CUDA_OK((kernels::GemvFp8<__nv_bfloat16, Out>(dx.get(), dw.get(), ds.get(), with_bias ? db.get() : nullptr, dy.get(),
                                                 m, n, k, nullptr)));
   CUDA_OK(cudaDeviceSynchronize());
-  std::vector<double> ref(size_t(m) * n), mag(size_t(m) * n);
-  for (int r = 0; r < m; ++r) {
-    for (int c = 0; c < n; ++c) {
-      double acc = with_bias ? __bfloat162float(bias[c]) : 0.0, a = std::abs(acc);
-      for (int i = 0; i < k; ++i) {
-        const double p = double{__bfloat162float(x[size_t(r) * k + i])} * w.At(c, i, k);
-        acc += p;
-        a += std::abs(p);
-      }
-      ref[size_t(r) * n + c] = acc;
-      mag[size_t(r) * n + c] = a;
-    }
-  }
-  ExpectProduct(dy.Host(), ref, mag, 1e-5, "GemvFp8");
+  const Reference ref = Product(
+      m, n, k, [&](int r, int i) { return double{__bfloat162float(x[size_t(r) * k + i])}; },
+      [&](int c, int i) { return w.At(c, i, k); }, with_bias ? &bias : nullptr);
+  ExpectProduct(dy.Host(), ref.y, ref.mag, 1e-5, "GemvFp8");
 }
 
 class GemvFp8Test : public ::testing::TestWithParam<Shape> {};
@@ -258,24 +270,10 @@ TEST_P(Fp8GemmTest, MatchesTheDequantizedReference) {
                                        dy.get(), m, n, k, with_bias ? db.get() : nullptr, false, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   CUDA_OK(cudaDeviceSynchronize());
-  std::vector<double> ref(size_t(m) * n), mag(size_t(m) * n);
-  for (int r = 0; r < m; ++r) {
-    for (int c = 0; c < n; ++c) {
-      double acc = 0, a = 0;
-      for (int i = 0; i < k; ++i) {
-        const double p = Deq(xq[size_t(r) * k + i]) * double{xs[r]} * w.At(c, i, k);
-        acc += p;
-        a += std::abs(p);
-      }
-      if (with_bias) {
-        acc += __bfloat162float(bias[c]);
-        a += std::abs(__bfloat162float(bias[c]));
-      }
-      ref[size_t(r) * n + c] = acc;
-      mag[size_t(r) * n + c] = a;
-    }
-  }
-  ExpectProduct(dy.Host(), ref, mag, 1e-3, "cuBLASLt fp8");
+  const Reference ref = Product(
+      m, n, k, [&](int r, int i) { return Deq(xq[size_t(r) * k + i]) * double{xs[r]}; },
+      [&](int c, int i) { return w.At(c, i, k); }, with_bias ? &bias : nullptr);
+  ExpectProduct(dy.Host(), ref.y, ref.mag, 1e-3, "cuBLASLt fp8");
 }
 
 // k and n multiples of 16 (cuBLASLt's fp8 kernels need 16-byte aligned columns: the backend refuses fp8 for
@@ -305,20 +303,10 @@ TEST(Fp8, PerTensorScaledProductMatchesTheReference) {
                    k, nullptr, false, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   CUDA_OK(cudaDeviceSynchronize());
-  std::vector<double> ref(size_t(m) * n), mag(size_t(m) * n);
-  for (int r = 0; r < m; ++r) {
-    for (int c = 0; c < n; ++c) {
-      double acc = 0, a = 0;
-      for (int i = 0; i < k; ++i) {
-        const double p = Deq(xq[size_t(r) * k + i]) * double{xs[0]} * Deq(w.q[size_t(c) * k + i]) * w.scale[0];
-        acc += p;
-        a += std::abs(p);
-      }
-      ref[size_t(r) * n + c] = acc;
-      mag[size_t(r) * n + c] = a;
-    }
-  }
-  ExpectProduct(dy.Host(), ref, mag, 1e-3, "cuBLASLt fp8 per-tensor");
+  const Reference ref = Product(
+      m, n, k, [&](int r, int i) { return Deq(xq[size_t(r) * k + i]) * double{xs[0]}; },
+      [&](int c, int i) { return Deq(w.q[size_t(c) * k + i]) * double{w.scale[0]}; }, nullptr);
+  ExpectProduct(dy.Host(), ref.y, ref.mag, 1e-3, "cuBLASLt fp8 per-tensor");
   // Mixed (per-row on one side, per-tensor on the other) is refused, not run.
   EXPECT_FALSE((*gemm)
                    ->Run(cuda::Operand(dxq.get(), dxs.get(), true), cuda::Operand(dwq.get(), dws.get()), dy.get(), m, n,
