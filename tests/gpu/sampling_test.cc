@@ -42,10 +42,10 @@ Result RunOnDevice(const Rows& r, int32_t vocab) {
   Dev<float> raw(r.tokens.size() + 1);
   Dev<int32_t> out(n), top_ids(n * kernels::kMaxTopLogprobs);
   Dev<float> lp(n), top_lp(n * kernels::kMaxTopLogprobs);
-  EXPECT_EQ(kernels::SampleRows(logits.get(), n, vocab, params.get(), indptr.get(), tokens.get(), counts.get(),
-                                flags.get(), bias.get(), raw.get(), out.get(), lp.get(), top_ids.get(), top_lp.get(),
-                                nullptr),
-            cudaSuccess);
+  EXPECT_EQ(
+      kernels::SampleRows(logits.get(), n, vocab, params.get(), indptr.get(), tokens.get(), counts.get(), flags.get(),
+                          bias.get(), raw.get(), out.get(), lp.get(), top_ids.get(), top_lp.get(), nullptr),
+      cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return {out.Host(), lp.Host(), top_lp.Host(), top_ids.Host()};
 }

@@ -56,8 +56,8 @@ TEST(OpenAiRequest, ChatFieldsLandInTheGenerateRequest) {
 }
 
 TEST(OpenAiRequest, CompletionPromptsAreStringsTokenIdsOrListsOfThem) {
-  const OpenAiRequest r = Parse(R"({"prompt": ["a b", [1, 2, 3]], "logprobs": 0, "temperature": 0})",
-                                OpenAiRoute::kCompletion);
+  const OpenAiRequest r =
+      Parse(R"({"prompt": ["a b", [1, 2, 3]], "logprobs": 0, "temperature": 0})", OpenAiRoute::kCompletion);
   ASSERT_EQ(r.prompts.size(), 2u);
   EXPECT_EQ(r.prompts[0].text(), "a b");
   EXPECT_EQ(r.prompts[1].token_ids().ids_size(), 3);
@@ -79,15 +79,15 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "n": 0})").find("n = 0"), std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})").find("top_logprobs"),
             std::string::npos);
-  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {}})")
-                .find("stream_options"),
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {}})").find("stream_options"),
             std::string::npos);
-  EXPECT_NE(Refusal(R"({"messages": [{"role": "tool", "content": "x"}]})").find("messages[0].role"),
-            std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "tool", "content": "x"}]})").find("messages[0].role"), std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x", "name": "bob"}]})").find("messages[0].name"),
             std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
-      "max_completion_tokens": 6})").find("max_completion_tokens"), std::string::npos);
+      "max_completion_tokens": 6})")
+                .find("max_completion_tokens"),
+            std::string::npos);
   EXPECT_NE(Refusal(R"({"prompt": [[1, -2]]})", OpenAiRoute::kCompletion).find("prompt[0][1]"), std::string::npos);
   EXPECT_NE(Refusal(R"({"prompt": "x", "echo": true})", OpenAiRoute::kCompletion).find("echo"), std::string::npos);
   EXPECT_NE(Refusal(R"({"prompt": ["a", "b"], "n": 100})", OpenAiRoute::kCompletion).find("at most 128"),
