@@ -73,6 +73,7 @@ struct Engine::SequenceState {
   std::vector<int32_t> banned_until_min;  // eos and stop ids, not sampled before min_tokens
   std::vector<double> inter_token_s;      // between consecutive output tokens (metrics)
   absl::Time last_token;
+  std::vector<TokenLogprob> prompt_logprobs;  // prompt_logprobs: [num_prompt_tokens - 1], sent with the first token
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
@@ -482,6 +483,12 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
     if (seq.num_output_tokens() < seq.request.stopping.min_tokens) row.banned = st.banned_until_min;
     row.top_logprobs = seq.request.top_logprobs;
   }
+  for (const ScheduledSeq& s : plan.seqs) {  // prompt rows, in BuildStepInput's order
+    for (int32_t p = s.rows_begin; p < s.rows_end; ++p) {
+      input.sampling.push_back(SamplingRow{
+          .position = p + 1, .top_logprobs = *s.seq->request.prompt_logprobs, .target = s.seq->tokens[p + 1]});
+    }
+  }
   absl::Status launched = backend_->Launch(input);
   step->launch_s = absl::ToDoubleSeconds(absl::Now() - now);
   if (!launched.ok()) {
@@ -516,14 +523,27 @@ bool Engine::CollectInFlight() {
   }
   ++engine_steps_;
   const StepCounters counters = backend_->counters();
+  const int32_t num_sampled = static_cast<int32_t>(
+      std::count_if(plan.seqs.begin(), plan.seqs.end(), [](const ScheduledSeq& s) { return s.wants_token; }));
   StepRecord record{.num_seqs = input.num_seqs(),
                     .num_tokens = input.num_tokens(),
-                    .num_sampled = input.num_logits(),
+                    .num_sampled = num_sampled,
                     .wall_s = absl::ToDoubleSeconds(done - step->scheduled),
                     .device_s = counters.last_device_s,
                     .cost = step_cost_->Of(input)};
   TraceRange outputs_range("outputs");
-  size_t r = 0;
+  // Prompt rows first (they follow the sampled rows): a request's last ones arrive with its first token.
+  size_t r = num_sampled;
+  for (const ScheduledSeq& s : plan.seqs) {
+    const size_t row = r;
+    r += s.num_prompt_rows();
+    if (s.num_prompt_rows() == 0 || s.seq->finished) continue;
+    std::vector<TokenLogprob>& scored = active_.at(s.seq->seq_id)->prompt_logprobs;
+    scored.resize(s.seq->num_prompt_tokens - 1);
+    for (int32_t p = s.rows_begin; p < s.rows_end; ++p)
+      scored[p] = std::move(output.logprobs[row + (p - s.rows_begin)]);
+  }
+  r = 0;
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.wants_token) continue;
     const size_t row = r++;
@@ -544,6 +564,10 @@ bool Engine::CollectInFlight() {
     RequestOutput out;
     out.token_ids = {token};
     if (seq->request.top_logprobs > 0) out.logprobs.push_back(std::move(output.logprobs[row]));
+    if (seq->request.prompt_logprobs && position == seq->num_prompt_tokens) {
+      out.prompt_logprobs = std::move(st.prompt_logprobs);
+      st.prompt_logprobs.clear();
+    }
     if (finish != FinishReason::kNone) {
       seq->tokens.resize(position + 1);  // a token sampled for it by the step now running is not its output
       FinishSequence(seq, finish, absl::OkStatus(), std::move(out));

@@ -102,6 +102,8 @@ struct Timing {
 struct RequestOutput {
   std::vector<int32_t> token_ids;
   std::vector<TokenLogprob> logprobs;
+  // On a request's first output when it asked for prompt_logprobs: prompt tokens 1 .. n-1, in order.
+  std::vector<TokenLogprob> prompt_logprobs;
   FinishReason finish = FinishReason::kNone;
   absl::Status error;  // set when the engine could not serve the request (it is finished then)
   Usage usage;         // so far: completion_tokens counts this output's tokens
@@ -121,6 +123,9 @@ struct Request {
   SamplingParams sampling;
   StoppingParams stopping;
   int32_t top_logprobs = 0;
+  // Set: each prompt token after the first gets its logprob given the tokens before it, with this many
+  // alternatives (as vLLM's prompt_logprobs). Such a request computes its whole prompt (no prefix-cache reuse).
+  std::optional<int32_t> prompt_logprobs;
   int32_t priority = 0;  // higher runs first; equal priorities in arrival order
   absl::Time deadline = absl::InfiniteFuture();
   absl::Time arrival;   // set by Engine::Submit

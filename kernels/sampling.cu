@@ -83,7 +83,8 @@ __global__ void __launch_bounds__(kThreads)
   // Raw log-softmax normalizer and the top alternatives, before anything changes the logits.
   float log_z = 0.f;
   const int n_top = min(max(p.top_logprobs, 0), min(kMaxTopLogprobs, vocab));
-  if (p.top_logprobs > 0) {
+  const bool reports = p.top_logprobs > 0 || p.target >= 0;
+  if (reports) {
     float mx = -FLT_MAX;
     for (int32_t v = threadIdx.x; v < vocab; v += kThreads) mx = fmaxf(mx, l[v]);
     mx = AllReduce<BlockReduceF>(tmp.f, mx, MaxOp(), &sf);
@@ -104,6 +105,14 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncthreads();
     }
+  }
+
+  if (p.target >= 0) {  // a prompt row: the logprob of the token that follows; nothing is sampled
+    if (threadIdx.x == 0) {
+      tokens[row] = p.target;
+      logprobs[row] = l[p.target] - log_z;
+    }
+    return;
   }
 
   // Penalties (one entry per distinct id, so no two threads touch one logit).
@@ -218,7 +227,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (threadIdx.x == 0) {
     tokens[row] = token;
-    if (p.top_logprobs > 0) {
+    if (reports) {
       float raw = l[token];
       for (int32_t e = pb; e < pe; ++e)
         if (penalty_tokens[e] == token) raw = penalty_raw[e];

@@ -18,7 +18,8 @@ namespace inferd::kernels {
 // the token occurs in the output), penalty_flags, penalty_bias (logit bias, read where kPenaltyBias is set):
 // [penalty_indptr[num_rows]]. penalty_raw: scratch of the same length. Outputs: tokens [num_rows]; logprobs [num_rows]
 // (the chosen token's log-softmax of the raw logits); top_ids, top_logprobs [num_rows, kMaxTopLogprobs]. Logprob
-// outputs are written only for rows that ask.
+// outputs are written only for rows that ask. A row with a target (a prompt row) samples nothing: its token is the
+// target and its logprob the target's.
 cudaError_t SampleRows(float* logits, int32_t num_rows, int32_t vocab, const SamplingRowParams* params,
                        const int32_t* penalty_indptr, const int32_t* penalty_tokens, const int32_t* penalty_counts,
                        const uint8_t* penalty_flags, const float* penalty_bias, float* penalty_raw, int32_t* tokens,

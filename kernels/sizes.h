@@ -25,6 +25,7 @@ struct SamplingRowParams {
   float presence_penalty;
   float frequency_penalty;
   int32_t top_logprobs;  // > 0: report the chosen token's logprob and this many alternatives (≤ kMaxTopLogprobs)
+  int32_t target;        // >= 0: a prompt row: the token is this id (nothing sampled), its logprob reported
   double uniform;        // in [0, 1)
 };
 

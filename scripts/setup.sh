@@ -9,7 +9,7 @@ APT_PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libopenblas-dev libpcre2-dev libutf8proc-dev
   prometheus-cpp-dev libcpp-httplib-dev prometheus libboost1.81-dev libssl-dev
-  python3-venv clang libclang-rt-14-dev
+  python3-venv clang libclang-rt-14-dev bible-kjv
 )
 
 missing=()
@@ -36,4 +36,6 @@ fi
 bash scripts/fetch_flashinfer.sh
 # The bundled default model (configs/default.yaml serves it).
 bash scripts/fetch_model.sh
+# The public-domain text `inferd-bench perplexity` measures accuracy on (the King James Version's Genesis and Exodus).
+bash scripts/fetch_eval_text.sh
 echo "setup: ok"

@@ -8,20 +8,22 @@
 namespace inferd {
 namespace {
 
+void SetLogprob(const TokenLogprob& lp, v1::TokenLogprob* p) {
+  p->set_token_id(lp.token_id);
+  p->set_logprob(lp.logprob);
+  for (const TopLogprob& t : lp.top) {
+    v1::TopLogprob* tp = p->add_top();
+    tp->set_token_id(t.token_id);
+    tp->set_logprob(t.logprob);
+  }
+}
+
 template <typename Message>
 void Append(const RequestOutput& out, const std::string& text, Message* m) {
   for (int32_t id : out.token_ids) m->add_token_ids(id);
   m->mutable_text()->append(text);
-  for (const TokenLogprob& lp : out.logprobs) {
-    v1::TokenLogprob* p = m->add_logprobs();
-    p->set_token_id(lp.token_id);
-    p->set_logprob(lp.logprob);
-    for (const TopLogprob& t : lp.top) {
-      v1::TopLogprob* tp = p->add_top();
-      tp->set_token_id(t.token_id);
-      tp->set_logprob(t.logprob);
-    }
-  }
+  for (const TokenLogprob& lp : out.logprobs) SetLogprob(lp, m->add_logprobs());
+  for (const TokenLogprob& lp : out.prompt_logprobs) SetLogprob(lp, m->add_prompt_logprobs());
   if (out.finish != FinishReason::kNone) {
     m->set_finish_reason(ToProto(out.finish));
     m->mutable_usage()->set_prompt_tokens(out.usage.prompt_tokens);

@@ -176,6 +176,12 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
     }
     r.top_logprobs = p.output().top_logprobs();
   }
+  if (p.output().has_prompt_logprobs()) {
+    if (p.output().prompt_logprobs() < 0 || p.output().prompt_logprobs() > 20) {
+      return Bad("output.prompt_logprobs", absl::StrCat(p.output().prompt_logprobs()), "[0, 20]");
+    }
+    r.prompt_logprobs = p.output().prompt_logprobs();
+  }
   text.skip_special_tokens = !p.output().has_skip_special_tokens() || p.output().skip_special_tokens();
   r.priority = p.priority();
   return built;

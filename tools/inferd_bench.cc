@@ -4,9 +4,11 @@
 //   inferd-bench --model DIR [--json FILE] [--sections products,latency,prefill,decode,throughput] [--batches 1,8]
 //                [--quantization none|fp8]
 //   inferd-bench serve ...   (the serving benchmark against a running server: tools/serve_bench.cc)
+//   inferd-bench perplexity FILE ...   (a running server's perplexity over a text: tools/perplexity_bench.cc)
 #include <cstdio>
 #include <string>
 
+#include "tools/perplexity_bench.h"
 #include "tools/serve_bench.h"
 
 #if INFERD_WITH_CUDA
@@ -513,10 +515,13 @@ int Main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "serve") return inferd::ServeMain(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "perplexity") return inferd::PerplexityMain(argc, argv);
 #if INFERD_WITH_CUDA
   return inferd::Main(argc, argv);
 #else
-  std::fprintf(stderr, "inferd-bench: built without CUDA: only `inferd-bench serve` is available\n");
+  std::fprintf(
+      stderr,
+      "inferd-bench: built without CUDA: only `inferd-bench serve` and `inferd-bench perplexity` are available\n");
   return 2;
 #endif
 }

@@ -28,6 +28,9 @@ struct SamplingRow {
   int32_t num_prompt_tokens = 0;
   std::span<const int32_t> banned;  // ids that may not be sampled now (eos/stop ids before min_tokens)
   int32_t top_logprobs = 0;         // > 0: report the chosen token's logprob and this many alternatives
+  // >= 0: a prompt row (prompt_logprobs). Nothing is sampled: its token is this id, whose raw logprob is reported
+  // with top_logprobs alternatives; the other fields are ignored.
+  int32_t target = -1;
 };
 
 // One step, packed on the host. Tokens of all sequences are concatenated in plan order; a token id may be a
@@ -45,8 +48,10 @@ struct StepInput {
   std::vector<int32_t> kv_indptr;         // [num_seqs + 1]
   std::vector<int32_t> kv_indices;        // [kv_indptr.back()] block ids
   std::vector<int32_t> kv_last_page_len;  // [num_seqs] in [1, block_size]
-  std::vector<int32_t> logits_indices;    // [num_logits] token rows whose next token is sampled
-  std::vector<SamplingRow> sampling;      // [num_logits] how each of those rows is sampled
+  // [num_logits] token rows whose logits are computed: first the rows that sample, one per sequence that does
+  // (a PendingToken names one of these), then prompt rows (SamplingRow::target), at most max_num_seqs of them.
+  std::vector<int32_t> logits_indices;
+  std::vector<SamplingRow> sampling;  // [num_logits] how each of those rows is sampled
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
@@ -55,7 +60,7 @@ struct StepInput {
 
 struct StepOutput {
   std::vector<int32_t> tokens;         // [num_logits] the sampled token of each logits row
-  std::vector<TokenLogprob> logprobs;  // [num_logits]; meaningful only for rows with top_logprobs > 0
+  std::vector<TokenLogprob> logprobs;  // [num_logits]; meaningful only for rows with top_logprobs > 0 or a target
 };
 
 // The largest step the scheduler may plan; start-up measures the backend at this shape.
@@ -63,6 +68,9 @@ struct StepLimits {
   int32_t max_num_seqs = 0;
   int32_t max_num_batched_tokens = 0;
   int32_t block_size = 0;
+
+  // Logits rows a step may have: a sampled row per sequence, then up to max_num_seqs prompt rows.
+  int32_t max_logits_rows() const { return 2 * max_num_seqs; }
 };
 
 // Where a backend's time went, summed over every step since start-up.

@@ -32,6 +32,7 @@ int64_t WeightBytes(const ModelTensors& t, int64_t e, bool fp8) {
 DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int64_t e, bool fp8_weights) {
   const ModelConfig& c = model.config;
   const int64_t T = limits.max_num_batched_tokens, R = limits.max_num_seqs, bs = limits.block_size;
+  const int64_t L = limits.max_logits_rows();  // sampled rows and prompt rows
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   DeviceLayout l;
   l.limits = limits;
@@ -54,9 +55,9 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   in.qo_indptr = inputs.Add((R + 1) * 4);
   in.kv_indptr = inputs.Add((R + 1) * 4);
   in.kv_last_page_len = inputs.Add(R * 4);
-  in.logits_indices = inputs.Add(R * 4);
-  in.params = inputs.Add(R * int64_t{sizeof(kernels::SamplingRowParams)});
-  in.penalty_indptr = inputs.Add((R + 1) * 4);
+  in.logits_indices = inputs.Add(L * 4);
+  in.params = inputs.Add(L * int64_t{sizeof(kernels::SamplingRowParams)});
+  in.penalty_indptr = inputs.Add((L + 1) * 4);
   in.kv_indices = inputs.Add(in.max_pages * 4);
   in.penalty_tokens = inputs.Add(in.max_penalties * 4);
   in.penalty_counts = inputs.Add(in.max_penalties * 4);
@@ -66,10 +67,10 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
 
   OutputRegions& out = l.outputs;
   ArenaBuilder outputs;
-  out.tokens = outputs.Add(R * 4);
-  out.logprobs = outputs.Add(R * 4);
-  out.top_ids = outputs.Add(R * kernels::kMaxTopLogprobs * 4);
-  out.top_logprobs = outputs.Add(R * kernels::kMaxTopLogprobs * 4);
+  out.tokens = outputs.Add(L * 4);
+  out.logprobs = outputs.Add(L * 4);
+  out.top_ids = outputs.Add(L * kernels::kMaxTopLogprobs * 4);
+  out.top_logprobs = outputs.Add(L * kernels::kMaxTopLogprobs * 4);
   l.output_arena_bytes = outputs.size();
 
   ActivationRegions& a = l.activations;
@@ -84,10 +85,10 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   const int64_t widest_input = std::max<int64_t>({H, c.q_width(), I});
   a.act_fp8 = act.Add(fp8_weights ? T * widest_input : 0);
   a.act_scale = act.Add(fp8_weights ? T * 4 : 0);
-  a.last = act.Add(R * H * e);
-  a.last_delta = act.Add(R * H * e);
-  a.last_n = act.Add(R * H * e);
-  a.logits = act.Add(R * int64_t{c.vocab_size} * 4);
+  a.last = act.Add(L * H * e);
+  a.last_delta = act.Add(L * H * e);
+  a.last_n = act.Add(L * H * e);
+  a.logits = act.Add(L * int64_t{c.vocab_size} * 4);
   a.inv_freq = act.Add(int64_t{c.head_dim} / 2 * 4);
   a.attn_float_ws = act.Add(static_cast<int64_t>(kernels::kAttentionFloatWorkspaceBytes));
   a.attn_int_ws = act.Add(static_cast<int64_t>(kernels::kAttentionIntWorkspaceBytes));

@@ -28,7 +28,8 @@ class ArenaBuilder {
   int64_t size_ = 0;
 };
 
-// T = max_num_batched_tokens, R = max_num_seqs, e = element bytes (2 for bf16 and fp16).
+// T = max_num_batched_tokens, R = max_num_seqs, L = 2R logits rows (sampled and prompt rows), e = element bytes (2
+// for bf16 and fp16).
 struct ActivationRegions {
   Region x, xn, tmp;                // [T, hidden] e: residual stream, normed input, a layer's output
   Region qkv;                       // [T, qkv_width] e
@@ -37,8 +38,8 @@ struct ActivationRegions {
   Region act;                       // [T, intermediate] e: SiLU(gate) * up
   Region act_fp8;                   // fp8 weights: [T, max(hidden, q_width, intermediate)] e4m3, a product's input
   Region act_scale;                 // fp8 weights: [T] fp32, its per-token scales
-  Region last, last_delta, last_n;  // [R, hidden] e: the rows that sample, their last delta, normed
-  Region logits;                    // [R, vocab] fp32
+  Region last, last_delta, last_n;  // [L, hidden] e: the logits rows, their last delta, normed
+  Region logits;                    // [L, vocab] fp32
   Region inv_freq;                  // [head_dim / 2] fp32 rotary inverse frequencies
   Region attn_float_ws;             // FlashInfer's float workspace (split-KV partial outputs)
   Region attn_int_ws;               // FlashInfer's schedule (mirrored in pinned host memory)
@@ -48,10 +49,10 @@ struct ActivationRegions {
 
 // What a step samples, one arena copied back to pinned host memory.
 struct OutputRegions {
-  Region tokens;        // [R] int32
-  Region logprobs;      // [R] fp32, the chosen token's
-  Region top_ids;       // [R, kMaxTopLogprobs] int32
-  Region top_logprobs;  // [R, kMaxTopLogprobs] fp32
+  Region tokens;        // [L] int32
+  Region logprobs;      // [L] fp32, the chosen token's
+  Region top_ids;       // [L, kMaxTopLogprobs] int32
+  Region top_logprobs;  // [L, kMaxTopLogprobs] fp32
 };
 
 // Step inputs: packed into pinned host memory, copied to a device mirror of the same layout. kv_indices is the
@@ -60,9 +61,9 @@ struct InputRegions {
   Region token_ids, positions, slots;  // [T] int32: token ids (or pending rows), positions, KV slots
   Region qo_indptr, kv_indptr;         // [R + 1] int32
   Region kv_last_page_len;             // [R] int32
-  Region logits_indices;               // [R] int32: token rows that sample
-  Region params;                       // [R] kernels::SamplingRowParams
-  Region penalty_indptr;               // [R + 1] int32
+  Region logits_indices;               // [L] int32: token rows whose logits are computed
+  Region params;                       // [L] kernels::SamplingRowParams
+  Region penalty_indptr;               // [L + 1] int32
   Region kv_indices;                   // [max_pages] int32 block ids
   Region penalty_tokens;               // [max_penalties] int32
   Region penalty_counts;               // [max_penalties] int32: times in the output

@@ -68,6 +68,15 @@ SampleResult Sample(std::span<float> logits, const SamplingRow& ctx) {
   const SamplingParams& p = ctx.params;
   SampleResult result;
   float log_z = 0;
+  if (ctx.target >= 0) {  // a prompt row: the raw logprob of the token that follows, nothing sampled
+    INFERD_CHECK(ctx.target < static_cast<int32_t>(logits.size()), "a prompt row's token is in the vocabulary");
+    result.token = ctx.target;
+    result.has_logprob = true;
+    result.logprob = RawLogprobs(logits, ctx.top_logprobs, &log_z);
+    result.logprob.token_id = ctx.target;
+    result.logprob.logprob = logits[ctx.target] - log_z;
+    return result;
+  }
   if (ctx.top_logprobs > 0) {
     result.has_logprob = true;
     result.logprob = RawLogprobs(logits, ctx.top_logprobs, &log_z);

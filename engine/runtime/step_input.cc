@@ -41,6 +41,11 @@ StepInput BuildStepInput(const StepPlan& plan, int32_t block_size) {
   for (const ScheduledSeq& s : plan.seqs) {
     AddSequence(&in, s.seq->tokens, s.start, s.start + s.num_new, s.seq->block_table, s.wants_token);
   }
+  // Then the prompt rows, after every sampled row (a PendingToken names a sampled row by its index).
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const ScheduledSeq& s = plan.seqs[i];
+    for (int32_t p = s.rows_begin; p < s.rows_end; ++p) in.logits_indices.push_back(in.query_start[i] + (p - s.start));
+  }
   return in;
 }
 

@@ -9,6 +9,8 @@
 
 namespace inferd {
 
+// The logits rows: one per sequence that samples, in plan order, then each sequence's prompt rows
+// (ScheduledSeq::rows_begin, rows_end), in plan and position order.
 StepInput BuildStepInput(const StepPlan& plan, int32_t block_size);
 
 // Steps built by hand (the warm-up, start-up's largest step, padded decode rows) go through the same two calls

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <tuple>
 
 #include "engine/check.h"
 
@@ -52,6 +53,17 @@ int32_t Scheduler::PreemptRunning(Sequence* victim, StepPlan* plan) {
   return refunded;
 }
 
+int32_t Scheduler::TakePromptRows(const Sequence& seq, int32_t n, StepPlan* plan) const {
+  if (!seq.scoring()) return n;
+  const int32_t left = limits_.max_num_seqs - plan->num_prompt_rows;
+  const int32_t start = seq.num_computed;
+  // Positions already scored (computed again after a preemption) take no row.
+  n = std::max(0, std::min(n, std::max(start, seq.num_scored) - start + left));
+  const auto [first, last] = seq.PromptRows(start, n);
+  plan->num_prompt_rows += std::max(0, last - first);
+  return n;
+}
+
 void Scheduler::GrantRunning(StepPlan* plan, bool ahead) {
   // Composition: every decode gets its token (the budget is at least max_num_seqs); prefilling prompts share
   // what is left, in admission order, each capped while others wait.
@@ -70,6 +82,7 @@ void Scheduler::GrantRunning(StepPlan* plan, bool ahead) {
     int32_t n = 1;
     if (remaining > 1) {
       n = std::min({remaining, prefill_budget, waiting_.empty() ? remaining : limits_.long_prefill_chunk});
+      n = TakePromptRows(*seq, n, plan);
       prefill_budget -= n;
     }
     if (n > 0) wants.emplace_back(seq, n);
@@ -141,9 +154,15 @@ void Scheduler::Admit(StepPlan* plan, bool ahead) {
       plan->needs_sync = true;
       break;
     }
-    if (!swapped) capacity_.ReusePrefix(seq);
+    // A request that scores its prompt computes all of it: cached blocks have no logits.
+    if (!swapped && !seq->scoring()) capacity_.ReusePrefix(seq);
     const int32_t remaining = seq->num_tokens() - seq->num_computed;
-    const int32_t n = std::min({remaining, budget, waiting_.size() > 1 ? limits_.long_prefill_chunk : remaining});
+    const int32_t n = TakePromptRows(
+        *seq, std::min({remaining, budget, waiting_.size() > 1 ? limits_.long_prefill_chunk : remaining}), plan);
+    if (n == 0) {  // no prompt row is left this step
+      if (!swapped) capacity_.Release(seq);
+      break;
+    }
     // A newcomer leaves one block free per running sequence, for their next tokens: admitting into the last
     // free blocks would only preempt someone at the next block boundary (a preemption storm).
     const auto headroom = [&] { return static_cast<int32_t>(running_.size()); };
@@ -183,8 +202,15 @@ StepPlan Scheduler::Schedule(absl::Time now, bool ahead) {
   GrantRunning(&plan, ahead);
   // New work is admitted only when blocks did not run short, so preempted sequences are not overtaken.
   if (plan.preempted.empty() && !plan.needs_sync) Admit(&plan, ahead);
-  for (const ScheduledSeq& s : plan.seqs) plan.num_tokens += s.num_new;
+  int32_t prompt_rows = 0;
+  for (ScheduledSeq& s : plan.seqs) {
+    plan.num_tokens += s.num_new;
+    std::tie(s.rows_begin, s.rows_end) = s.seq->PromptRows(s.start, s.num_new);
+    prompt_rows += s.num_prompt_rows();
+  }
+  plan.num_prompt_rows = prompt_rows;
   INFERD_CHECK(plan.num_tokens <= limits_.max_num_batched_tokens, "a step stays within max_num_batched_tokens");
+  INFERD_CHECK(prompt_rows <= limits_.max_num_seqs, "a step's prompt rows stay within max_num_seqs");
   INFERD_CHECK(static_cast<int32_t>(plan.seqs.size()) <= limits_.max_num_seqs, "a step stays within max_num_seqs");
   return plan;
 }
@@ -194,6 +220,7 @@ void Scheduler::Launched(const StepPlan& plan) {
   for (const ScheduledSeq& s : plan.seqs) {
     Sequence* seq = s.seq;
     seq->num_computed = s.start + s.num_new;
+    if (s.num_prompt_rows() > 0) seq->num_scored = s.rows_end;
     // A block is remembered under its tokens' ids, so not while its last computed token is still pending.
     if (!IsPendingToken(seq->tokens[seq->num_computed - 1])) capacity_.RememberFullBlocks(seq);
     if (s.wants_token) seq->tokens.push_back(PendingToken(row++));

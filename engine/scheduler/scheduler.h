@@ -33,6 +33,9 @@ struct ScheduledSeq {
   int32_t start = 0;         // first position computed this step (= num_computed before the step)
   int32_t num_new = 0;       // tokens computed this step: 1 for decode, a chunk for prefill
   bool wants_token = false;  // this step reaches the sequence's last token, so it samples the next one
+  // prompt_logprobs: positions [rows_begin, rows_end) get a prompt row this step (Sequence::PromptRows).
+  int32_t rows_begin = 0, rows_end = 0;
+  int32_t num_prompt_rows() const { return rows_end > rows_begin ? rows_end - rows_begin : 0; }
 };
 
 struct StepPlan {
@@ -41,7 +44,8 @@ struct StepPlan {
   // KV copies to run before the step, outs first: blocks of preempted sequences to host swap space, and
   // blocks of readmitted ones back.
   std::vector<BlockCopy> swap_out, swap_in;
-  int32_t num_tokens = 0;  // sum of num_new
+  int32_t num_tokens = 0;       // sum of num_new
+  int32_t num_prompt_rows = 0;  // prompt_logprobs rows (Sequence::PromptRows): at most max_num_seqs
   // Planned ahead, this step left out what only a preemption or a swap-in could have made room for: the next
   // step is planned after the running one is collected.
   bool needs_sync = false;
@@ -90,6 +94,9 @@ class Scheduler {
   void OrderWaiting(absl::Time now);
   void GrantRunning(StepPlan* plan, bool ahead);
   void Admit(StepPlan* plan, bool ahead);
+  // Caps the n tokens a sequence would compute so that its prompt rows fit the step's (max_num_seqs), and counts
+  // them in the plan. 0: none is left, it waits.
+  int32_t TakePromptRows(const Sequence& seq, int32_t n, StepPlan* plan) const;
   // Preempts a running sequence, dropping it from the plan if it was scheduled (returns the tokens it had
   // there); it waits again.
   int32_t PreemptRunning(Sequence* victim, StepPlan* plan);

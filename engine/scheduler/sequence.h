@@ -1,7 +1,9 @@
 // The engine's state of one request between arrival and finish.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -15,6 +17,7 @@ struct Sequence {
   std::vector<int32_t> tokens;  // prompt followed by generated tokens
   int32_t num_prompt_tokens = 0;
   int32_t num_computed = 0;          // tokens whose K/V are in the cache
+  int32_t num_scored = 0;            // prompt_logprobs: prompt positions whose row has been computed
   std::vector<int32_t> block_table;  // block ids; token i lives in block_table[i / block_size]
   std::vector<uint64_t> block_keys;  // prefix-cache keys of its full, computed blocks (a prefix of block_table)
   int32_t num_cached_tokens = 0;     // prompt tokens taken from the prefix cache when it was first admitted
@@ -31,6 +34,13 @@ struct Sequence {
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
   int32_t priority() const { return request.priority; }
+  // prompt_logprobs: prompt token p + 1 is scored by the logits row of position p. Its positions still to score.
+  bool scoring() const { return request.prompt_logprobs.has_value() && num_scored < num_prompt_tokens - 1; }
+  // The positions a step computing [start, start + n) scores: [first, last), empty when last <= first.
+  std::pair<int32_t, int32_t> PromptRows(int32_t start, int32_t n) const {
+    if (!request.prompt_logprobs) return {start, start};
+    return {std::max(start, num_scored), std::min(start + n, num_prompt_tokens - 1)};
+  }
   // Preempted and not yet past the point it was preempted at: preempting it again would only throw work away.
   bool awaiting_progress() const { return num_preemptions > 0 && num_tokens() <= tokens_at_preemption; }
 };

@@ -297,8 +297,10 @@ TEST_P(SharpParity, TeacherForcedTokensAsCloseToFp32AsTransformersBf16) {
   ASSERT_TRUE(engine.ok()) << engine.status();
 
   // One request per (prompt, position): the prompt and the fp32 run's tokens before the position, one token out.
+  // And one per prompt with all of them, scored by prompt_logprobs: the same positions in one prefill.
   const size_t num_prompts = fp32["cases"].size();
   std::vector<std::vector<std::shared_ptr<testing::CollectingSink>>> sinks(num_prompts);
+  std::vector<std::shared_ptr<testing::CollectingSink>> scored;
   for (size_t i = 0; i < num_prompts; ++i) {
     const auto& ref_case = fp32["cases"][i];
     std::vector<int32_t> context = ref_case["prompt_ids"].get<std::vector<int32_t>>();
@@ -315,9 +317,26 @@ TEST_P(SharpParity, TeacherForcedTokensAsCloseToFp32AsTransformersBf16) {
       ASSERT_TRUE((*engine)->Submit(std::move(r)).ok());
       context.push_back(step["token"].get<int32_t>());
     }
+    Request r;
+    r.id = absl::StrCat("scored-", i);
+    r.prompt = context;
+    r.stopping.max_tokens = 1;
+    r.prompt_logprobs = 5;
+    scored.push_back(std::make_shared<testing::CollectingSink>());
+    r.sink = scored.back();
+    ASSERT_TRUE((*engine)->Submit(std::move(r)).ok());
   }
-  std::vector<std::vector<std::vector<std::pair<int32_t, double>>>> ours(num_prompts), theirs(num_prompts);
+  std::vector<std::vector<std::vector<std::pair<int32_t, double>>>> ours(num_prompts), theirs(num_prompts),
+      prompt_rows(num_prompts);
   for (size_t i = 0; i < num_prompts; ++i) {
+    ASSERT_TRUE(scored[i]->WaitFor(absl::Seconds(300)));
+    const size_t first = fp32["cases"][i]["prompt_ids"].size() - 1;  // the row scoring the first forced token
+    ASSERT_EQ(scored[i]->prompt_logprobs.size(), first + fp32["cases"][i]["steps"].size() - 1) << scored[i]->error;
+    for (size_t p = first; p < scored[i]->prompt_logprobs.size(); ++p) {
+      prompt_rows[i].emplace_back();
+      for (const auto& alt : scored[i]->prompt_logprobs[p].top)
+        prompt_rows[i].back().push_back({alt.token_id, alt.logprob});
+    }
     for (auto& sink : sinks[i]) {
       ASSERT_TRUE(sink->WaitFor(absl::Seconds(300)));
       ASSERT_EQ(sink->tokens.size(), 1u) << sink->error;
@@ -330,12 +349,17 @@ TEST_P(SharpParity, TeacherForcedTokensAsCloseToFp32AsTransformersBf16) {
       for (const auto& alt : step["top"]) theirs[i].back().push_back({alt[0].get<int32_t>(), alt[1].get<double>()});
     }
   }
-  const Closeness got = Compare(fp32, ours), baseline = Compare(fp32, theirs);
+  const Closeness got = Compare(fp32, ours), baseline = Compare(fp32, theirs), rows = Compare(fp32, prompt_rows);
   std::printf(
       "[ parity   ] %s %s block %d budget %d seqs %d%s, along fp32's tokens: inferd picks fp32's token at %d "
-      "of %d positions (logprob RMS error %.4f), transformers bf16 at %d (%.4f)\n",
+      "of %d positions (logprob RMS error %.4f), its prompt_logprobs at %d of %d (%.4f), transformers bf16 at %d "
+      "(%.4f)\n",
       c.model, c.dtype, c.block_size, c.max_num_batched_tokens, c.max_num_seqs, c.cuda_graphs ? "" : " eager",
-      got.agreed, got.compared, got.rms(), baseline.agreed, baseline.rms());
+      got.agreed, got.compared, got.rms(), rows.agreed, rows.compared, rows.rms(), baseline.agreed, baseline.rms());
+  // The last forced token has no row (it is the prompt's last): at most one position fewer per prompt.
+  EXPECT_GE(rows.compared, got.compared - static_cast<int>(num_prompts));
+  EXPECT_GE(rows.agreed, baseline.agreed - static_cast<int>(num_prompts)) << "prompt_logprobs " << c.model;
+  EXPECT_LE(rows.rms(), baseline.rms()) << "prompt_logprobs " << c.model << " " << c.dtype;
   EXPECT_GT(got.compared, static_cast<int>(num_prompts) * 32 / 2) << "most positions are compared";
   EXPECT_GE(got.agreed, baseline.agreed) << c.model << " " << c.dtype;
   EXPECT_LE(got.rms(), baseline.rms()) << c.model << " " << c.dtype;

@@ -50,9 +50,9 @@ Result RunOnDevice(const Rows& r, int32_t vocab) {
   return {out.Host(), lp.Host(), top_lp.Host(), top_ids.Host()};
 }
 
-kernels::SamplingRowParams Params(const SamplingParams& p, double u, int32_t top_logprobs = 0) {
+kernels::SamplingRowParams Params(const SamplingParams& p, double u, int32_t top_logprobs = 0, int32_t target = -1) {
   return {p.temperature,       p.top_k,      p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty,
-          p.frequency_penalty, top_logprobs, u};
+          p.frequency_penalty, top_logprobs, target,  u};
 }
 
 TEST(DeviceSampler, GreedyAndLogprobsEqualTheHostSampler) {
@@ -75,6 +75,38 @@ TEST(DeviceSampler, GreedyAndLogprobsEqualTheHostSampler) {
     EXPECT_EQ(got.tokens[i], want.token) << "row " << i;
     EXPECT_NEAR(got.logprobs[i], want.logprob.logprob, 1e-3) << "row " << i;
     for (int32_t k = 0; k <= i; ++k) {
+      EXPECT_EQ(got.top_ids[i * kernels::kMaxTopLogprobs + k], want.logprob.top[k].token_id);
+      EXPECT_NEAR(got.top_logprobs[i * kernels::kMaxTopLogprobs + k], want.logprob.top[k].logprob, 1e-3);
+    }
+  }
+}
+
+TEST(DeviceSampler, PromptRowsReportTheTargetsLogprobAndSampleNothing) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(11);
+  const int32_t vocab = 50021, rows = 4;
+  Rows r;
+  r.logits = testing::Random(int64_t{rows} * vocab, rng, 3.f);
+  // Sampling options and penalties that would change a sampled row's token must not touch a prompt row.
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_k = 3;
+  p.repetition_penalty = 1.5f;
+  const std::vector<int32_t> targets = {0, 17, vocab - 1, 4242}, tops = {0, 1, 5, 20};
+  for (int32_t i = 0; i < rows; ++i) {
+    r.params.push_back(Params(p, 0.25, tops[i], targets[i]));
+    r.indptr.push_back(0);
+  }
+  const Result got = RunOnDevice(r, vocab);
+  for (int32_t i = 0; i < rows; ++i) {
+    std::vector<float> row(r.logits.begin() + int64_t{i} * vocab, r.logits.begin() + int64_t{i + 1} * vocab);
+    SamplingRow hr{.params = p, .top_logprobs = tops[i], .target = targets[i]};
+    const SampleResult want = Sample(row, hr);
+    EXPECT_EQ(got.tokens[i], targets[i]) << "row " << i;
+    EXPECT_EQ(want.logprob.token_id, targets[i]);
+    EXPECT_NEAR(got.logprobs[i], want.logprob.logprob, 1e-3) << "row " << i;
+    ASSERT_EQ(static_cast<int32_t>(want.logprob.top.size()), tops[i]);
+    for (int32_t k = 0; k < tops[i]; ++k) {
       EXPECT_EQ(got.top_ids[i * kernels::kMaxTopLogprobs + k], want.logprob.top[k].token_id);
       EXPECT_NEAR(got.top_logprobs[i * kernels::kMaxTopLogprobs + k], want.logprob.top[k].logprob, 1e-3);
     }

@@ -33,6 +33,7 @@ BAD = [
     (req(stopping__max_tokens=100000), "max_model_len"),
     (req(text="x " * 600), "max_model_len"),
     (req(output__top_logprobs=21), "output.top_logprobs"),
+    (req(output__prompt_logprobs=-1), "output.prompt_logprobs"),
     (pb.GenerateRequest(), "prompt"),
     (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[])), "prompt"),
     (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 640])), "token_ids.ids[1]"),

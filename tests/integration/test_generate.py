@@ -97,6 +97,29 @@ def test_logprobs_when_asked(server):
     assert len(server.stub.Generate(greedy("Hello", max_tokens=2)).logprobs) == 0
 
 
+def test_prompt_logprobs_score_the_prompt_as_generation_scored_its_tokens(server):
+    # Generate, then send the prompt and what was generated as one prompt: its prompt logprobs over the generated
+    # part are the logprobs the generation reported, and they arrive on the first chunk.
+    prompt = list(server.stub.Tokenize(pb.TokenizeRequest(text="The scheduler batches tokens")).token_ids)
+    gen = server.stub.Generate(greedy(ids=prompt, max_tokens=12, output=pb.OutputOptions(top_logprobs=2)))
+    whole = prompt + list(gen.token_ids)
+    scored = greedy(ids=whole, max_tokens=3, output=pb.OutputOptions(prompt_logprobs=2))
+    chunks = list(server.stub.GenerateStream(scored))
+    assert len(chunks[0].prompt_logprobs) == len(whole) - 1
+    assert all(len(c.prompt_logprobs) == 0 for c in chunks[1:]), "only the first chunk carries them"
+    rows = chunks[0].prompt_logprobs
+    assert [r.token_id for r in rows] == whole[1:]
+    assert all(len(r.top) == 2 and r.logprob <= 0 for r in rows)
+    for row, lp in zip(rows[len(prompt) - 1:], gen.logprobs):
+        assert abs(row.logprob - lp.logprob) < 1e-3, (row, lp)
+        assert [t.token_id for t in row.top] == [t.token_id for t in lp.top]
+    # The whole prompt is computed even though its blocks are cached now, and unary carries the same rows.
+    unary = server.stub.Generate(scored)
+    assert unary.usage.cached_prompt_tokens == 0
+    assert [round(r.logprob, 4) for r in unary.prompt_logprobs] == [round(r.logprob, 4) for r in rows]
+    assert len(server.stub.Generate(greedy(ids=whole, max_tokens=1)).prompt_logprobs) == 0, "none unless asked"
+
+
 def test_seeded_sampling_is_reproducible(server):
     def sample(seed):
         return list(server.stub.Generate(pb.GenerateRequest(

@@ -16,6 +16,7 @@ class CollectingSink : public OutputSink {
     std::lock_guard<std::mutex> lock(mu_);
     for (int32_t t : out.token_ids) tokens.push_back(t);
     for (auto& lp : out.logprobs) logprobs.push_back(lp);
+    for (auto& lp : out.prompt_logprobs) prompt_logprobs.push_back(lp);
     if (out.finish != FinishReason::kNone || !out.error.ok()) {
       finish = out.finish;
       error = out.error;
@@ -38,6 +39,7 @@ class CollectingSink : public OutputSink {
   }
   std::vector<int32_t> tokens;
   std::vector<TokenLogprob> logprobs;
+  std::vector<TokenLogprob> prompt_logprobs;
   FinishReason finish = FinishReason::kNone;
   absl::Status error;
   Usage usage;

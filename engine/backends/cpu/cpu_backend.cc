@@ -141,7 +141,7 @@ absl::StatusOr<DeviceCeilings> CpuBackend::MeasureCeilings() {
 absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
   limits_ = limits;
   block_size_ = limits.block_size;
-  const int64_t T = limits.max_num_batched_tokens, R = limits.max_num_seqs;
+  const int64_t T = limits.max_num_batched_tokens, R = limits.max_logits_rows();
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const int64_t q_dim = cfg_.q_width(), qkv_dim = cfg_.qkv_width();
   ws_.x.resize(T * H);
@@ -213,7 +213,7 @@ absl::Status CpuBackend::SwapBlocks(std::span<const BlockCopy> out, std::span<co
 
 absl::Status CpuBackend::Step(const StepInput& in, StepOutput* out) {
   INFERD_CHECK(!k_cache_.empty(), "the KV cache is allocated before the first step");
-  INFERD_CHECK(in.num_tokens() <= limits_.max_num_batched_tokens && in.num_logits() <= limits_.max_num_seqs,
+  INFERD_CHECK(in.num_tokens() <= limits_.max_num_batched_tokens && in.num_logits() <= limits_.max_logits_rows(),
                "a step fits the limits the workspace was sized for");
   INFERD_CHECK(in.sampling.size() == in.logits_indices.size(), "every logits row has its sampling parameters");
   const auto start = std::chrono::steady_clock::now();

@@ -112,7 +112,7 @@ class CudaBackend : public Backend {
   struct Launched {
     int slot = 0;
     int previous_slot = -1;      // the slot of the step launched just before it, if any
-    std::vector<int32_t> top_n;  // per logits row: logprob alternatives reported
+    std::vector<int32_t> top_n;  // per logits row: logprob alternatives reported, -1 when no logprob is
   };
   std::deque<Launched> launched_;  // oldest first; at most two
   int64_t launches_ = 0;
@@ -215,6 +215,11 @@ absl::StatusOr<MemoryPlan> CudaBackend::MeasureMemory(const StepLimits& limits) 
     row.num_prompt_tokens = len;
     row.top_logprobs = k::kMaxTopLogprobs;
     in.sampling.push_back(row);
+  }
+  // And as many prompt rows (prompt_logprobs): the LM head's and sampling's largest shape.
+  for (int32_t r = 0; r < R; ++r) {
+    in.logits_indices.push_back(r % in.num_tokens());
+    in.sampling.push_back(SamplingRow{.top_logprobs = k::kMaxTopLogprobs, .target = r % cfg_.vocab_size});
   }
   StepOutput out;
   INFERD_RETURN_IF_ERROR(Step(in, &out));
@@ -319,7 +324,7 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
   INFERD_CHECK(launched_.size() < 2, "at most two steps are launched and not collected");
   const StepLimits& limits = layout_.limits;
   INFERD_CHECK(in.num_tokens() <= limits.max_num_batched_tokens && in.num_seqs() <= limits.max_num_seqs &&
-                   in.num_logits() <= limits.max_num_seqs && in.block_size == limits.block_size,
+                   in.num_logits() <= limits.max_logits_rows() && in.block_size == limits.block_size,
                "a step fits the limits the workspace was sized for");
   const int64_t num_slots = int64_t{kv_.num_blocks()} * in.block_size;
   for (int32_t t = 0; t < in.num_tokens(); ++t) {
@@ -369,8 +374,10 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
   step.top_n.resize(in.num_logits());
   bool logprobs = false;
   for (int32_t r = 0; r < in.num_logits(); ++r) {
-    step.top_n[r] = std::min(in.sampling[r].top_logprobs, k::kMaxTopLogprobs);
-    logprobs |= step.top_n[r] > 0;
+    const SamplingRow& row = in.sampling[r];
+    const bool reports = row.top_logprobs > 0 || row.target >= 0;
+    step.top_n[r] = reports ? std::min(row.top_logprobs, k::kMaxTopLogprobs) : -1;
+    logprobs |= reports;
   }
   // The next step's sampling rewrites the device outputs: this copy is queued before it on the same stream. The
   // step's own tokens only, unless a row reports logprobs.
@@ -420,7 +427,7 @@ absl::Status CudaBackend::Collect(StepOutput* out) {
   out->logprobs.assign(R, {});
   for (int32_t r = 0; r < R; ++r) {
     const int32_t n = step.top_n[r];
-    if (n <= 0) continue;
+    if (n < 0) continue;
     TokenLogprob& lp = out->logprobs[r];
     lp.token_id = tokens[r];
     lp.logprob = logprobs[r];

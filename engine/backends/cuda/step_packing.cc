@@ -53,6 +53,7 @@ PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32
                                                                p.presence_penalty,
                                                                p.frequency_penalty,
                                                                std::min(row.top_logprobs, kernels::kMaxTopLogprobs),
+                                                               row.target,
                                                                row.uniform};
     seen.clear();
     if (p.penalized()) {

@@ -42,7 +42,8 @@ void ExpectDisjoint(std::vector<std::pair<const char*, Region>> regions, int64_t
 
 TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
   const Model m = Llama3_8bShape();
-  const int64_t T = 8192, R = 256, e = 2;
+  // L: a sampled row per sequence and as many prompt rows (prompt_logprobs).
+  const int64_t T = 8192, R = 256, L = 2 * R, e = 2;
   const DeviceLayout l = PlanDeviceLayout(m, StepLimits{256, 8192, 16}, e, /*fp8_weights=*/true);
   const ActivationRegions& a = l.activations;
   ExpectDisjoint({{"x", a.x},
@@ -68,7 +69,8 @@ TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
   EXPECT_EQ(a.qkv.bytes, T * 6144 * e);
   EXPECT_EQ(a.attn.bytes, T * 4096 * e);
   EXPECT_EQ(a.gate_up.bytes, T * 2 * 14336 * e);
-  EXPECT_EQ(a.logits.bytes, R * 128256 * 4);
+  EXPECT_EQ(a.logits.bytes, L * 128256 * 4);
+  EXPECT_EQ(a.last_n.bytes, L * 4096 * e);
   EXPECT_EQ(a.inv_freq.bytes, 64 * 4);
   EXPECT_EQ(a.outputs.bytes, l.output_arena_bytes);
   const InputRegions& in = l.inputs;
@@ -94,12 +96,14 @@ TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
   }
   EXPECT_EQ(in.max_pages, 256 * 8192 / 16);
   EXPECT_EQ(in.max_penalties, 256 * (8192 + kMaxStopTokenIds + 2 + kMaxLogitBias));
-  EXPECT_EQ(in.params.bytes, R * int64_t{sizeof(kernels::SamplingRowParams)});
+  EXPECT_EQ(in.params.bytes, L * int64_t{sizeof(kernels::SamplingRowParams)});
+  EXPECT_EQ(in.logits_indices.bytes, L * 4);
+  EXPECT_EQ(in.qo_indptr.bytes, (R + 1) * 4);
   const OutputRegions& o = l.outputs;
   ExpectDisjoint(
       {{"tokens", o.tokens}, {"logprobs", o.logprobs}, {"top_ids", o.top_ids}, {"top_logprobs", o.top_logprobs}},
       l.output_arena_bytes);
-  EXPECT_EQ(o.top_ids.bytes, R * kernels::kMaxTopLogprobs * 4);
+  EXPECT_EQ(o.top_ids.bytes, L * kernels::kMaxTopLogprobs * 4);
   // K or V of one layer for a block of 16 tokens: 16 x 8 heads x 128 x 2 bytes; K and V of 32 layers.
   EXPECT_EQ(l.kv_block_bytes, 16 * 8 * 128 * 2);
   EXPECT_EQ(l.kv_bytes_per_block, 2 * 32 * l.kv_block_bytes);

@@ -198,6 +198,57 @@ TEST(Scheduler, WaitingRaisesPriorityWithAgingSoLowOnesDoNotStarve) {
   EXPECT_EQ(SchedulerHarness::Describe(h.Step()), "L4+");
 }
 
+// prompt_logprobs: a scoring sequence computes at most as many prompt tokens a step as the step has prompt rows
+// left (max_num_seqs), reuses no cached prefix, and a position scored once is not scored again after a preemption.
+TEST(Scheduler, PromptRowsCapAScoringSequencesChunksAndAreNeverScoredTwice) {
+  SchedulerHarness h({.max_num_seqs = 3, .max_num_batched_tokens = 32, .block_size = 4, .prefix_caching = true}, 16);
+  h.Add('A', 9);
+  EXPECT_EQ(SchedulerHarness::Describe(h.Step()), "A9+");  // caches blocks [0, 8)
+  h.Finish('A');
+  h.Add('B', 9);  // the same 9 tokens, scored
+  h.seqs_.at('B')->request.prompt_logprobs = 0;
+  h.Add('C', 5);
+  std::vector<std::string> steps;
+  std::vector<int32_t> rows;
+  for (int i = 0; i < 4; ++i) {
+    const StepPlan plan = h.Step();
+    steps.push_back(SchedulerHarness::Describe(plan));
+    rows.push_back(plan.num_prompt_rows);
+    EXPECT_LE(BuildStepInput(plan, 4).num_logits(), 2 * 3) << "a sampled row per sequence and 3 prompt rows";
+  }
+  // B scores positions 0..7 (tokens 1..8) three rows a step; C, not scoring, reuses A's first block.
+  EXPECT_EQ(steps, (std::vector<std::string>{"B3 C1+", "B3 C1+", "B3+ C1+", "B1+ C1+"}));
+  EXPECT_EQ(h.seqs_.at('C')->num_cached_tokens, 4);
+  EXPECT_EQ(rows, (std::vector<int32_t>{3, 3, 2, 0}));
+  const Sequence& b = *h.seqs_.at('B');
+  EXPECT_EQ(b.num_cached_tokens, 0) << "a scoring sequence computes its whole prompt";
+  EXPECT_EQ(b.num_scored, 8);
+  EXPECT_FALSE(b.scoring());
+  h.Finish('B');
+  h.Finish('C');
+  h.Add('D', 7);
+  Sequence& d = *h.seqs_.at('D');
+  d.request.prompt_logprobs = 2;
+  const StepPlan first = h.scheduler_.Schedule(h.now_);
+  const StepInput in = BuildStepInput(first, 4);
+  EXPECT_EQ(in.logits_indices, (std::vector<int32_t>{0, 1, 2})) << "3 prompt rows, no sampled row yet";
+  h.scheduler_.Update(first, {});
+  EXPECT_EQ(d.num_scored, 3);
+  // Preempted (recompute) after scoring 3 positions: they are computed again, without rows.
+  h.scheduler_.Finish(&d);
+  d.num_computed = 0;
+  d.block_table.clear();
+  d.block_keys.clear();
+  h.scheduler_.Add(&d);
+  const StepPlan again = h.scheduler_.Schedule(h.now_);
+  EXPECT_EQ(SchedulerHarness::Describe(again), "D6");
+  EXPECT_EQ(BuildStepInput(again, 4).logits_indices, (std::vector<int32_t>{3, 4, 5})) << "positions 3..5 only";
+  h.scheduler_.Update(again, {});
+  EXPECT_EQ(SchedulerHarness::Describe(h.Step()), "D1+");
+  EXPECT_EQ(d.num_scored, 6);
+  h.pool_.CheckInvariants();
+}
+
 TEST(Scheduler, PreemptionTakesTheMostRecentAndCountsTheWorkLost) {
   // 4 blocks of 4; A and B grow until they collide.
   SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 16, .block_size = 4, .long_prefill_chunk = 16}, 4);
@@ -409,7 +460,8 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
       if (!h.seqs_.count(name)) {
         const int32_t prompt = 1 + static_cast<int32_t>(rng() % 30);
         h.Add(name, prompt, static_cast<int32_t>(rng() % 3));
-        target[name] = prompt + 1 + static_cast<int32_t>(rng() % 40);  // ≤ 71 tokens = 18 blocks ≤ pool
+        target[name] = prompt + 1 + static_cast<int32_t>(rng() % 40);       // ≤ 71 tokens = 18 blocks ≤ pool
+        if (rng() % 4 == 0) h.seqs_.at(name)->request.prompt_logprobs = 0;  // scores its prompt
       }
     }
     h.now_ += absl::Milliseconds(rng() % 1000);
@@ -417,6 +469,7 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
     preemptions += static_cast<int64_t>(plan.preempted.size());
     ASSERT_EQ(h.scheduler_.counters().preemptions, preemptions);
     ASSERT_LE(plan.num_tokens, limits.max_num_batched_tokens);
+    ASSERT_LE(BuildStepInput(plan, limits.block_size).num_logits(), 2 * limits.max_num_seqs);
     // Every live sequence is in exactly one queue, and only running ones hold blocks.
     ASSERT_EQ(h.scheduler_.running().size() + h.scheduler_.waiting().size(), h.seqs_.size());
     for (const Sequence* seq : h.scheduler_.waiting()) ASSERT_TRUE(seq->block_table.empty()) << seq->request.id;
@@ -438,9 +491,11 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
         << "every block is held or free";
     std::vector<char> done;
     for (const auto& [name, seq] : h.seqs_) {
-      if (seq->num_tokens() >= target[name] && seq->num_computed == seq->num_tokens() - 1)
+      if (seq->num_tokens() >= target[name] && seq->num_computed == seq->num_tokens() - 1) {
+        // A scoring sequence scored every prompt position once it sampled.
+        if (seq->request.prompt_logprobs) ASSERT_EQ(seq->num_scored, seq->num_prompt_tokens - 1) << name;
         done.push_back(name);
-      else if (rng() % 200 == 0)
+      } else if (rng() % 200 == 0)
         done.push_back(name);  // aborts at random
     }
     for (char name : done) {
