@@ -485,8 +485,10 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
   }
   for (const ScheduledSeq& s : plan.seqs) {  // prompt rows, in BuildStepInput's order
     for (int32_t p = s.rows_begin; p < s.rows_end; ++p) {
-      input.sampling.push_back(SamplingRow{
-          .position = p + 1, .top_logprobs = *s.seq->request.prompt_logprobs, .target = s.seq->tokens[p + 1]});
+      SamplingRow& row = input.sampling.emplace_back();
+      row.position = p + 1;
+      row.top_logprobs = *s.seq->request.prompt_logprobs;
+      row.target = s.seq->tokens[p + 1];
     }
   }
   absl::Status launched = backend_->Launch(input);

@@ -3,13 +3,15 @@
 # kernel, sampler and whole-model parity tests, the CPU tests, one serving run under compute-sanitizer, then
 # writes the Llama-3-8B-shaped random model, benchmarks it, and checks the served model's live efficiency
 # metrics against the benchmark's ratios. Results go to $OUT (or ./gpu-results).
-#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|bench|efficiency|sweep|all]
+#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|bench|efficiency|sweep|all]
 # image: the CUDA image's own inferd from its root filesystem in a chroot, serving the 8B model (needs
 #   `bash docker/build-images.sh cuda && bash docker/export-payload.sh` here instead of the bundle; root there).
 # parity: the test models and references, then the precision and whole-model parity tests alone.
 # fp8: the test models and references (the -fp8 ones too), then every GPU test (the fp8 kernels' and the fp8
 #   parity cases among them).
 # fp8-bench: the 8B model benchmarked with engine.quantization none and fp8 in one run (same ceilings).
+# accuracy: the bundled SmolLM2 served in bf16 and in fp8: perplexity over the King James text
+#   (scripts/fetch_eval_text.sh) and greedy agreement on the reference and chat prompts (tests/gpu/accuracy_check.py).
 # sweep: the 8B model served by inferd on cuda, `inferd-bench serve` at a list of request rates (CSV in $OUT).
 # frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
 #   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
@@ -112,6 +114,17 @@ if [[ "$what" == all || "$what" == tests ]]; then
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 
+if [[ "$what" == all || "$what" == accuracy ]]; then
+  echo "== accuracy on real weights: SmolLM2 in bf16 and fp8, perplexity and greedy agreement"
+  if [[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf && -f models/eval/kjv-genesis-exodus.txt ]]; then
+    python3 tests/gpu/accuracy_check.py --bin "$BUNDLE/bin/inferd" --bench "$BUNDLE/bin/inferd-bench" \
+      --model models/SmolLM2-135M-Instruct.Q4_1.gguf --text models/eval/kjv-genesis-exodus.txt \
+      --out "$OUT/accuracy_smollm2.json" || status=1
+  else
+    echo "accuracy: models/SmolLM2-135M-Instruct.Q4_1.gguf or models/eval/kjv-genesis-exodus.txt is missing (scripts/setup.sh)"
+    status=1
+  fi
+fi
 if [[ "$what" == all || "$what" == bench ]]; then
   echo "== benchmarks"
   "$BUNDLE/bin/bench_rms_norm" 2>&1 | tee "$OUT/bench_rms_norm.txt" | tail -n 3 || status=1

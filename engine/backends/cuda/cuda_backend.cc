@@ -219,7 +219,9 @@ absl::StatusOr<MemoryPlan> CudaBackend::MeasureMemory(const StepLimits& limits) 
   // And as many prompt rows (prompt_logprobs): the LM head's and sampling's largest shape.
   for (int32_t r = 0; r < R; ++r) {
     in.logits_indices.push_back(r % in.num_tokens());
-    in.sampling.push_back(SamplingRow{.top_logprobs = k::kMaxTopLogprobs, .target = r % cfg_.vocab_size});
+    SamplingRow& row = in.sampling.emplace_back();
+    row.top_logprobs = k::kMaxTopLogprobs;
+    row.target = r % cfg_.vocab_size;
   }
   StepOutput out;
   INFERD_RETURN_IF_ERROR(Step(in, &out));
