@@ -161,6 +161,12 @@ std::vector<ConfigField> MakeFields() {
       "inputs per token (steps of more than a few rows); embeddings, norms and the LM head stay in `dtype`. The "
       "cpu backend refuses it. An FP8 checkpoint (compressed-tensors float-quantized, or `quant_method: fp8`) "
       "runs as fp8 on cuda whatever this says, and dequantized on cpu"));
+  f.push_back(Text(
+      "engine", "kv_cache_dtype", [](Config& c) -> std::string& { return c.engine.kv_cache_dtype; },
+      {"auto", "fp8_e4m3"}, "auto, fp8_e4m3",
+      "cuda: `fp8_e4m3` stores K and V as e4m3 (scale 1, saturating; RoPE's kernel writes them, FlashInfer's "
+      "attention reads them): a block takes half the bytes, so the pool holds twice the tokens. Needs "
+      "`dtype` bfloat16 and head_dim 128 or 256. `auto` = `dtype`. The cpu backend refuses fp8_e4m3"));
   f.push_back(Flag(
       "engine", "cuda_graphs", [](Config& c) -> bool& { return c.engine.cuda_graphs; },
       "cuda: decode steps replay CUDA graphs captured at start-up for batches of 1, 2, 4, … "

@@ -7,6 +7,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -38,10 +39,11 @@ cudaError_t SiluMul(const T* gate_up, T* out, int64_t rows, int64_t inter, cudaS
 // Rotary embedding (rotate-half convention) on the q and k heads of each qkv row, in place, then K and V of
 // token t written to slot slots[t] of the paged cache. qkv: [num_tokens, (num_heads + 2 * num_kv_heads) *
 // head_dim] (q heads, k heads, v heads); positions, slots: [num_tokens]; inv_freq: [head_dim / 2] fp32 (rope
-// scaling already applied); k_cache, v_cache: [num_slots, num_kv_heads, head_dim].
-template <typename T>
-cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, const float* inv_freq, T* k_cache,
-                        T* v_cache, int64_t num_tokens, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+// scaling already applied); k_cache, v_cache: [num_slots, num_kv_heads, head_dim] of C: T, or __nv_fp8_e4m3 for an
+// fp8 KV cache (each rotated K and each V value rounded to nearest e4m3, saturating at ±448; scale 1).
+template <typename T, typename C = T>
+cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, const float* inv_freq, C* k_cache,
+                        C* v_cache, int64_t num_tokens, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
                         cudaStream_t stream);
 
 }  // namespace inferd::kernels

@@ -10,6 +10,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -22,6 +23,10 @@ namespace inferd::kernels {
 // Head dims with compiled kernels.
 inline bool AttentionHeadDimSupported(int32_t head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+// With an fp8 e4m3 KV cache (bf16 queries): FlashInfer's one-byte KV loads do not serve head_dim 64.
+inline bool AttentionFp8KvHeadDimSupported(int32_t head_dim) {
+  return head_dim == 128 || head_dim == 256;
 }
 
 // Workspace sizes (kAttentionFloatWorkspaceBytes, kAttentionIntWorkspaceBytes): kernels/sizes.h.
@@ -55,12 +60,13 @@ inline bool DecodeKvUnsplit(int64_t num_seqs, int64_t num_kv_heads, int64_t num_
 }
 
 // out[t, h * head_dim + d] = softmax(q·Kᵀ · sm_scale) · V over the causal context of row t. q rows are
-// q_row_stride elements apart (q may sit inside a fused qkv row). Device arrays as in the header comment.
+// q_row_stride elements apart (q may sit inside a fused qkv row). Device arrays as in the header comment. C, the
+// cache's element type: T, or __nv_fp8_e4m3 with T = __nv_bfloat16 (head_dim 128 or 256; scale 1).
 // early_launch: launch the kernels as programmatic dependents (sm_90): attention starts while the kernel before
 // it finishes and waits for it before reading q or the cache; the merge of split-KV partials the same way.
-template <typename T>
+template <typename T, typename C = T>
 cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q,
-                              int64_t q_row_stride, const T* k_cache, const T* v_cache, const int32_t* qo_indptr,
+                              int64_t q_row_stride, const C* k_cache, const C* v_cache, const int32_t* qo_indptr,
                               const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
                               T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
                               int32_t page_size, float sm_scale, bool early_launch, cudaStream_t stream);

@@ -1,5 +1,5 @@
-// Instantiation of FlashInfer's paged batch-prefill kernel for one dtype (included by one .cu per dtype, so
-// the two compile in parallel).
+// Instantiation of FlashInfer's paged batch-prefill kernel for one (query, cache) dtype pair (included by one .cu
+// per pair, so they compile in parallel).
 #include <flashinfer/attention/default_prefill_params.cuh>
 #include <flashinfer/attention/mask.cuh>
 #include <flashinfer/attention/prefill.cuh>
@@ -61,19 +61,19 @@ Params MakeParams(const flashinfer::PrefillPlanInfo& info, void* float_ws, void*
   return p;
 }
 
-template <typename T, uint32_t HEAD_DIM>
+template <typename T, typename C, uint32_t HEAD_DIM>
 cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, void* int_ws, const T* q,
-                     int64_t q_row_stride, const T* k, const T* v, const int32_t* qo_indptr, const int32_t* kv_indptr,
+                     int64_t q_row_stride, const C* k, const C* v, const int32_t* qo_indptr, const int32_t* kv_indptr,
                      const int32_t* kv_indices, const int32_t* kv_last_page_len, T* out, int32_t num_seqs,
                      int32_t num_qo_heads, int32_t num_kv_heads, int32_t page_size, float sm_scale, bool early_launch,
                      cudaStream_t stream) {
-  using Params = flashinfer::BatchPrefillPagedParams<T, T, T, int32_t>;
+  using Params = flashinfer::BatchPrefillPagedParams<T, C, T, int32_t>;
   using Variant = flashinfer::DefaultAttention</*custom_mask=*/false, /*sliding_window=*/false,
                                                /*soft_cap=*/false, /*alibi=*/false>;
   T* tmp_v = nullptr;
   float* tmp_s = nullptr;
-  Params p = MakeParams<Params>(info, float_ws, int_ws, const_cast<T*>(q), q_row_stride, const_cast<T*>(k),
-                                const_cast<T*>(v), const_cast<int32_t*>(qo_indptr), const_cast<int32_t*>(kv_indptr),
+  Params p = MakeParams<Params>(info, float_ws, int_ws, const_cast<T*>(q), q_row_stride, const_cast<C*>(k),
+                                const_cast<C*>(v), const_cast<int32_t*>(qo_indptr), const_cast<int32_t*>(kv_indptr),
                                 const_cast<int32_t*>(kv_indices), const_cast<int32_t*>(kv_last_page_len), out, num_seqs,
                                 num_qo_heads, num_kv_heads, HEAD_DIM, page_size, sm_scale, &tmp_v, &tmp_s);
   switch (info.cta_tile_q) {
@@ -93,9 +93,9 @@ cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, vo
 
 }  // namespace
 
-template <typename T>
+template <typename T, typename C>
 cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q,
-                              int64_t q_row_stride, const T* k_cache, const T* v_cache, const int32_t* qo_indptr,
+                              int64_t q_row_stride, const C* k_cache, const C* v_cache, const int32_t* qo_indptr,
                               const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
                               T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
                               int32_t page_size, float sm_scale, bool early_launch, cudaStream_t stream) {
@@ -103,11 +103,14 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
     flashinfer::PrefillPlanInfo info;
     info.FromVector(std::vector<int64_t>(plan.words, plan.words + 15));
     switch (head_dim) {
-#define INFERD_HEAD_DIM(D)                                                                                    \
-  case D:                                                                                                     \
-    return Dispatch<T, D>(info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache, qo_indptr, \
-                          kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads, num_kv_heads, \
-                          page_size, sm_scale, early_launch, stream);
+#define INFERD_HEAD_DIM(D)                                                                                         \
+  case D:                                                                                                          \
+    if constexpr (sizeof(C) == 1 && D == 64)                                                                       \
+      return cudaErrorInvalidValue;                                                                                \
+    else                                                                                                           \
+      return Dispatch<T, C, D>(info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache, qo_indptr, \
+                               kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads, num_kv_heads, \
+                               page_size, sm_scale, early_launch, stream);
       INFERD_HEAD_DIM(64)
       INFERD_HEAD_DIM(128)
       INFERD_HEAD_DIM(256)

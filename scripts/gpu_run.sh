@@ -9,7 +9,8 @@
 # parity: the test models and references, then the precision and whole-model parity tests alone.
 # fp8: the test models and references (the -fp8 ones too), then every GPU test (the fp8 kernels' and the fp8
 #   parity cases among them).
-# fp8-bench: the 8B model benchmarked with engine.quantization none and fp8 in one run (same ceilings).
+# fp8-bench: the 8B model benchmarked in bf16, with engine.quantization fp8, and with fp8 and
+#   engine.kv_cache_dtype fp8_e4m3 in one run (same ceilings).
 # accuracy: the bundled SmolLM2 served in bf16 and in fp8: perplexity over the King James text
 #   (scripts/fetch_eval_text.sh) and greedy agreement on the reference and chat prompts (tests/gpu/accuracy_check.py).
 # sweep: the 8B model served by inferd on cuda, `inferd-bench serve` at a list of request rates (CSV in $OUT).
@@ -68,12 +69,14 @@ if [[ "$what" == all || "$what" == fp8-bench ]]; then
   echo "== benchmarks: bf16 and fp8 (engine.quantization) on the 8B model"
   M=/tmp/llama3-8b-random
   [[ -f $M/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M" || status=1
-  for q in none fp8; do
-    "$BUNDLE/bin/inferd-bench" --model "$M" --quantization $q --sections "${FP8_BENCH_SECTIONS:-products,latency,prefill,decode,throughput}" \
-      --batches "${FP8_BENCH_BATCHES:-1,64,128,256}" --json "$OUT/bench_8b_$q.json" > "$OUT/bench_8b_$q.txt" 2>&1 || status=1
-    echo "-- quantization $q"
-    grep -E "weights|memory plan" "$OUT/bench_8b_$q.txt" | head -n 3
-    grep -v "^\[20" "$OUT/bench_8b_$q.txt"
+  for run in none:auto fp8:auto fp8:fp8_e4m3; do
+    q=${run%%:*} kv=${run##*:} name=${run/:auto/} && name=${name/:fp8_e4m3/_kv8}
+    "$BUNDLE/bin/inferd-bench" --model "$M" --quantization $q --kv-cache-dtype $kv \
+      --sections "${FP8_BENCH_SECTIONS:-products,latency,prefill,decode,throughput}" \
+      --batches "${FP8_BENCH_BATCHES:-1,64,128,256}" --json "$OUT/bench_8b_$name.json" > "$OUT/bench_8b_$name.txt" 2>&1 || status=1
+    echo "-- quantization $q, kv_cache_dtype $kv"
+    grep -E "weights|memory plan" "$OUT/bench_8b_$name.txt" | head -n 3
+    grep -v "^\[20" "$OUT/bench_8b_$name.txt"
   done
 fi
 if [[ "$what" == all || "$what" == tests ]]; then

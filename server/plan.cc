@@ -82,10 +82,19 @@ int RunPlan(int argc, char** argv) {
                 "KV B/token", "KV KiB/blk", "blocks", "KV tokens", "sequences at context 1024 / 4096 / 8192 / max");
   // The layouts the cuda backend allocates from: bf16 and fp16 both take 2 bytes an element; "fp8" is
   // engine.quantization = fp8 (its linear weights one byte an element and a scale per row), the only way an FP8
-  // checkpoint runs.
-  for (const char* dtype : {"bfloat16", "float16", "fp8"}) {
-    if ((*model)->tensors.fp8_checkpoint && std::string(dtype) != "fp8") continue;
-    const DeviceLayout layout = PlanDeviceLayout(**model, limits, 2, /*fp8_weights=*/std::string(dtype) == "fp8");
+  // checkpoint runs; "+kv8" adds engine.kv_cache_dtype = fp8_e4m3 (one byte a K or V element), where the model's
+  // head_dim allows it.
+  struct Row {
+    const char* name;
+    bool fp8_weights, fp8_kv;
+  };
+  const bool kv8 = c.head_dim == 128 || c.head_dim == 256;
+  for (const Row& row : {Row{"bfloat16", false, false}, Row{"float16", false, false}, Row{"fp8", true, false},
+                         Row{"bf16+kv8", false, true}, Row{"fp8+kv8", true, true}}) {
+    const char* dtype = row.name;
+    if ((*model)->tensors.fp8_checkpoint && !row.fp8_weights) continue;
+    if (row.fp8_kv && !kv8) continue;
+    const DeviceLayout layout = PlanDeviceLayout(**model, limits, 2, row.fp8_weights, row.fp8_kv ? 1 : 2);
     const int64_t weights = layout.weight_bytes;
     const int64_t act = layout.activation_bytes();
     const int64_t other = layout.step_input_bytes() + kContextBytes;
@@ -94,6 +103,7 @@ int RunPlan(int argc, char** argv) {
     const int64_t tokens = blocks * limits.block_size;
     auto seqs = [&](int64_t ctx) { return blocks / ((ctx + limits.block_size - 1) / limits.block_size); };
     out["plans"].push_back({{"dtype", dtype},
+                            {"kv_cache_dtype", row.fp8_kv ? "fp8_e4m3" : "auto"},
                             {"weight_bytes", weights},
                             {"activation_bytes", act},
                             {"other_bytes", other},

@@ -2,7 +2,7 @@
 // ceilings measured first on the same GPU: read-streaming bandwidth (a large read-only reduction) and the
 // cuBLASLt bf16 and fp8 GEMM rates at 8192³. Prints a table and writes JSON.
 //   inferd-bench --model DIR [--json FILE] [--sections products,latency,prefill,decode,throughput] [--batches 1,8]
-//                [--quantization none|fp8]
+//                [--quantization none|fp8] [--kv-cache-dtype auto|fp8_e4m3]
 //   inferd-bench serve ...   (the serving benchmark against a running server: tools/serve_bench.cc)
 //   inferd-bench perplexity FILE ...   (a running server's perplexity over a text: tools/perplexity_bench.cc)
 #include <cstdio>
@@ -319,6 +319,7 @@ int Main(int argc, char** argv) {
   int32_t profile_steps = 0;
   int32_t prefill_idle_ms = 1000;
   std::string quantization = "none";
+  std::string kv_cache_dtype = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 < argc && a == "--sections") sections = argv[++i];
@@ -329,6 +330,7 @@ int Main(int argc, char** argv) {
     if (i + 1 < argc && a == "--profile-steps") profile_steps = std::atoi(argv[++i]);
     if (i + 1 < argc && a == "--prefill-idle-ms") prefill_idle_ms = std::atoi(argv[++i]);
     if (i + 1 < argc && a == "--quantization") quantization = argv[++i];
+    if (i + 1 < argc && a == "--kv-cache-dtype") kv_cache_dtype = argv[++i];
     if (i + 1 < argc && a == "--batches") {
       batches.clear();
       for (absl::string_view b : absl::StrSplit(argv[++i], ',')) batches.push_back(std::atoi(std::string(b).c_str()));
@@ -338,6 +340,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: inferd-bench --model DIR [--json FILE] [--sections LIST] [--batches B,...] [--no-graphs]\n"
                  "       [--plan-ahead auto|on|off] [--profile-steps N] [--prefill-idle-ms MS] [--quantization Q]\n"
+                 "       [--kv-cache-dtype auto|fp8_e4m3]\n"
                  "  LIST: comma-separated of products,latency,prefill,decode,throughput (default: all)\n"
                  "  B: the decode section's batch sizes (default 1,8,32,64,128,256)\n"
                  "  --no-graphs: decode steps launched kernel by kernel (engine.cuda_graphs: false)\n"
@@ -346,7 +349,8 @@ int Main(int argc, char** argv) {
                  "  --prefill-idle-ms MS: the GPU's idle time before each timed prompt of the prefill section "
                  "(default 1000)\n"
                  "  --quantization none|fp8: engine.quantization (FLOPs utilisation then against the fp8 GEMM "
-                 "ceiling)\n");
+                 "ceiling)\n"
+                 "  --kv-cache-dtype auto|fp8_e4m3: engine.kv_cache_dtype\n");
     return 2;
   }
   cudaDeviceProp prop;
@@ -382,6 +386,7 @@ int Main(int argc, char** argv) {
   config.engine.plan_ahead = plan_ahead;
   config.engine.profile_steps = profile_steps;
   config.engine.quantization = quantization;
+  config.engine.kv_cache_dtype = kv_cache_dtype;
   config.scheduler.max_num_seqs = 256;
   config.scheduler.max_num_batched_tokens = 8192;
   config.scheduler.max_queue = 1000;
@@ -401,6 +406,7 @@ int Main(int argc, char** argv) {
                         {"gemm_ceiling_tflop_s", bf16_tflops},
                         {"fp8_gemm_ceiling_tflop_s", fp8_tflops},
                         {"quantization", quantization},
+                        {"kv_cache_dtype", kv_cache_dtype},
                         {"startup_s", startup_s},
                         {"weight_bytes", plan.weight_bytes},
                         {"decode_products", products},

@@ -29,7 +29,8 @@ int64_t WeightBytes(const ModelTensors& t, int64_t e, bool fp8) {
 
 }  // namespace
 
-DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int64_t e, bool fp8_weights) {
+DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int64_t e, bool fp8_weights,
+                              int64_t kv_element_bytes) {
   const ModelConfig& c = model.config;
   const int64_t T = limits.max_num_batched_tokens, R = limits.max_num_seqs, bs = limits.block_size;
   const int64_t L = limits.max_logits_rows();  // sampled rows and prompt rows
@@ -38,6 +39,7 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   l.limits = limits;
   l.element_bytes = e;
   l.fp8_weights = fp8_weights;
+  l.kv_element_bytes = kv_element_bytes > 0 ? kv_element_bytes : e;
   l.weight_bytes = WeightBytes(model.tensors, e, fp8_weights);
 
   // Step inputs sized for the worst case: every sequence at the model's longest context, and one penalty entry
@@ -97,7 +99,7 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   l.activation_arena_bytes = act.size();
   l.gemm_workspace_bytes = kGemmWorkspaceBytes;
 
-  l.kv_block_bytes = bs * c.kv_width() * e;
+  l.kv_block_bytes = bs * c.kv_width() * l.kv_element_bytes;
   l.kv_bytes_per_block = 2 * int64_t{c.num_layers} * l.kv_block_bytes;
   for (int32_t b = 1; b < limits.max_num_seqs; b *= 2) l.decode_buckets.push_back(b);
   l.decode_buckets.push_back(limits.max_num_seqs);

@@ -76,8 +76,9 @@ struct InputRegions {
 struct DeviceLayout {
   StepLimits limits;  // the largest step it holds
   int64_t element_bytes = 0;
-  bool fp8_weights = false;  // the layers' linear weights are fp8 e4m3 with a fp32 scale per output row
-  int64_t weight_bytes = 0;  // every present tensor at element_bytes (linear weights as fp8 + scales if so)
+  bool fp8_weights = false;      // the layers' linear weights are fp8 e4m3 with a fp32 scale per output row
+  int64_t kv_element_bytes = 0;  // 1: an fp8 e4m3 KV cache (engine.kv_cache_dtype); else element_bytes
+  int64_t weight_bytes = 0;      // every present tensor at element_bytes (linear weights as fp8 + scales if so)
   ActivationRegions activations;
   int64_t activation_arena_bytes = 0;
   int64_t gemm_workspace_bytes = 0;  // cuBLASLt's, allocated by the product wrapper
@@ -85,7 +86,7 @@ struct DeviceLayout {
   int64_t output_arena_bytes = 0;
   InputRegions inputs;
   int64_t input_arena_bytes = 0;
-  int64_t kv_block_bytes = 0;           // K or V of one layer for one block: [block_size, kv_heads, head_dim] e
+  int64_t kv_block_bytes = 0;           // K or V of one layer for one block: [block_size, kv_heads, head_dim] kv e
   int64_t kv_bytes_per_block = 0;       // K and V of every layer for one block
   std::vector<int32_t> decode_buckets;  // batch sizes with a captured decode graph: 1, 2, 4, ... max_num_seqs
 
@@ -97,7 +98,8 @@ struct DeviceLayout {
 
 inline constexpr int64_t kGemmWorkspaceBytes = int64_t{32} << 20;
 
+// kv_element_bytes: 1 for an fp8 KV cache; 0 = element_bytes.
 DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int64_t element_bytes,
-                              bool fp8_weights = false);
+                              bool fp8_weights = false, int64_t kv_element_bytes = 0);
 
 }  // namespace inferd

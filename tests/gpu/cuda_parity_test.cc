@@ -14,9 +14,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
+#include "engine/runtime/device_layout.h"
 #include "tests/unit/collecting_sink.h"
 #include "tests/unit/fixtures.h"
 
@@ -28,13 +30,14 @@ struct CudaCase {
   const char* reference_suffix;  // "" = fp32 on the CPU, "-bf16" = bf16 on the GPU
   int32_t block_size;
   int32_t max_num_batched_tokens;
-  const char* dtype = "auto";         // engine.dtype
-  bool cuda_graphs = true;            // engine.cuda_graphs: decode steps replay captured graphs
-  int32_t max_num_seqs = 8;           // 1: every request alone (decode rows through the streaming products)
-  int32_t copies = 1;                 // each prompt submitted this many times at once (a crowd)
-  const char* quantization = "none";  // engine.quantization
-  double near_tie = 0.1;              // positions are compared up to the reference's first top-2 margin under this
-  double logprob_tolerance = 0.25;    // the chosen tokens' logprobs against the reference's
+  const char* dtype = "auto";           // engine.dtype
+  bool cuda_graphs = true;              // engine.cuda_graphs: decode steps replay captured graphs
+  int32_t max_num_seqs = 8;             // 1: every request alone (decode rows through the streaming products)
+  int32_t copies = 1;                   // each prompt submitted this many times at once (a crowd)
+  const char* quantization = "none";    // engine.quantization
+  double near_tie = 0.1;                // positions are compared up to the reference's first top-2 margin under this
+  double logprob_tolerance = 0.25;      // the chosen tokens' logprobs against the reference's
+  const char* kv_cache_dtype = "auto";  // engine.kv_cache_dtype
 };
 
 // How far greedy tokens follow a reference: per prompt, the positions before the reference's first near-tie
@@ -68,9 +71,11 @@ Agreement Agree(const std::vector<std::vector<int32_t>>& tokens, const nlohmann:
 
 // A cuda engine's config for a parity run.
 Config CudaConfig(const std::string& model_dir, const char* dtype, int32_t block_size, int32_t budget,
-                  int32_t max_num_seqs, bool cuda_graphs, const char* quantization = "none") {
+                  int32_t max_num_seqs, bool cuda_graphs, const char* quantization = "none",
+                  const char* kv_cache_dtype = "auto") {
   Config config;
   config.engine.quantization = quantization;
+  config.engine.kv_cache_dtype = kv_cache_dtype;
   config.model.path = model_dir;
   config.engine.backend = "cuda";
   config.engine.block_size = block_size;
@@ -96,7 +101,7 @@ TEST_P(CudaParity, GreedyTokensMatchTransformersUntilANearTie) {
   if (!std::filesystem::exists(ref_path)) GTEST_SKIP() << ref_path << " is missing";
   const nlohmann::json ref = testing::ReadJson(ref_path);
   auto engine = Engine::Create(CudaConfig(model_dir, c.dtype, c.block_size, c.max_num_batched_tokens, c.max_num_seqs,
-                                          c.cuda_graphs, c.quantization));
+                                          c.cuda_graphs, c.quantization, c.kv_cache_dtype));
   ASSERT_TRUE(engine.ok()) << engine.status();
   ASSERT_EQ((*engine)->backend_name(), "cuda");
 
@@ -131,11 +136,11 @@ TEST_P(CudaParity, GreedyTokensMatchTransformersUntilANearTie) {
   }
   const Agreement got = Agree(tokens, ref, c.near_tie);
   std::printf(
-      "[ parity   ] %s%s %s%s block %d budget %d seqs %d x%d%s: %d of %d positions agree, worst chosen-logprob "
+      "[ parity   ] %s%s %s%s%s block %d budget %d seqs %d x%d%s: %d of %d positions agree, worst chosen-logprob "
       "error %.4f\n",
-      c.model, c.reference_suffix, c.dtype, std::string(c.quantization) == "none" ? "" : " fp8", c.block_size,
-      c.max_num_batched_tokens, c.max_num_seqs, c.copies, c.cuda_graphs ? "" : " eager", got.agreed, got.compared,
-      worst_logprob_error);
+      c.model, c.reference_suffix, c.dtype, std::string(c.quantization) == "none" ? "" : " fp8",
+      std::string(c.kv_cache_dtype) == "auto" ? "" : " kv-fp8", c.block_size, c.max_num_batched_tokens, c.max_num_seqs,
+      c.copies, c.cuda_graphs ? "" : " eager", got.agreed, got.compared, worst_logprob_error);
   EXPECT_TRUE(got.first_mismatch.empty()) << c.model << c.reference_suffix << ": " << got.first_mismatch;
   EXPECT_LT(worst_logprob_error, c.logprob_tolerance) << "logprobs stay near the reference";
   if (c.near_tie <= 0.1) {
@@ -175,7 +180,16 @@ std::vector<CudaCase> AllCases() {
           {"qwen2-hd128", "-fp8a8", 3, 24, "auto", true, 8, 1, "fp8", 1.0, 0.75},
           {"mistral-hd128-g3", "-fp8a8", 16, 2048, "float16", true, 8, 1, "fp8", 0.5, 0.25},
           {"llama3-hd64", "-fp8a8", 16, 2048, "auto", true, 1, 1, "fp8", 0.5, 0.25},
-          {"mistral-hd128-g3", "-fp8a8", 16, 2048, "auto", true, 1, 1, "fp8", 0.5, 0.25}};
+          {"mistral-hd128-g3", "-fp8a8", 16, 2048, "auto", true, 1, 1, "fp8", 0.5, 0.25},
+          // An fp8 KV cache against references that keep K and V in full precision: each K and V value is rounded
+          // to e4m3 (a relative step of up to 6 %), so positions are compared up to a near-tie of margin 0.5 as
+          // for fp8 weights. Batched, on small pages, one request at a time (decode graphs), and with fp8 weights
+          // and inputs too (all of FP8) against the -fp8a8 references.
+          {"qwen2-hd128", "-bf16", 16, 2048, "auto", true, 8, 1, "none", 0.5, 0.25, "fp8_e4m3"},
+          {"mistral-hd128-g3", "-bf16", 16, 2048, "auto", true, 8, 1, "none", 0.5, 0.25, "fp8_e4m3"},
+          {"qwen2-hd128", "-bf16", 3, 24, "auto", true, 8, 1, "none", 0.5, 0.25, "fp8_e4m3"},
+          {"mistral-hd128-g3", "-bf16", 16, 2048, "auto", true, 1, 1, "none", 0.5, 0.25, "fp8_e4m3"},
+          {"mistral-hd128-g3", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.25, "fp8_e4m3"}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaParity, ::testing::ValuesIn(AllCases()), [](const auto& info) {
@@ -186,8 +200,36 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaParity, ::testing::ValuesIn(AllCases()), []
   return n + (suffix.empty() ? "_fp32ref" : "_" + suffix.substr(1) + "ref") + "_bs" +
          std::to_string(info.param.block_size) + "_budget" + std::to_string(info.param.max_num_batched_tokens) + "_" +
          info.param.dtype + (info.param.cuda_graphs ? "" : "_eager") + "_seqs" +
-         std::to_string(info.param.max_num_seqs) + "x" + std::to_string(info.param.copies);
+         std::to_string(info.param.max_num_seqs) + "x" + std::to_string(info.param.copies) +
+         (std::string(info.param.kv_cache_dtype) == "auto" ? "" : "_kvfp8");
 });
+
+// engine.kv_cache_dtype = fp8_e4m3 takes half the bytes a block: the same budget holds about twice the blocks (the
+// weights and activations are the same). It needs bf16 activations and head_dim 128 or 256; anything else is
+// refused at start-up naming the key and the value.
+TEST(CudaBackend, AnFp8KvCacheHoldsTwiceTheBlocksAndIsRefusedWhereItCannotRun) {
+  const char* dir = std::getenv("INFERD_GPU_MODELS");
+  if (!dir) GTEST_SKIP() << "INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)";
+  const std::string hd128 = std::string(dir) + "/qwen2-hd128", hd64 = std::string(dir) + "/llama3-hd64";
+  int64_t blocks[2] = {};
+  for (int kv8 = 0; kv8 < 2; ++kv8) {
+    auto engine = Engine::Create(CudaConfig(hd128, "auto", 16, 2048, 8, true, "none", kv8 ? "fp8_e4m3" : "auto"));
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    blocks[kv8] = (*engine)->Stats().total_blocks;
+    EXPECT_EQ((*engine)->memory_plan().kv_bytes_per_block * (kv8 ? 2 : 1),
+              PlanDeviceLayout((*engine)->model(), {8, 2048, 16}, 2).kv_bytes_per_block);
+  }
+  EXPECT_NEAR(static_cast<double>(blocks[1]) / blocks[0], 2.0, 0.02) << blocks[0] << " and " << blocks[1];
+  for (const auto& [model, dtype, wanted] :
+       {std::tuple{hd64, "auto", "head_dim 128 or 256"}, std::tuple{hd128, "float16", "engine.dtype bfloat16"}}) {
+    auto engine = Engine::Create(CudaConfig(model, dtype, 16, 2048, 8, true, "none", "fp8_e4m3"));
+    ASSERT_FALSE(engine.ok()) << model << " " << dtype;
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(engine.status().message().find("engine.kv_cache_dtype = 'fp8_e4m3'"), std::string::npos)
+        << engine.status();
+    EXPECT_NE(engine.status().message().find(wanted), std::string::npos) << engine.status();
+  }
+}
 
 // An FP8 checkpoint of a model (tools/make_fp8_checkpoint.py, per channel: bit for bit the weights that
 // `engine.quantization: fp8` makes at load) runs as stored on cuda and answers as the online quantization of the

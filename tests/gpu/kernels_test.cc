@@ -160,6 +160,29 @@ TEST(Kernels, RopeRotatesQAndKAndWritesKvIntoTheirSlots) {
       ASSERT_EQ(k[slots[t] * kv_dim + i], got[t * row + heads * D + i]) << "K of token " << t;
       ASSERT_EQ(v[slots[t] * kv_dim + i], got[t * row + heads * D + kv_dim + i]) << "V of token " << t;
     }
+  // An fp8 cache (engine.kv_cache_dtype: fp8_e4m3): the same rotation, and each K and V value the e4m3 rounding
+  // (cuda_fp8.h's, saturating) of the bf16 value above. Values up to 8 reach e4m3's coarser steps.
+  std::vector<float> wide = qkv;
+  for (float& x : wide) x *= 8.f;
+  Dev<bf16> d_wide(ToBf16(wide)), d_wide8(ToBf16(wide));
+  Dev<bf16> kc16(num_slots * kv_dim), vc16(num_slots * kv_dim);
+  Dev<__nv_fp8_e4m3> kc8(num_slots * kv_dim), vc8(num_slots * kv_dim);
+  CUDA_OK(kernels::RopeWriteKv(d_wide.get(), d_pos.get(), d_slots.get(), d_freq.get(), kc16.get(), vc16.get(), T, heads,
+                               kv_heads, D, nullptr));
+  CUDA_OK(kernels::RopeWriteKv(d_wide8.get(), d_pos.get(), d_slots.get(), d_freq.get(), kc8.get(), vc8.get(), T, heads,
+                               kv_heads, D, nullptr));
+  EXPECT_EQ(FromBf16(d_wide8.Host()), FromBf16(d_wide.Host())) << "q, k and v rotate as with a bf16 cache";
+  const std::vector<float> k16 = FromBf16(kc16.Host()), v16 = FromBf16(vc16.Host());
+  const std::vector<__nv_fp8_e4m3> k8 = kc8.Host(), v8 = vc8.Host();
+  int coarse = 0;
+  for (int32_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < kv_dim; ++i) {
+      const int64_t at = slots[t] * kv_dim + i;
+      ASSERT_EQ(k8[at].__x, __nv_fp8_e4m3(k16[at]).__x) << "K of token " << t;
+      ASSERT_EQ(v8[at].__x, __nv_fp8_e4m3(v16[at]).__x) << "V of token " << t;
+      coarse += static_cast<float>(k8[at]) != k16[at];
+    }
+  EXPECT_GT(coarse, T * kv_dim / 2) << "most values are rounded: the fp8 cache is not a bf16 copy";
 }
 
 TEST(Kernels, KvBlocksGoToHostSwapSpaceAndBackExactly) {
@@ -215,6 +238,7 @@ struct AttentionCase {
   std::vector<std::pair<int32_t, int32_t>> seqs;
   bool decode_graph = false;  // the plan a decode CUDA graph replays (rows of one token, a fixed padded grid)
   bool unsplit_kv = false;    // that plan with each sequence's whole KV in one CTA
+  bool fp8_kv = false;        // K and V in fp8 e4m3 (engine.kv_cache_dtype: fp8_e4m3)
 };
 
 // n decode rows at contexts spread over 1 .. 700.
@@ -254,9 +278,22 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
     for (float& e : x) e = Bf(e);
     return x;
   };
-  const std::vector<float> q = bf16_values(T * q_stride), k = bf16_values(int64_t{num_blocks} * bs * kv_dim),
-                           v = bf16_values(int64_t{num_blocks} * bs * kv_dim);
+  std::vector<float> q = bf16_values(T * q_stride), k = bf16_values(int64_t{num_blocks} * bs * kv_dim),
+                     v = bf16_values(int64_t{num_blocks} * bs * kv_dim);
+  // An fp8 cache holds e4m3 values: the reference reads the same ones.
+  std::vector<__nv_fp8_e4m3> k8, v8;
+  auto to_fp8 = [](std::vector<float>& x, std::vector<__nv_fp8_e4m3>* out) {
+    for (float& e : x) {
+      out->push_back(__nv_fp8_e4m3(e));
+      e = static_cast<float>(out->back());
+    }
+  };
+  if (c.fp8_kv) {
+    to_fp8(k, &k8);
+    to_fp8(v, &v8);
+  }
   Dev<bf16> dq(ToBf16(q)), dk(ToBf16(k)), dv(ToBf16(v));
+  Dev<__nv_fp8_e4m3> dk8(k8), dv8(v8);
   Dev<int32_t> d_qo(qo_indptr), d_kv(kv_indptr), d_pages(pages), d_last(last_len);
   Dev<bf16> out(T * int64_t{c.heads} * D);
   void *fws, *iws, *iws_host;
@@ -268,9 +305,15 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   CUDA_OK(kernels::PlanPagedAttention(fws, iws, iws_host, qo_indptr.data(), kv_indptr.data(), T, S, c.heads, c.kv_heads,
                                       D, bs, c.decode_graph, c.unsplit_kv, &plan, nullptr));
   const float scale = 1.f / std::sqrt(float(D));
-  CUDA_OK(kernels::RunPagedAttention<bf16>(plan, fws, iws, dq.get(), q_stride, dk.get(), dv.get(), d_qo.get(),
-                                           d_kv.get(), d_pages.get(), d_last.get(), out.get(), S, c.heads, c.kv_heads,
-                                           D, bs, scale, /*early_launch=*/T <= 3, nullptr));
+  if (c.fp8_kv) {
+    CUDA_OK((kernels::RunPagedAttention<bf16, __nv_fp8_e4m3>(
+        plan, fws, iws, dq.get(), q_stride, dk8.get(), dv8.get(), d_qo.get(), d_kv.get(), d_pages.get(), d_last.get(),
+        out.get(), S, c.heads, c.kv_heads, D, bs, scale, /*early_launch=*/T <= 3, nullptr)));
+  } else {
+    CUDA_OK(kernels::RunPagedAttention<bf16>(plan, fws, iws, dq.get(), q_stride, dk.get(), dv.get(), d_qo.get(),
+                                             d_kv.get(), d_pages.get(), d_last.get(), out.get(), S, c.heads, c.kv_heads,
+                                             D, bs, scale, /*early_launch=*/T <= 3, nullptr));
+  }
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<double> ref = testing::PagedAttentionReference(q, q_stride, k, v, c.seqs, qo_indptr, kv_indptr,
                                                                    pages, bs, c.heads, c.kv_heads, D, scale);
@@ -307,7 +350,15 @@ INSTANTIATE_TEST_SUITE_P(
         // the decode graph's plan with unsplit KV: many rows of the 8B shape; GQA 3 with one context far longer
         // than the rest (slow, but the same result)
         AttentionCase{128, 32, 8, 16, ManyDecodeRows(67), true, true},
-        AttentionCase{128, 6, 2, 16, {{3001, 1}, {1, 1}, {250, 1}, {17, 1}, {16, 1}}, true, true}));
+        AttentionCase{128, 6, 2, 16, {{3001, 1}, {1, 1}, {250, 1}, {17, 1}, {16, 1}}, true, true},
+        // an fp8 KV cache: prefill chunks and decodes, head_dim 256 on odd pages, the decode graph's plans (split
+        // and unsplit KV), many rows, one long context
+        AttentionCase{128, 8, 2, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}, false, false, true},
+        AttentionCase{256, 8, 1, 8, {{97, 97}, {64, 1}, {5, 2}}, false, false, true},
+        AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true, false, true},
+        AttentionCase{128, 32, 8, 16, ManyDecodeRows(67), true, true, true},
+        AttentionCase{128, 16, 4, 16, ManyDecodeRows(200), false, false, true},
+        AttentionCase{128, 32, 4, 16, {{5000, 1}, {33, 1}}, false, false, true}));
 
 TEST(PagedAttention, DecodeKvUnsplitWhenTheRowsFillTheGpuAndNoneIsFarLongerThanTheMean) {
   // 132 SMs, 8 KV heads: 17 rows give 136 CTAs, 16 give 128.

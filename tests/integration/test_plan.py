@@ -1,5 +1,6 @@
 """`inferd plan`: the cuda memory plan of a config without a GPU, on the Llama-3-8B shape (a sparse
-safetensors file: shapes without data) and an 80 GB GPU, in bf16, fp16 and with `engine.quantization: fp8`."""
+safetensors file: shapes without data) and an 80 GB GPU, in bf16, fp16, with `engine.quantization: fp8`, and each
+of bf16 and fp8 with `engine.kv_cache_dtype: fp8_e4m3`."""
 import json
 import os
 import subprocess
@@ -29,16 +30,17 @@ def test_llama3_8b_bf16_on_an_80_gb_gpu(tmp_path):
     params = V * H * 2 + H + L * (2 * H + (NH + 2 * NKV) * D * H + H * NH * D + 3 * I * H)
     assert params == 8_030_261_248
     Tn, R = 8192, 256
+    LR = 2 * R  # logits rows: a sampled row per sequence and as many prompt rows (output.prompt_logprobs)
 
     def aligned(n):
         return (n + 255) // 256 * 256
 
     # The activation arena, region by region (each 256-byte aligned), then cuBLASLt's 32 MiB workspace.
-    outputs = 2 * aligned(4 * R) + 2 * aligned(4 * R * 20)  # sampled ids, logprobs, 20 alternatives of each
+    outputs = 2 * aligned(4 * LR) + 2 * aligned(4 * LR * 20)  # sampled ids, logprobs, 20 alternatives of each
     # Each sequence's context, 256 stop ids, the model's one eos id and 300 logit_bias ids.
     max_penalties = R * (8192 + 256 + 1 + 300)
     regions = [2 * Tn * H] * 3 + [2 * Tn * (NH + 2 * NKV) * D, 2 * Tn * NH * D, 2 * Tn * 2 * I, 2 * Tn * I] \
-        + [2 * R * H] * 3 + [4 * R * V, 4 * (D // 2), 128 << 20, 8 << 20, outputs, 4 * max_penalties]
+        + [2 * LR * H] * 3 + [4 * LR * V, 4 * (D // 2), 128 << 20, 8 << 20, outputs, 4 * max_penalties]
     activations = sum(aligned(n) for n in regions) + (32 << 20)
     # engine.quantization fp8: the layers' linear weights one byte an element and a fp32 scale per output row;
     # the products' e4m3 inputs [Tn, max(H, NH * D, I)] and their per-token scales in the activation arena.
@@ -46,18 +48,24 @@ def test_llama3_8b_bf16_on_an_80_gb_gpu(tmp_path):
     linear_rows = L * ((NH + 2 * NKV) * D + H + 2 * I + H)
     fp8_weights = 2 * params - linear + 4 * linear_rows
     fp8_activations = activations + aligned(Tn * max(H, NH * D, I)) + aligned(4 * Tn)
-    assert [p["dtype"] for p in out["plans"]] == ["bfloat16", "float16", "fp8"]
+    assert [p["dtype"] for p in out["plans"]] == ["bfloat16", "float16", "fp8", "bf16+kv8", "fp8+kv8"]
     for p in out["plans"]:
-        fp8 = p["dtype"] == "fp8"
+        fp8 = p["dtype"].startswith("fp8")
+        kv8 = p["dtype"].endswith("+kv8")
+        assert p["kv_cache_dtype"] == ("fp8_e4m3" if kv8 else "auto")
         assert p["weight_bytes"] == (fp8_weights if fp8 else 2 * params)  # 8665.8 / 15316.5 MiB
-        assert p["activation_bytes"] == (fp8_activations if fp8 else activations)  # 1443.9 / 1331.8 MiB
-        assert p["kv_bytes_per_block"] == 2 * L * 16 * NKV * D * 2 == 2 << 20  # 128 KiB per token
-        assert p["num_blocks"] == (budget - p["weight_bytes"] - p["activation_bytes"] - p["other_bytes"]) // (2 << 20)
-        assert (31_000 < p["num_blocks"] < 32_500) if fp8 else (28_000 < p["num_blocks"] < 29_000)
+        assert p["activation_bytes"] == (fp8_activations if fp8 else activations)  # 1698.9 / 1587.8 MiB
+        block = 2 * L * 16 * NKV * D * (1 if kv8 else 2)
+        assert p["kv_bytes_per_block"] == block == (1 << 20 if kv8 else 2 << 20)  # 64 or 128 KiB per token
+        assert p["num_blocks"] == (budget - p["weight_bytes"] - p["activation_bytes"] - p["other_bytes"]) // block
+        low, high = (31_000, 32_500) if fp8 else (28_000, 29_000)
+        if kv8:
+            low, high = 2 * low, 2 * high  # an fp8 KV cache holds twice the tokens
+        assert low < p["num_blocks"] < high, p
         assert p["sequences_at_4096"] == p["num_blocks"] // 256
     table = plan(tmp_path, "--gpu-memory-gib", "80")
-    assert "15316.5" in table.stdout and "1331.8" in table.stdout and "131072" in table.stdout
-    assert "8665.8" in table.stdout and "1443.9" in table.stdout
+    assert "15316.5" in table.stdout and f"{activations / 2**20:.1f}" in table.stdout and "131072" in table.stdout
+    assert "8665.8" in table.stdout and f"{fp8_activations / 2**20:.1f}" in table.stdout and "65536" in table.stdout
 
 
 def test_without_a_gpu_it_asks_for_the_memory(tmp_path):

@@ -81,7 +81,7 @@ TEST(Config, TheReadmeReferenceIsTheFieldTable) {
 // value through a second parse unchanged, and differs from the defaults' dump on every key.
 TEST(Config, EveryKeySurvivesTheDumpWithAValueOtherThanItsDefault) {
   const std::string yaml = R"(model: {path: /models/x, name: served-x, max_model_len: 4096}
-engine: {backend: cpu, dtype: float16, quantization: fp8, cuda_graphs: false, plan_ahead: "off", block_size: 32, num_blocks: 1000,
+engine: {backend: cpu, dtype: float16, quantization: fp8, kv_cache_dtype: fp8_e4m3, cuda_graphs: false, plan_ahead: "off", block_size: 32, num_blocks: 1000,
          gpu_memory_utilization: 0.75, cpu_kv_cache_gib: 2.5, swap_space_gib: 1.5, num_threads: 3, profile_steps: 7}
 scheduler: {max_num_seqs: 12, max_num_batched_tokens: 640, prefix_caching: false, max_queue: 99,
             max_queued_tokens: 12345, long_prefill_chunk: 128, priority_aging_s: 2.5}
@@ -99,6 +99,7 @@ server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000
     EXPECT_EQ(x->model.max_model_len, 4096);
     EXPECT_EQ(x->engine.backend, "cpu");
     EXPECT_EQ(x->engine.quantization, "fp8");
+    EXPECT_EQ(x->engine.kv_cache_dtype, "fp8_e4m3");
     EXPECT_EQ(x->engine.dtype, "float16");
     EXPECT_FALSE(x->engine.cuda_graphs);
     EXPECT_EQ(x->engine.plan_ahead, "off");

@@ -340,6 +340,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const Model& model, co
     return absl::FailedPreconditionError(absl::StrCat("engine.quantization = '", engine.quantization,
                                                       "' needs the cuda backend; the cpu backend allows: none"));
   }
+  if (engine.kv_cache_dtype != "auto") {
+    return absl::FailedPreconditionError(absl::StrCat("engine.kv_cache_dtype = '", engine.kv_cache_dtype,
+                                                      "' needs the cuda backend; the cpu backend allows: auto"));
+  }
   INFERD_ASSIGN_OR_RETURN(CpuWeights weights, BuildCpuWeights(model.tensors));
   return std::make_unique<CpuBackend>(model, engine, std::move(weights));
 }

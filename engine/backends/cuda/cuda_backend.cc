@@ -43,9 +43,10 @@ namespace k = kernels;
 // (forward.h), and brings the sampled tokens back.
 class CudaBackend : public Backend {
  public:
-  CudaBackend(const Model& model, CudaWeights weights, cudaDataType_t dtype, int64_t free_at_start, std::string device,
-              bool cuda_graphs)
+  CudaBackend(const Model& model, CudaWeights weights, cudaDataType_t dtype, bool fp8_kv, int64_t free_at_start,
+              std::string device, bool cuda_graphs)
       : use_graphs_(cuda_graphs),
+        fp8_kv_(fp8_kv),
         model_(model),
         cfg_(model.config),
         w_(std::move(weights)),
@@ -85,6 +86,7 @@ class CudaBackend : public Backend {
   cuda::ForwardBuffers Buffers() const;
 
   const bool use_graphs_;
+  const bool fp8_kv_;  // engine.kv_cache_dtype = fp8_e4m3
   const Model& model_;
   const ModelConfig& cfg_;
   CudaWeights w_;
@@ -177,7 +179,7 @@ absl::StatusOr<DeviceCeilings> CudaBackend::MeasureCeilings() {
 }
 
 absl::StatusOr<MemoryPlan> CudaBackend::MeasureMemory(const StepLimits& limits) {
-  layout_ = PlanDeviceLayout(model_, limits, /*element_bytes=*/2, w_.fp8);
+  layout_ = PlanDeviceLayout(model_, limits, /*element_bytes=*/2, w_.fp8, /*kv_element_bytes=*/fp8_kv_ ? 1 : 2);
   INFERD_RETURN_IF_ERROR(Allocate());
   const int32_t R = limits.max_num_seqs, bs = limits.block_size;
   // The largest step: R sequences that sample, every row with every option on so that sampling's peak is seen
@@ -488,12 +490,24 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, c
         "cores); this model has hidden_size ",
         c.hidden_size, ", intermediate_size ", c.intermediate_size, ", heads x head_dim ", c.q_width()));
   }
+  const bool fp8_kv = engine.kv_cache_dtype == "fp8_e4m3";
+  if (fp8_kv && fp16) {
+    return absl::FailedPreconditionError(
+        "engine.kv_cache_dtype = 'fp8_e4m3' needs engine.dtype bfloat16 (or auto); engine.dtype is float16");
+  }
+  if (fp8_kv && !k::AttentionFp8KvHeadDimSupported(c.head_dim)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "engine.kv_cache_dtype = 'fp8_e4m3' needs head_dim 128 or 256 (FlashInfer's fp8 KV attention); this model's "
+        "head_dim is ",
+        c.head_dim, "; allowed for it: auto"));
+  }
   const auto start = std::chrono::steady_clock::now();
   INFERD_ASSIGN_OR_RETURN(CudaWeights weights, cuda::UploadWeights(model.tensors, dtype, fp8));
   spdlog::info("cuda: {} weights{} on {} ({:.1f} MiB) in {:.2f} s", fp16 ? "float16" : "bfloat16",
                fp8 ? " with fp8 e4m3 linear layers (per-channel scales)" : "", prop.name, weights.bytes / 1048576.0,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  return std::make_unique<CudaBackend>(model, std::move(weights), dtype, static_cast<int64_t>(free), prop.name,
+  if (fp8_kv) spdlog::info("cuda: KV cache in fp8 e4m3 (scale 1)");
+  return std::make_unique<CudaBackend>(model, std::move(weights), dtype, fp8_kv, static_cast<int64_t>(free), prop.name,
                                        engine.cuda_graphs);
 }
 

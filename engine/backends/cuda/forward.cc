@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -65,31 +66,48 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   };
   // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product (bf16/fp16
   // weights).
-  const bool fused_qkv_rope = !w.fp8 && Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
+  // An fp8 KV cache (engine.kv_cache_dtype): RoPE's kernel rounds K and V to e4m3 as it writes them, and attention
+  // reads them as such (bf16 queries only: the backend refuses other dtypes).
+  const bool fp8_kv = b.layout->kv_element_bytes == 1;
+  if (fp8_kv && !std::is_same_v<T, __nv_bfloat16>) return absl::InternalError("an fp8 KV cache needs bf16 activations");
+  const bool fused_qkv_rope = !w.fp8 && !fp8_kv && Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
                               k::GemvSupports(xn, w.layers[0].qkv.data.get(), Tn, H);
+  // RoPE and the K/V write, then attention, over the cache's element type C.
+  auto rope_attend = [&](auto* k_cache, auto* v_cache, bool rope) -> absl::Status {
+    using C = std::remove_pointer_t<decltype(k_cache)>;
+    if (rope) {
+      INFERD_KERNEL((k::RopeWriteKv<T, C>(qkv, positions, slots, inv_freq, k_cache, v_cache, Tn, cfg.num_heads,
+                                          cfg.num_kv_heads, cfg.head_dim, s)));
+    }
+    TraceRange attention("attention");
+    return FromCuda(k::RunPagedAttention<T, C>(
+                        plan, b.act<void>(a.attn_float_ws), b.act<void>(a.attn_int_ws), qkv, qkv_dim, k_cache, v_cache,
+                        b.in<int32_t>(ir.qo_indptr), b.in<int32_t>(ir.kv_indptr), b.in<int32_t>(ir.kv_indices),
+                        b.in<int32_t>(ir.kv_last_page_len), attn, in.num_seqs(), cfg.num_heads, cfg.num_kv_heads,
+                        cfg.head_dim, in.block_size, 1.0f / std::sqrt(static_cast<float>(cfg.head_dim)),
+                        /*early_launch=*/Tn <= gemm.streaming_rows(w.fp8), s),
+                    "RunPagedAttention");
+  };
   for (int layer = 0; layer < cfg.num_layers; ++layer) {
     TraceRange range("layer");
     const CudaLayerWeights& L = w.layers[layer];
-    T* k_cache = static_cast<T*>(b.k(layer));
-    T* v_cache = static_cast<T*>(b.v(layer));
     INFERD_RETURN_IF_ERROR(add_norm(layer == 0 ? nullptr : tmp, L.input_norm.get<T>()));
     const T* qkv_bias = L.qkv_bias.bytes() ? L.qkv_bias.get<T>() : nullptr;
     if (fused_qkv_rope) {  // one kernel: the product, RoPE and the K/V write
       INFERD_KERNEL(k::GemvQkvRope<T>(xn, L.qkv.data.get<T>(), qkv_bias, qkv, Tn, H, positions, slots, inv_freq,
-                                      k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, s));
+                                      static_cast<T*>(b.k(layer)), static_cast<T*>(b.v(layer)), cfg.num_heads,
+                                      cfg.num_kv_heads, cfg.head_dim, s));
     } else {
       INFERD_RETURN_IF_ERROR(gemm.Run(normed, L.qkv.operand(), qkv, Tn, qkv_dim, H, qkv_bias, false, s));
-      INFERD_KERNEL(k::RopeWriteKv(qkv, positions, slots, inv_freq, k_cache, v_cache, Tn, cfg.num_heads,
-                                   cfg.num_kv_heads, cfg.head_dim, s));
     }
-    {
-      TraceRange attention("attention");
-      INFERD_KERNEL(k::RunPagedAttention<T>(
-          plan, b.act<void>(a.attn_float_ws), b.act<void>(a.attn_int_ws), qkv, qkv_dim, k_cache, v_cache,
-          b.in<int32_t>(ir.qo_indptr), b.in<int32_t>(ir.kv_indptr), b.in<int32_t>(ir.kv_indices),
-          b.in<int32_t>(ir.kv_last_page_len), attn, in.num_seqs(), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-          in.block_size, 1.0f / std::sqrt(static_cast<float>(cfg.head_dim)),
-          /*early_launch=*/Tn <= gemm.streaming_rows(w.fp8), s));
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (fp8_kv) {
+        INFERD_RETURN_IF_ERROR(
+            rope_attend(static_cast<k::Fp8*>(b.k(layer)), static_cast<k::Fp8*>(b.v(layer)), !fused_qkv_rope));
+      }
+    }
+    if (!fp8_kv) {
+      INFERD_RETURN_IF_ERROR(rope_attend(static_cast<T*>(b.k(layer)), static_cast<T*>(b.v(layer)), !fused_qkv_rope));
     }
     if (quantize) INFERD_KERNEL(k::QuantizeRowsFp8(attn, Tn, q_dim, xq, xs, s));
     INFERD_RETURN_IF_ERROR(

@@ -109,6 +109,13 @@ TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
   EXPECT_EQ(l.kv_bytes_per_block, 2 * 32 * l.kv_block_bytes);
   EXPECT_EQ(l.activation_bytes(), l.activation_arena_bytes + kGemmWorkspaceBytes);
   EXPECT_EQ(l.step_input_bytes(), l.input_arena_bytes + l.kv_bytes_per_block);
+  // An fp8 KV cache (engine.kv_cache_dtype: fp8_e4m3): one byte an element, so a block is half as large and the
+  // rest of the layout is unchanged.
+  const DeviceLayout kv8 = PlanDeviceLayout(m, StepLimits{256, 8192, 16}, e, /*fp8_weights=*/true, 1);
+  EXPECT_EQ(kv8.kv_block_bytes, 16 * 8 * 128 * 1);
+  EXPECT_EQ(kv8.kv_bytes_per_block * 2, l.kv_bytes_per_block);
+  EXPECT_EQ(kv8.activation_arena_bytes, l.activation_arena_bytes);
+  EXPECT_EQ(kv8.weight_bytes, l.weight_bytes);
 }
 
 // fp8 weights: the layers' seven linear weights take one byte an element and a fp32 scale per output row; every
