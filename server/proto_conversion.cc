@@ -107,6 +107,7 @@ v1::ServerInfo ToServerInfo(const Engine* engine, const std::string& version) {
   mp->set_activation_bytes(p.activation_bytes);
   mp->set_other_bytes(p.other_bytes);
   mp->set_kv_bytes_per_block(p.kv_bytes_per_block);
+  mp->set_kv_dtype(p.kv_dtype);
   mp->set_num_blocks(p.num_blocks);
   mp->set_kv_bytes(p.kv_bytes());
   return info;

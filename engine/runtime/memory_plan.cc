@@ -29,9 +29,9 @@ std::string MemoryPlan::ToString() const {
   absl::StrAppendFormat(
       &s,
       "budget %.1f MiB = weights %.1f MiB + activations %.1f MiB + other %.1f MiB + KV %d blocks x %.1f KiB "
-      "(%.1f MiB)",
+      "(%.1f MiB%s)",
       budget_bytes / kMiB, weight_bytes / kMiB, activation_bytes / kMiB, other_bytes / kMiB, num_blocks,
-      kv_bytes_per_block / 1024.0, kv_bytes() / kMiB);
+      kv_bytes_per_block / 1024.0, kv_bytes() / kMiB, kv_dtype.empty() ? "" : ", " + kv_dtype);
   return s;
 }
 

@@ -236,7 +236,7 @@ def test_model_and_server_info(server):
     s = server.stub.GetServerInfo(pb.GetServerInfoRequest())
     assert s.version and s.backend == "cpu" and not s.draining and s.total_kv_blocks > 0
     mp = s.memory_plan  # as allocated: the pool has exactly its blocks, and the parts add up to the budget
-    assert mp.device == "cpu" and mp.num_blocks == s.total_kv_blocks
+    assert mp.device == "cpu" and mp.num_blocks == s.total_kv_blocks and mp.kv_dtype == "float32"
     assert mp.kv_bytes == mp.num_blocks * mp.kv_bytes_per_block > 0
     assert mp.budget_bytes == mp.weight_bytes + mp.activation_bytes + mp.other_bytes + mp.kv_bytes
     assert mp.weight_bytes > 0 and mp.activation_bytes > 0

@@ -158,6 +158,7 @@ absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
   plan.weight_bytes = weights_.bytes();
   plan.activation_bytes = ws_.bytes();
   plan.kv_bytes_per_block = 2 * int64_t{cfg_.num_layers} * block_size_ * cfg_.kv_width() * 4;
+  plan.kv_dtype = "float32";
   return plan;
 }
 

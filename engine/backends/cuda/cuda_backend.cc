@@ -237,6 +237,7 @@ absl::StatusOr<MemoryPlan> CudaBackend::MeasureMemory(const StepLimits& limits) 
   plan.weight_bytes = w_.bytes;
   plan.activation_bytes = layout_.activation_bytes();
   plan.kv_bytes_per_block = layout_.kv_bytes_per_block;
+  plan.kv_dtype = fp8_kv_ ? "fp8_e4m3" : (dtype_ == CUDA_R_16BF ? "bfloat16" : "float16");
   // What else start-up took: the step inputs, the CUDA context and libraries; and the reserved block that padded
   // decode rows use, allocated with the pool.
   plan.other_bytes =

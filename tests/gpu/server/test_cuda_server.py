@@ -73,7 +73,7 @@ def test_serves_on_cuda_with_a_memory_plan_equal_to_the_pool(server):
     info = server.stub.GetServerInfo(pb.GetServerInfoRequest())
     mp = info.memory_plan
     assert info.backend == "cuda" and mp.device.startswith("NVIDIA"), (info.backend, mp.device)
-    assert mp.num_blocks == info.total_kv_blocks > 0
+    assert mp.num_blocks == info.total_kv_blocks > 0 and mp.kv_dtype == "bfloat16"
     assert mp.kv_bytes == mp.num_blocks * mp.kv_bytes_per_block
     assert mp.weight_bytes > 0 and mp.activation_bytes > 0
     assert mp.weight_bytes + mp.activation_bytes + mp.other_bytes + mp.kv_bytes <= mp.budget_bytes
