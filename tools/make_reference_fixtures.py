@@ -146,7 +146,8 @@ def main():
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--suffix", default="", help="appended to each reference's file name")
     p.add_argument("--fp8-weights", action="store_true",
-                   help="linear weights dequantized from the engine's fp8 (the -sharp models are left out)")
+                   help="linear weights dequantized from the engine's fp8 (without --fp8-activations the -sharp "
+                        "models are left out)")
     p.add_argument("--fp8-activations", action="store_true",
                    help="with --fp8-weights: the linear layers' inputs rounded per token to e4m3 too")
     p.add_argument("--forced-on-fp32", action="store_true",
@@ -156,7 +157,9 @@ def main():
     torch.manual_seed(0)
     for name in [] if args.skip_dir else sorted(os.listdir(args.models_dir)):
         d = os.path.join(args.models_dir, name)
-        if not os.path.exists(os.path.join(d, "config.json")) or (args.fp8_weights and name.endswith("-sharp")):
+        # The -sharp models get fp8 references only with the inputs rounded too (-fp8a8, what the parity runs use).
+        if not os.path.exists(os.path.join(d, "config.json")) or (
+                args.fp8_weights and not args.fp8_activations and name.endswith("-sharp")):
             continue
         if name.endswith("-fp8"):  # an FP8 checkpoint of another model (tools/make_fp8_checkpoint.py)
             continue
