@@ -45,7 +45,9 @@ struct StepPlan {
   // blocks of readmitted ones back.
   std::vector<BlockCopy> swap_out, swap_in;
   int32_t num_tokens = 0;       // sum of num_new
-  int32_t num_prompt_rows = 0;  // prompt_logprobs rows (Sequence::PromptRows): at most max_num_seqs
+  // prompt_logprobs rows (ScheduledSeq::rows_begin), at most max_num_seqs: while planning, the rows granted so far
+  // (TakePromptRows); once planned, the step's.
+  int32_t num_prompt_rows = 0;
   // Planned ahead, this step left out what only a preemption or a swap-in could have made room for: the next
   // step is planned after the running one is collected.
   bool needs_sync = false;

@@ -64,12 +64,12 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     INFERD_KERNEL(k::AddRmsNorm(x, delta, weight, xn, Tn, H, eps, s));
     return FromCuda(k::QuantizeRowsFp8(xn, Tn, H, xq, xs, s), "QuantizeRowsFp8");
   };
-  // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product (bf16/fp16
-  // weights).
   // An fp8 KV cache (engine.kv_cache_dtype): RoPE's kernel rounds K and V to e4m3 as it writes them, and attention
   // reads them as such (bf16 queries only: the backend refuses other dtypes).
   const bool fp8_kv = b.layout->kv_element_bytes == 1;
   if (fp8_kv && !std::is_same_v<T, __nv_bfloat16>) return absl::InternalError("an fp8 KV cache needs bf16 activations");
+  // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product (bf16/fp16
+  // weights, a cache of the same dtype).
   const bool fused_qkv_rope = !w.fp8 && !fp8_kv && Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
                               k::GemvSupports(xn, w.layers[0].qkv.data.get(), Tn, H);
   // RoPE and the K/V write, then attention, over the cache's element type C.
