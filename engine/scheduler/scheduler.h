@@ -44,7 +44,7 @@ struct StepPlan {
   // KV copies to run before the step, outs first: blocks of preempted sequences to host swap space, and
   // blocks of readmitted ones back.
   std::vector<BlockCopy> swap_out, swap_in;
-  int32_t num_tokens = 0;       // sum of num_new
+  int32_t num_tokens = 0;  // sum of num_new
   // prompt_logprobs rows (ScheduledSeq::rows_begin), at most max_num_seqs: while planning, the rows granted so far
   // (TakePromptRows); once planned, the step's.
   int32_t num_prompt_rows = 0;
