@@ -1,6 +1,7 @@
 #include "server/http/openai_front_end.h"
 
 #include <ctime>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -64,6 +65,7 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
 
     void Begin(const std::string&) override { set->Begun(); }
     void Add(const RequestOutput& out, const std::string& text) override {
+      if (!had_output && set->request_.echo) set->Echo(prompt, out, &pending);
       pending.text += text;
       pending.logprobs.insert(pending.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
       if (out.finish != FinishReason::kNone) {
@@ -132,6 +134,24 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
           sibling.mutable_sampling()->set_seed(proto.sampling().seed() + j);
           return PrepareGenerate(engine, sibling, absl::InfiniteFuture());
         });
+  }
+
+  // echo: before a choice's first output, its prompt's text and, with logprobs, its tokens' logprobs (the first
+  // token has none: NaN, which the answer shows as null; a text prompt is tokenized again as the engine did).
+  void Echo(int prompt, const RequestOutput& out, ChoicePiece* piece) const {
+    const v1::GenerateRequest& p = request_.prompts[prompt];
+    const Tokenizer* tokenizer = ctx_.tokenizer;
+    std::vector<int32_t> ids(p.token_ids().ids().begin(), p.token_ids().ids().end());
+    if (p.has_token_ids()) {
+      piece->text += tokenizer ? tokenizer->Decode(ids, /*skip_special_tokens=*/false) : std::string();
+    } else {
+      piece->text += p.text();
+      const bool add_special = !p.output().has_add_special_tokens() || p.output().add_special_tokens();
+      if (tokenizer && ctx_.logprobs) ids = tokenizer->Encode(p.text(), add_special);
+    }
+    if (!ctx_.logprobs || ids.empty()) return;
+    piece->logprobs.push_back({ids[0], std::numeric_limits<float>::quiet_NaN(), {}});
+    piece->logprobs.insert(piece->logprobs.end(), out.prompt_logprobs.begin(), out.prompt_logprobs.end());
   }
 
   // The first choice of `prompt` has its first token (its KV blocks are cached) or ended: start its siblings.

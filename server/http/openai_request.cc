@@ -196,7 +196,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
     f.Done("prompt");
     auto echo = f.Bool("echo");
     if (!echo.ok()) return echo.status();
-    if (echo->value_or(false)) return Unsupported("echo");
+    out.echo = echo->value_or(false);
   }
 
   v1::SamplingParams* s = base.mutable_sampling();
@@ -305,6 +305,8 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
     out.logprobs = lp->has_value();
     out.top_logprobs = static_cast<int>(lp->value_or(0));
     if (out.logprobs) base.mutable_output()->set_top_logprobs(static_cast<int32_t>(std::max<int64_t>(1, **lp)));
+    // echo with logprobs: the prompt's tokens scored too, with as many alternatives.
+    if (out.echo && out.logprobs) base.mutable_output()->set_prompt_logprobs(out.top_logprobs);
   }
 
   auto n = f.Int("n", 1, kMaxOpenAiChoices);

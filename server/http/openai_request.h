@@ -23,6 +23,9 @@ struct OpenAiRequest {
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool logprobs = false;       // chat: logprobs; completions: logprobs given (its value is top_logprobs)
   int top_logprobs = 0;        // alternatives shown per token
+  // completions: each choice starts with its prompt's text and, with logprobs, the prompt tokens' logprobs (the
+  // first token's null), as lm-evaluation-harness reads them to score a continuation.
+  bool echo = false;
 };
 
 // Choices a request may ask for (prompts × n).

@@ -1,5 +1,6 @@
 #include "server/http/openai_response.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 namespace inferd {
@@ -39,9 +40,14 @@ json CompletionLogprobs(const OpenAiResponseContext& ctx, const std::vector<Toke
   for (const TokenLogprob& lp : lps) {
     const std::string text = ctx.tokenizer ? ctx.tokenizer->TokenBytes(lp.token_id, false) : std::string();
     tokens.push_back(text);
-    token_logprobs.push_back(lp.logprob);
     offsets.push_back(offset);
     offset += static_cast<int64_t>(text.size());
+    if (std::isnan(lp.logprob)) {  // an echoed prompt's first token: nothing before it to score it
+      token_logprobs.push_back(nullptr);
+      top.push_back(nullptr);
+      continue;
+    }
+    token_logprobs.push_back(lp.logprob);
     json alternatives = json::object();
     for (size_t k = 0; k < lp.top.size() && static_cast<int>(k) < ctx.top_logprobs; ++k) {
       alternatives[ctx.tokenizer ? ctx.tokenizer->TokenBytes(lp.top[k].token_id, false) : std::string()] =

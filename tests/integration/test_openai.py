@@ -106,6 +106,33 @@ def test_logprobs_are_the_greedy_tokens_and_their_alternatives(client, model):
     assert "".join(lp.tokens) == c.choices[0].text and all(len(t) == 2 for t in lp.top_logprobs)
 
 
+def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_reads_it(smollm2, client, model):
+    # lm-evaluation-harness's local-completions loglikelihood request: token ids, echo, logprobs, one new token.
+    ids = list(smollm2.stub.Tokenize(pb.TokenizeRequest(text="The capital of France is Paris")).token_ids)
+    r = client.completions.create(model=model, prompt=ids, echo=True, logprobs=2, max_tokens=1, temperature=0)
+    (c,) = r.choices
+    lp = c.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(ids) + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, "nothing before the first token scores it"
+    assert all(v <= 0 for v in lp.token_logprobs[1:]) and all(len(t) == 2 for t in lp.top_logprobs[1:])
+    prompt_text = smollm2.stub.Detokenize(pb.DetokenizeRequest(token_ids=ids, skip_special_tokens=False)).text
+    assert c.text.startswith(prompt_text) and "".join(lp.tokens) == c.text
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    # The prompt's logprobs are the gRPC API's prompt_logprobs for the same ids.
+    req = pb.GenerateRequest(sampling=pb.SamplingParams(temperature=0), stopping=pb.StoppingParams(max_tokens=1),
+                             output=pb.OutputOptions(prompt_logprobs=2))
+    req.token_ids.ids.extend(ids)
+    g = smollm2.stub.Generate(req)
+    assert lp.token_logprobs[1:len(ids)] == pytest.approx([p.logprob for p in g.prompt_logprobs], abs=1e-4)
+    # A text prompt echoes its text; without logprobs there are none.
+    t = client.completions.create(model=model, prompt="The capital of France is", echo=True, max_tokens=3,
+                                  temperature=0)
+    assert t.choices[0].text.startswith("The capital of France is") and t.choices[0].logprobs is None
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
+        model=model, prompt="The capital of France is", echo=True, max_tokens=3, temperature=0, stream=True))
+    assert streamed == t.choices[0].text
+
+
 def test_n_choices_share_the_prompt_and_a_seed_reproduces_them(smollm2, client, model):
     prompt = "Write one sentence about the sea. " * 4
     kw = dict(model=model, prompt=prompt, max_tokens=12, temperature=1.0, n=3, seed=11)

@@ -66,6 +66,20 @@ TEST(OpenAiRequest, CompletionPromptsAreStringsTokenIdsOrListsOfThem) {
   EXPECT_TRUE(r.logprobs);
   EXPECT_EQ(r.prompts[0].output().top_logprobs(), 1);  // the token's own logprob comes with its top one
   EXPECT_EQ(Parse(R"({"prompt": [5, 6]})", OpenAiRoute::kCompletion).prompts[0].token_ids().ids(1), 6);
+  EXPECT_FALSE(r.echo);
+  EXPECT_FALSE(r.prompts[0].output().has_prompt_logprobs());
+}
+
+// echo: the prompt comes back before the answer; with logprobs its tokens are scored (prompt_logprobs, with as many
+// alternatives as logprobs asks), without them only its text comes back.
+TEST(OpenAiRequest, EchoWithLogprobsScoresThePrompt) {
+  const OpenAiRequest r =
+      Parse(R"({"prompt": [[1, 2, 3]], "echo": true, "logprobs": 3, "max_tokens": 1})", OpenAiRoute::kCompletion);
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.prompts[0].output().prompt_logprobs(), 3);
+  const OpenAiRequest text = Parse(R"({"prompt": "a b", "echo": true})", OpenAiRoute::kCompletion);
+  EXPECT_TRUE(text.echo);
+  EXPECT_FALSE(text.prompts[0].output().has_prompt_logprobs());
 }
 
 TEST(OpenAiRequest, RefusalsNameTheField) {
@@ -89,7 +103,9 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
                 .find("max_completion_tokens"),
             std::string::npos);
   EXPECT_NE(Refusal(R"({"prompt": [[1, -2]]})", OpenAiRoute::kCompletion).find("prompt[0][1]"), std::string::npos);
-  EXPECT_NE(Refusal(R"({"prompt": "x", "echo": true})", OpenAiRoute::kCompletion).find("echo"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"prompt": "x", "echo": 3})", OpenAiRoute::kCompletion).find("echo"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "echo": true})").find("echo"),
+            std::string::npos);
   EXPECT_NE(Refusal(R"({"prompt": ["a", "b"], "n": 100})", OpenAiRoute::kCompletion).find("at most 128"),
             std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "whatever": 1})").find("whatever"),
