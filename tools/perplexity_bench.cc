@@ -70,10 +70,14 @@ std::vector<std::string> Pieces(const std::string& text, size_t bytes) {
   while (pos < text.size()) {
     size_t end = std::min(text.size(), pos + bytes);
     if (end < text.size()) {
-      size_t cut = text.rfind("\n\n", end);
-      if (cut == std::string::npos || cut <= pos) cut = text.rfind('\n', end);
+      size_t cut = text.rfind("\n\n", end - 2);  // the blank line whole, in this piece
+      size_t after = cut + 2;
+      if (cut == std::string::npos || cut <= pos) {
+        cut = text.rfind('\n', end - 1);
+        after = cut + 1;
+      }
       if (cut != std::string::npos && cut > pos) {
-        end = cut + 1;
+        end = after;
       } else {
         while (end > pos + 1 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
       }
