@@ -216,7 +216,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       if (idle_) idle_->cancel();
       return ReadRequest();
     }
-    Watch();
+    // Bytes of the client's next request (it is not gone): they wait in the buffer, and Finished reads the request
+    // once this response is out. Watching on would leave a request that arrived whole before Finished ran waiting
+    // for a read that never ends, until the idle timeout closed the connection.
+    if (buffer_.size() == 0) Watch();
   }
 
   void Gone() {
