@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -124,13 +125,14 @@ __global__ void SiluMulVec8Kernel(const T* __restrict__ gate_up, T* __restrict__
 
 // One block per (token, q or k head): thread j rotates pair j of that head; a k head's block then writes K and V
 // of its kv head into the token's slot.
-// A value of the activation dtype T as the cache stores it: itself, or rounded to e4m3 (saturating).
+// A value of the activation dtype T as the cache stores it: itself, or divided by the cache's scale and rounded to
+// e4m3 (saturating).
 template <typename C, typename T>
-__device__ __forceinline__ C ToCache(T v) {
+__device__ __forceinline__ C ToCache(T v, float scale) {
   if constexpr (std::is_same_v<C, T>) {
     return v;
   } else {
-    return C(F(v));
+    return C(F(v) / scale);
   }
 }
 
@@ -138,7 +140,7 @@ template <typename T, typename C>
 __global__ void RopeWriteKvKernel(T* __restrict__ qkv, const int32_t* __restrict__ positions,
                                   const int32_t* __restrict__ slots, const float* __restrict__ inv_freq,
                                   C* __restrict__ k_cache, C* __restrict__ v_cache, int32_t num_heads,
-                                  int32_t num_kv_heads, int32_t head_dim) {
+                                  int32_t num_kv_heads, int32_t head_dim, float k_scale, float v_scale) {
   AllowDependentsToLaunch();  // attention (a programmatic dependent) waits for this kernel before it reads q or K/V
   WaitForPrerequisites();
   const int64_t t = blockIdx.x;
@@ -160,10 +162,10 @@ __global__ void RopeWriteKvKernel(T* __restrict__ qkv, const int32_t* __restrict
     head[j + half] = rb;
     if (is_k) {
       const T* v = head + kv_dim;  // the same kv head's V
-      k_cache[kv_off + j] = ToCache<C>(ra);
-      k_cache[kv_off + j + half] = ToCache<C>(rb);
-      v_cache[kv_off + j] = ToCache<C>(v[j]);
-      v_cache[kv_off + j + half] = ToCache<C>(v[j + half]);
+      k_cache[kv_off + j] = ToCache<C>(ra, k_scale);
+      k_cache[kv_off + j + half] = ToCache<C>(rb, k_scale);
+      v_cache[kv_off + j] = ToCache<C>(v[j], v_scale);
+      v_cache[kv_off + j + half] = ToCache<C>(v[j + half], v_scale);
     }
   }
 }
@@ -220,13 +222,18 @@ cudaError_t SiluMul(const T* gate_up, T* out, int64_t rows, int64_t inter, cudaS
 template <typename T, typename C>
 cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, const float* inv_freq, C* k_cache,
                         C* v_cache, int64_t num_tokens, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
-                        cudaStream_t stream) {
+                        float k_scale, float v_scale, cudaStream_t stream) {
   if (num_tokens <= 0) return cudaSuccess;
   if (head_dim % 2 != 0) return cudaErrorInvalidValue;
+  // A cache of the activation dtype holds the values themselves; an fp8 cache's scales are finite and positive.
+  if (std::is_same_v<C, T> ? (k_scale != 1.f || v_scale != 1.f)
+                           : !(k_scale > 0.f && v_scale > 0.f && std::isfinite(k_scale) && std::isfinite(v_scale))) {
+    return cudaErrorInvalidValue;
+  }
   if (cudaError_t e = Check(num_tokens); e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(num_heads + num_kv_heads));
   return LaunchDependent(RopeWriteKvKernel<T, C>, grid, std::min(head_dim / 2, 128), stream, qkv, positions, slots,
-                         inv_freq, k_cache, v_cache, num_heads, num_kv_heads, head_dim);
+                         inv_freq, k_cache, v_cache, num_heads, num_kv_heads, head_dim, k_scale, v_scale);
 }
 
 #define INFERD_INSTANTIATE(T)                                                                                          \
@@ -235,9 +242,9 @@ cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, 
   template cudaError_t AddRmsNorm<T>(T*, const T*, const T*, T*, int64_t, int64_t, float, cudaStream_t);               \
   template cudaError_t SiluMul<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                                       \
   template cudaError_t RopeWriteKv<T, T>(T*, const int32_t*, const int32_t*, const float*, T*, T*, int64_t, int32_t,   \
-                                         int32_t, int32_t, cudaStream_t);                                              \
+                                         int32_t, int32_t, float, float, cudaStream_t);                                \
   template cudaError_t RopeWriteKv<T, __nv_fp8_e4m3>(T*, const int32_t*, const int32_t*, const float*, __nv_fp8_e4m3*, \
-                                                     __nv_fp8_e4m3*, int64_t, int32_t, int32_t, int32_t,               \
+                                                     __nv_fp8_e4m3*, int64_t, int32_t, int32_t, int32_t, float, float, \
                                                      cudaStream_t);
 INFERD_INSTANTIATE(__nv_bfloat16)
 INFERD_INSTANTIATE(__half)

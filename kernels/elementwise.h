@@ -40,10 +40,11 @@ cudaError_t SiluMul(const T* gate_up, T* out, int64_t rows, int64_t inter, cudaS
 // token t written to slot slots[t] of the paged cache. qkv: [num_tokens, (num_heads + 2 * num_kv_heads) *
 // head_dim] (q heads, k heads, v heads); positions, slots: [num_tokens]; inv_freq: [head_dim / 2] fp32 (rope
 // scaling already applied); k_cache, v_cache: [num_slots, num_kv_heads, head_dim] of C: T, or __nv_fp8_e4m3 for an
-// fp8 KV cache (each rotated K and each V value rounded to nearest e4m3, saturating at ±448; scale 1).
+// fp8 KV cache, which holds each rotated K value divided by k_scale and each V value divided by v_scale (fp32
+// division), rounded to nearest e4m3 and saturating at ±448. k_scale and v_scale: 1 for a cache of T.
 template <typename T, typename C = T>
 cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, const float* inv_freq, C* k_cache,
                         C* v_cache, int64_t num_tokens, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
-                        cudaStream_t stream);
+                        float k_scale, float v_scale, cudaStream_t stream);
 
 }  // namespace inferd::kernels

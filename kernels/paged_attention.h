@@ -59,9 +59,11 @@ inline bool DecodeKvUnsplit(int64_t num_seqs, int64_t num_kv_heads, int64_t num_
   return num_seqs > 0 && num_seqs * num_kv_heads >= num_sms && max_kv_pages * num_seqs <= 2 * total_kv_pages;
 }
 
-// out[t, h * head_dim + d] = softmax(q·Kᵀ · sm_scale) · V over the causal context of row t. q rows are
-// q_row_stride elements apart (q may sit inside a fused qkv row). Device arrays as in the header comment. C, the
-// cache's element type: T, or __nv_fp8_e4m3 with T = __nv_bfloat16 (head_dim 128 or 256; scale 1).
+// out[t, h * head_dim + d] = v_scale · softmax(q·Kᵀ · sm_scale) · V over the causal context of row t, K and V as
+// the cache holds them. q rows are q_row_stride elements apart (q may sit inside a fused qkv row). Device arrays as
+// in the header comment. C, the cache's element type: T, or __nv_fp8_e4m3 with T = __nv_bfloat16 (head_dim 128 or
+// 256). A cache holding K / k_scale and V / v_scale (RopeWriteKv) is read with sm_scale = k_scale / √head_dim and
+// this v_scale; a cache of T with v_scale 1.
 // early_launch: launch the kernels as programmatic dependents (sm_90): attention starts while the kernel before
 // it finishes and waits for it before reading q or the cache; the merge of split-KV partials the same way.
 template <typename T, typename C = T>
@@ -69,6 +71,6 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
                               int64_t q_row_stride, const C* k_cache, const C* v_cache, const int32_t* qo_indptr,
                               const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
                               T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
-                              int32_t page_size, float sm_scale, bool early_launch, cudaStream_t stream);
+                              int32_t page_size, float sm_scale, float v_scale, bool early_launch, cudaStream_t stream);
 
 }  // namespace inferd::kernels

@@ -61,13 +61,20 @@ Params MakeParams(const flashinfer::PrefillPlanInfo& info, void* float_ws, void*
   return p;
 }
 
+// FlashInfer's paged parameters with the factor its default output transform multiplies each row's output by
+// (found by member name): the cache's V scale.
+template <typename T, typename C>
+struct ScaledVParams : flashinfer::BatchPrefillPagedParams<T, C, T, int32_t> {
+  float v_scale = 1.f;
+};
+
 template <typename T, typename C, uint32_t HEAD_DIM>
 cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, void* int_ws, const T* q,
                      int64_t q_row_stride, const C* k, const C* v, const int32_t* qo_indptr, const int32_t* kv_indptr,
                      const int32_t* kv_indices, const int32_t* kv_last_page_len, T* out, int32_t num_seqs,
-                     int32_t num_qo_heads, int32_t num_kv_heads, int32_t page_size, float sm_scale, bool early_launch,
-                     cudaStream_t stream) {
-  using Params = flashinfer::BatchPrefillPagedParams<T, C, T, int32_t>;
+                     int32_t num_qo_heads, int32_t num_kv_heads, int32_t page_size, float sm_scale, float v_scale,
+                     bool early_launch, cudaStream_t stream) {
+  using Params = ScaledVParams<T, C>;
   using Variant = flashinfer::DefaultAttention</*custom_mask=*/false, /*sliding_window=*/false,
                                                /*soft_cap=*/false, /*alibi=*/false>;
   T* tmp_v = nullptr;
@@ -76,6 +83,7 @@ cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, vo
                                 const_cast<C*>(v), const_cast<int32_t*>(qo_indptr), const_cast<int32_t*>(kv_indptr),
                                 const_cast<int32_t*>(kv_indices), const_cast<int32_t*>(kv_last_page_len), out, num_seqs,
                                 num_qo_heads, num_kv_heads, HEAD_DIM, page_size, sm_scale, &tmp_v, &tmp_s);
+  p.v_scale = v_scale;
   switch (info.cta_tile_q) {
 #define INFERD_CTA_TILE(TILE)                                                                                     \
   case TILE:                                                                                                      \
@@ -98,7 +106,8 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
                               int64_t q_row_stride, const C* k_cache, const C* v_cache, const int32_t* qo_indptr,
                               const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
                               T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
-                              int32_t page_size, float sm_scale, bool early_launch, cudaStream_t stream) {
+                              int32_t page_size, float sm_scale, float v_scale, bool early_launch,
+                              cudaStream_t stream) {
   try {
     flashinfer::PrefillPlanInfo info;
     info.FromVector(std::vector<int64_t>(plan.words, plan.words + 15));
@@ -110,7 +119,7 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
     else                                                                                                           \
       return Dispatch<T, C, D>(info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache, qo_indptr, \
                                kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads, num_kv_heads, \
-                               page_size, sm_scale, early_launch, stream);
+                               page_size, sm_scale, v_scale, early_launch, stream);
       INFERD_HEAD_DIM(64)
       INFERD_HEAD_DIM(128)
       INFERD_HEAD_DIM(256)

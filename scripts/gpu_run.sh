@@ -8,7 +8,7 @@
 #   `bash docker/build-images.sh cuda && bash docker/export-payload.sh` here instead of the bundle; root there).
 # parity: the test models and references, then the precision and whole-model parity tests alone.
 # fp8: the test models and references (the -fp8 ones too), then every GPU test (the fp8 kernels' and the fp8
-#   parity cases among them).
+#   parity cases among them), or those GPU_TESTS_FILTER names (a gtest filter).
 # fp8-bench: the 8B model benchmarked in bf16, with engine.quantization fp8, and with fp8 and
 #   engine.kv_cache_dtype fp8_e4m3 in one run (same ceilings).
 # accuracy: the bundled SmolLM2 served in bf16 and in fp8: perplexity over the King James text
@@ -55,6 +55,9 @@ if [[ "$what" == all || "$what" == tests || "$what" == parity || "$what" == fp8 
   for m in llama3-hd64 qwen2-hd128; do
     python3 tools/make_fp8_checkpoint.py "$INFERD_GPU_MODELS/$m" "$INFERD_GPU_MODELS-fp8/$m" || status=1
   done
+  # One with KV cache scales (K 2, V 4), for the fp8 KV cache's scaled path.
+  python3 tools/make_fp8_checkpoint.py --kv-scales 2,4 "$INFERD_GPU_MODELS/mistral-hd128-g3" \
+    "$INFERD_GPU_MODELS-fp8/mistral-hd128-g3-kvscales" || status=1
 fi
 if [[ "$what" == parity ]]; then  # the precision and whole-model parity tests alone
   "$BUNDLE/bin/gpu_tests" --gtest_filter='Precision.*:Models/CudaParity.*:Models/SharpParity.*' --gtest_output="xml:$OUT/gpu_tests.xml" \
@@ -62,7 +65,8 @@ if [[ "$what" == parity ]]; then  # the precision and whole-model parity tests a
   summarize_gpu_tests "$OUT/gpu_tests_parity.log"
 fi
 if [[ "$what" == fp8 ]]; then  # every GPU test, the fp8 ones among them
-  "$BUNDLE/bin/gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1 || status=1
+  "$BUNDLE/bin/gpu_tests" --gtest_filter="${GPU_TESTS_FILTER:-*}" --gtest_output="xml:$OUT/gpu_tests.xml" \
+    > "$OUT/gpu_tests.log" 2>&1 || status=1
   summarize_gpu_tests "$OUT/gpu_tests.log"
 fi
 if [[ "$what" == all || "$what" == fp8-bench ]]; then
@@ -87,7 +91,8 @@ if [[ "$what" == all || "$what" == tests ]]; then
     filter="-*smollm2*:ChatTemplate.RendersEqualHuggingFace:ChatTemplate.EndOfTurnTokensStopGeneration"
   fi
   echo "== gpu_tests"
-  "$BUNDLE/bin/gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1 || status=1
+  "$BUNDLE/bin/gpu_tests" --gtest_filter="${GPU_TESTS_FILTER:-*}" --gtest_output="xml:$OUT/gpu_tests.xml" \
+    > "$OUT/gpu_tests.log" 2>&1 || status=1
   summarize_gpu_tests "$OUT/gpu_tests.log"
   for t in core_tests engine_tests; do
     echo "== $t"

@@ -2,10 +2,14 @@
 """Writes an FP8 checkpoint of a Hugging Face model directory, in one of the two layouts inferd reads:
 
     python3 tools/make_fp8_checkpoint.py SRC DST [--format compressed-tensors|fp8] [--weights channel|tensor]
+                                         [--kv-scales K,V]
 
 --format compressed-tensors (default): llm-compressor's "float-quantized" layout: each layer's linear weights
   F8_E4M3 with `weight_scale` ([rows, 1] per channel, [1] per tensor), dynamic per-token input activations,
   `ignore: ["lm_head"]`.
+--kv-scales K,V (compressed-tensors only): a `kv_cache_scheme` (8-bit float, per tensor, static) and every layer's
+  `self_attn.k_scale` = K and `self_attn.v_scale` = V ([1] F32), the scales of an fp8 KV cache. llm-compressor
+  calibrates them on data; this script writes the constants given.
 --format fp8: the older `quant_method: fp8` layout (per-tensor `weight_scale` and a static per-tensor
   `input_scale`, activation_scheme "static"); --weights is then tensor.
 
@@ -99,7 +103,13 @@ def main():
     p.add_argument("dst")
     p.add_argument("--format", choices=["compressed-tensors", "fp8"], default="compressed-tensors")
     p.add_argument("--weights", choices=["channel", "tensor"], default="channel")
+    p.add_argument("--kv-scales", help="K,V: per-tensor KV cache scales for every layer")
     args = p.parse_args()
+    if args.kv_scales and args.format != "compressed-tensors":
+        p.error("--kv-scales needs --format compressed-tensors")
+    kv_scales = [float(x) for x in args.kv_scales.split(",")] if args.kv_scales else None
+    if kv_scales is not None and (len(kv_scales) != 2 or min(kv_scales) <= 0):
+        p.error("--kv-scales takes two positive numbers, K,V")
     per_channel = args.weights == "channel" and args.format == "compressed-tensors"
     os.makedirs(args.dst, exist_ok=True)
     for f in os.listdir(args.src):
@@ -122,6 +132,10 @@ def main():
                 out[base + ".input_scale"] = ("F32", [1], np.array([1.0 / 16], np.float32).tobytes())
         else:
             out[name] = ("BF16", w.shape, (bf16_round(w).view(np.uint32) >> 16).astype(np.uint16).tobytes())
+        if kv_scales is not None and name.endswith(".self_attn.k_proj.weight"):
+            base = name[: -len("k_proj.weight")]
+            for which, value in zip(("k_scale", "v_scale"), kv_scales):
+                out[base + which] = ("F32", [1], np.array([value], np.float32).tobytes())
     write_safetensors(os.path.join(args.dst, "model.safetensors"), out)
     with open(os.path.join(args.src, "config.json")) as f:
         config = json.load(f)
@@ -141,9 +155,13 @@ def main():
                                       "symmetric": True},
             }},
         }
+        if kv_scales is not None:
+            config["quantization_config"]["kv_cache_scheme"] = {
+                "num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
     with open(os.path.join(args.dst, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    print(f"wrote {args.dst}: {args.format}, weights per {'channel' if per_channel else 'tensor'}")
+    print(f"wrote {args.dst}: {args.format}, weights per {'channel' if per_channel else 'tensor'}"
+          + (f", KV cache scales {kv_scales[0]} and {kv_scales[1]}" if kv_scales else ""))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ struct LayerTensors {
   TensorDesc post_norm;               // [1, hidden]
   TensorDesc gate_proj, up_proj;      // [intermediate, hidden]
   TensorDesc down_proj;               // [hidden, intermediate]
+  // An 8-bit float KV cache's per-tensor scales from the checkpoint (self_attn.k_scale, v_scale): the cache
+  // holds K / k_cache_scale and V / v_cache_scale. 1 when the checkpoint has none.
+  float k_cache_scale = 1.f, v_cache_scale = 1.f;
 };
 
 struct ModelTensors {
@@ -51,6 +54,7 @@ struct ModelTensors {
   std::vector<LayerTensors> layers;
   std::string stored_dtype;                        // dtype of most weights in the files ("bfloat16", "Q4_K", ...)
   bool fp8_checkpoint = false;                     // the layers' linear weights are stored F8_E4M3 (scaled)
+  bool kv_cache_scales = false;                    // every layer has the checkpoint's k_scale and v_scale
   std::vector<std::shared_ptr<const void>> files;  // the mapped files the byte spans point into
 };
 

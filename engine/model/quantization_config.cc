@@ -56,10 +56,19 @@ absl::Status ParseCompressedTensors(const json& q, QuantizationConfig* out) {
   if (group.value("output_activations", json()).is_object()) {
     return Refuse(at + ".output_activations", group["output_activations"], "null");
   }
+  if (const json kv = q.value("kv_cache_scheme", json()); !kv.is_null()) {
+    std::string kv_strategy;
+    if (absl::Status s = CheckArgs(kv, "kv_cache_scheme", "\"tensor\"", {"tensor"}, &kv_strategy); !s.ok()) return s;
+    if (kv.value("dynamic", json(false)) != false) {
+      return Refuse("kv_cache_scheme.dynamic", kv["dynamic"], "false (scales stored in the checkpoint)");
+    }
+    out->kv_cache_scales = true;
+  }
   out->fp8 = true;
   out->description =
       absl::StrCat("compressed-tensors float-quantized: weights per ", weights,
-                   inputs == "none" ? ", inputs unquantized in the checkpoint" : ", inputs per " + inputs);
+                   inputs == "none" ? ", inputs unquantized in the checkpoint" : ", inputs per " + inputs,
+                   out->kv_cache_scales ? ", KV cache scales per tensor" : "");
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
+#include "engine/model/model.h"
 #include "engine/runtime/device_layout.h"
 #include "tests/unit/collecting_sink.h"
 #include "tests/unit/fixtures.h"
@@ -231,6 +232,50 @@ TEST(CudaBackend, AnFp8KvCacheHoldsTwiceTheBlocksAndIsRefusedWhereItCannotRun) {
   }
 }
 
+// Submits the reference's prompts to an engine made from `config` (greedy, as many tokens as the reference has,
+// the chosen token's logprob) and waits for every answer, into *sinks.
+void RunReferencePrompts(const Config& config, const nlohmann::json& ref,
+                         std::vector<std::shared_ptr<testing::CollectingSink>>* sinks) {
+  auto engine = Engine::Create(config);
+  ASSERT_TRUE(engine.ok()) << config.model.path << ": " << engine.status();
+  for (size_t i = 0; i < ref["cases"].size(); ++i) {
+    Request r;
+    r.id = "case-" + std::to_string(i);
+    r.prompt = ref["cases"][i]["prompt_ids"].get<std::vector<int32_t>>();
+    r.sampling.temperature = 0;
+    r.stopping.max_tokens = static_cast<int32_t>(ref["cases"][i]["steps"].size());
+    r.stopping.ignore_eos = true;
+    r.top_logprobs = 1;
+    sinks->push_back(std::make_shared<testing::CollectingSink>());
+    r.sink = sinks->back();
+    ASSERT_TRUE((*engine)->Submit(std::move(r)).ok());
+  }
+  for (auto& sink : *sinks) {
+    ASSERT_TRUE(sink->WaitFor(absl::Seconds(300)));
+    ASSERT_EQ(sink->finish, FinishReason::kLength) << sink->error;
+  }
+}
+
+// Two runs of the reference's prompts give the same tokens up to the reference's first margin under 0.1, with
+// chosen logprobs within 0.02. Returns the positions compared.
+int ExpectSameRuns(const nlohmann::json& ref, const std::vector<std::shared_ptr<testing::CollectingSink>>& a,
+                   const std::vector<std::shared_ptr<testing::CollectingSink>>& b, const std::string& what) {
+  int compared = 0;
+  for (size_t i = 0; i < ref["cases"].size(); ++i) {
+    const auto& steps = ref["cases"][i]["steps"];
+    for (size_t s = 0; s < steps.size() && steps[s]["margin"].get<double>() >= 0.1; ++s, ++compared) {
+      if (a[i]->tokens[s] != b[i]->tokens[s]) {
+        ADD_FAILURE() << what << " prompt " << i << " step " << s << ": " << a[i]->tokens[s] << " against "
+                      << b[i]->tokens[s];
+        break;
+      }
+      EXPECT_NEAR(a[i]->logprobs[s].logprob, b[i]->logprobs[s].logprob, 0.02)
+          << what << " prompt " << i << " step " << s;
+    }
+  }
+  return compared;
+}
+
 // An FP8 checkpoint of a model (tools/make_fp8_checkpoint.py, per channel: bit for bit the weights that
 // `engine.quantization: fp8` makes at load) runs as stored on cuda and answers as the online quantization of the
 // original does: the same greedy tokens up to the reference's first near-tie (margin 0.1), chosen logprobs within
@@ -246,38 +291,61 @@ TEST(Fp8CheckpointOnCuda, AnswersAsOnlineQuantizationOfTheOriginal) {
     const nlohmann::json ref = testing::ReadJson(ref_path);
     std::vector<std::vector<std::shared_ptr<testing::CollectingSink>>> runs;
     for (const auto& [path, quantization] : {std::pair{original, "fp8"}, std::pair{checkpoint, "none"}}) {
-      auto engine = Engine::Create(CudaConfig(path, "auto", 16, 2048, 8, true, quantization));
-      ASSERT_TRUE(engine.ok()) << path << ": " << engine.status();
-      runs.emplace_back();
-      for (size_t i = 0; i < ref["cases"].size(); ++i) {
-        Request r;
-        r.id = "case-" + std::to_string(i);
-        r.prompt = ref["cases"][i]["prompt_ids"].get<std::vector<int32_t>>();
-        r.sampling.temperature = 0;
-        r.stopping.max_tokens = static_cast<int32_t>(ref["cases"][i]["steps"].size());
-        r.stopping.ignore_eos = true;
-        r.top_logprobs = 1;
-        runs.back().push_back(std::make_shared<testing::CollectingSink>());
-        r.sink = runs.back().back();
-        ASSERT_TRUE((*engine)->Submit(std::move(r)).ok());
-      }
-      for (auto& sink : runs.back()) {
-        ASSERT_TRUE(sink->WaitFor(absl::Seconds(300)));
-        ASSERT_EQ(sink->finish, FinishReason::kLength) << sink->error;
-      }
+      ASSERT_NO_FATAL_FAILURE(
+          RunReferencePrompts(CudaConfig(path, "auto", 16, 2048, 8, true, quantization), ref, &runs.emplace_back()));
     }
-    int compared = 0;
-    for (size_t i = 0; i < ref["cases"].size(); ++i) {
-      const auto& steps = ref["cases"][i]["steps"];
-      const auto &a = *runs[0][i], &b = *runs[1][i];
-      for (size_t s = 0; s < steps.size() && steps[s]["margin"].get<double>() >= 0.1; ++s, ++compared) {
-        ASSERT_EQ(a.tokens[s], b.tokens[s]) << model << " prompt " << i << " step " << s;
-        EXPECT_NEAR(a.logprobs[s].logprob, b.logprobs[s].logprob, 0.02) << model << " prompt " << i << " step " << s;
-      }
-    }
+    const int compared = ExpectSameRuns(ref, runs[0], runs[1], model);
     std::printf("[ parity   ] %s FP8 checkpoint against online fp8: %d positions equal\n", model, compared);
     EXPECT_GT(compared, 20) << model;
   }
+}
+
+// An fp8 KV cache with the checkpoint's scales (kv_cache_scheme; here K 2 and V 4, so the cache holds K / 2 and
+// V / 4: nothing new saturates, values under 2^-6 times the scale become subnormal) is as close to the reference as
+// the cache without scales (the CudaParity kv-fp8 cases: tokens up to a near-tie of margin 0.5, chosen logprobs
+// within 0.25 of the -fp8a8 reference), and close to the unscaled run. A scale applied on one side only (the
+// write, attention's sm_scale or its output) moves logits 2-4x.
+TEST(Fp8CheckpointOnCuda, AnFp8KvCacheAppliesTheCheckpointsKvScales) {
+  const char* dir = std::getenv("INFERD_GPU_MODELS");
+  if (!dir) GTEST_SKIP() << "INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)";
+  const std::string plain = std::string(dir) + "/mistral-hd128-g3";
+  const std::string scaled = std::string(dir) + "-fp8/mistral-hd128-g3-kvscales";
+  const std::string ref_path = std::string(dir) + "/reference/mistral-hd128-g3-fp8a8.json";
+  if (!std::filesystem::exists(scaled) || !std::filesystem::exists(ref_path)) GTEST_SKIP() << scaled;
+  const nlohmann::json ref = testing::ReadJson(ref_path);
+  auto model = LoadModel(scaled);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE((*model)->tensors.kv_cache_scales);
+  EXPECT_EQ((*model)->tensors.layers[0].k_cache_scale, 2.f);
+  EXPECT_EQ((*model)->tensors.layers[0].v_cache_scale, 4.f);
+  std::vector<std::vector<std::shared_ptr<testing::CollectingSink>>> runs;
+  for (const auto& [path, quantization] : {std::pair{plain, "fp8"}, std::pair{scaled, "none"}}) {
+    ASSERT_NO_FATAL_FAILURE(RunReferencePrompts(CudaConfig(path, "auto", 16, 2048, 8, true, quantization, "fp8_e4m3"),
+                                                ref, &runs.emplace_back()));
+  }
+  double worst[2] = {}, apart = 0;
+  for (int run = 0; run < 2; ++run) {
+    std::vector<std::vector<int32_t>> tokens;
+    for (const auto& sink : runs[run]) tokens.push_back(sink->tokens);
+    const Agreement a = Agree(tokens, ref, 0.5);
+    EXPECT_EQ(a.agreed, a.compared) << (run ? "scaled: " : "unscaled: ") << a.first_mismatch;
+    EXPECT_GT(a.compared, 5);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const auto& steps = ref["cases"][i]["steps"];
+      for (size_t s = 0; s < steps.size() && steps[s]["margin"].get<double>() >= 0.5; ++s) {
+        worst[run] =
+            std::max(worst[run], std::abs(runs[run][i]->logprobs[s].logprob - steps[s]["top"][0][1].get<double>()));
+        if (run == 1)
+          apart = std::max(apart, double{std::abs(runs[1][i]->logprobs[s].logprob - runs[0][i]->logprobs[s].logprob)});
+      }
+    }
+    EXPECT_LT(worst[run], 0.25) << (run ? "scaled" : "unscaled");
+  }
+  EXPECT_LT(apart, 0.1);
+  std::printf(
+      "[ parity   ] mistral-hd128-g3 fp8 KV with the checkpoint's scales (K 2, V 4): worst chosen-logprob "
+      "error %.4f (scale 1: %.4f), %.4f apart\n",
+      worst[1], worst[0], apart);
 }
 
 // Models of large activations ("-sharp": every weight of std 0.2, attention logits of std ~20), where a bf16

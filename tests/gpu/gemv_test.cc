@@ -146,7 +146,7 @@ void CheckQkvRope(const RopeShape& shape, uint32_t seed) {
   const T* b = with_bias ? db.get() : nullptr;
   CUDA_OK((kernels::Gemv<T, T>(dx.get(), dw.get(), b, qkv_a.get(), m, n, k, nullptr)));
   CUDA_OK(kernels::RopeWriteKv(qkv_a.get(), dpos.get(), dslots.get(), dfreq.get(), k_a.get(), v_a.get(), m, heads,
-                               kv_heads, D, nullptr));
+                               kv_heads, D, 1.f, 1.f, nullptr));
   CUDA_OK(kernels::GemvQkvRope(dx.get(), dw.get(), b, qkv_b.get(), m, k, dpos.get(), dslots.get(), dfreq.get(),
                                k_b.get(), v_b.get(), heads, kv_heads, D, nullptr));
   CUDA_OK(cudaDeviceSynchronize());

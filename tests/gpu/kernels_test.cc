@@ -140,7 +140,7 @@ TEST(Kernels, RopeRotatesQAndKAndWritesKvIntoTheirSlots) {
   Dev<float> d_freq(inv_freq);
   Dev<bf16> kc(num_slots * kv_dim), vc(num_slots * kv_dim);
   CUDA_OK(kernels::RopeWriteKv(d_qkv.get(), d_pos.get(), d_slots.get(), d_freq.get(), kc.get(), vc.get(), T, heads,
-                               kv_heads, D, nullptr));
+                               kv_heads, D, 1.f, 1.f, nullptr));
   std::vector<double> ref(T * row);
   for (int32_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < row; ++i) ref[t * row + i] = Bf(qkv[t * row + i]);
@@ -168,9 +168,9 @@ TEST(Kernels, RopeRotatesQAndKAndWritesKvIntoTheirSlots) {
   Dev<bf16> kc16(num_slots * kv_dim), vc16(num_slots * kv_dim);
   Dev<__nv_fp8_e4m3> kc8(num_slots * kv_dim), vc8(num_slots * kv_dim);
   CUDA_OK(kernels::RopeWriteKv(d_wide.get(), d_pos.get(), d_slots.get(), d_freq.get(), kc16.get(), vc16.get(), T, heads,
-                               kv_heads, D, nullptr));
+                               kv_heads, D, 1.f, 1.f, nullptr));
   CUDA_OK(kernels::RopeWriteKv(d_wide8.get(), d_pos.get(), d_slots.get(), d_freq.get(), kc8.get(), vc8.get(), T, heads,
-                               kv_heads, D, nullptr));
+                               kv_heads, D, 1.f, 1.f, nullptr));
   EXPECT_EQ(FromBf16(d_wide8.Host()), FromBf16(d_wide.Host())) << "q, k and v rotate as with a bf16 cache";
   const std::vector<float> k16 = FromBf16(kc16.Host()), v16 = FromBf16(vc16.Host());
   const std::vector<__nv_fp8_e4m3> k8 = kc8.Host(), v8 = vc8.Host();
@@ -183,6 +183,29 @@ TEST(Kernels, RopeRotatesQAndKAndWritesKvIntoTheirSlots) {
       coarse += static_cast<float>(k8[at]) != k16[at];
     }
   EXPECT_GT(coarse, T * kv_dim / 2) << "most values are rounded: the fp8 cache is not a bf16 copy";
+  // With the checkpoint's scales (not powers of two): each value divided by its scale (fp32) before rounding; K's
+  // small scale pushes some past 448, where e4m3 saturates.
+  const float k_scale = 0.0137f, v_scale = 3.1f;
+  Dev<bf16> d_scaled(ToBf16(wide));
+  CUDA_OK(kernels::RopeWriteKv(d_scaled.get(), d_pos.get(), d_slots.get(), d_freq.get(), kc8.get(), vc8.get(), T, heads,
+                               kv_heads, D, k_scale, v_scale, nullptr));
+  const std::vector<__nv_fp8_e4m3> ks = kc8.Host(), vs = vc8.Host();
+  int saturated = 0;
+  for (int32_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < kv_dim; ++i) {
+      const int64_t at = slots[t] * kv_dim + i;
+      ASSERT_EQ(ks[at].__x, __nv_fp8_e4m3(k16[at] / k_scale).__x) << "K of token " << t;
+      ASSERT_EQ(vs[at].__x, __nv_fp8_e4m3(v16[at] / v_scale).__x) << "V of token " << t;
+      saturated += std::abs(k16[at] / k_scale) > 448.f;
+    }
+  EXPECT_GT(saturated, 0) << "the case reaches e4m3's saturation";
+  // A cache of the activation dtype takes no scale; an fp8 cache's are finite and positive.
+  EXPECT_EQ(kernels::RopeWriteKv(d_wide.get(), d_pos.get(), d_slots.get(), d_freq.get(), kc16.get(), vc16.get(), T,
+                                 heads, kv_heads, D, 2.f, 1.f, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::RopeWriteKv(d_wide.get(), d_pos.get(), d_slots.get(), d_freq.get(), kc8.get(), vc8.get(), T, heads,
+                                 kv_heads, D, 1.f, 0.f, nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST(Kernels, KvBlocksGoToHostSwapSpaceAndBackExactly) {
@@ -236,9 +259,10 @@ TEST(Kernels, KvBlocksGoToHostSwapSpaceAndBackExactly) {
 struct AttentionCase {
   int32_t head_dim, heads, kv_heads, block_size;
   std::vector<std::pair<int32_t, int32_t>> seqs;
-  bool decode_graph = false;  // the plan a decode CUDA graph replays (rows of one token, a fixed padded grid)
-  bool unsplit_kv = false;    // that plan with each sequence's whole KV in one CTA
-  bool fp8_kv = false;        // K and V in fp8 e4m3 (engine.kv_cache_dtype: fp8_e4m3)
+  bool decode_graph = false;           // the plan a decode CUDA graph replays (rows of one token, a fixed padded grid)
+  bool unsplit_kv = false;             // that plan with each sequence's whole KV in one CTA
+  bool fp8_kv = false;                 // K and V in fp8 e4m3 (engine.kv_cache_dtype: fp8_e4m3)
+  float k_scale = 1.f, v_scale = 1.f;  // the fp8 cache holds K / k_scale and V / v_scale
 };
 
 // n decode rows at contexts spread over 1 .. 700.
@@ -282,15 +306,15 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
                      v = bf16_values(int64_t{num_blocks} * bs * kv_dim);
   // An fp8 cache holds e4m3 values: the reference reads the same ones.
   std::vector<__nv_fp8_e4m3> k8, v8;
-  auto to_fp8 = [](std::vector<float>& x, std::vector<__nv_fp8_e4m3>* out) {
+  auto to_fp8 = [](std::vector<float>& x, float scale, std::vector<__nv_fp8_e4m3>* out) {
     for (float& e : x) {
-      out->push_back(__nv_fp8_e4m3(e));
-      e = static_cast<float>(out->back());
+      out->push_back(__nv_fp8_e4m3(e / scale));
+      e = static_cast<float>(out->back()) * scale;
     }
   };
   if (c.fp8_kv) {
-    to_fp8(k, &k8);
-    to_fp8(v, &v8);
+    to_fp8(k, c.k_scale, &k8);
+    to_fp8(v, c.v_scale, &v8);
   }
   Dev<bf16> dq(ToBf16(q)), dk(ToBf16(k)), dv(ToBf16(v));
   Dev<__nv_fp8_e4m3> dk8(k8), dv8(v8);
@@ -308,11 +332,11 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   if (c.fp8_kv) {
     CUDA_OK((kernels::RunPagedAttention<bf16, __nv_fp8_e4m3>(
         plan, fws, iws, dq.get(), q_stride, dk8.get(), dv8.get(), d_qo.get(), d_kv.get(), d_pages.get(), d_last.get(),
-        out.get(), S, c.heads, c.kv_heads, D, bs, scale, /*early_launch=*/T <= 3, nullptr)));
+        out.get(), S, c.heads, c.kv_heads, D, bs, scale * c.k_scale, c.v_scale, /*early_launch=*/T <= 3, nullptr)));
   } else {
     CUDA_OK(kernels::RunPagedAttention<bf16>(plan, fws, iws, dq.get(), q_stride, dk.get(), dv.get(), d_qo.get(),
                                              d_kv.get(), d_pages.get(), d_last.get(), out.get(), S, c.heads, c.kv_heads,
-                                             D, bs, scale, /*early_launch=*/T <= 3, nullptr));
+                                             D, bs, scale, 1.f, /*early_launch=*/T <= 3, nullptr));
   }
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<double> ref = testing::PagedAttentionReference(q, q_stride, k, v, c.seqs, qo_indptr, kv_indptr,
@@ -358,7 +382,10 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true, false, true},
         AttentionCase{128, 32, 8, 16, ManyDecodeRows(67), true, true, true},
         AttentionCase{128, 16, 4, 16, ManyDecodeRows(200), false, false, true},
-        AttentionCase{128, 32, 4, 16, {{5000, 1}, {33, 1}}, false, false, true}));
+        AttentionCase{128, 32, 4, 16, {{5000, 1}, {33, 1}}, false, false, true},
+        // an fp8 cache with the checkpoint's scales: prefill chunks and decodes; the decode graph's split plan
+        AttentionCase{128, 8, 2, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}, false, false, true, 0.05f, 3.f},
+        AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true, false, true, 2.5f, 0.02f}));
 
 TEST(PagedAttention, DecodeKvUnsplitWhenTheRowsFillTheGpuAndNoneIsFarLongerThanTheMean) {
   // 132 SMs, 8 KV heads: 17 rows give 136 CTAs, 16 give 128.

@@ -292,7 +292,7 @@ void AttentionIsAsExactAsOneRounding(const SharpCase& c) {
   const float sm_scale = 1.f / std::sqrt(float(D));
   ASSERT_EQ(kernels::RunPagedAttention<T>(plan, fws, iws, dq.get(), q_stride, dk.get(), dv.get(), d_qo.get(),
                                           d_kv.get(), d_pages.get(), d_last.get(), out.get(), S, c.heads, c.kv_heads, D,
-                                          bs, sm_scale, false, nullptr),
+                                          bs, sm_scale, 1.f, false, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<double> ref = testing::PagedAttentionReference(q, q_stride, k, v, c.seqs, qo_indptr, kv_indptr,

@@ -507,7 +507,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, c
   spdlog::info("cuda: {} weights{} on {} ({:.1f} MiB) in {:.2f} s", fp16 ? "float16" : "bfloat16",
                fp8 ? " with fp8 e4m3 linear layers (per-channel scales)" : "", prop.name, weights.bytes / 1048576.0,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  if (fp8_kv) spdlog::info("cuda: KV cache in fp8 e4m3 (scale 1)");
+  if (fp8_kv) {
+    spdlog::info("cuda: KV cache in fp8 e4m3 ({})", model.tensors.kv_cache_scales
+                                                        ? "each layer's k_scale and v_scale from the checkpoint"
+                                                        : "scale 1: the checkpoint has no kv_cache_scheme");
+  } else if (model.tensors.kv_cache_scales) {
+    spdlog::info("cuda: the checkpoint's KV cache scales are unused: engine.kv_cache_dtype is auto");
+  }
   return std::make_unique<CudaBackend>(model, std::move(weights), dtype, fp8_kv, static_cast<int64_t>(free), prop.name,
                                        engine.cuda_graphs);
 }

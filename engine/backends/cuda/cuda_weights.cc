@@ -223,6 +223,8 @@ absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& t, cudaDataType_t 
     INFERD_RETURN_IF_ERROR(Stack({&L.post_norm}, &l.post_norm, b, &pieces));
     INFERD_RETURN_IF_ERROR(StackLinear({&L.gate_proj, &L.up_proj}, fp8, &l.gate_up, b, &pieces));
     INFERD_RETURN_IF_ERROR(StackLinear({&L.down_proj}, fp8, &l.down, b, &pieces));
+    l.k_cache_scale = L.k_cache_scale;
+    l.v_cache_scale = L.v_cache_scale;
   }
   INFERD_RETURN_IF_ERROR(RunPieces(pieces, dtype));
   return w;

@@ -34,6 +34,8 @@ struct CudaLayerWeights {
   DeviceBuffer post_norm;   // [hidden]
   LinearWeight gate_up;     // [2 * intermediate, hidden]: gate rows then up rows
   LinearWeight down;        // [hidden, intermediate]
+  // An fp8 KV cache holds K / k_cache_scale and V / v_cache_scale: the checkpoint's k_scale and v_scale, else 1.
+  float k_cache_scale = 1.f, v_cache_scale = 1.f;
 };
 
 struct CudaWeights {

@@ -64,8 +64,9 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     INFERD_KERNEL(k::AddRmsNorm(x, delta, weight, xn, Tn, H, eps, s));
     return FromCuda(k::QuantizeRowsFp8(xn, Tn, H, xq, xs, s), "QuantizeRowsFp8");
   };
-  // An fp8 KV cache (engine.kv_cache_dtype): RoPE's kernel rounds K and V to e4m3 as it writes them, and attention
-  // reads them as such (bf16 queries only: the backend refuses other dtypes).
+  // An fp8 KV cache (engine.kv_cache_dtype): RoPE's kernel divides K and V by the layer's scales (the checkpoint's
+  // k_scale and v_scale, else 1) and rounds them to e4m3 as it writes them; attention multiplies them back (K's
+  // scale folded into sm_scale, V's into the output). bf16 queries only: the backend refuses other dtypes.
   const bool fp8_kv = b.layout->kv_element_bytes == 1;
   if (fp8_kv && !std::is_same_v<T, __nv_bfloat16>) return absl::InternalError("an fp8 KV cache needs bf16 activations");
   // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product (bf16/fp16
@@ -73,18 +74,18 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   const bool fused_qkv_rope = !w.fp8 && !fp8_kv && Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
                               k::GemvSupports(xn, w.layers[0].qkv.data.get(), Tn, H);
   // RoPE and the K/V write, then attention, over the cache's element type C.
-  auto rope_attend = [&](auto* k_cache, auto* v_cache, bool rope) -> absl::Status {
+  auto rope_attend = [&](auto* k_cache, auto* v_cache, bool rope, float k_scale, float v_scale) -> absl::Status {
     using C = std::remove_pointer_t<decltype(k_cache)>;
     if (rope) {
       INFERD_KERNEL((k::RopeWriteKv<T, C>(qkv, positions, slots, inv_freq, k_cache, v_cache, Tn, cfg.num_heads,
-                                          cfg.num_kv_heads, cfg.head_dim, s)));
+                                          cfg.num_kv_heads, cfg.head_dim, k_scale, v_scale, s)));
     }
     TraceRange attention("attention");
     return FromCuda(k::RunPagedAttention<T, C>(
                         plan, b.act<void>(a.attn_float_ws), b.act<void>(a.attn_int_ws), qkv, qkv_dim, k_cache, v_cache,
                         b.in<int32_t>(ir.qo_indptr), b.in<int32_t>(ir.kv_indptr), b.in<int32_t>(ir.kv_indices),
                         b.in<int32_t>(ir.kv_last_page_len), attn, in.num_seqs(), cfg.num_heads, cfg.num_kv_heads,
-                        cfg.head_dim, in.block_size, 1.0f / std::sqrt(static_cast<float>(cfg.head_dim)),
+                        cfg.head_dim, in.block_size, k_scale / std::sqrt(static_cast<float>(cfg.head_dim)), v_scale,
                         /*early_launch=*/Tn <= gemm.streaming_rows(w.fp8), s),
                     "RunPagedAttention");
   };
@@ -102,12 +103,13 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     }
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       if (fp8_kv) {
-        INFERD_RETURN_IF_ERROR(
-            rope_attend(static_cast<k::Fp8*>(b.k(layer)), static_cast<k::Fp8*>(b.v(layer)), !fused_qkv_rope));
+        INFERD_RETURN_IF_ERROR(rope_attend(static_cast<k::Fp8*>(b.k(layer)), static_cast<k::Fp8*>(b.v(layer)),
+                                           !fused_qkv_rope, L.k_cache_scale, L.v_cache_scale));
       }
     }
     if (!fp8_kv) {
-      INFERD_RETURN_IF_ERROR(rope_attend(static_cast<T*>(b.k(layer)), static_cast<T*>(b.v(layer)), !fused_qkv_rope));
+      INFERD_RETURN_IF_ERROR(
+          rope_attend(static_cast<T*>(b.k(layer)), static_cast<T*>(b.v(layer)), !fused_qkv_rope, 1.f, 1.f));
     }
     if (quantize) INFERD_KERNEL(k::QuantizeRowsFp8(attn, Tn, q_dim, xq, xs, s));
     INFERD_RETURN_IF_ERROR(

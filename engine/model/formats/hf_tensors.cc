@@ -117,6 +117,26 @@ class TensorSource {
     return absl::OkStatus();
   }
 
+  // A per-tensor scale beside the weights (an 8-bit float KV cache's k_scale or v_scale): one finite positive value.
+  absl::Status ReadScalar(const std::string& name, float* out) {
+    auto it = where_.find(name);
+    if (it == where_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weights: missing tensor '", name, "' (config.json's quantization_config.kv_cache_scheme needs one)"));
+    }
+    const TensorInfo& info = it->second->tensors().at(name);
+    if (info.numel() != 1 || info.shape.size() > 1 || info.dtype == DType::kF8E4M3) {
+      return absl::InvalidArgumentError(absl::StrCat("weights: '", name, "' must hold one float; it holds ",
+                                                     info.numel(), " ", DTypeName(info.dtype), " values"));
+    }
+    ConvertToF32(info.dtype, it->second->Bytes(info), out);
+    if (!(*out > 0) || !std::isfinite(*out)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weights: '", name, "' holds ", *out, "; allowed: a finite value > 0"));
+    }
+    return absl::OkStatus();
+  }
+
   void set_fp8(bool fp8) { fp8_ = fp8; }
   bool any_fp8() const { return any_fp8_; }
 
@@ -169,7 +189,12 @@ absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const Mod
     INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.gate_proj.weight", {ff, h}, &L.gate_proj));
     INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.up_proj.weight", {ff, h}, &L.up_proj));
     INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.down_proj.weight", {h, ff}, &L.down_proj));
+    if (c.quantization.kv_cache_scales) {
+      INFERD_RETURN_IF_ERROR(src.ReadScalar(p + "self_attn.k_scale", &L.k_cache_scale));
+      INFERD_RETURN_IF_ERROR(src.ReadScalar(p + "self_attn.v_scale", &L.v_cache_scale));
+    }
   }
+  w.kv_cache_scales = c.quantization.kv_cache_scales;
   w.stored_dtype = src.dtype();
   w.fp8_checkpoint = src.any_fp8();
   w.files = src.TakeFiles();

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "engine/engine.h"
 #include "engine/model/model.h"
@@ -113,10 +114,19 @@ TEST(Fp8Checkpoint, TheCpuBackendServesItDequantized) {
   }
 }
 
-// A copy of llama3-tiny-fp8 whose config.json has `edit` applied to its quantization_config.
+// Float tensors to add to a checkpoint, by name: shape and values.
+using ExtraTensors = std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>;
+
+// compressed-tensors' kv_cache_scheme as llm-compressor writes it, with the given strategy.
+nlohmann::json KvScheme(const std::string& strategy) {
+  return {{"num_bits", 8}, {"type", "float"}, {"strategy", strategy}, {"dynamic", false}, {"symmetric", true}};
+}
+
+// A copy of llama3-tiny-fp8 whose config.json has `edit` applied to its quantization_config. Extra tensors go into
+// a second shard (model-extra.safetensors, F32) named with model.safetensors by a model.safetensors.index.json.
 class EditedCheckpoint {
  public:
-  explicit EditedCheckpoint(const std::function<void(nlohmann::json&)>& edit)
+  explicit EditedCheckpoint(const std::function<void(nlohmann::json&)>& edit, const ExtraTensors& extra = {})
       : dir_(fs::temp_directory_path() / ("inferd-fp8-" + std::to_string(::getpid()) + "-" + std::to_string(n_++))) {
     fs::create_directories(dir_);
     for (const auto& f : fs::directory_iterator(testing::ModelDir("llama3-tiny-fp8"))) {
@@ -125,11 +135,40 @@ class EditedCheckpoint {
     nlohmann::json config = testing::ReadJson((dir_ / "config.json").string());
     edit(config);
     std::ofstream(dir_ / "config.json") << config.dump();
+    if (!extra.empty()) AddShard(extra);
   }
   ~EditedCheckpoint() { fs::remove_all(dir_); }
   std::string path() const { return dir_.string(); }
 
  private:
+  void AddShard(const ExtraTensors& extra) {
+    nlohmann::json header = nlohmann::json::object(), map = nlohmann::json::object();
+    std::string data;
+    for (const auto& [name, tensor] : extra) {
+      const auto& [shape, values] = tensor;
+      header[name] = {
+          {"dtype", "F32"}, {"shape", shape}, {"data_offsets", {data.size(), data.size() + 4 * values.size()}}};
+      data.append(reinterpret_cast<const char*>(values.data()), 4 * values.size());
+      map[name] = "model-extra.safetensors";
+    }
+    const std::string text = header.dump();
+    const uint64_t n = text.size();
+    std::ofstream shard(dir_ / "model-extra.safetensors", std::ios::binary);
+    shard.write(reinterpret_cast<const char*>(&n), 8);
+    shard << text << data;
+    // The first shard's names, from its header.
+    std::ifstream first(dir_ / "model.safetensors", std::ios::binary);
+    uint64_t len = 0;
+    first.read(reinterpret_cast<char*>(&len), 8);
+    std::string first_header(len, '\0');
+    first.read(first_header.data(), static_cast<std::streamsize>(len));
+    const nlohmann::json names = nlohmann::json::parse(first_header);
+    for (const auto& [name, info] : names.items()) {
+      if (name != "__metadata__") map[name] = "model.safetensors";
+    }
+    std::ofstream(dir_ / "model.safetensors.index.json") << nlohmann::json{{"weight_map", map}}.dump();
+  }
+
   static inline int n_ = 0;
   fs::path dir_;
 };
@@ -158,12 +197,70 @@ TEST(Fp8Checkpoint, UnsupportedQuantizationConfigsAreRefusedNamingTheField) {
        "quantization_config.weight_block_size = [128,128] is not supported"},
       {[](nlohmann::json& c) { c.erase("quantization_config"); },
        "is F8_E4M3 but config.json has no quantization_config"},
+      {[](nlohmann::json& c) { c["quantization_config"]["kv_cache_scheme"] = KvScheme("attn_head"); },
+       "quantization_config.kv_cache_scheme.strategy = \"attn_head\" is not supported; supported: \"tensor\""},
+      {[](nlohmann::json& c) {
+         c["quantization_config"]["kv_cache_scheme"] = KvScheme("tensor");
+         c["quantization_config"]["kv_cache_scheme"]["dynamic"] = true;
+       },
+       "quantization_config.kv_cache_scheme.dynamic = true is not supported; supported: false"},
+      {[](nlohmann::json& c) { c["quantization_config"]["kv_cache_scheme"] = KvScheme("tensor"); },
+       "weights: missing tensor 'model.layers.0.self_attn.k_scale' (config.json's "
+       "quantization_config.kv_cache_scheme needs one)"},
   };
   for (const Case& c : cases) {
     EditedCheckpoint dir(c.edit);
     auto model = LoadModel(dir.path());
     ASSERT_FALSE(model.ok()) << c.message;
     EXPECT_NE(model.status().message().find(c.message), std::string::npos) << model.status();
+  }
+}
+
+// An 8-bit float KV cache's per-tensor scales (kv_cache_scheme): each layer's self_attn.k_scale and v_scale are
+// read ([1] or [] tensors); a missing one, one of several values or one not finite and positive is refused naming
+// the tensor.
+TEST(Fp8Checkpoint, KvCacheScalesAreReadPerLayerAndBadOnesRefusedNamingTheTensor) {
+  const auto with_scheme = [](nlohmann::json& c) { c["quantization_config"]["kv_cache_scheme"] = KvScheme("tensor"); };
+  const int32_t layers = LoadModel(testing::ModelDir("llama3-tiny-fp8")).value()->config.num_layers;
+  ExtraTensors scales;
+  for (int32_t l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+    scales[p + "k_scale"] = {{1}, {0.25f + l}};
+    scales[p + "v_scale"] = {{}, {3.5f * (l + 1)}};
+  }
+  {
+    EditedCheckpoint dir(with_scheme, scales);
+    auto model = LoadModel(dir.path());
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_TRUE((*model)->tensors.kv_cache_scales);
+    EXPECT_EQ((*model)->config.quantization.description,
+              "compressed-tensors float-quantized: weights per channel, inputs per token, KV cache scales per tensor");
+    for (int32_t l = 0; l < layers; ++l) {
+      EXPECT_EQ((*model)->tensors.layers[l].k_cache_scale, 0.25f + l);
+      EXPECT_EQ((*model)->tensors.layers[l].v_cache_scale, 3.5f * (l + 1));
+    }
+  }
+  {  // without kv_cache_scheme the scales are not read: the cache (if fp8) uses 1
+    EditedCheckpoint dir([](nlohmann::json&) {}, scales);
+    auto model = LoadModel(dir.path());
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_FALSE((*model)->tensors.kv_cache_scales);
+    EXPECT_EQ((*model)->tensors.layers[1].k_cache_scale, 1.f);
+  }
+  const std::string v1 = "model.layers.1.self_attn.v_scale";
+  for (const auto& [values, message] :
+       {std::pair{std::vector<float>{0.f},
+                  "weights: 'model.layers.1.self_attn.v_scale' holds 0; allowed: a finite "
+                  "value > 0"},
+        std::pair{std::vector<float>{1.f, 2.f},
+                  "weights: 'model.layers.1.self_attn.v_scale' must hold one float; it "
+                  "holds 2 float32 values"}}) {
+    ExtraTensors bad = scales;
+    bad[v1] = {{static_cast<int64_t>(values.size())}, values};
+    EditedCheckpoint dir(with_scheme, bad);
+    auto model = LoadModel(dir.path());
+    ASSERT_FALSE(model.ok()) << message;
+    EXPECT_NE(model.status().message().find(message), std::string::npos) << model.status();
   }
 }
 
