@@ -26,6 +26,7 @@ struct EngineSection {
   double gpu_memory_utilization = 0.9;  // share of device memory inferd may use: (0, 1]
   double cpu_kv_cache_gib = 1.0;        // KV pool size of the cpu backend: (0, 1024]
   double swap_space_gib = 0;            // host memory for preempted requests' KV (swap instead of recompute)
+  double host_kv_cache_gib = 0;         // host tier of the prefix cache (evicted prefix blocks kept on the host)
   int32_t num_threads = 0;              // cpu backend threads; 0 = all cores
   int32_t profile_steps = 0;            // log a time breakdown of each of the first N steps
 };

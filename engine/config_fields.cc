@@ -164,8 +164,10 @@ std::vector<ConfigField> MakeFields() {
   f.push_back(Text(
       "engine", "kv_cache_dtype", [](Config& c) -> std::string& { return c.engine.kv_cache_dtype; },
       {"auto", "fp8_e4m3"}, "auto, fp8_e4m3",
-      "cuda: `fp8_e4m3` stores K and V as e4m3 (scale 1, saturating; RoPE's kernel writes them, FlashInfer's "
-      "attention reads them): a block takes half the bytes, so the pool holds twice the tokens. Needs "
+      "cuda: `fp8_e4m3` stores K and V as e4m3 (saturating; RoPE's kernel writes them, FlashInfer's attention "
+      "reads them), divided by each layer's `k_scale` and `v_scale` when the checkpoint has them "
+      "(compressed-tensors `kv_cache_scheme`), else by 1: a block takes half the bytes, so the pool holds twice the "
+      "tokens. Needs "
       "`dtype` bfloat16 and head_dim 128 or 256. `auto` = `dtype`. The cpu backend refuses fp8_e4m3"));
   f.push_back(Flag(
       "engine", "cuda_graphs", [](Config& c) -> bool& { return c.engine.cuda_graphs; },
@@ -197,6 +199,13 @@ std::vector<ConfigField> MakeFields() {
       "0..1024",
       "host memory where a preempted request's KV blocks wait (pinned on cuda), so it resumes without "
       "recomputing; 0 = preemption recomputes; more than the host's memory is refused"));
+  f.push_back(Real(
+      "engine", "host_kv_cache_gib", [](Config& c) -> double& { return c.engine.host_kv_cache_gib; }, 0, 1024, false,
+      "0..1024",
+      "host tier of the prefix cache (pinned on cuda): a prefix block evicted from the device is written back "
+      "there, and a later request with that prefix copies it in instead of computing it; shares one host pool "
+      "with swap_space_gib (swaps hold at most theirs, the tier caches in the rest); needs "
+      "scheduler.prefix_caching; 0 = off; more than the host's memory is refused"));
   f.push_back(Int<int32_t>(
       "engine", "num_threads", [](Config& c) -> int32_t& { return c.engine.num_threads; }, 0, 1024, "0..1024",
       "cpu backend threads, 0 = all cores"));

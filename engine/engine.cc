@@ -119,20 +119,29 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   e->step_cost_.emplace(mc, plan, config.engine.block_size);
 
   e->pool_ = std::make_unique<BlockPool>(plan.num_blocks);
-  if (plan.num_swap_blocks > 0) {
-    INFERD_RETURN_IF_ERROR(e->backend_->AllocateSwapSpace(plan.num_swap_blocks));
-    e->swap_pool_ = std::make_unique<BlockPool>(plan.num_swap_blocks);
-    spdlog::info("swap space: {} blocks ({:.1f} MiB of host memory)", plan.num_swap_blocks,
-                 plan.num_swap_blocks * static_cast<double>(plan.kv_bytes_per_block) / 1048576.0);
+  if (plan.num_host_cache_blocks > 0 && !config.scheduler.prefix_caching) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: engine.host_kv_cache_gib = ", config.engine.host_kv_cache_gib,
+                     " is a tier of the prefix cache; it needs scheduler.prefix_caching: "
+                     "true (it is false)"));
   }
-  e->scheduler_ =
-      std::make_unique<Scheduler>(SchedulerLimits{.max_num_seqs = config.scheduler.max_num_seqs,
-                                                  .max_num_batched_tokens = config.scheduler.max_num_batched_tokens,
-                                                  .block_size = config.engine.block_size,
-                                                  .prefix_caching = config.scheduler.prefix_caching,
-                                                  .long_prefill_chunk = config.scheduler.long_prefill_chunk,
-                                                  .priority_aging_s = config.scheduler.priority_aging_s},
-                                  e->pool_.get(), e->swap_pool_.get());
+  if (plan.num_host_blocks() > 0) {
+    INFERD_RETURN_IF_ERROR(e->backend_->AllocateHostBlocks(plan.num_host_blocks()));
+    e->host_pool_ = std::make_unique<BlockPool>(plan.num_host_blocks());
+    const double mib = static_cast<double>(plan.kv_bytes_per_block) / 1048576.0;
+    spdlog::info("host KV pool: {} blocks ({:.1f} MiB): swap space up to {} blocks, the prefix cache's host tier {}",
+                 plan.num_host_blocks(), plan.num_host_blocks() * mib, plan.num_swap_blocks,
+                 plan.num_host_cache_blocks > 0 ? "in the rest" : "off");
+  }
+  e->scheduler_ = std::make_unique<Scheduler>(
+      SchedulerLimits{.max_num_seqs = config.scheduler.max_num_seqs,
+                      .max_num_batched_tokens = config.scheduler.max_num_batched_tokens,
+                      .block_size = config.engine.block_size,
+                      .prefix_caching = config.scheduler.prefix_caching,
+                      .long_prefill_chunk = config.scheduler.long_prefill_chunk,
+                      .priority_aging_s = config.scheduler.priority_aging_s},
+      e->pool_.get(), e->host_pool_.get(),
+      HostShares{.swap_blocks = plan.num_swap_blocks, .cache = plan.num_host_cache_blocks > 0});
   int64_t max_len = mc.max_position_embeddings;
   if (config.model.max_model_len > 0) {
     if (config.model.max_model_len > mc.max_position_embeddings) {
@@ -272,6 +281,15 @@ void Engine::PublishStats() {
     stats_.prefix_query_tokens = k.prefix_query_tokens;
     stats_.prefix_hit_tokens = k.prefix_hit_tokens;
     stats_.swapped_preemptions = k.swapped_preemptions;
+    stats_.host_hit_tokens = k.host_hit_tokens;
+    stats_.host_swap_blocks = scheduler_->capacity().swap_blocks_held();
+    const int64_t block = memory_plan_.kv_bytes_per_block;
+    stats_.copied_to_host_bytes = (k.swapped_blocks + k.offloaded_blocks) * block;
+    stats_.copied_to_device_bytes = (k.swapped_in_blocks + k.restored_blocks) * block;
+  }
+  if (host_pool_) {
+    stats_.host_blocks = host_pool_->num_total();
+    stats_.host_cached_blocks = host_pool_->num_cached();
   }
   if (backend_) {
     const StepCounters k = backend_->counters();
@@ -396,6 +414,7 @@ void Engine::Loop() {
     }
     iteration_start_ = absl::Now();
     TakeQueued();
+    scheduler_->CopiesCompleted(backend_->CompletedCopies());  // sequences whose KV came in may run
     if (in_flight_ && (sync_next_ || !CanPlanAhead())) CollectInFlight();
     const bool ahead = in_flight_ != nullptr;
     const absl::Time scheduling = absl::Now();
@@ -414,14 +433,18 @@ void Engine::Loop() {
                      seq->priority(), seq->num_preemptions, seq->swapped_blocks.size());
       }
     }
-    if (!plan.swap_out.empty() || !plan.swap_in.empty()) {
-      INFERD_CHECK(!ahead, "a plan made ahead swaps nothing");
-      if (absl::Status st = backend_->SwapBlocks(plan.swap_out, plan.swap_in); !st.ok()) {
+    if (!plan.copies.empty()) {
+      if (absl::Status st = backend_->StartCopies(plan.copies); !st.ok()) {
         // The copies' requests cannot go on: their KV is unknown. They end with the error, like a failed step.
-        spdlog::error("KV swap failed: {}", st.ToString());
+        spdlog::error("KV block copies failed: {}", st.ToString());
         std::vector<Sequence*> lost(plan.preempted.begin(), plan.preempted.end());
         for (const ScheduledSeq& sc : plan.seqs) lost.push_back(sc.seq);
-        for (Sequence* seq : lost) FinishSequence(seq, FinishReason::kAborted, st);
+        for (Sequence* seq : scheduler_->running()) {
+          if (seq->loading_ticket == plan.copies.ticket) lost.push_back(seq);
+        }
+        for (Sequence* seq : lost) {
+          if (!seq->finished) FinishSequence(seq, FinishReason::kAborted, st);
+        }
         PublishStats();
         continue;
       }
@@ -443,7 +466,12 @@ void Engine::Loop() {
     }
     if (launched) in_flight_ = std::move(launched);
     PublishStats();
-    if (!in_flight_ && !active_.empty()) {
+    if (!in_flight_ && !active_.empty() && scheduler_->copies_in_flight() > 0) {
+      // Nothing could run but what waits for KV coming in: wait for those copies.
+      if (absl::Status st = backend_->WaitForCopies(scheduler_->copies_in_flight()); !st.ok()) {
+        spdlog::error("waiting for KV block copies failed: {}", st.ToString());
+      }
+    } else if (!in_flight_ && !active_.empty()) {
       // Nothing could be scheduled (cannot happen while one request fits the pool); avoid spinning.
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(5));

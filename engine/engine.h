@@ -34,16 +34,22 @@ struct EngineStats {
   int32_t waiting = 0;
   int32_t unfinished = 0;  // accepted and not yet finished, wherever they are (queued, scheduled, mid-step)
   int32_t total_blocks = 0;
-  int32_t free_blocks = 0;          // held by no request (cached ones included)
-  int32_t cached_blocks = 0;        // free blocks that still hold a reusable prefix
-  int64_t preemptions = 0;          // requests sent back to waiting to free blocks or a slot
-  int64_t preempted_tokens = 0;     // computed tokens those preemptions threw away
-  int64_t swapped_preemptions = 0;  // preemptions that kept the KV in host swap space instead
-  int64_t prefix_query_tokens = 0;  // prompt tokens looked up in the prefix cache at first admission
-  int64_t prefix_hit_tokens = 0;    // of those, found cached
-  int64_t steps = 0;                // steps the backend ran (0 for a backend that does not count them)
-  int64_t engine_steps = 0;         // steps the engine ran: liveness reads progress from it
-  double device_busy_s = 0;         // summed device time of the steps (cuda: CUDA events around each step's compute)
+  int32_t free_blocks = 0;             // held by no request (cached ones included)
+  int32_t cached_blocks = 0;           // free blocks that still hold a reusable prefix
+  int64_t preemptions = 0;             // requests sent back to waiting to free blocks or a slot
+  int64_t preempted_tokens = 0;        // computed tokens those preemptions threw away
+  int64_t swapped_preemptions = 0;     // preemptions that kept the KV in host swap space instead
+  int64_t prefix_query_tokens = 0;     // prompt tokens looked up in the prefix cache at first admission
+  int64_t prefix_hit_tokens = 0;       // of those, found cached (either tier)
+  int64_t host_hit_tokens = 0;         // of those, copied back from the host tier
+  int32_t host_blocks = 0;             // the host pool: swap space and the host tier
+  int32_t host_swap_blocks = 0;        // held by swapped-out requests
+  int32_t host_cached_blocks = 0;      // holding a reusable prefix (the host tier)
+  int64_t copied_to_host_bytes = 0;    // KV blocks written to host memory (swap-outs, host-tier write-backs)
+  int64_t copied_to_device_bytes = 0;  // and read back (swap-ins, host-tier restores)
+  int64_t steps = 0;                   // steps the backend ran (0 for a backend that does not count them)
+  int64_t engine_steps = 0;            // steps the engine ran: liveness reads progress from it
+  double device_busy_s = 0;            // summed device time of the steps (cuda: CUDA events around each step's compute)
 };
 
 // One request as it ended, for metrics.
@@ -153,7 +159,7 @@ class Engine {
   DeviceCeilings ceilings_;
   std::optional<StepCostModel> step_cost_;
   std::unique_ptr<BlockPool> pool_;
-  std::unique_ptr<BlockPool> swap_pool_;  // host swap space in blocks (engine.swap_space_gib), or null
+  std::unique_ptr<BlockPool> host_pool_;  // swap space and the host tier of the prefix cache, or null
   std::unique_ptr<Scheduler> scheduler_;
   int32_t max_model_len_ = 0;
   // Owned by the engine thread.

@@ -93,6 +93,12 @@ v1::ServerInfo ToServerInfo(const Engine* engine, const std::string& version) {
   info.set_preemptions_total(s.preemptions);
   info.set_preempted_tokens_total(s.preempted_tokens);
   info.set_swapped_preemptions_total(s.swapped_preemptions);
+  info.set_host_kv_blocks(s.host_blocks);
+  info.set_host_swapped_kv_blocks(s.host_swap_blocks);
+  info.set_host_cached_kv_blocks(s.host_cached_blocks);
+  info.set_host_prefix_cache_hit_tokens(s.host_hit_tokens);
+  info.set_kv_copied_to_host_bytes(s.copied_to_host_bytes);
+  info.set_kv_copied_to_device_bytes(s.copied_to_device_bytes);
   info.set_read_ceiling_bytes_per_s(engine->ceilings().read_bytes_per_s);
   info.set_gemm_ceiling_flops_per_s(engine->ceilings().gemm_flops_per_s);
   info.set_draining(engine->draining());

@@ -47,13 +47,14 @@ void BlockPool::Forget(int32_t b) {
   tokens_[b].clear();
 }
 
-std::vector<int32_t> BlockPool::Allocate(int32_t n) {
+std::vector<int32_t> BlockPool::Allocate(int32_t n, std::vector<EvictedBlock>* evicted) {
   INFERD_CHECK(n >= 0 && n <= num_free(), "Allocate is called only for blocks that are free");
   std::vector<int32_t> out;
   out.reserve(n);
   for (int32_t i = 0; i < n; ++i) {
     const int32_t b = head_;
     Unlink(b);
+    if (evicted && key_[b] != 0) evicted->push_back({b, key_[b], tokens_[b]});
     Forget(b);  // evicted: its prefix is gone
     INFERD_CHECK(ref_counts_[b] == 0, "a free block has no references");
     ref_counts_[b] = 1;

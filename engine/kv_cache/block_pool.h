@@ -11,6 +11,13 @@
 
 namespace inferd {
 
+// A cached block that Allocate handed out again: the prefix it held (a host tier may keep a copy).
+struct EvictedBlock {
+  int32_t block = 0;
+  uint64_t key = 0;
+  std::vector<int32_t> tokens;
+};
+
 class BlockPool {
  public:
   explicit BlockPool(int32_t num_blocks);
@@ -24,9 +31,9 @@ class BlockPool {
   int32_t num_cached() const { return num_cached_free_; }
   bool CanAllocate(int32_t n) const { return n <= num_free(); }
 
-  // Takes n free blocks (ref count 1 each), the least recently freed first; a cached one forgets its prefix.
-  // The caller must have checked CanAllocate.
-  [[nodiscard]] std::vector<int32_t> Allocate(int32_t n);
+  // Takes n free blocks (ref count 1 each), the least recently freed first; a cached one forgets its prefix
+  // (appended to *evicted when given). The caller must have checked CanAllocate.
+  [[nodiscard]] std::vector<int32_t> Allocate(int32_t n, std::vector<EvictedBlock>* evicted = nullptr);
   // Drops one reference to each block; a block with no references is free again (and stays cached).
   void Free(std::span<const int32_t> blocks);
   int32_t RefCount(int32_t block) const;
@@ -38,6 +45,8 @@ class BlockPool {
   void Remember(int32_t block, uint64_t key, std::span<const int32_t> tokens);
   // A block holding exactly these tokens under this key, with one more reference taken; nullopt if none.
   std::optional<int32_t> Reuse(uint64_t key, std::span<const int32_t> tokens);
+  // Whether a block holds this key (whatever its tokens: a collision is not stored twice).
+  bool Knows(uint64_t key) const { return by_key_.count(key) > 0; }
 
   // Aborts naming the broken invariant: free list and ref counts disagree, duplicates, bad ids.
   void CheckInvariants() const;
@@ -58,11 +67,21 @@ class BlockPool {
   std::unordered_map<uint64_t, int32_t> by_key_;
 };
 
-// A KV block copied between the device pool and host swap space (a preempted request's KV kept on the host).
+// A KV block copied between the device pool and the host pool (swap space and the host tier of the prefix
+// cache).
 struct BlockCopy {
   int32_t device_block = 0;
   int32_t host_block = 0;
   bool operator==(const BlockCopy&) const = default;
+};
+
+// The block copies one step asks for, run on the copy stream: `out` (device → host: swap-outs and write-backs of
+// evicted prefix blocks), then `in` (host → device: swap-ins and host-tier restores). Tickets number the batches
+// that hold copies from 1 up; a batch completes in order after the ones before it.
+struct CopyBatch {
+  uint64_t ticket = 0;  // 0: no copies
+  std::vector<BlockCopy> out, in;
+  bool empty() const { return out.empty() && in.empty(); }
 };
 
 // Blocks needed to hold num_tokens tokens.

@@ -81,7 +81,8 @@ struct StepCounters {
   // of its compute (cuda; 0 for a backend that does not measure).
   double last_prepare_s = 0;
   double last_device_s = 0;
-  double last_idle_before_s = 0;  // cuda: device time from the previous step's compute to this one's
+  double last_idle_before_s = 0;           // cuda: device time from the previous step's compute to this one's
+  int64_t steps_ordered_after_copies = 0;  // cuda: steps that wrote a block a copy still touched, so waited for it
 };
 
 // How fast the device can read memory and multiply matrices, measured once at start-up with small kernels on
@@ -111,12 +112,18 @@ class Backend {
   virtual absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) = 0;
   // Allocates the KV pool of plan.num_blocks blocks. Called once, before the first Step.
   virtual absl::Status AllocateKvCache(const MemoryPlan& plan) = 0;
-  // Host swap space of num_blocks KV blocks (engine.swap_space_gib), where preempted requests keep their KV.
-  // Called once, after AllocateKvCache, only when swap space is configured.
-  virtual absl::Status AllocateSwapSpace(int32_t num_blocks) = 0;
-  // Copies each `out` device block to its host block, then each `in` host block to its device block; both
-  // are done before the next Step reads or writes the pool.
-  virtual absl::Status SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) = 0;
+  // The host pool of num_blocks KV blocks (swap space and the prefix cache's host tier, MemoryPlan::
+  // num_host_blocks). Called once, after AllocateKvCache, only when either is configured.
+  virtual absl::Status AllocateHostBlocks(int32_t num_blocks) = 0;
+  // Starts a batch of block copies (StepPlan::copies): each `out` device block to its host block, then each `in`
+  // host block to its device block, after everything launched before (a block is read once the steps writing it
+  // ran). A later step that writes a block the batch reads or writes runs after the batch; nothing else waits
+  // for it (cuda: a copy stream, ordered with the steps' stream by events). cpu: the copies are done on return.
+  virtual absl::Status StartCopies(const CopyBatch& batch) = 0;
+  // The ticket up to which every batch started has completed.
+  virtual uint64_t CompletedCopies() = 0;
+  // Blocks until batch `ticket` (and every one before it) completed.
+  virtual absl::Status WaitForCopies(uint64_t ticket) = 0;
   // Runs the model over the step's tokens, writing their K/V into the pool, and samples one token for
   // every logits row. Nothing else may be launched and not collected.
   virtual absl::Status Step(const StepInput& input, StepOutput* output) = 0;

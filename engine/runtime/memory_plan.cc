@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/status_macros.h"
 
 namespace inferd {
 namespace {
@@ -35,21 +36,27 @@ std::string MemoryPlan::ToString() const {
   return s;
 }
 
-// Host swap space in blocks, refused when host memory (beside `host_taken` bytes) cannot hold it.
-absl::Status SizeSwapSpace(const EngineSection& engine, int64_t host_taken, MemoryPlan* plan) {
-  const int64_t bytes = static_cast<int64_t>(engine.swap_space_gib * (1ll << 30));
-  plan->num_swap_blocks = static_cast<int32_t>(std::min<int64_t>(bytes / plan->kv_bytes_per_block, kMaxBlocks));
-  if (engine.swap_space_gib > 0 && plan->num_swap_blocks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("config: engine.swap_space_gib = ", engine.swap_space_gib,
-                                                   " holds no KV block of ", plan->kv_bytes_per_block, " bytes"));
-  }
+// Host swap space and the host tier of the prefix cache in blocks, refused when host memory (beside `host_taken`
+// bytes) cannot hold them.
+absl::Status SizeHostBlocks(const EngineSection& engine, int64_t host_taken, MemoryPlan* plan) {
+  const auto blocks = [&](const char* key, double gib, int32_t* out) -> absl::Status {
+    const int64_t bytes = static_cast<int64_t>(gib * (1ll << 30));
+    *out = static_cast<int32_t>(std::min<int64_t>(bytes / plan->kv_bytes_per_block, kMaxBlocks));
+    if (gib > 0 && *out < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("config: engine.", key, " = ", gib, " holds no KV block of ",
+                                                     plan->kv_bytes_per_block, " bytes"));
+    }
+    return absl::OkStatus();
+  };
+  INFERD_RETURN_IF_ERROR(blocks("swap_space_gib", engine.swap_space_gib, &plan->num_swap_blocks));
+  INFERD_RETURN_IF_ERROR(blocks("host_kv_cache_gib", engine.host_kv_cache_gib, &plan->num_host_cache_blocks));
   const int64_t host = HostMemoryBytes();
-  const int64_t swap = int64_t{plan->num_swap_blocks} * plan->kv_bytes_per_block;
-  if (host > 0 && host_taken + swap > host) {
+  const int64_t asked = int64_t{plan->num_host_blocks()} * plan->kv_bytes_per_block;
+  if (host > 0 && host_taken + asked > host) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "config: engine.swap_space_gib = %g asks for %.1f MiB of host memory beside %.1f MiB already taken; this "
-        "machine has %.1f MiB",
-        engine.swap_space_gib, swap / kMiB, host_taken / kMiB, host / kMiB));
+        "config: engine.swap_space_gib = %g and engine.host_kv_cache_gib = %g ask for %.1f MiB of host memory beside "
+        "%.1f MiB already taken; this machine has %.1f MiB",
+        engine.swap_space_gib, engine.host_kv_cache_gib, asked / kMiB, host_taken / kMiB, host / kMiB));
   }
   return absl::OkStatus();
 }
@@ -81,7 +88,7 @@ absl::Status SizeKvPool(const EngineSection& engine, MemoryPlan* plan) {
           engine.gpu_memory_utilization, plan->device_free_bytes / kMiB, plan->budget_bytes / kMiB,
           plan->weight_bytes / kMiB, plan->activation_bytes / kMiB, plan->other_bytes / kMiB, taken / kMiB));
     }
-    return SizeSwapSpace(engine, 0, plan);
+    return SizeHostBlocks(engine, 0, plan);
   }
   const int64_t kv_budget = static_cast<int64_t>(engine.cpu_kv_cache_gib * (1ll << 30));
   plan->num_blocks = engine.num_blocks > 0
@@ -105,7 +112,7 @@ absl::Status SizeKvPool(const EngineSection& engine, MemoryPlan* plan) {
         plan->kv_bytes_per_block / 1024.0));
   }
   plan->budget_bytes = taken + plan->kv_bytes();
-  return SizeSwapSpace(engine, plan->budget_bytes, plan);
+  return SizeHostBlocks(engine, plan->budget_bytes, plan);
 }
 
 }  // namespace inferd

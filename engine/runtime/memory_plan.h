@@ -20,14 +20,19 @@ struct MemoryPlan {
   int64_t kv_bytes_per_block = 0;  // K and V of all layers for one block
   std::string kv_dtype;            // what the KV cache stores: float32, bfloat16, float16 or fp8_e4m3
   int32_t num_blocks = 0;
-  int32_t num_swap_blocks = 0;  // host swap space, in blocks (engine.swap_space_gib)
+  int32_t num_swap_blocks = 0;        // host swap space, in blocks (engine.swap_space_gib)
+  int32_t num_host_cache_blocks = 0;  // host tier of the prefix cache, in blocks (engine.host_kv_cache_gib)
+
+  // The host pool: swap space and the host tier together.
+  int32_t num_host_blocks() const { return num_swap_blocks + num_host_cache_blocks; }
 
   int64_t kv_bytes() const { return int64_t{num_blocks} * kv_bytes_per_block; }
   std::string ToString() const;
 };
 
 // Sets plan->num_blocks: engine.num_blocks when set, else what the budget leaves after weights, activations
-// and other bytes (cuda), or engine.cpu_kv_cache_gib (cpu); and num_swap_blocks from engine.swap_space_gib.
+// and other bytes (cuda), or engine.cpu_kv_cache_gib (cpu); num_swap_blocks from engine.swap_space_gib and
+// num_host_cache_blocks from engine.host_kv_cache_gib.
 // Fails naming the setting when nothing fits, or when host memory cannot hold what is asked of it.
 absl::Status SizeKvPool(const EngineSection& engine, MemoryPlan* plan);
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <vector>
 
 #include "engine/kv_cache/block_pool.h"
@@ -18,21 +19,41 @@ struct CapacityCounters {
   int64_t swapped_preemptions = 0;  // of the preemptions, those that kept their KV in host swap space
   int64_t swapped_blocks = 0;       // blocks copied to the host by them
   int64_t prefix_query_tokens = 0;  // prompt tokens of first admissions, looked up in the prefix cache
-  int64_t prefix_hit_tokens = 0;    // of those, taken from cached blocks
+  int64_t prefix_hit_tokens = 0;    // of those, taken from cached blocks (either tier)
+  int64_t host_hit_tokens = 0;      // of those, copied back from the host tier
+  int64_t offloaded_blocks = 0;     // evicted device prefix blocks written back to the host tier
+  int64_t restored_blocks = 0;      // host-tier blocks copied into device blocks for a new sequence
+  int64_t swapped_in_blocks = 0;    // swapped-out blocks copied back
+};
+
+// The host pool's shares: swap space (engine.swap_space_gib) and the host tier of the prefix cache
+// (engine.host_kv_cache_gib) are one BlockPool of both sizes together; swapped-out sequences hold at most
+// swap_blocks of it, the host tier caches full prefix blocks in every block not held (least recently used
+// evicted first, by swaps too).
+struct HostShares {
+  int32_t swap_blocks = 0;
+  bool cache = false;  // the host tier is on (prefix caching with engine.host_kv_cache_gib > 0)
 };
 
 class Capacity {
  public:
-  // swap_pool: host swap space (engine.swap_space_gib), or null when preemption always recomputes.
-  Capacity(int32_t block_size, bool prefix_caching, BlockPool* pool, BlockPool* swap_pool = nullptr)
-      : block_size_(block_size), prefix_caching_(prefix_caching), pool_(pool), swap_pool_(swap_pool) {}
+  // host_pool: the host pool (swap space and host tier), or null when preemption always recomputes and the
+  // prefix cache has one tier.
+  Capacity(int32_t block_size, bool prefix_caching, BlockPool* pool, BlockPool* host_pool = nullptr,
+           HostShares shares = {})
+      : block_size_(block_size), prefix_caching_(prefix_caching), pool_(pool), host_pool_(host_pool), shares_(shares) {}
 
   // Gives seq blocks for its first num_tokens tokens, if `headroom` blocks stay free after; false (nothing
-  // taken) otherwise.
-  bool Grow(Sequence* seq, int32_t num_tokens, int32_t headroom = 0);
-  // Takes the cached blocks of seq's longest known prefix (all but its last token) and counts them computed.
-  // For a sequence holding no blocks.
+  // taken) otherwise. Cached blocks it takes are written back to the host tier (copies appended to batch->out).
+  bool Grow(Sequence* seq, int32_t num_tokens, int32_t headroom, CopyBatch* batch);
+  // Takes the cached blocks of seq's longest known prefix (all but its last token) and counts them computed:
+  // the device tier's, then the host tier's (held in seq->restoring until Restore or Release). For a sequence
+  // holding no blocks.
   void ReusePrefix(Sequence* seq);
+  // For a sequence with host-tier blocks to restore: device blocks for its computed tokens if `headroom` stay
+  // free after, the host blocks copied in (batch->in); it loads until the batch completes. False (nothing
+  // taken; the caller releases it) otherwise.
+  bool Restore(Sequence* seq, int32_t headroom, CopyBatch* batch);
   // Records an admission: on the first, its reused prompt tokens (usage.cached_prompt_tokens, hit counters).
   void Admitted(Sequence* seq);
   // Registers seq's blocks that are full and computed, so later sequences can reuse them.
@@ -40,17 +61,19 @@ class Capacity {
   // Frees seq's blocks (full computed ones stay cached) and forgets its progress.
   void Release(Sequence* seq);
   // Preempts seq and releases its device blocks; the caller requeues it. With swap space free for its computed
-  // blocks they are copied out (appended to swap_out, kept in seq->swapped_blocks) and nothing is lost;
-  // otherwise it recomputes later and the work lost is counted.
-  void Preempt(Sequence* seq, std::vector<BlockCopy>* swap_out);
-  // For a swapped-out sequence: device blocks for its first num_tokens tokens if `headroom` stay free after,
-  // its swapped blocks copied in (appended to swap_in); false (nothing taken) otherwise. The host blocks are
-  // free again at the next step (after the copies ran).
-  bool SwapIn(Sequence* seq, int32_t num_tokens, int32_t headroom, std::vector<BlockCopy>* swap_in);
-  // Frees the host blocks of the last step's swap-ins; once per step, before anything is swapped out.
-  void ReleaseSwappedIn();
+  // blocks they are copied out (batch->out, kept in seq->swapped_blocks) and nothing is lost; otherwise it
+  // recomputes later and the work lost is counted.
+  void Preempt(Sequence* seq, CopyBatch* batch);
+  // For a swapped-out sequence: device blocks for its computed tokens if `headroom` stay free after, its swapped
+  // blocks copied in (batch->in); it loads until the batch completes, when the host blocks are free again.
+  // False (nothing taken) otherwise.
+  bool SwapIn(Sequence* seq, int32_t headroom, CopyBatch* batch);
+  // Copy batches up to `ticket` completed: the host blocks they read or wrote are released.
+  void CopiesCompleted(uint64_t ticket);
   // Removes a finished sequence's blocks, device and host.
   void Finish(Sequence* seq);
+  // Host blocks held by copies in flight, once per hold (a block read by two batches is there twice).
+  std::vector<int32_t> host_blocks_in_flight() const;
 
   // Who to preempt among `candidates` to make room for `for_seq`: the lowest priority, then the most recently
   // admitted; only priorities below `below` (INT32_MAX for any); unless spare_awaiting is false, never one
@@ -60,13 +83,25 @@ class Capacity {
 
   const CapacityCounters& counters() const { return counters_; }
   const BlockPool& pool() const { return *pool_; }
+  int32_t swap_blocks_held() const { return swap_held_; }
 
  private:
+  // Takes n free device blocks; the cached ones among them are written back to the host tier first.
+  std::vector<int32_t> AllocateDevice(int32_t n, CopyBatch* batch);
+  // Host blocks a batch reads or writes stay held until it completes.
+  void HoldUntilDone(const CopyBatch& batch, std::span<const int32_t> host_blocks);
+
   int32_t block_size_;
   bool prefix_caching_;
   BlockPool* pool_;
-  BlockPool* swap_pool_;
-  std::vector<int32_t> swapped_in_;  // host blocks read by this step's swap-ins
+  BlockPool* host_pool_;
+  HostShares shares_;
+  int32_t swap_held_ = 0;  // host blocks held by swapped-out sequences
+  struct Held {
+    uint64_t ticket;
+    std::vector<int32_t> host_blocks;
+  };
+  std::deque<Held> in_flight_;  // by ticket
   CapacityCounters counters_;
 };
 

@@ -9,8 +9,8 @@
 
 namespace inferd {
 
-Scheduler::Scheduler(SchedulerLimits limits, BlockPool* pool, BlockPool* swap_pool)
-    : limits_(limits), capacity_(limits.block_size, limits.prefix_caching, pool, swap_pool) {
+Scheduler::Scheduler(SchedulerLimits limits, BlockPool* pool, BlockPool* host_pool, HostShares shares)
+    : limits_(limits), capacity_(limits.block_size, limits.prefix_caching, pool, host_pool, shares) {
   INFERD_CHECK(limits_.max_num_batched_tokens >= limits_.max_num_seqs, "the token budget covers one decode per seq");
   if (limits_.long_prefill_chunk <= 0) limits_.long_prefill_chunk = std::max(1, limits_.max_num_batched_tokens / 4);
 }
@@ -47,7 +47,7 @@ int32_t Scheduler::PreemptRunning(Sequence* victim, StepPlan* plan) {
     plan->seqs.erase(scheduled);
   }
   running_.erase(std::find(running_.begin(), running_.end(), victim));
-  capacity_.Preempt(victim, &plan->swap_out);
+  capacity_.Preempt(victim, &plan->copies);
   plan->preempted.push_back(victim);
   waiting_.push_front(victim);  // ordered with the rest at the next step
   return refunded;
@@ -72,11 +72,13 @@ void Scheduler::GrantRunning(StepPlan* plan, bool ahead) {
   const auto done = [](const Sequence* seq) {
     return seq->num_output_tokens() >= seq->request.stopping.max_tokens && IsPendingToken(seq->tokens.back());
   };
-  for (const Sequence* seq : running_) decodes += seq->num_tokens() - seq->num_computed == 1 && !done(seq);
+  for (const Sequence* seq : running_) {
+    decodes += seq->num_tokens() - seq->num_computed == 1 && !done(seq) && !loading(*seq);
+  }
   int32_t prefill_budget = limits_.max_num_batched_tokens - decodes;
   std::vector<std::pair<Sequence*, int32_t>> wants;
   for (Sequence* seq : running_) {
-    if (done(seq)) continue;
+    if (done(seq) || loading(*seq)) continue;
     const int32_t remaining = seq->num_tokens() - seq->num_computed;
     INFERD_CHECK(remaining > 0, "a running sequence always has a token to compute");
     int32_t n = 1;
@@ -98,7 +100,7 @@ void Scheduler::GrantRunning(StepPlan* plan, bool ahead) {
     if (std::find(plan->preempted.begin(), plan->preempted.end(), seq) != plan->preempted.end()) continue;
     ungranted.erase(std::find(ungranted.begin(), ungranted.end(), seq));  // there: not preempted yet
     bool granted = true;
-    while (!capacity_.Grow(seq, seq->num_computed + n)) {
+    while (!capacity_.Grow(seq, seq->num_computed + n, 0, &plan->copies)) {
       if (ahead) {  // it waits; the next step, planned with the results in, may preempt
         plan->needs_sync = true;
         granted = false;
@@ -129,11 +131,11 @@ void Scheduler::Admit(StepPlan* plan, bool ahead) {
   int32_t budget = limits_.max_num_batched_tokens;
   for (const ScheduledSeq& s : plan->seqs) budget -= s.num_new;
   const uint64_t first_this_step = admissions_ + 1;
-  // Running sequences a newcomer may displace: not admitted in this step.
+  // Running sequences a newcomer may displace: not admitted in this step, not loading (a copy writes its blocks).
   auto displaceable = [&] {
     std::vector<Sequence*> v;
     for (Sequence* s : running_) {
-      if (s->admitted_order < first_this_step) v.push_back(s);
+      if (s->admitted_order < first_this_step && !loading(*s)) v.push_back(s);
     }
     return v;
   };
@@ -156,20 +158,45 @@ void Scheduler::Admit(StepPlan* plan, bool ahead) {
     }
     // A request that scores its prompt computes all of it: cached blocks have no logits.
     if (!swapped && !seq->scoring()) capacity_.ReusePrefix(seq);
+    // A newcomer leaves one block free per running sequence, for their next tokens: admitting into the last
+    // free blocks would only preempt someone at the next block boundary (a preemption storm).
+    const auto headroom = [&] { return static_cast<int32_t>(running_.size()); };
+    if (swapped || !seq->restoring.empty()) {
+      // Its KV comes in on the copy stream (swap-in, or host-tier blocks of its prefix): it is admitted with
+      // blocks for its computed tokens and runs from the first step after the copies completed.
+      const auto load = [&] {
+        return swapped ? capacity_.SwapIn(seq, headroom(), &plan->copies)
+                       : capacity_.Restore(seq, headroom(), &plan->copies);
+      };
+      bool fits = load();
+      while (!fits) {
+        Sequence* victim = Capacity::ChooseVictim(displaceable(), seq, seq->priority());
+        if (!victim || ahead) {
+          plan->needs_sync = plan->needs_sync || (victim && ahead);
+          break;
+        }
+        budget += PreemptRunning(victim, plan);
+        std::swap(waiting_[0], waiting_[1]);
+        fits = load();
+      }
+      if (!fits) {
+        if (!swapped) capacity_.Release(seq);
+        break;
+      }
+      capacity_.Admitted(seq);
+      seq->admitted_order = ++admissions_;
+      waiting_.pop_front();
+      running_.push_back(seq);
+      continue;
+    }
     const int32_t remaining = seq->num_tokens() - seq->num_computed;
     const int32_t n = TakePromptRows(
         *seq, std::min({remaining, budget, waiting_.size() > 1 ? limits_.long_prefill_chunk : remaining}), plan);
     if (n == 0) {  // no prompt row is left this step
-      if (!swapped) capacity_.Release(seq);
+      capacity_.Release(seq);
       break;
     }
-    // A newcomer leaves one block free per running sequence, for their next tokens: admitting into the last
-    // free blocks would only preempt someone at the next block boundary (a preemption storm).
-    const auto headroom = [&] { return static_cast<int32_t>(running_.size()); };
-    const auto fit = [&] {
-      return swapped ? capacity_.SwapIn(seq, seq->num_computed + n, headroom(), &plan->swap_in)
-                     : capacity_.Grow(seq, seq->num_computed + n, headroom());
-    };
+    const auto fit = [&] { return capacity_.Grow(seq, seq->num_computed + n, headroom(), &plan->copies); };
     bool fits = fit();
     while (!fits) {
       Sequence* victim = Capacity::ChooseVictim(displaceable(), seq, seq->priority());
@@ -183,7 +210,7 @@ void Scheduler::Admit(StepPlan* plan, bool ahead) {
       fits = fit();
     }
     if (!fits) {
-      if (!swapped) capacity_.Release(seq);  // the reused blocks go back (still cached) until it fits
+      capacity_.Release(seq);  // the reused blocks go back (still cached) until it fits
       break;
     }
     capacity_.Admitted(seq);
@@ -197,7 +224,7 @@ void Scheduler::Admit(StepPlan* plan, bool ahead) {
 
 StepPlan Scheduler::Schedule(absl::Time now, bool ahead) {
   StepPlan plan;
-  capacity_.ReleaseSwappedIn();
+  plan.copies.ticket = last_ticket_ + 1;  // kept only if the step asks for copies
   OrderWaiting(now);
   GrantRunning(&plan, ahead);
   // New work is admitted only when blocks did not run short, so preempted sequences are not overtaken.
@@ -209,6 +236,11 @@ StepPlan Scheduler::Schedule(absl::Time now, bool ahead) {
     prompt_rows += s.num_prompt_rows();
   }
   plan.num_prompt_rows = prompt_rows;
+  if (plan.copies.empty()) {
+    plan.copies.ticket = 0;
+  } else {
+    last_ticket_ = plan.copies.ticket;
+  }
   INFERD_CHECK(plan.num_tokens <= limits_.max_num_batched_tokens, "a step stays within max_num_batched_tokens");
   INFERD_CHECK(prompt_rows <= limits_.max_num_seqs, "a step's prompt rows stay within max_num_seqs");
   INFERD_CHECK(static_cast<int32_t>(plan.seqs.size()) <= limits_.max_num_seqs, "a step stays within max_num_seqs");
@@ -243,6 +275,12 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled
     Resolve(s.seq, s.start + s.num_new, sampled[next++]);
   }
   INFERD_CHECK(next == sampled.size(), "no sampled token is left over");
+}
+
+void Scheduler::CopiesCompleted(uint64_t ticket) {
+  INFERD_CHECK(ticket <= last_ticket_, "only batches that were asked for complete");
+  completed_ticket_ = std::max(completed_ticket_, ticket);
+  capacity_.CopiesCompleted(completed_ticket_);
 }
 
 void Scheduler::Finish(Sequence* seq) {

@@ -41,9 +41,10 @@ struct ScheduledSeq {
 struct StepPlan {
   std::vector<ScheduledSeq> seqs;    // running sequences (by priority), then newly admitted ones
   std::vector<Sequence*> preempted;  // sent back to waiting this step; their blocks are free
-  // KV copies to run before the step, outs first: blocks of preempted sequences to host swap space, and
-  // blocks of readmitted ones back.
-  std::vector<BlockCopy> swap_out, swap_in;
+  // KV copies to start before the step (on the copy stream): swap-outs and write-backs of evicted prefix blocks,
+  // then swap-ins and host-tier restores. The step does not read what they bring in (those sequences load);
+  // a block they read is not written by a step before they have read it.
+  CopyBatch copies;
   int32_t num_tokens = 0;  // sum of num_new
   // prompt_logprobs rows (ScheduledSeq::rows_begin), at most max_num_seqs: while planning, the rows granted so far
   // (TakePromptRows); once planned, the step's.
@@ -56,8 +57,9 @@ struct StepPlan {
 
 class Scheduler {
  public:
-  // swap_pool: host swap space for preempted sequences' KV, or null (preemption recomputes).
-  Scheduler(SchedulerLimits limits, BlockPool* pool, BlockPool* swap_pool = nullptr);
+  // host_pool: host memory for preempted sequences' KV (swap) and the host tier of the prefix cache, shared as
+  // `shares` says; null: preemption recomputes and the prefix cache has one tier.
+  Scheduler(SchedulerLimits limits, BlockPool* pool, BlockPool* host_pool = nullptr, HostShares shares = {});
 
   // Queues a new sequence (its arrival and request.priority set).
   void Add(Sequence* seq);
@@ -85,6 +87,14 @@ class Scheduler {
   void Update(const StepPlan& plan, const std::vector<int32_t>& sampled);
   // Removes a sequence wherever it is (finished or aborted) and frees its blocks at once.
   void Finish(Sequence* seq);
+  // Copy batches up to `ticket` (StepPlan::copies) completed: sequences they load may run, and the host blocks
+  // they held are released.
+  void CopiesCompleted(uint64_t ticket);
+  // The last copy batch asked for that has not completed, or 0.
+  uint64_t copies_in_flight() const { return last_ticket_ > completed_ticket_ ? last_ticket_ : 0; }
+  // A running sequence whose KV is still coming in.
+  bool loading(const Sequence& seq) const { return seq.loading_ticket > completed_ticket_; }
+  const Capacity& capacity() const { return capacity_; }
 
   const std::deque<Sequence*>& running() const { return running_; }
   const std::deque<Sequence*>& waiting() const { return waiting_; }
@@ -108,6 +118,7 @@ class Scheduler {
   std::deque<Sequence*> waiting_;
   std::deque<Sequence*> running_;
   uint64_t admissions_ = 0;
+  uint64_t last_ticket_ = 0, completed_ticket_ = 0;  // copy batches asked for and completed
 };
 
 }  // namespace inferd

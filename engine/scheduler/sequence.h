@@ -25,6 +25,8 @@ struct Sequence {
   int32_t tokens_at_preemption = 0;     // num_tokens() when last preempted: until it grows, it is not preempted again
   uint64_t admitted_order = 0;          // increases with every admission: the most recent is preempted first
   std::vector<int32_t> swapped_blocks;  // while swapped out: host blocks holding its first num_computed tokens' KV
+  std::vector<int32_t> restoring;       // host-tier blocks found for its prefix, until they are copied in
+  uint64_t loading_ticket = 0;          // its KV comes in with this copy batch: it runs once the batch completed
   bool finished = false;                // ended while a launched step still holds it: that step's row is dropped
 
   absl::Time arrival;

@@ -205,6 +205,88 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaParity, ::testing::ValuesIn(AllCases()), []
          (std::string(info.param.kv_cache_dtype) == "auto" ? "" : "_kvfp8");
 });
 
+// The host KV pool on cuda (copies on their own stream): a prompt whose device blocks were evicted comes back
+// from the prefix cache's host tier and answers as it did when computed (the restored KV is bit for bit the
+// computed one; the attention over it runs in another split); and a crowd on a tiny pool with swap space answers
+// as each request did alone. No block is left held in either pool.
+TEST(CudaBackend, HostTierRestoresAndSwapsOnTheCopyStreamGiveTheComputedAnswers) {
+  const char* dir = std::getenv("INFERD_GPU_MODELS");
+  if (!dir) GTEST_SKIP() << "INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)";
+  Config config = CudaConfig(std::string(dir) + "/qwen2-hd128", "auto", 16, 2048, 8, true);
+  config.engine.num_blocks = 64;  // 1,024 tokens (the model's context is 512)
+  config.engine.host_kv_cache_gib = 0.25;
+  config.engine.swap_space_gib = 0.25;
+  auto engine = Engine::Create(config);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::mt19937 rng(5);
+  const auto prompt = [&](int32_t n) {
+    std::vector<int32_t> p(n);
+    for (int32_t& t : p) t = 3 + static_cast<int32_t>(rng() % 500);
+    return p;
+  };
+  const auto run = [&](std::vector<std::vector<int32_t>> prompts, int32_t max_tokens) {
+    std::vector<std::shared_ptr<testing::CollectingSink>> sinks;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Request r;
+      r.id = "r" + std::to_string(i) + "-" + std::to_string(rng());
+      r.prompt = prompts[i];
+      r.sampling.temperature = 0;
+      r.stopping.max_tokens = max_tokens;
+      r.stopping.ignore_eos = true;
+      r.top_logprobs = 2;
+      sinks.push_back(std::make_shared<testing::CollectingSink>());
+      r.sink = sinks.back();
+      EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
+    }
+    for (auto& sink : sinks) {
+      EXPECT_TRUE(sink->WaitFor(absl::Seconds(120)));
+      EXPECT_EQ(sink->finish, FinishReason::kLength) << sink->error;
+    }
+    return sinks;
+  };
+  // Batch composition alone moves bf16 logprobs by a few hundredths (other product shapes, another attention
+  // split): tokens equal up to the first near-tie of either run (margin 0.25), chosen logprobs within 0.1.
+  const auto expect_same = [](const testing::CollectingSink& a, const testing::CollectingSink& b, const char* what) {
+    ASSERT_EQ(a.tokens.size(), b.tokens.size());
+    const auto margin = [](const TokenLogprob& lp) {
+      return lp.top.size() > 1 ? lp.top[0].logprob - lp.top[1].logprob : 1e9f;
+    };
+    for (size_t s = 0; s < a.tokens.size(); ++s) {
+      if (std::min(margin(a.logprobs[s]), margin(b.logprobs[s])) < 0.25) return;
+      EXPECT_EQ(a.tokens[s], b.tokens[s]) << what << " step " << s;
+      if (a.tokens[s] != b.tokens[s]) return;
+      EXPECT_NEAR(a.logprobs[s].logprob, b.logprobs[s].logprob, 0.1) << what << " step " << s;
+    }
+  };
+  const std::vector<int32_t> p = prompt(400);
+  const auto first = run({p}, 24);
+  for (int i = 0; i < 4; ++i) run({prompt(400)}, 8);  // evicts p's blocks from the device
+  const EngineStats before = (*engine)->Stats();
+  EXPECT_GT(before.copied_to_host_bytes, 0) << "evicted prefix blocks were written back";
+  const auto again = run({p}, 24);
+  const EngineStats after = (*engine)->Stats();
+  EXPECT_GE(after.host_hit_tokens - before.host_hit_tokens, 320) << "20 of p's 25 full blocks came back";
+  expect_same(*first[0], *again[0], "restored from the host tier");
+  // A crowd: 12 requests of 14-20 blocks each on 64 blocks preempt one another into swap space.
+  std::vector<std::vector<int32_t>> crowd;
+  for (int i = 0; i < 12; ++i) crowd.push_back(prompt(150 + 10 * i));
+  std::vector<std::shared_ptr<testing::CollectingSink>> solo;
+  for (const auto& c : crowd) solo.push_back(run({c}, 64)[0]);
+  const int64_t swapped = (*engine)->Stats().swapped_preemptions;
+  const auto together = run(crowd, 64);
+  EXPECT_GT((*engine)->Stats().swapped_preemptions, swapped) << "the crowd swapped";
+  for (size_t i = 0; i < crowd.size(); ++i) expect_same(*solo[i], *together[i], "with swaps");
+  const EngineStats end = (*engine)->Stats();
+  EXPECT_EQ(end.free_blocks, end.total_blocks);
+  EXPECT_EQ(end.host_swap_blocks, 0);
+  std::printf(
+      "[ parity   ] host tier on cuda: %lld tokens restored, %lld swapped preemptions, %.1f MiB to the host, "
+      "%.1f MiB back\n",
+      static_cast<long long>(after.host_hit_tokens - before.host_hit_tokens),
+      static_cast<long long>(end.swapped_preemptions), end.copied_to_host_bytes / 1048576.0,
+      end.copied_to_device_bytes / 1048576.0);
+}
+
 // engine.kv_cache_dtype = fp8_e4m3 takes half the bytes a block: the same budget holds about twice the blocks (the
 // weights and activations are the same). It needs bf16 activations and head_dim 128 or 256; anything else is
 // refused at start-up naming the key and the value.

@@ -8,7 +8,6 @@
 #include <tuple>
 
 #include "kernels/elementwise.h"
-#include "kernels/kv_swap.h"
 #include "kernels/paged_attention.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -206,53 +205,6 @@ TEST(Kernels, RopeRotatesQAndKAndWritesKvIntoTheirSlots) {
   EXPECT_EQ(kernels::RopeWriteKv(d_wide.get(), d_pos.get(), d_slots.get(), d_freq.get(), kc8.get(), vc8.get(), T, heads,
                                  kv_heads, D, 1.f, 0.f, nullptr),
             cudaErrorInvalidValue);
-}
-
-TEST(Kernels, KvBlocksGoToHostSwapSpaceAndBackExactly) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
-  // 3 layers, pool of 7 blocks of 48 bytes... in elements: block of 24 bf16 (48 bytes, 3 vectors of 16).
-  const int32_t layers = 3, pool_blocks = 7, host_blocks = 5, block_elems = 24;
-  std::mt19937 rng(9);
-  const std::vector<float> pool_values = Random(size_t(2) * layers * pool_blocks * block_elems, rng);
-  Dev<bf16> pool(ToBf16(pool_values));
-  bf16* host = nullptr;
-  CUDA_OK(cudaMallocHost(&host, sizeof(bf16) * host_blocks * 2 * layers * block_elems));
-  std::fill_n(reinterpret_cast<uint16_t*>(host), host_blocks * 2 * layers * block_elems, uint16_t{0xFFFF});
-  const std::vector<int32_t> dev_out = {5, 0, 3}, host_out = {2, 4, 0};
-  Dev<int32_t> d_dev(dev_out), d_host(host_out);
-  const int64_t block_bytes = block_elems * 2, layer_bytes = int64_t{pool_blocks} * block_bytes;
-  CUDA_OK(kernels::CopyKvBlocks(reinterpret_cast<char*>(pool.get()), reinterpret_cast<char*>(host), d_dev.get(),
-                                d_host.get(), 3, layers, layer_bytes, block_bytes, /*to_host=*/true, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<bf16> before = pool.Host();
-  auto dev_at = [&](const std::vector<bf16>& p, int32_t b, int layer, int kv, int e) {
-    return __bfloat162float(p[((size_t(layer) * 2 + kv) * pool_blocks + b) * block_elems + e]);
-  };
-  auto host_at = [&](int32_t h, int layer, int kv, int e) {
-    return __bfloat162float(host[((size_t(h) * layers + layer) * 2 + kv) * block_elems + e]);
-  };
-  for (int i = 0; i < 3; ++i)
-    for (int layer = 0; layer < layers; ++layer)
-      for (int kv = 0; kv < 2; ++kv)
-        for (int e = 0; e < block_elems; ++e)
-          ASSERT_EQ(host_at(host_out[i], layer, kv, e), dev_at(before, dev_out[i], layer, kv, e)) << i;
-  // Back into other blocks; every untouched block keeps its values.
-  const std::vector<int32_t> dev_in = {1, 6}, host_in = {4, 2};
-  Dev<int32_t> d_dev_in(dev_in), d_host_in(host_in);
-  CUDA_OK(kernels::CopyKvBlocks(reinterpret_cast<char*>(pool.get()), reinterpret_cast<char*>(host), d_dev_in.get(),
-                                d_host_in.get(), 2, layers, layer_bytes, block_bytes, /*to_host=*/false, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<bf16> after = pool.Host();
-  for (int32_t b = 0; b < pool_blocks; ++b)
-    for (int layer = 0; layer < layers; ++layer)
-      for (int kv = 0; kv < 2; ++kv)
-        for (int e = 0; e < block_elems; ++e) {
-          const float want = b == 1   ? dev_at(before, 0, layer, kv, e)  // host 4 held device block 0
-                             : b == 6 ? dev_at(before, 5, layer, kv, e)  // host 2 held device block 5
-                                      : dev_at(before, b, layer, kv, e);
-          ASSERT_EQ(dev_at(after, b, layer, kv, e), want) << "block " << b;
-        }
-  cudaFreeHost(host);
 }
 
 // Sequences given by (context length, query length); queries are the last tokens of the context.

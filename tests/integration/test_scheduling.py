@@ -196,3 +196,28 @@ def test_a_long_prompt_does_not_hold_back_a_newcomers_first_token():
         assert firsts["short"] < 0.3 * firsts["long"], firsts
     finally:
         assert s.stop() == 0
+
+
+def test_a_prefix_evicted_from_the_device_comes_back_from_the_host_tier_with_the_same_outputs():
+    s = Server(engine={**TINY_POOL, "host_kv_cache_gib": 0.01})
+    try:
+        prompt = " ".join(f"fact {i} about paged attention" for i in range(12))
+        first = s.stub.Generate(greedy(prompt, max_tokens=8))
+        # Other long prompts take every device block: the first prompt's cached blocks are evicted from the device
+        # and written back to the host tier.
+        for i in range(6):
+            s.stub.Generate(greedy(" ".join(f"other {i} {j} words" for j in range(15)), max_tokens=4))
+        before = wait_until_idle(s.stub)
+        assert before.host_kv_blocks > 0 and before.host_cached_kv_blocks > 0
+        assert before.kv_copied_to_host_bytes > 0, "evicted prefix blocks were written back"
+        again = s.stub.Generate(greedy(prompt, max_tokens=8))
+        after = wait_until_idle(s.stub)
+        assert list(again.token_ids) == list(first.token_ids)
+        restored = after.host_prefix_cache_hit_tokens - before.host_prefix_cache_hit_tokens
+        assert restored >= 16 and restored % 16 == 0, "whole blocks of the prompt came back from the host tier"
+        assert again.usage.cached_prompt_tokens >= restored
+        assert after.kv_copied_to_device_bytes > before.kv_copied_to_device_bytes
+        assert after.free_kv_blocks == after.total_kv_blocks, "no block leaked"
+        assert after.host_swapped_kv_blocks == 0
+    finally:
+        assert s.stop() == 0

@@ -40,8 +40,14 @@ class FakeBackend : public Backend {
     return p;
   }
   absl::Status AllocateKvCache(const MemoryPlan& plan) override { return absl::OkStatus(); }
-  absl::Status AllocateSwapSpace(int32_t) override { return absl::OkStatus(); }
-  absl::Status SwapBlocks(std::span<const BlockCopy>, std::span<const BlockCopy>) override { return absl::OkStatus(); }
+  absl::Status AllocateHostBlocks(int32_t) override { return absl::OkStatus(); }
+  absl::Status StartCopies(const CopyBatch& batch) override {
+    completed_copies_ = batch.ticket;
+    return absl::OkStatus();
+  }
+  uint64_t CompletedCopies() override { return completed_copies_; }
+  absl::Status WaitForCopies(uint64_t) override { return absl::OkStatus(); }
+  uint64_t completed_copies_ = 0;
   absl::Status Step(const StepInput& in, StepOutput* out) override {
     c_->steps++;
     if (c_->step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(c_->step_ms.load()));

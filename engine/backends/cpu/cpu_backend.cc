@@ -62,8 +62,11 @@ class CpuBackend : public Backend {
   std::string name() const override { return "cpu"; }
   absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) override;
   absl::Status AllocateKvCache(const MemoryPlan& plan) override;
-  absl::Status AllocateSwapSpace(int32_t num_blocks) override;
-  absl::Status SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) override;
+  absl::Status AllocateHostBlocks(int32_t num_blocks) override;
+  // The host pool is a second pool in the same memory: the copies are memcpys, done on return.
+  absl::Status StartCopies(const CopyBatch& batch) override;
+  uint64_t CompletedCopies() override { return completed_copies_; }
+  absl::Status WaitForCopies(uint64_t) override { return absl::OkStatus(); }
   absl::Status Step(const StepInput& input, StepOutput* output) override;
   StepCounters counters() const override { return counters_; }
   absl::StatusOr<DeviceCeilings> MeasureCeilings() override;
@@ -81,8 +84,9 @@ class CpuBackend : public Backend {
   std::vector<float> inv_freq_;                    // [head_dim / 2]
   std::vector<std::unique_ptr<float[]>> k_cache_;  // [layers][num_blocks, block_size, num_kv_heads, head_dim]
   std::vector<std::unique_ptr<float[]>> v_cache_;  // same layout as k_cache_
-  std::unique_ptr<float[]> swap_;                  // [swap blocks][layers][K, V][block_size, num_kv_heads, head_dim]
-  int32_t num_swap_blocks_ = 0;
+  std::unique_ptr<float[]> host_;                  // [host blocks][layers][K, V][block_size, num_kv_heads, head_dim]
+  int32_t num_host_blocks_ = 0;
+  uint64_t completed_copies_ = 0;
   StepCounters counters_;  // the device is the CPU: a step's device time is its whole Step()
 };
 
@@ -177,29 +181,31 @@ absl::Status CpuBackend::AllocateKvCache(const MemoryPlan& plan) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::AllocateSwapSpace(int32_t num_blocks) {
+absl::Status CpuBackend::AllocateHostBlocks(int32_t num_blocks) {
   const size_t block = size_t(block_size_) * cfg_.kv_width();
-  swap_.reset(new (std::nothrow) float[size_t(num_blocks) * cfg_.num_layers * 2 * block]);
-  if (!swap_) return absl::ResourceExhaustedError(absl::StrCat("swap space of ", num_blocks, " blocks does not fit"));
-  num_swap_blocks_ = num_blocks;
+  host_.reset(new (std::nothrow) float[size_t(num_blocks) * cfg_.num_layers * 2 * block]);
+  if (!host_) {
+    return absl::ResourceExhaustedError(absl::StrCat("a host KV pool of ", num_blocks, " blocks does not fit"));
+  }
+  num_host_blocks_ = num_blocks;
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) {
+absl::Status CpuBackend::StartCopies(const CopyBatch& batch) {
   const size_t block = size_t(block_size_) * cfg_.kv_width();
   const int64_t num_blocks = num_slots_ / block_size_;
   auto host = [&](int32_t h, int layer, int kv) {
-    return swap_.get() + ((size_t(h) * cfg_.num_layers + layer) * 2 + kv) * block;
+    return host_.get() + ((size_t(h) * cfg_.num_layers + layer) * 2 + kv) * block;
   };
-  for (const auto* copies : {&out, &in}) {
+  for (const auto* copies : {&batch.out, &batch.in}) {
     for (const BlockCopy& c : *copies) {
       INFERD_CHECK(
-          c.device_block >= 0 && c.device_block < num_blocks && c.host_block >= 0 && c.host_block < num_swap_blocks_,
-          "swap copies name blocks of the pool and the swap space");
+          c.device_block >= 0 && c.device_block < num_blocks && c.host_block >= 0 && c.host_block < num_host_blocks_,
+          "block copies name blocks of the pool and the host pool");
       for (int layer = 0; layer < cfg_.num_layers; ++layer) {
         float* k = k_cache_[layer].get() + size_t(c.device_block) * block;
         float* v = v_cache_[layer].get() + size_t(c.device_block) * block;
-        if (copies == &out) {
+        if (copies == &batch.out) {
           std::copy_n(k, block, host(c.host_block, layer, 0));
           std::copy_n(v, block, host(c.host_block, layer, 1));
         } else {
@@ -209,6 +215,7 @@ absl::Status CpuBackend::SwapBlocks(std::span<const BlockCopy> out, std::span<co
       }
     }
   }
+  completed_copies_ = batch.ticket;
   return absl::OkStatus();
 }
 

@@ -69,8 +69,10 @@ class CudaBackend : public Backend {
   StepCounters counters() const override { return counters_; }
   absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) override;
   absl::Status AllocateKvCache(const MemoryPlan& plan) override;
-  absl::Status AllocateSwapSpace(int32_t num_blocks) override;
-  absl::Status SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) override;
+  absl::Status AllocateHostBlocks(int32_t num_blocks) override { return kv_.AllocateHostBlocks(num_blocks); }
+  absl::Status StartCopies(const CopyBatch& batch) override { return kv_.StartCopies(batch, compute_); }
+  uint64_t CompletedCopies() override { return kv_.CompletedCopies(); }
+  absl::Status WaitForCopies(uint64_t ticket) override { return kv_.WaitForCopies(ticket); }
   absl::Status Step(const StepInput& input, StepOutput* output) override;
   absl::Status Launch(const StepInput& input) override;
   absl::Status Collect(StepOutput* output) override;
@@ -253,14 +255,6 @@ absl::Status CudaBackend::AllocateKvCache(const MemoryPlan& plan) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::AllocateSwapSpace(int32_t num_blocks) {
-  return kv_.AllocateSwapSpace(num_blocks);
-}
-
-absl::Status CudaBackend::SwapBlocks(std::span<const BlockCopy> out, std::span<const BlockCopy> in) {
-  return kv_.Swap(out, in, compute_);  // the steps' stream: in order with them
-}
-
 absl::Status CudaBackend::Stage(const StepInput& in, bool decode_graph, bool unsplit_kv, k::AttentionPlan* plan) {
   const InputRegions& ir = layout_.inputs;
   const cuda::PackedStep packed = cuda::PackStepInputs(in, ir, cfg_.vocab_size, inputs_host_.get<char>());
@@ -354,6 +348,9 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
     // The pinned inputs and attention schedule are rewritten only once the last launch's copies have read them
     // (they ran when that step started, so this rarely waits).
     INFERD_CUDA(cudaEventSynchronize(inputs_consumed_));
+    // A block this step writes that a copy still reads (a swap-out, a write-back) or fills: after the copy.
+    INFERD_ASSIGN_OR_RETURN(const bool ordered, kv_.OrderWrites(in.slot_mapping, in.block_size, compute_));
+    counters_.steps_ordered_after_copies += ordered;
     INFERD_RETURN_IF_ERROR(Stage(run, /*decode_graph=*/bucket > 0, unsplit, &plan));
     INFERD_CUDA(cudaEventRecord(inputs_consumed_, compute_));
   }

@@ -5,56 +5,112 @@
 #include "engine/backends/cuda/cuda_check.h"
 #include "engine/check.h"
 #include "engine/status_macros.h"
-#include "kernels/kv_swap.h"
+#include "engine/trace.h"
 
 namespace inferd::cuda {
+
+KvPool::~KvPool() {
+  if (copy_) cudaStreamSynchronize(copy_);
+  for (auto& [ticket, event] : batches_) cudaEventDestroy(event);
+  for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+  if (compute_mark_) cudaEventDestroy(compute_mark_);
+  if (copy_) cudaStreamDestroy(copy_);
+}
 
 absl::Status KvPool::Allocate(const DeviceLayout& layout, int32_t num_layers, int32_t num_blocks) {
   kv_ = DeviceBuffer();
   num_blocks_ = num_blocks;
   num_layers_ = num_layers;
   block_bytes_ = layout.kv_block_bytes;
+  block_ticket_.assign(num_blocks, 0);
   return kv_.Allocate(int64_t{num_blocks} * layout.kv_bytes_per_block);
 }
 
-absl::Status KvPool::AllocateSwapSpace(int32_t num_blocks) {
-  INFERD_CHECK(allocated(), "the KV pool is allocated before its swap space (it sets the block geometry)");
-  INFERD_RETURN_IF_ERROR(swap_.Allocate(int64_t{num_blocks} * 2 * num_layers_ * block_bytes_));
-  const int64_t max_copies = std::max<int64_t>(num_blocks, num_blocks_);
-  INFERD_RETURN_IF_ERROR(swap_lists_.Allocate(4 * max_copies * sizeof(int32_t)));
-  void* p = nullptr;
-  INFERD_CUDA(cudaHostGetDevicePointer(&p, swap_.get(), 0));
-  swap_dev_ = static_cast<char*>(p);
-  INFERD_CUDA(cudaHostGetDevicePointer(&p, swap_lists_.get(), 0));
-  swap_lists_dev_ = static_cast<int32_t*>(p);
-  num_swap_blocks_ = num_blocks;
+absl::Status KvPool::AllocateHostBlocks(int32_t num_blocks) {
+  INFERD_CHECK(allocated(), "the KV pool is allocated before the host pool (it sets the block geometry)");
+  INFERD_RETURN_IF_ERROR(host_.Allocate(int64_t{num_blocks} * 2 * num_layers_ * block_bytes_));
+  num_host_blocks_ = num_blocks;
+  if (!copy_) {
+    INFERD_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    INFERD_CUDA(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
+  }
   return absl::OkStatus();
 }
 
-absl::Status KvPool::Swap(std::span<const BlockCopy> out, std::span<const BlockCopy> in, cudaStream_t stream) {
-  if (out.empty() && in.empty()) return absl::OkStatus();
-  INFERD_CHECK(num_swap_blocks_ > 0 && int64_t(out.size() + in.size()) * 4 * sizeof(int32_t) <= swap_lists_.bytes(),
-               "swap copies fit the lists sized for the pool");
-  INFERD_CUDA(cudaStreamSynchronize(stream));  // the last swap's kernels have read the lists
-  int32_t* lists = swap_lists_.get<int32_t>();
-  size_t at = 0;
-  for (std::span<const BlockCopy> copies : {out, in}) {
-    for (size_t i = 0; i < copies.size(); ++i) {
-      INFERD_CHECK(copies[i].device_block >= 0 && copies[i].device_block < reserved_block() &&
-                       copies[i].host_block >= 0 && copies[i].host_block < num_swap_blocks_,
-                   "swap copies name blocks of the pool and the swap space");
-      lists[at + i] = copies[i].device_block;
-      lists[at + copies.size() + i] = copies[i].host_block;
+absl::Status KvPool::StartCopies(const CopyBatch& batch, cudaStream_t compute) {
+  if (batch.empty()) return absl::OkStatus();
+  INFERD_CHECK(copy_ && batch.ticket > (batches_.empty() ? completed_ : batches_.back().first),
+               "copy batches come in ticket order, after the host pool is allocated");
+  TraceRange range("start KV block copies");
+  // A block is read (out) or overwritten (in) once every step queued before has run: one of them may still
+  // write it (plan-ahead) or read it (a finished request's last step).
+  INFERD_CUDA(cudaEventRecord(compute_mark_, compute));
+  INFERD_CUDA(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+  const int64_t rows = 2 * int64_t{num_layers_};  // K and V of every layer: one row each, layer_bytes apart
+  char* host = host_.get<char>();
+  for (const auto* copies : {&batch.out, &batch.in}) {
+    const bool out = copies == &batch.out;
+    for (const BlockCopy& c : *copies) {
+      INFERD_CHECK(c.device_block >= 0 && c.device_block < reserved_block() && c.host_block >= 0 &&
+                       c.host_block < num_host_blocks_,
+                   "block copies name blocks of the pool and the host pool");
+      char* dev = data() + int64_t{c.device_block} * block_bytes_;
+      char* hst = host + int64_t{c.host_block} * rows * block_bytes_;
+      if (out) {
+        INFERD_CUDA(cudaMemcpy2DAsync(hst, block_bytes_, dev, layer_bytes(), block_bytes_, rows, cudaMemcpyDeviceToHost,
+                                      copy_));
+      } else {
+        INFERD_CUDA(cudaMemcpy2DAsync(dev, layer_bytes(), hst, block_bytes_, block_bytes_, rows, cudaMemcpyHostToDevice,
+                                      copy_));
+      }
+      block_ticket_[c.device_block] = batch.ticket;
     }
-    at += 2 * copies.size();
   }
-  const int32_t n_out = static_cast<int32_t>(out.size()), n_in = static_cast<int32_t>(in.size());
-  // Outs read blocks before the next step reuses them; ins land before it reads them.
-  INFERD_CUDA(kernels::CopyKvBlocks(data(), swap_dev_, swap_lists_dev_, swap_lists_dev_ + n_out, n_out, num_layers_,
-                                    layer_bytes(), block_bytes_, /*to_host=*/true, stream));
-  INFERD_CUDA(kernels::CopyKvBlocks(data(), swap_dev_, swap_lists_dev_ + 2 * n_out, swap_lists_dev_ + 2 * n_out + n_in,
-                                    n_in, num_layers_, layer_bytes(), block_bytes_, /*to_host=*/false, stream));
+  cudaEvent_t done = nullptr;
+  if (spare_events_.empty()) {
+    INFERD_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  } else {
+    done = spare_events_.back();
+    spare_events_.pop_back();
+  }
+  INFERD_CUDA(cudaEventRecord(done, copy_));
+  batches_.emplace_back(batch.ticket, done);
   return absl::OkStatus();
+}
+
+uint64_t KvPool::CompletedCopies() {
+  while (!batches_.empty()) {
+    const cudaError_t e = cudaEventQuery(batches_.front().second);
+    if (e == cudaErrorNotReady) break;
+    if (e != cudaSuccess) break;  // a failed copy: the steps after it fail too, and report it
+    completed_ = batches_.front().first;
+    spare_events_.push_back(batches_.front().second);
+    batches_.pop_front();
+  }
+  return completed_;
+}
+
+absl::Status KvPool::WaitForCopies(uint64_t ticket) {
+  for (const auto& [t, event] : batches_) {
+    if (t < ticket) continue;
+    INFERD_CUDA(cudaEventSynchronize(event));
+    break;
+  }
+  CompletedCopies();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> KvPool::OrderWrites(std::span<const int32_t> slots, int32_t block_size, cudaStream_t compute) {
+  if (batches_.empty()) return false;
+  uint64_t last = 0;
+  for (int32_t slot : slots) last = std::max(last, block_ticket_[slot / block_size]);
+  if (last <= CompletedCopies()) return false;
+  for (const auto& [t, event] : batches_) {
+    if (t < last) continue;
+    INFERD_CUDA(cudaStreamWaitEvent(compute, event, 0));
+    return true;
+  }
+  return false;
 }
 
 }  // namespace inferd::cuda

@@ -1,13 +1,18 @@
-// The KV pool on the device and its host swap space. Per layer K then V, each [num_blocks, block_size,
-// num_kv_heads, head_dim] (FlashInfer's NHD pages); the last block is reserved for the padding rows of decode
-// graphs, outside the scheduler's pool. Swap space is pinned, mapped host memory laid out [swap block][layer]
-// [K, V][block]; blocks move by a copy kernel on the stream the steps run on.
+// The KV pool on the device and the host pool beside it (swap space and the prefix cache's host tier). Per layer
+// K then V, each [num_blocks, block_size, num_kv_heads, head_dim] (FlashInfer's NHD pages); the last block is
+// reserved for the padding rows of decode graphs, outside the scheduler's pool. The host pool is pinned memory
+// laid out [host block][layer][K, V][block]. Blocks move on a copy stream of their own (DMA, no SM time), one
+// 2D copy per block; CUDA events order the copies after the steps launched before them, and a step that writes
+// a block a copy still touches waits for that copy's event — nothing else waits.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <deque>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "engine/backends/cuda/device_buffer.h"
@@ -18,12 +23,23 @@ namespace inferd::cuda {
 
 class KvPool {
  public:
+  KvPool() = default;
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+  ~KvPool();
+
   // num_blocks, the reserved block included; any pool held before is freed first.
   absl::Status Allocate(const DeviceLayout& layout, int32_t num_layers, int32_t num_blocks);
   void Free() { kv_ = DeviceBuffer(); }
-  absl::Status AllocateSwapSpace(int32_t num_blocks);
-  // Copies `out` to the host and `in` back on `stream`, outs first, in order with the steps on that stream.
-  absl::Status Swap(std::span<const BlockCopy> out, std::span<const BlockCopy> in, cudaStream_t stream);
+  absl::Status AllocateHostBlocks(int32_t num_blocks);
+  // Starts a batch on the copy stream after everything queued on `compute` so far: outs, then ins.
+  absl::Status StartCopies(const CopyBatch& batch, cudaStream_t compute);
+  // The ticket up to which every batch completed (polls their events).
+  uint64_t CompletedCopies();
+  absl::Status WaitForCopies(uint64_t ticket);
+  // Before a step that writes the tokens at these slots is queued on `compute`: makes `compute` wait for the
+  // last batch still touching one of their blocks, if any. Returns whether it had to.
+  absl::StatusOr<bool> OrderWrites(std::span<const int32_t> slots, int32_t block_size, cudaStream_t compute);
 
   bool allocated() const { return kv_.bytes() > 0; }
   int32_t num_blocks() const { return num_blocks_; }
@@ -36,11 +52,15 @@ class KvPool {
   DeviceBuffer kv_;
   int32_t num_blocks_ = 0;
   int32_t num_layers_ = 0;
-  int64_t block_bytes_ = 0;         // K or V of one layer for one block
-  PinnedBuffer swap_, swap_lists_;  // the lists: device blocks then host blocks, for the outs then the ins
-  char* swap_dev_ = nullptr;
-  int32_t* swap_lists_dev_ = nullptr;
-  int32_t num_swap_blocks_ = 0;
+  int64_t block_bytes_ = 0;  // K or V of one layer for one block
+  PinnedBuffer host_;
+  int32_t num_host_blocks_ = 0;
+  cudaStream_t copy_ = nullptr;
+  cudaEvent_t compute_mark_ = nullptr;                    // where the copies start on the steps' stream
+  std::deque<std::pair<uint64_t, cudaEvent_t>> batches_;  // in flight, by ticket: each one's end on copy_
+  std::vector<cudaEvent_t> spare_events_;
+  std::vector<uint64_t> block_ticket_;  // [num_blocks]: the last batch that reads or writes each device block
+  uint64_t completed_ = 0;
 };
 
 }  // namespace inferd::cuda

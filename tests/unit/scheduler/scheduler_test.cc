@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <deque>
 #include <map>
 #include <memory>
 #include <random>
@@ -16,11 +17,15 @@ namespace {
 // Sequences are named by one letter; the fake "model" samples token 100 for everyone.
 class SchedulerHarness {
  public:
-  // swap_blocks > 0: host swap space of that many blocks.
-  SchedulerHarness(SchedulerLimits limits, int32_t num_blocks, int32_t swap_blocks = 0)
+  // swap_blocks > 0: host swap space of that many blocks; cache_blocks > 0: the prefix cache's host tier, that
+  // many more. copy_delay: steps a copy batch takes to complete (0: done before the next step is planned).
+  SchedulerHarness(SchedulerLimits limits, int32_t num_blocks, int32_t swap_blocks = 0, int32_t cache_blocks = 0,
+                   int32_t copy_delay = 0)
       : pool_(num_blocks),
-        swap_pool_(std::max(swap_blocks, 1)),
-        scheduler_(limits, &pool_, swap_blocks > 0 ? &swap_pool_ : nullptr) {}
+        swap_pool_(std::max(swap_blocks + cache_blocks, 1)),
+        scheduler_(limits, &pool_, swap_blocks + cache_blocks > 0 ? &swap_pool_ : nullptr,
+                   HostShares{.swap_blocks = swap_blocks, .cache = cache_blocks > 0}),
+        copy_delay_(copy_delay) {}
 
   void Add(char name, int32_t prompt_len, int32_t priority = 0) {
     auto seq = std::make_unique<Sequence>();
@@ -35,13 +40,25 @@ class SchedulerHarness {
   }
 
   StepPlan Step() {
+    copies_before_ = scheduler_.copies_in_flight();
     StepPlan plan = scheduler_.Schedule(now_);
+    for (const ScheduledSeq& s : plan.seqs) EXPECT_FALSE(scheduler_.loading(*s.seq)) << "a loading sequence waits";
     std::vector<int32_t> sampled;
     for (const ScheduledSeq& s : plan.seqs) {
       if (s.wants_token) sampled.push_back(100);
     }
     scheduler_.Update(plan, sampled);
+    if (plan.copies.ticket > 0) started_.push_back({plan.copies.ticket, copy_delay_});
+    // Batches complete in order, each copy_delay steps after it started.
+    uint64_t done = 0;
+    while (!started_.empty() && started_.front().second <= 0) {
+      done = started_.front().first;
+      started_.pop_front();
+    }
+    for (auto& [ticket, left] : started_) --left;
+    if (done > 0) scheduler_.CopiesCompleted(done);
     pool_.CheckInvariants();
+    swap_pool_.CheckInvariants();
     return plan;
   }
 
@@ -66,8 +83,11 @@ class SchedulerHarness {
   }
 
   BlockPool pool_;
-  BlockPool swap_pool_;
+  BlockPool swap_pool_;  // the host pool: swap space and the host tier
   Scheduler scheduler_;
+  int32_t copy_delay_ = 0;
+  std::deque<std::pair<uint64_t, int32_t>> started_;  // copy batches in flight: ticket, steps left
+  uint64_t copies_before_ = 0;                        // in flight when the last step was planned
   std::map<char, std::unique_ptr<Sequence>> seqs_;
   absl::Time now_ = absl::UnixEpoch();  // the test moves the clock
   uint64_t serial_ = 0;
@@ -287,22 +307,23 @@ TEST(Scheduler, SwapPreemptionKeepsTheKvOnTheHostAndResumesWithoutRecomputing) {
   StepPlan plan = h.Step();  // A needs a 3rd block: B goes to the host, both of its computed blocks
   EXPECT_EQ(SchedulerHarness::Describe(plan), "A1+");
   EXPECT_EQ(PreemptedNames(plan), "B");
-  ASSERT_EQ(plan.swap_out.size(), 2u);
-  EXPECT_EQ(plan.swap_out[0].device_block, b_blocks[0]);
-  EXPECT_EQ(plan.swap_out[1].device_block, b_blocks[1]);
+  ASSERT_EQ(plan.copies.out.size(), 2u);
+  EXPECT_EQ(plan.copies.out[0].device_block, b_blocks[0]);
+  EXPECT_EQ(plan.copies.out[1].device_block, b_blocks[1]);
   const Sequence& b = *h.seqs_.at('B');
   EXPECT_EQ(b.num_computed, 8) << "nothing is lost";
   EXPECT_EQ(b.swapped_blocks.size(), 2u);
   EXPECT_EQ(h.swap_pool_.num_free(), 2);
   h.Finish('A');
-  plan = h.Step();  // B comes back with its 8 tokens copied in: it computes only its 9th
-  EXPECT_EQ(SchedulerHarness::Describe(plan), "B1+");
-  ASSERT_EQ(plan.swap_in.size(), 2u);
-  EXPECT_EQ(plan.swap_in[0].device_block, b.block_table[0]);
-  EXPECT_EQ(plan.swap_in[1].device_block, b.block_table[1]);
-  EXPECT_EQ(h.swap_pool_.num_free(), 2) << "host blocks are read by this step's copies: free from the next step";
-  h.Step();
-  EXPECT_EQ(h.swap_pool_.num_free(), 4);
+  plan = h.Step();  // B comes back: its 8 tokens are copied in while it loads
+  EXPECT_EQ(SchedulerHarness::Describe(plan), "");
+  EXPECT_EQ(SchedulerHarness::Names(h.scheduler_.running()), "B");
+  ASSERT_EQ(plan.copies.in.size(), 2u);
+  EXPECT_EQ(plan.copies.in[0].device_block, b.block_table[0]);
+  EXPECT_EQ(plan.copies.in[1].device_block, b.block_table[1]);
+  EXPECT_EQ(h.swap_pool_.num_free(), 4) << "the copies completed: the host blocks are free";
+  plan = h.Step();
+  EXPECT_EQ(SchedulerHarness::Describe(plan), "B1+") << "it computes only its 9th";
   EXPECT_EQ(h.scheduler_.counters().swapped_preemptions, 1);
   EXPECT_EQ(h.scheduler_.counters().preempted_tokens, 0);
 }
@@ -315,7 +336,7 @@ TEST(Scheduler, WithoutRoomInSwapSpacePreemptionRecomputes) {
   for (int i = 0; i < 6; ++i) h.Step();
   const StepPlan plan = h.Step();
   EXPECT_EQ(PreemptedNames(plan), "B");
-  EXPECT_TRUE(plan.swap_out.empty()) << "B's 2 blocks do not fit 1 block of swap space";
+  EXPECT_TRUE(plan.copies.out.empty()) << "B's 2 blocks do not fit 1 block of swap space";
   EXPECT_EQ(h.seqs_.at('B')->num_computed, 0);
   EXPECT_EQ(h.scheduler_.counters().preempted_tokens, 8);
 }
@@ -438,8 +459,8 @@ TEST(BlockPool, EvictsTheLeastRecentlyFreedCachedBlockFirstAndNeverAWrongOne) {
   pool.CheckInvariants();
 }
 
-// (prefix caching, swap space)
-class RandomizedScheduler : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+// (prefix caching, swap space, the prefix cache's host tier, steps a copy batch takes)
+class RandomizedScheduler : public ::testing::TestWithParam<std::tuple<bool, bool, bool, int32_t>> {};
 
 TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
   std::mt19937 rng(42);
@@ -449,11 +470,12 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
                                .prefix_caching = std::get<0>(GetParam()),
                                .long_prefill_chunk = 6,
                                .priority_aging_s = 5};
-  SchedulerHarness h(limits, 20, std::get<1>(GetParam()) ? 12 : 0);
+  const bool host_tier = std::get<2>(GetParam());
+  SchedulerHarness h(limits, 20, std::get<1>(GetParam()) ? 12 : 0, host_tier ? 10 : 0, std::get<3>(GetParam()));
   std::map<char, int32_t> target;  // total length at which the test finishes the sequence
   char next = 'A';
   int finished = 0;
-  int64_t preemptions = 0, swapped = 0;
+  int64_t preemptions = 0, swapped = 0, restored = 0;
   for (int step = 0; step < 3000 && finished < 200; ++step) {
     if (h.seqs_.size() < 12 && rng() % 3 == 0) {
       const char name = static_cast<char>('A' + (next++ - 'A') % 52);
@@ -473,16 +495,30 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
     // Every live sequence is in exactly one queue, and only running ones hold blocks.
     ASSERT_EQ(h.scheduler_.running().size() + h.scheduler_.waiting().size(), h.seqs_.size());
     for (const Sequence* seq : h.scheduler_.waiting()) ASSERT_TRUE(seq->block_table.empty()) << seq->request.id;
-    // Host blocks: each held by one swapped-out sequence (or read by this step's swap-ins), the rest free.
+    // Host blocks: each held by one swapped-out sequence, or by copy batches in flight (a host-tier block may be
+    // read by several), within the swap share; the rest free (cached or not).
     std::map<int32_t, int32_t> host_holders;
-    for (const auto& [name, seq] : h.seqs_)
+    int32_t swap_held = 0;
+    for (const auto& [name, seq] : h.seqs_) {
       for (int32_t b : seq->swapped_blocks) ASSERT_EQ(++host_holders[b], 1) << "host block " << b << " held twice";
-    for (const BlockCopy& c : plan.swap_in) ASSERT_EQ(host_holders.count(c.host_block), 0u);
-    ASSERT_EQ(static_cast<int32_t>(host_holders.size() + plan.swap_in.size()) + h.swap_pool_.num_free(),
-              h.swap_pool_.num_total());
-    swapped += static_cast<int64_t>(plan.swap_out.size());
+      swap_held += static_cast<int32_t>(seq->swapped_blocks.size());
+      ASSERT_TRUE(seq->restoring.empty()) << "host-tier blocks are copied in or given back within a step";
+    }
+    ASSERT_EQ(h.scheduler_.capacity().swap_blocks_held(), swap_held);
+    ASSERT_LE(swap_held, std::get<1>(GetParam()) ? 12 : 0);
+    for (int32_t b : h.scheduler_.capacity().host_blocks_in_flight()) ++host_holders[b];
+    for (const auto& [b, n] : host_holders) ASSERT_EQ(h.swap_pool_.RefCount(b), n) << "host block " << b;
+    ASSERT_EQ(static_cast<int32_t>(host_holders.size()) + h.swap_pool_.num_free(), h.swap_pool_.num_total());
+    restored += static_cast<int64_t>(plan.copies.in.size());
+    swapped += static_cast<int64_t>(plan.copies.out.size());
     ASSERT_LE(static_cast<int32_t>(plan.seqs.size()), limits.max_num_seqs);
-    if (!h.seqs_.empty()) ASSERT_FALSE(plan.empty()) << "a non-empty scheduler always makes progress";
+    if (!h.seqs_.empty()) {
+      // (or waits for KV on its way in, which the step's planning saw in flight)
+      ASSERT_TRUE(!plan.empty() || !plan.copies.empty() || h.copies_before_ > 0)
+          << "a non-empty scheduler always makes progress: running " << SchedulerHarness::Names(h.scheduler_.running())
+          << ", waiting " << SchedulerHarness::Names(h.scheduler_.waiting()) << ", free blocks " << h.pool_.num_free()
+          << ", preempted " << PreemptedNames(plan) << ", step " << step;
+    }
     std::map<int32_t, int32_t> holders;  // block -> sequences holding it (shared prefix blocks: several)
     for (const auto& [name, seq] : h.seqs_)
       for (int32_t b : seq->block_table) holders[b]++;
@@ -506,8 +542,16 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
   EXPECT_GE(finished, 200);
   EXPECT_GT(preemptions, 0) << "the pool is small enough that the run exercises preemption";
   if (std::get<1>(GetParam())) EXPECT_GT(swapped, 0) << "and swapping";
+  if (host_tier) {
+    EXPECT_GT(h.scheduler_.counters().offloaded_blocks, 0) << "evicted prefix blocks go to the host tier";
+    EXPECT_GT(h.scheduler_.counters().restored_blocks, 0) << "and come back";
+    EXPECT_GT(h.scheduler_.counters().host_hit_tokens, 0);
+  }
+  EXPECT_GE(restored, h.scheduler_.counters().restored_blocks + h.scheduler_.counters().swapped_in_blocks);
   for (auto it = h.seqs_.begin(); it != h.seqs_.end();) h.Finish((it++)->first);
+  h.scheduler_.CopiesCompleted(h.scheduler_.copies_in_flight());
   EXPECT_EQ(h.pool_.num_free(), h.pool_.num_total());
+  EXPECT_EQ(h.swap_pool_.num_free(), h.swap_pool_.num_total()) << "no host block leaked";
 }
 
 // Planned ahead (the previous step still running): a sequence decodes its pending token, the step input
@@ -593,7 +637,11 @@ TEST(Scheduler, APrefixBlockIsRememberedOnceItsPendingTokenIsKnown) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PrefixCachingAndSwap, RandomizedScheduler,
-                         ::testing::Combine(::testing::Bool(), ::testing::Bool()));
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Values(false),
+                                            ::testing::Values(0, 2)));
+INSTANTIATE_TEST_SUITE_P(HostTier, RandomizedScheduler,
+                         ::testing::Combine(::testing::Values(true), ::testing::Bool(), ::testing::Values(true),
+                                            ::testing::Values(0, 1, 3)));
 
 }  // namespace
 }  // namespace inferd

@@ -35,8 +35,14 @@ class StallingBackend : public Backend {
     return p;
   }
   absl::Status AllocateKvCache(const MemoryPlan&) override { return absl::OkStatus(); }
-  absl::Status AllocateSwapSpace(int32_t) override { return absl::OkStatus(); }
-  absl::Status SwapBlocks(std::span<const BlockCopy>, std::span<const BlockCopy>) override { return absl::OkStatus(); }
+  absl::Status AllocateHostBlocks(int32_t) override { return absl::OkStatus(); }
+  absl::Status StartCopies(const CopyBatch& batch) override {
+    completed_copies_ = batch.ticket;
+    return absl::OkStatus();
+  }
+  uint64_t CompletedCopies() override { return completed_copies_; }
+  absl::Status WaitForCopies(uint64_t) override { return absl::OkStatus(); }
+  uint64_t completed_copies_ = 0;
   absl::Status Step(const StepInput& in, StepOutput* out) override {
     std::unique_lock<std::mutex> lock(c_->mu);
     ++c_->stuck_steps;
