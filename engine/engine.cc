@@ -295,6 +295,8 @@ void Engine::PublishStats() {
     const StepCounters k = backend_->counters();
     stats_.steps = k.steps;
     stats_.device_busy_s = k.device_busy_s;
+    stats_.copy_s = k.copy_busy_s;
+    stats_.copy_waited_s = k.copy_waited_s;
   }
 }
 

@@ -47,6 +47,8 @@ struct EngineStats {
   int32_t host_cached_blocks = 0;      // holding a reusable prefix (the host tier)
   int64_t copied_to_host_bytes = 0;    // KV blocks written to host memory (swap-outs, host-tier write-backs)
   int64_t copied_to_device_bytes = 0;  // and read back (swap-ins, host-tier restores)
+  double copy_s = 0;                   // device time of those copies (cuda: their own stream)
+  double copy_waited_s = 0;            // of it, what a step waited for
   int64_t steps = 0;                   // steps the backend ran (0 for a backend that does not count them)
   int64_t engine_steps = 0;            // steps the engine ran: liveness reads progress from it
   double device_busy_s = 0;            // summed device time of the steps (cuda: CUDA events around each step's compute)

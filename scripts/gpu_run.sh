@@ -3,7 +3,7 @@
 # kernel, sampler and whole-model parity tests, the CPU tests, one serving run under compute-sanitizer, then
 # writes the Llama-3-8B-shaped random model, benchmarks it, and checks the served model's live efficiency
 # metrics against the benchmark's ratios. Results go to $OUT (or ./gpu-results).
-#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|bench|efficiency|sweep|all]
+#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|bench|efficiency|sweep|multiturn|copies|all]
 # image: the CUDA image's own inferd from its root filesystem in a chroot, serving the 8B model (needs
 #   `bash docker/build-images.sh cuda && bash docker/export-payload.sh` here instead of the bundle; root there).
 # parity: the test models and references, then the precision and whole-model parity tests alone.
@@ -14,6 +14,9 @@
 # accuracy: the bundled SmolLM2 served in bf16 and in fp8: perplexity over the King James text
 #   (scripts/fetch_eval_text.sh) and greedy agreement on the reference and chat prompts (tests/gpu/accuracy_check.py).
 # sweep: the 8B model served by inferd on cuda, `inferd-bench serve` at a list of request rates (CSV in $OUT).
+# multiturn: simulated users in conversation (`inferd-bench serve --multi-turn`) on the 8B model with a device
+#   pool smaller than their histories, the prefix cache's host tier off and on; TTFT, throughput, hit rates per tier,
+#   device idle share and the KV copy time hidden behind compute.
 # frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
 #   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
 set -uo pipefail
@@ -121,6 +124,18 @@ if [[ "$what" == all || "$what" == tests ]]; then
     --gtest_filter='Models/CudaParity.*/qwen2_hd128_bf16ref_bs3_budget24*' 2>&1 | tail -n 6 | tee "$OUT/memcheck.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
+if [[ "$what" == all || "$what" == tests || "$what" == copies ]]; then
+  # The KV copy stream (host tier restores, swaps, write-backs) under memcheck. (synccheck did not finish this test
+  # within 9 minutes on the H100; memcheck takes 6 s.)
+  [[ -n "${INFERD_GPU_MODELS:-}" ]] || { export INFERD_GPU_MODELS=/tmp/inferd-gpu-models; rm -rf "$INFERD_GPU_MODELS";
+    python3 tools/make_test_models.py --gpu-models "$INFERD_GPU_MODELS" || status=1; }
+  for tool in memcheck; do
+    echo "== compute-sanitizer $tool: the host KV pool's copies on their own stream"
+    compute-sanitizer --tool $tool --error-exitcode 3 "$BUNDLE/bin/gpu_tests" \
+      --gtest_filter='CudaBackend.HostTier*' 2>&1 | tail -n 4 | tee "$OUT/${tool}_copies.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  done
+fi
 
 if [[ "$what" == all || "$what" == accuracy ]]; then
   echo "== accuracy on real weights: SmolLM2 in bf16 and fp8, perplexity and greedy agreement"
@@ -184,6 +199,42 @@ if [[ "$what" == sweep ]]; then
     --csv "$OUT/sweep_8b.csv" --json "$OUT/sweep_8b.json" 2>/dev/null | tee "$OUT/sweep_8b.txt" || status=1
   curl -s 127.0.0.1:9090/metrics > "$OUT/sweep_metrics.txt" || true
   kill -TERM $server; wait $server
+fi
+if [[ "$what" == all || "$what" == multiturn ]]; then
+  # Simulated users in conversation on the 8B model, the device pool held to engine.num_blocks so that their
+  # histories do not fit it: without and with the prefix cache's host tier, at equal device memory.
+  echo "== multi-turn conversations: host tier off and on"
+  M=/tmp/llama3-8b-random
+  [[ -f $M/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M" || status=1
+  for host in 0 ${MULTITURN_HOST_GIB:-24}; do
+    printf "model: {path: %s}\nengine: {backend: cuda, num_blocks: %s, host_kv_cache_gib: %s}\nscheduler: {max_num_seqs: 64, max_num_batched_tokens: 8192, max_queue: 4096}\nserver: {listen: '127.0.0.1:50051', metrics_listen: ''}\n" \
+      "$M" "${MULTITURN_BLOCKS:-1536}" "$host" > /tmp/multiturn.yaml
+    "$BUNDLE/bin/inferd" --config /tmp/multiturn.yaml > "$OUT/multiturn_server_host$host.log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 120); do
+      python3 -c "import grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; import sys; sys.exit(0 if g.HealthStub(grpc.insecure_channel('127.0.0.1:50051')).Check(h.HealthCheckRequest(), timeout=1).status == 1 else 1)" 2>/dev/null && break
+      sleep 1
+    done
+    echo "-- engine.host_kv_cache_gib $host"
+    "$BUNDLE/bin/inferd-bench" serve --multi-turn --address 127.0.0.1:50051 ${MULTITURN_ARGS:---users 16 --turns 6 --system-len 1500 --turn-len 800 --output-len 100 --think-time 3} \
+      --json "$OUT/multiturn_host$host.json" 2>/dev/null | tee "$OUT/multiturn_host$host.txt" || status=1
+    kill -TERM $server; wait $server
+    grep -E "host KV pool|memory plan" "$OUT/multiturn_server_host$host.log" | head -n 2
+  done
+  python3 - "$OUT/multiturn_host0.json" "$OUT/multiturn_host${MULTITURN_HOST_GIB:-24}.json" <<'PY' || status=1
+import json, sys
+off, on = (json.load(open(p)) for p in sys.argv[1:3])
+p50 = lambda r: r["ttft_after_first_turn"]["median_ms"]
+print(f"TTFT p50 (turns 2+): off {p50(off):.1f} ms, on {p50(on):.1f} ms: {p50(off) / max(p50(on), 1e-9):.2f}x better (target 2x)")
+print(f"throughput: off {off['total_token_throughput']:.0f}, on {on['total_token_throughput']:.0f} tokens/s "
+      f"({on['total_token_throughput'] / off['total_token_throughput']:.3f}x; target >= 1)")
+print(f"device idle share: off {off['device_idle_share']:.3f}, on {on['device_idle_share']:.3f} (target: no higher)")
+print(f"prefix hit rate: off {off['prefix_hit_rate']:.3f}; on {on['prefix_hit_rate']:.3f} "
+      f"(device {on['prefix_hit_rate_device']:.3f}, host {on['prefix_hit_rate_host']:.3f})")
+copy, waited = on["kv_copy_s"], on["kv_copy_waited_s"]
+print(f"KV copies with the host tier: {copy:.3f} s on the copy stream, {100 * (1 - waited / copy) if copy else 100:.1f} % hidden")
+sys.exit(0 if off["failed"] == 0 and on["failed"] == 0 else 1)
+PY
 fi
 if [[ "$what" == image ]]; then
   bash docker/run-payload.sh "$OUT" || status=1

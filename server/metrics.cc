@@ -115,6 +115,8 @@ class EngineCollector final : public prometheus::Collectable {
                 double(s.copied_to_host_bytes)),
         Counter("inferd_kv_copied_to_device_bytes_total", "KV bytes copied back (swap-ins, host-tier restores).",
                 double(s.copied_to_device_bytes)),
+        Counter("inferd_kv_copy_seconds_total", "Device time of KV block copies (cuda: their own stream).", s.copy_s),
+        Counter("inferd_kv_copy_waited_seconds_total", "Of the KV copy time, what a step waited for.", s.copy_waited_s),
         Counter("inferd_preempted_tokens_total", "Computed tokens thrown away by preemptions (recomputed).",
                 double(s.preempted_tokens)),
         Counter("inferd_steps_total", "Steps the engine ran.", double(s.engine_steps)),

@@ -99,6 +99,9 @@ v1::ServerInfo ToServerInfo(const Engine* engine, const std::string& version) {
   info.set_host_prefix_cache_hit_tokens(s.host_hit_tokens);
   info.set_kv_copied_to_host_bytes(s.copied_to_host_bytes);
   info.set_kv_copied_to_device_bytes(s.copied_to_device_bytes);
+  info.set_device_busy_seconds(s.device_busy_s);
+  info.set_kv_copy_seconds(s.copy_s);
+  info.set_kv_copy_waited_seconds(s.copy_waited_s);
   info.set_read_ceiling_bytes_per_s(engine->ceilings().read_bytes_per_s);
   info.set_gemm_ceiling_flops_per_s(engine->ceilings().gemm_flops_per_s);
   info.set_draining(engine->draining());

@@ -4,10 +4,12 @@
 //   inferd-bench --model DIR [--json FILE] [--sections products,latency,prefill,decode,throughput] [--batches 1,8]
 //                [--quantization none|fp8] [--kv-cache-dtype auto|fp8_e4m3]
 //   inferd-bench serve ...   (the serving benchmark against a running server: tools/serve_bench.cc)
+//   inferd-bench serve --multi-turn ...   (simulated users in conversation: tools/multi_turn_bench.cc)
 //   inferd-bench perplexity FILE ...   (a running server's perplexity over a text: tools/perplexity_bench.cc)
 #include <cstdio>
 #include <string>
 
+#include "tools/multi_turn_bench.h"
 #include "tools/perplexity_bench.h"
 #include "tools/serve_bench.h"
 
@@ -520,6 +522,9 @@ int Main(int argc, char** argv) {
 #endif  // INFERD_WITH_CUDA
 
 int main(int argc, char** argv) {
+  if (argc > 2 && std::string(argv[1]) == "serve" && std::string(argv[2]) == "--multi-turn") {
+    return inferd::MultiTurnMain(argc, argv);
+  }
   if (argc > 1 && std::string(argv[1]) == "serve") return inferd::ServeMain(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "perplexity") return inferd::PerplexityMain(argc, argv);
 #if INFERD_WITH_CUDA

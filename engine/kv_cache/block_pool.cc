@@ -71,6 +71,14 @@ void BlockPool::Free(std::span<const int32_t> blocks) {
   }
 }
 
+std::vector<int32_t> BlockPool::NextEvicted(int32_t n, int32_t scan) const {
+  std::vector<int32_t> out;
+  for (int32_t b = head_; b >= 0 && scan-- > 0 && static_cast<int32_t>(out.size()) < n; b = next_[b]) {
+    if (key_[b] != 0) out.push_back(b);
+  }
+  return out;
+}
+
 int32_t BlockPool::RefCount(int32_t block) const {
   INFERD_CHECK(block >= 0 && block < num_total(), "block id in range");
   return ref_counts_[block];

@@ -47,6 +47,10 @@ class BlockPool {
   std::optional<int32_t> Reuse(uint64_t key, std::span<const int32_t> tokens);
   // Whether a block holds this key (whatever its tokens: a collision is not stored twice).
   bool Knows(uint64_t key) const { return by_key_.count(key) > 0; }
+  // Up to n cached free blocks, the next to be evicted first, among the `scan` least recently freed.
+  std::vector<int32_t> NextEvicted(int32_t n, int32_t scan) const;
+  uint64_t KeyOf(int32_t block) const { return key_[block]; }
+  std::span<const int32_t> TokensOf(int32_t block) const { return tokens_[block]; }
 
   // Aborts naming the broken invariant: free list and ref counts disagree, duplicates, bad ids.
   void CheckInvariants() const;

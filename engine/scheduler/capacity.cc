@@ -9,17 +9,28 @@ std::vector<int32_t> Capacity::AllocateDevice(int32_t n, CopyBatch* batch) {
   if (!shares_.cache) return pool_->Allocate(n);
   std::vector<EvictedBlock> evicted;
   std::vector<int32_t> blocks = pool_->Allocate(n, &evicted);
-  std::vector<int32_t> written;
-  for (const EvictedBlock& e : evicted) {
-    if (host_pool_->Knows(e.key) || !host_pool_->CanAllocate(1)) continue;
-    const int32_t host = host_pool_->Allocate(1)[0];  // the least recently used host block, cached or not
-    host_pool_->Remember(host, e.key, e.tokens);      // copies after this batch's outs read it
-    batch->out.push_back({e.block, host});
-    written.push_back(host);
-  }
-  counters_.offloaded_blocks += static_cast<int64_t>(written.size());
-  HoldUntilDone(*batch, written);
+  for (const EvictedBlock& e : evicted) WriteBack(e.block, e.key, e.tokens, batch);
   return blocks;
+}
+
+bool Capacity::WriteBack(int32_t block, uint64_t key, std::span<const int32_t> tokens, CopyBatch* batch) {
+  if (host_pool_->Knows(key) || !host_pool_->CanAllocate(1)) return false;
+  const int32_t host = host_pool_->Allocate(1)[0];  // the least recently used host block, cached or not
+  host_pool_->Remember(host, key, tokens);          // a restore copies after this batch's outs wrote it
+  batch->out.push_back({block, host});
+  HoldUntilDone(*batch, std::span<const int32_t>(&host, 1));
+  counters_.offloaded_blocks++;
+  return true;
+}
+
+void Capacity::WriteAhead(int32_t max_blocks, CopyBatch* batch) {
+  if (!shares_.cache || max_blocks <= 0) return;
+  int32_t written = 0;
+  // The scan is bounded: blocks already on the host are passed over, at most a few times max_blocks of them.
+  for (int32_t block : pool_->NextEvicted(8 * max_blocks, 8 * max_blocks)) {
+    if (written == max_blocks) break;
+    written += WriteBack(block, pool_->KeyOf(block), pool_->TokensOf(block), batch);
+  }
 }
 
 void Capacity::HoldUntilDone(const CopyBatch& batch, std::span<const int32_t> host_blocks) {

@@ -68,6 +68,10 @@ class Capacity {
   // blocks copied in (batch->in); it loads until the batch completes, when the host blocks are free again.
   // False (nothing taken) otherwise.
   bool SwapIn(Sequence* seq, int32_t headroom, CopyBatch* batch);
+  // Writes back to the host tier, ahead of their eviction, up to `max_blocks` of the cached device blocks next in
+  // line to be evicted that the host tier does not hold yet (they stay cached on the device): so that the step
+  // which later takes such a block finds its copy done instead of waiting for it.
+  void WriteAhead(int32_t max_blocks, CopyBatch* batch);
   // Copy batches up to `ticket` completed: the host blocks they read or wrote are released.
   void CopiesCompleted(uint64_t ticket);
   // Removes a finished sequence's blocks, device and host.
@@ -88,6 +92,9 @@ class Capacity {
  private:
   // Takes n free device blocks; the cached ones among them are written back to the host tier first.
   std::vector<int32_t> AllocateDevice(int32_t n, CopyBatch* batch);
+  // Copies a cached device block's contents to a host block that then holds its prefix (if the host tier does not
+  // know the key and has a block to give); returns whether it did.
+  bool WriteBack(int32_t block, uint64_t key, std::span<const int32_t> tokens, CopyBatch* batch);
   // Host blocks a batch reads or writes stay held until it completes.
   void HoldUntilDone(const CopyBatch& batch, std::span<const int32_t> host_blocks);
 

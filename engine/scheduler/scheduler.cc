@@ -229,6 +229,7 @@ StepPlan Scheduler::Schedule(absl::Time now, bool ahead) {
   GrantRunning(&plan, ahead);
   // New work is admitted only when blocks did not run short, so preempted sequences are not overtaken.
   if (plan.preempted.empty() && !plan.needs_sync) Admit(&plan, ahead);
+  capacity_.WriteAhead(limits_.write_ahead_blocks, &plan.copies);
   int32_t prompt_rows = 0;
   for (ScheduledSeq& s : plan.seqs) {
     plan.num_tokens += s.num_new;

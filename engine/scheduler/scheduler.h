@@ -26,6 +26,9 @@ struct SchedulerLimits {
   // Every this many seconds of waiting raise a waiting request's priority by one (0 = never), so a stream of
   // high-priority requests cannot starve a low one forever.
   double priority_aging_s = 0;
+  // With the prefix cache's host tier: cached device blocks written back ahead of their eviction, at most this
+  // many a step (Capacity::WriteAhead).
+  int32_t write_ahead_blocks = 16;
 };
 
 struct ScheduledSeq {

@@ -2,7 +2,10 @@
 and output lengths, priorities, deadlines, 30% cancelled at random points, 64 clients at once. At the end nothing
 runs or waits, every KV block is back, and every request is accounted for with an expected status.
 
-    .venv/bin/python tests/soak/scheduler_soak.py [--requests N] [--seed S] [--swap-gib G]
+    .venv/bin/python tests/soak/scheduler_soak.py [--requests N] [--seed S] [--swap-gib G] [--host-gib G]
+
+With --host-gib (engine.host_kv_cache_gib, the prefix cache's host tier) half of the prompts start with one of 16
+shared preambles, so that evicted prefix blocks are written to the host and restored from it.
 
 Outside the default test run (a few minutes); needs a build (bash scripts/test.sh makes one).
 """
@@ -28,8 +31,11 @@ def main():
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--swap-gib", type=float, default=0, help="engine.swap_space_gib (0: preemption recomputes)")
+    ap.add_argument("--host-gib", type=float, default=0, help="engine.host_kv_cache_gib (0: no host tier)")
     args = ap.parse_args()
-    s = Server(engine={"backend": "cpu", "block_size": 16, "num_blocks": 48, "swap_space_gib": args.swap_gib},
+    preambles = [" ".join(f"p{k}x{j}" for j in range(8 + k)) for k in range(16)]  # 8-23 words
+    s = Server(engine={"backend": "cpu", "block_size": 16, "num_blocks": 48, "swap_space_gib": args.swap_gib,
+                       "host_kv_cache_gib": args.host_gib},
                scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 256, "max_queue": 64,
                           "long_prefill_chunk": 64, "priority_aging_s": 1})
     outcomes = collections.Counter()
@@ -46,6 +52,8 @@ def main():
             if i >= args.requests:
                 return
             prompt = " ".join(f"w{rng.randrange(1000)}" for _ in range(rng.randint(1, 60)))
+            if args.host_gib > 0 and rng.random() < 0.5:
+                prompt = rng.choice(preambles) + " " + " ".join(prompt.split()[:30])
             req = pb.GenerateRequest(
                 text=prompt, priority=rng.randint(-2, 2),
                 sampling=pb.SamplingParams(temperature=rng.choice([0.0, 0.8]), seed=rng.randrange(1 << 30)),
@@ -82,9 +90,14 @@ def main():
           f"{info.free_kv_blocks}/{info.total_kv_blocks} ({info.cached_kv_blocks} cached), preemptions "
           f"{info.preemptions_total} ({info.swapped_preemptions_total} to swap space, {info.preempted_tokens_total} "
           f"tokens recomputed), prefix cache hit rate "
-          f"{info.prefix_cache_hit_rate:.3f}; server exit {rc}")
+          f"{info.prefix_cache_hit_rate:.3f} ({info.host_prefix_cache_hit_tokens} tokens from the host tier), host "
+          f"pool {info.host_kv_blocks} blocks ({info.host_cached_kv_blocks} cached, {info.host_swapped_kv_blocks} "
+          f"swapped); server exit {rc}")
     ok = (total == args.requests and set(outcomes) <= EXPECTED and info.running_requests == 0
-          and info.waiting_requests == 0 and info.free_kv_blocks == info.total_kv_blocks and rc == 0)
+          and info.waiting_requests == 0 and info.free_kv_blocks == info.total_kv_blocks
+          and info.host_swapped_kv_blocks == 0 and rc == 0)
+    if args.host_gib > 0:
+        ok = ok and info.host_prefix_cache_hit_tokens > 0
     print("soak: PASS" if ok else "soak: FAIL")
     return 0 if ok else 1
 

@@ -66,7 +66,12 @@ class CudaBackend : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
-  StepCounters counters() const override { return counters_; }
+  StepCounters counters() const override {
+    StepCounters c = counters_;
+    c.copy_busy_s = kv_.copy_busy_s();
+    c.copy_waited_s = kv_.copy_waited_s();
+    return c;
+  }
   absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) override;
   absl::Status AllocateKvCache(const MemoryPlan& plan) override;
   absl::Status AllocateHostBlocks(int32_t num_blocks) override { return kv_.AllocateHostBlocks(num_blocks); }

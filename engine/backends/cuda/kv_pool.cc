@@ -11,7 +11,13 @@ namespace inferd::cuda {
 
 KvPool::~KvPool() {
   if (copy_) cudaStreamSynchronize(copy_);
-  for (auto& [ticket, event] : batches_) cudaEventDestroy(event);
+  for (const auto* list : {&batches_, &timing_}) {
+    for (const Batch& b : *list) {
+      for (cudaEvent_t e : {b.start, b.done, b.waited}) {
+        if (e) cudaEventDestroy(e);
+      }
+    }
+  }
   for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
   if (compute_mark_) cudaEventDestroy(compute_mark_);
   if (copy_) cudaStreamDestroy(copy_);
@@ -39,13 +45,17 @@ absl::Status KvPool::AllocateHostBlocks(int32_t num_blocks) {
 
 absl::Status KvPool::StartCopies(const CopyBatch& batch, cudaStream_t compute) {
   if (batch.empty()) return absl::OkStatus();
-  INFERD_CHECK(copy_ && batch.ticket > (batches_.empty() ? completed_ : batches_.back().first),
+  INFERD_CHECK(copy_ && batch.ticket > (batches_.empty() ? completed_ : batches_.back().ticket),
                "copy batches come in ticket order, after the host pool is allocated");
   TraceRange range("start KV block copies");
   // A block is read (out) or overwritten (in) once every step queued before has run: one of them may still
   // write it (plan-ahead) or read it (a finished request's last step).
   INFERD_CUDA(cudaEventRecord(compute_mark_, compute));
   INFERD_CUDA(cudaStreamWaitEvent(copy_, compute_mark_, 0));
+  Batch b{batch.ticket, nullptr, nullptr};
+  INFERD_ASSIGN_OR_RETURN(b.start, TakeEvent());
+  INFERD_ASSIGN_OR_RETURN(b.done, TakeEvent());
+  INFERD_CUDA(cudaEventRecord(b.start, copy_));
   const int64_t rows = 2 * int64_t{num_layers_};  // K and V of every layer: one row each, layer_bytes apart
   char* host = host_.get<char>();
   for (const auto* copies : {&batch.out, &batch.in}) {
@@ -66,34 +76,51 @@ absl::Status KvPool::StartCopies(const CopyBatch& batch, cudaStream_t compute) {
       block_ticket_[c.device_block] = batch.ticket;
     }
   }
-  cudaEvent_t done = nullptr;
+  INFERD_CUDA(cudaEventRecord(b.done, copy_));
+  batches_.push_back(b);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<cudaEvent_t> KvPool::TakeEvent() {
+  cudaEvent_t e = nullptr;
   if (spare_events_.empty()) {
-    INFERD_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    INFERD_CUDA(cudaEventCreate(&e));  // timed: the copy time is measured between two of them
   } else {
-    done = spare_events_.back();
+    e = spare_events_.back();
     spare_events_.pop_back();
   }
-  INFERD_CUDA(cudaEventRecord(done, copy_));
-  batches_.emplace_back(batch.ticket, done);
-  return absl::OkStatus();
+  return e;
 }
 
 uint64_t KvPool::CompletedCopies() {
   while (!batches_.empty()) {
-    const cudaError_t e = cudaEventQuery(batches_.front().second);
-    if (e == cudaErrorNotReady) break;
-    if (e != cudaSuccess) break;  // a failed copy: the steps after it fail too, and report it
-    completed_ = batches_.front().first;
-    spare_events_.push_back(batches_.front().second);
+    Batch& b = batches_.front();
+    if (cudaEventQuery(b.done) != cudaSuccess) break;  // not yet; or a failed copy, which the steps after report
+    completed_ = b.ticket;
+    timing_.push_back(b);  // its wait, if any, is measured once the steps' stream has passed it
     batches_.pop_front();
+  }
+  while (!timing_.empty()) {
+    const Batch& b = timing_.front();
+    if (b.waited && cudaEventQuery(b.waited) != cudaSuccess) break;
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, b.start, b.done) == cudaSuccess) copy_busy_s_ += ms * 1e-3;
+    // A wait that began after the batch ended cost nothing (the elapsed time is then negative).
+    if (b.waited && cudaEventElapsedTime(&ms, b.waited, b.done) == cudaSuccess) {
+      copy_waited_s_ += std::max(0.f, ms) * 1e-3;
+    }
+    for (cudaEvent_t e : {b.start, b.done, b.waited}) {
+      if (e) spare_events_.push_back(e);
+    }
+    timing_.pop_front();
   }
   return completed_;
 }
 
 absl::Status KvPool::WaitForCopies(uint64_t ticket) {
-  for (const auto& [t, event] : batches_) {
-    if (t < ticket) continue;
-    INFERD_CUDA(cudaEventSynchronize(event));
+  for (const Batch& b : batches_) {
+    if (b.ticket < ticket) continue;
+    INFERD_CUDA(cudaEventSynchronize(b.done));
     break;
   }
   CompletedCopies();
@@ -105,9 +132,13 @@ absl::StatusOr<bool> KvPool::OrderWrites(std::span<const int32_t> slots, int32_t
   uint64_t last = 0;
   for (int32_t slot : slots) last = std::max(last, block_ticket_[slot / block_size]);
   if (last <= CompletedCopies()) return false;
-  for (const auto& [t, event] : batches_) {
-    if (t < last) continue;
-    INFERD_CUDA(cudaStreamWaitEvent(compute, event, 0));
+  for (Batch& b : batches_) {
+    if (b.ticket < last) continue;
+    if (!b.waited) {
+      INFERD_ASSIGN_OR_RETURN(b.waited, TakeEvent());
+      INFERD_CUDA(cudaEventRecord(b.waited, compute));
+    }
+    INFERD_CUDA(cudaStreamWaitEvent(compute, b.done, 0));
     return true;
   }
   return false;

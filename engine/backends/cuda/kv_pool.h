@@ -40,6 +40,10 @@ class KvPool {
   // Before a step that writes the tokens at these slots is queued on `compute`: makes `compute` wait for the
   // last batch still touching one of their blocks, if any. Returns whether it had to.
   absl::StatusOr<bool> OrderWrites(std::span<const int32_t> slots, int32_t block_size, cudaStream_t compute);
+  // Device time the copy stream spent on completed batches, and the part of it the steps' stream waited for (from
+  // the wait's start on that stream to the batch's end), in seconds.
+  double copy_busy_s() const { return copy_busy_s_; }
+  double copy_waited_s() const { return copy_waited_s_; }
 
   bool allocated() const { return kv_.bytes() > 0; }
   int32_t num_blocks() const { return num_blocks_; }
@@ -53,12 +57,21 @@ class KvPool {
   int32_t num_blocks_ = 0;
   int32_t num_layers_ = 0;
   int64_t block_bytes_ = 0;  // K or V of one layer for one block
+  absl::StatusOr<cudaEvent_t> TakeEvent();
+
   PinnedBuffer host_;
   int32_t num_host_blocks_ = 0;
   cudaStream_t copy_ = nullptr;
-  cudaEvent_t compute_mark_ = nullptr;                    // where the copies start on the steps' stream
-  std::deque<std::pair<uint64_t, cudaEvent_t>> batches_;  // in flight, by ticket: each one's end on copy_
+  cudaEvent_t compute_mark_ = nullptr;  // where the copies start on the steps' stream
+  struct Batch {
+    uint64_t ticket;
+    cudaEvent_t start, done;       // on copy_, around its copies
+    cudaEvent_t waited = nullptr;  // on the steps' stream where a step began waiting for it, if one did
+  };
+  std::deque<Batch> batches_;  // in flight, by ticket
+  std::deque<Batch> timing_;   // completed, their time not yet counted (a step's wait for one still queued)
   std::vector<cudaEvent_t> spare_events_;
+  double copy_busy_s_ = 0, copy_waited_s_ = 0;
   std::vector<uint64_t> block_ticket_;  // [num_blocks]: the last batch that reads or writes each device block
   uint64_t completed_ = 0;
 };

@@ -354,6 +354,51 @@ TEST(Scheduler, AbortingASwappedOutSequenceFreesItsHostBlocks) {
   EXPECT_EQ(h.pool_.num_free(), 4);
 }
 
+// The prefix cache's host tier: a finished request's full blocks stay cached on the device and are written back
+// to the host ahead of their eviction (or, without write-ahead, when evicted); once evicted, the same prompt finds
+// them on the host, loads them while it waits, then computes only its last token.
+TEST(Scheduler, HostTierWritesEvictedPrefixBlocksBackAndRestoresThem) {
+  for (const int32_t write_ahead : {0, 4}) {
+    SCOPED_TRACE(write_ahead);
+    SchedulerHarness h({.max_num_seqs = 2,
+                        .max_num_batched_tokens = 32,
+                        .block_size = 4,
+                        .prefix_caching = true,
+                        .long_prefill_chunk = 32,
+                        .write_ahead_blocks = write_ahead},
+                       6, 0, 8);
+    h.Add('A', 9);  // 2 full blocks and a partial one
+    EXPECT_EQ(SchedulerHarness::Describe(h.Step()), "A9+");
+    h.Finish('A');
+    EXPECT_EQ(h.pool_.num_cached(), 2);
+    StepPlan plan = h.Step();  // nothing runs
+    EXPECT_EQ(plan.copies.out.size(), write_ahead > 0 ? 2u : 0u) << "written back ahead of eviction";
+    h.Add('B', 20);  // other tokens, 6 blocks: evicts A's
+    for (int32_t& t : h.seqs_.at('B')->tokens) t = 8;
+    plan = h.Step();
+    EXPECT_EQ(SchedulerHarness::Describe(plan), "B20+");
+    EXPECT_EQ(plan.copies.out.size(), write_ahead > 0 ? 0u : 2u) << "written back as they are evicted";
+    EXPECT_EQ(h.pool_.num_cached(), 0);
+    EXPECT_EQ(h.swap_pool_.num_cached(), 2) << "the host tier holds A's 2 full blocks";
+    EXPECT_EQ(h.scheduler_.counters().offloaded_blocks, 2);
+    h.Finish('B');
+    h.Add('C', 9);  // A's prompt again
+    plan = h.Step();
+    EXPECT_EQ(SchedulerHarness::Describe(plan), "") << "C loads its 2 blocks from the host";
+    ASSERT_EQ(plan.copies.in.size(), 2u);
+    EXPECT_EQ(SchedulerHarness::Names(h.scheduler_.running()), "C");
+    EXPECT_EQ(h.seqs_.at('C')->num_computed, 8);
+    plan = h.Step();
+    EXPECT_EQ(SchedulerHarness::Describe(plan), "C1+") << "then computes only its 9th token";
+    EXPECT_EQ(h.scheduler_.counters().host_hit_tokens, 8);
+    EXPECT_EQ(h.scheduler_.counters().prefix_hit_tokens, 8);
+    EXPECT_EQ(h.scheduler_.counters().restored_blocks, 2);
+    h.Finish('C');
+    EXPECT_EQ(h.pool_.num_free(), 6);
+    EXPECT_EQ(h.swap_pool_.num_free(), 8);
+  }
+}
+
 TEST(Capacity, VictimsAreTheLowestPriorityThenMostRecentSparingThoseAwaitingProgress) {
   Sequence x, y, z;
   x.admitted_order = 1;
