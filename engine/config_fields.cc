@@ -209,10 +209,24 @@ std::vector<ConfigField> MakeFields() {
   f.push_back(Int<int32_t>(
       "engine", "num_threads", [](Config& c) -> int32_t& { return c.engine.num_threads; }, 0, 1024, "0..1024",
       "cpu backend threads, 0 = all cores"));
+  {
+    ConfigField tp = Int<int32_t>(
+        "engine", "tensor_parallel_size", [](Config& c) -> int32_t& { return c.engine.tensor_parallel_size; }, 1, 8,
+        "1, 2, 4, 8",
+        "devices one model is split across (tensor parallelism: attention heads and MLP columns sharded, a sum over "
+        "the devices after each layer's attention and MLP); cpu: shards on threads, for testing the split");
+    tp.read = [read = tp.read](const YAML::Node& v, Config* c) -> absl::Status {
+      if (absl::Status s = read(v, c); !s.ok()) return s;
+      const int32_t n = c->engine.tensor_parallel_size;
+      return (n & (n - 1)) == 0 ? absl::OkStatus() : OutOfRange("engine.tensor_parallel_size", n, "1, 2, 4, 8");
+    };
+    f.push_back(std::move(tp));
+  }
   f.push_back(Int<int32_t>(
       "engine", "profile_steps", [](Config& c) -> int32_t& { return c.engine.profile_steps; }, 0, 1000000, "0..10^6",
       "log where each of the first N steps' time went: scheduling, preparing and launching (pack, copy, attention "
-      "plan), GPU compute, waiting for the sampled tokens, output processing"));
+      "plan), GPU compute, waiting for the sampled tokens, output processing; cuda: each step's compute and each KV "
+      "copy batch on one device clock"));
   // scheduler
   f.push_back(Int<int32_t>(
       "scheduler", "max_num_seqs", [](Config& c) -> int32_t& { return c.scheduler.max_num_seqs; }, 1, 4096, "1..4096",

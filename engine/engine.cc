@@ -622,10 +622,15 @@ bool Engine::CollectInFlight() {
       spdlog::info(
           "step {}: {} seqs, {} tokens: schedule {:.3f} ms, prepare and launch {:.3f} ms (pack, copy, plan, enqueue), "
           "GPU compute {:.3f} ms, GPU idle before it {:.3f} ms, host waiting for its tokens {:.3f} ms, outputs "
-          "{:.3f} ms{}",
+          "{:.3f} ms{}; device clock {:.3f}-{:.3f} ms",
           engine_steps_, plan.seqs.size(), plan.num_tokens, 1e3 * step->schedule_s, 1e3 * step->launch_s,
           1e3 * k.last_device_s, 1e3 * k.last_idle_before_s, 1e3 * wait_s, 1e3 * outputs_s,
-          in_flight_ ? " (the next step was running)" : "");
+          in_flight_ ? " (the next step was running)" : "", k.last_compute_start_ms, k.last_compute_end_ms);
+      // The copy stream beside it, on the same clock (tests/gpu/copy_timeline.py draws both from this log).
+      for (const CopyTiming& t : backend_->TakeCopyTimings()) {
+        spdlog::info("copies {}: {} blocks out, {} in: device clock {:.3f}-{:.3f} ms, a step waited {:.3f} ms",
+                     t.ticket, t.blocks_out, t.blocks_in, t.start_ms, t.end_ms, t.waited_ms);
+      }
     } else {
       spdlog::info("step {}: {} seqs, {} tokens: schedule {:.3f} ms, {} backend step {:.3f} ms, outputs {:.3f} ms",
                    engine_steps_, plan.seqs.size(), plan.num_tokens, 1e3 * step->schedule_s, backend_->name(),

@@ -14,6 +14,9 @@
 # accuracy: the bundled SmolLM2 served in bf16 and in fp8: perplexity over the King James text
 #   (scripts/fetch_eval_text.sh) and greedy agreement on the reference and chat prompts (tests/gpu/accuracy_check.py).
 # sweep: the 8B model served by inferd on cuda, `inferd-bench serve` at a list of request rates (CSV in $OUT).
+# copies: the host KV pool's copy stream under compute-sanitizer memcheck, then a swap storm (the scheduler soak on
+#   the 8B model with a tiny device pool and swap space) whose steps and copy batches are drawn on one device clock
+#   (tests/gpu/copy_timeline.py).
 # multiturn: simulated users in conversation (`inferd-bench serve --multi-turn`) on the 8B model with a device
 #   pool smaller than their histories, the prefix cache's host tier off and on; TTFT, throughput, hit rates per tier,
 #   device idle share and the KV copy time hidden behind compute.
@@ -135,6 +138,20 @@ if [[ "$what" == all || "$what" == tests || "$what" == copies ]]; then
       --gtest_filter='CudaBackend.HostTier*' 2>&1 | tail -n 4 | tee "$OUT/${tool}_copies.txt"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   done
+fi
+
+if [[ "$what" == all || "$what" == copies ]]; then
+  # A swap storm: the scheduler soak on the 8B model with a device pool of a few requests and swap space, every
+  # step profiled; both streams drawn from its log, and steps with copies under them against steps without.
+  echo "== swap storm: the scheduler soak on the 8B model, ${STORM_BLOCKS:-96} device blocks and swap space"
+  M=/tmp/llama3-8b-random
+  [[ -f $M/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M" || status=1
+  INFERD_BIN="$BUNDLE/bin/inferd" INFERD_PY_STUBS="$BUNDLE/pystubs" INFERD_START_TIMEOUT_S=120 python3 \
+    tests/soak/scheduler_soak.py --backend cuda --model "$M" --num-blocks "${STORM_BLOCKS:-96}" --swap-gib 4 \
+    --requests "${STORM_REQUESTS:-2000}" --log "$OUT/storm_server.log" 2>&1 | tail -n 3
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  python3 tests/gpu/copy_timeline.py "$OUT/storm_server.log" --json "$OUT/storm_timeline.json" || status=1
+  gzip -f "$OUT/storm_server.log"
 fi
 
 if [[ "$what" == all || "$what" == accuracy ]]; then

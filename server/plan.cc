@@ -8,6 +8,7 @@
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
+#include "engine/model/tensor_parallel.h"
 #include "engine/runtime/device_layout.h"
 #include "nlohmann/json.hpp"
 
@@ -25,12 +26,19 @@ int RunPlan(int argc, char** argv) {
   std::string config_path;
   double gib = 0;
   bool json = false;
+  int32_t tp = 0;  // 0: the config's engine.tensor_parallel_size
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--config" && i + 1 < argc) {
       config_path = argv[++i];
     } else if (a == "--json") {
       json = true;
+    } else if (a == "--tensor-parallel" && i + 1 < argc) {
+      tp = std::atoi(argv[++i]);
+      if (tp != 1 && tp != 2 && tp != 4 && tp != 8) {
+        std::cerr << "inferd plan: --tensor-parallel must be 1, 2, 4 or 8\n";
+        return 2;
+      }
     } else if (a == "--gpu-memory-gib" && i + 1 < argc) {
       gib = std::atof(argv[++i]);
       if (!(gib > 0)) {
@@ -38,7 +46,7 @@ int RunPlan(int argc, char** argv) {
         return 2;
       }
     } else {
-      std::cerr << "usage: inferd plan --config FILE [--gpu-memory-gib N] [--json]\n";
+      std::cerr << "usage: inferd plan --config FILE [--gpu-memory-gib N] [--tensor-parallel N] [--json]\n";
       return 2;
     }
   }
@@ -62,10 +70,18 @@ int RunPlan(int argc, char** argv) {
     return 1;
   }
   const ModelConfig& c = (*model)->config;
+  if (tp == 0) tp = config->engine.tensor_parallel_size;
+  if (absl::Status s = CheckTensorParallel(c, tp); !s.ok()) {
+    std::cerr << "inferd plan: " << s.message() << "\n";
+    return 2;
+  }
   const StepLimits limits{config->scheduler.max_num_seqs, config->scheduler.max_num_batched_tokens,
                           config->engine.block_size};
   const int64_t budget = static_cast<int64_t>(free * config->engine.gpu_memory_utilization);
-  nlohmann::json out = {{"device_free_bytes", free}, {"budget_bytes", budget}, {"plans", nlohmann::json::array()}};
+  nlohmann::json out = {{"device_free_bytes", free},
+                        {"budget_bytes", budget},
+                        {"tensor_parallel_size", tp},
+                        {"plans", nlohmann::json::array()}};
   if (!json)
     std::printf("model %s: %s, %d layers, hidden %d, heads %d/%d, head_dim %d, vocab %d, max_position_embeddings %d\n",
                 (*model)->name.c_str(), c.architecture.c_str(), c.num_layers, c.hidden_size, c.num_heads,
@@ -73,10 +89,12 @@ int RunPlan(int argc, char** argv) {
   if (!json)
     std::printf(
         "device memory free %.0f MiB (%s) x gpu_memory_utilization %g = budget %.1f MiB; largest step %d tokens, "
-        "%d sequences; block_size %d\n",
+        "%d sequences; block_size %d%s\n",
         free / kMiB, gib > 0 ? "--gpu-memory-gib" : "measured on the visible GPU",
         config->engine.gpu_memory_utilization, budget / kMiB, limits.max_num_batched_tokens, limits.max_num_seqs,
-        limits.block_size);
+        limits.block_size,
+        tp > 1 ? absl::StrFormat("; each of %d GPUs (tensor parallelism: the sizes below are per GPU)", tp).c_str()
+               : "");
   if (!json)
     std::printf("%-9s %12s %12s %10s %12s %12s %10s %12s  %s\n", "dtype", "weights MiB", "activ. MiB", "other MiB",
                 "KV B/token", "KV KiB/blk", "blocks", "KV tokens", "sequences at context 1024 / 4096 / 8192 / max");
@@ -94,7 +112,7 @@ int RunPlan(int argc, char** argv) {
     const char* dtype = row.name;
     if ((*model)->tensors.fp8_checkpoint && !row.fp8_weights) continue;
     if (row.fp8_kv && !kv8) continue;
-    const DeviceLayout layout = PlanDeviceLayout(**model, limits, 2, row.fp8_weights, row.fp8_kv ? 1 : 2);
+    const DeviceLayout layout = PlanDeviceLayout(**model, limits, 2, row.fp8_weights, row.fp8_kv ? 1 : 2, tp);
     const int64_t weights = layout.weight_bytes;
     const int64_t act = layout.activation_bytes();
     const int64_t other = layout.step_input_bytes() + kContextBytes;
@@ -122,6 +140,32 @@ int RunPlan(int argc, char** argv) {
       std::printf("  no KV block fits: weights, activations and other take %.1f MiB of the %.1f MiB budget\n",
                   (weights + act + other) / kMiB, budget / kMiB);
     }
+  }
+  // Which tensor-parallel sizes fit the model on GPUs like this one: bf16 (or the checkpoint's fp8) weights, and a
+  // KV pool per GPU that holds at least one sequence at the longest context.
+  const int64_t context = config->model.max_model_len > 0 ? config->model.max_model_len : c.max_position_embeddings;
+  const bool fp8 = (*model)->tensors.fp8_checkpoint;
+  if (!json)
+    std::printf("\ntensor_parallel_size (%s, one sequence of %lld tokens at least):\n", fp8 ? "fp8" : "bfloat16",
+                static_cast<long long>(context));
+  out["tensor_parallel_fits"] = nlohmann::json::array();
+  for (int32_t n : {1, 2, 4, 8}) {
+    if (!CheckTensorParallel(c, n).ok()) {
+      if (!json) std::printf("  %d: does not split this model\n", n);
+      continue;
+    }
+    const DeviceLayout layout = PlanDeviceLayout(**model, limits, 2, fp8, 2, n);
+    const int64_t used = layout.weight_bytes + layout.activation_bytes() + layout.step_input_bytes() + kContextBytes;
+    const int64_t blocks = std::max<int64_t>(0, (budget - used) / layout.kv_bytes_per_block);
+    const bool fits = blocks * limits.block_size >= context;
+    out["tensor_parallel_fits"].push_back(
+        {{"tensor_parallel_size", n}, {"weight_bytes", layout.weight_bytes}, {"num_blocks", blocks}, {"fits", fits}});
+    if (json) continue;
+    std::printf("  %d: weights %.1f GiB a GPU, %lld KV tokens a GPU: %s\n", n, layout.weight_bytes / (kMiB * 1024),
+                static_cast<long long>(blocks * limits.block_size),
+                fits ? "fits"
+                     : (used > budget ? "does not fit (weights and workspace exceed the budget)"
+                                      : "does not fit (too few KV blocks for one sequence)"));
   }
   if (json) std::cout << out.dump(1) << "\n";
   return 0;

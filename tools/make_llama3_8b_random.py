@@ -3,11 +3,12 @@
 intermediate 14336, vocab 128256, llama3 rope) in Hugging Face layout, for benchmarks on the GPU machine, where
 16 GB cannot travel. Weights are drawn on the GPU with torch and written as 4 safetensors shards.
 
-    python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-random [--config-only | --sparse]
+    python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-random [--config-only | --sparse] [--70b]
 
 --config-only writes config.json alone (enough for `inferd-bench --sections products`); --sparse writes one
 model.safetensors whose header lists every tensor and whose data is a sparse file of zeros (instant, no disk
-space: for `inferd plan`, which reads shapes only).
+space: for `inferd plan`, which reads shapes only). --70b: the Llama-3-70B shape instead (hidden 8192, 80 layers, 64
+heads, 8 KV heads, intermediate 28672): 141 GB in bf16, for tensor parallelism.
 """
 import json
 import os
@@ -16,7 +17,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_test_models import LLAMA3_PATTERN, byte_level  # noqa: E402
 
-H, I, L, NH, NKV, V, D = 4096, 14336, 32, 32, 8, 128256, 128
+H, I, L, NH, NKV, V, D = (8192, 28672, 80, 64, 8, 128256, 128) if "--70b" in sys.argv else \
+    (4096, 14336, 32, 32, 8, 128256, 128)
 
 
 def main():

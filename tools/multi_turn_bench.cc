@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "inferd/v1/inferd.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "tools/latency_stats.h"
 
 namespace inferd {
 namespace {
@@ -74,20 +75,6 @@ Turn RunTurn(v1::Inference::Stub& stub, std::vector<int32_t>* history, int max_t
   t.ok = status.ok() && t.output_tokens > 0;
   if (!status.ok()) t.error = status.error_message();
   return t;
-}
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = p / 100.0 * (v.size() - 1);
-  const size_t lo = static_cast<size_t>(pos), hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (pos - lo) * (v[hi] - v[lo]);
-}
-
-nlohmann::json Ttft(const std::vector<double>& s) {
-  std::vector<double> ms;
-  for (double x : s) ms.push_back(1e3 * x);
-  return {{"median_ms", Percentile(ms, 50)}, {"p90_ms", Percentile(ms, 90)}, {"p99_ms", Percentile(ms, 99)}};
 }
 
 bool Info(v1::Inference::Stub& stub, v1::ServerInfo* info) {
@@ -234,8 +221,8 @@ int MultiTurnMain(int argc, char** argv) {
       {"total_output_tokens", output},
       {"cached_prompt_tokens", cached},
       {"total_token_throughput", (input + output) / duration},
-      {"ttft", Ttft(ttft)},
-      {"ttft_after_first_turn", Ttft(ttft_later)},
+      {"ttft", LatencyStats(ttft)},
+      {"ttft_after_first_turn", LatencyStats(ttft_later)},
       {"prefix_hit_rate", queried > 0 ? hits / queried : 0.0},
       {"prefix_hit_rate_device", queried > 0 ? (hits - host_hits) / queried : 0.0},
       {"prefix_hit_rate_host", queried > 0 ? host_hits / queried : 0.0},

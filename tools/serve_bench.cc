@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "inferd/v1/inferd.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "tools/latency_stats.h"
 #include "tools/openai_stream.h"
 
 namespace inferd {
@@ -54,27 +55,6 @@ struct Options {
 using Result = StreamTiming;
 // One request through the front end under test.
 using Client = std::function<Result(const v1::GenerateRequest&)>;
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = p / 100.0 * (v.size() - 1);
-  const size_t lo = static_cast<size_t>(pos);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (pos - lo) * (v[hi] - v[lo]);
-}
-
-nlohmann::json Stats(const std::vector<double>& seconds) {
-  std::vector<double> ms;
-  for (double s : seconds) ms.push_back(1e3 * s);
-  double mean = 0;
-  for (double x : ms) mean += x;
-  mean = ms.empty() ? 0 : mean / ms.size();
-  return {{"mean_ms", mean},
-          {"median_ms", Percentile(ms, 50)},
-          {"p90_ms", Percentile(ms, 90)},
-          {"p99_ms", Percentile(ms, 99)}};
-}
 
 std::vector<v1::GenerateRequest> MakeRequests(const Options& o, const v1::ModelInfo& model) {
   std::mt19937 rng(o.seed);
@@ -214,10 +194,10 @@ nlohmann::json RunRate(const Options& o, double rate, const Client& run_one,
           {"total_token_throughput", (input + output) / duration},
           {"goodput", good / duration},
           {"slo_ms", {{"ttft", o.slo_ttft_ms}, {"tpot", o.slo_tpot_ms}, {"e2el", o.slo_e2el_ms}}},
-          {"ttft", Stats(ttft)},
-          {"tpot", Stats(tpot)},
-          {"itl", Stats(itl)},
-          {"e2el", Stats(e2el)}};
+          {"ttft", LatencyStats(ttft)},
+          {"tpot", LatencyStats(tpot)},
+          {"itl", LatencyStats(itl)},
+          {"e2el", LatencyStats(e2el)}};
 }
 
 void PrintReport(const nlohmann::json& r) {

@@ -85,6 +85,17 @@ struct StepCounters {
   int64_t steps_ordered_after_copies = 0;  // cuda: steps that wrote a block a copy still touched, so waited for it
   double copy_busy_s = 0;                  // cuda: device time of the KV block copies (the copy stream)
   double copy_waited_s = 0;  // of it, the part the steps' stream waited for (the rest ran under compute or idle)
+  // cuda: the last step's compute on the device clock (ms since the KV pool was allocated); -1 where not measured.
+  double last_compute_start_ms = -1, last_compute_end_ms = -1;
+};
+
+// One batch of KV block copies on the device clock of StepCounters (cuda: the copy stream, from its first copy to
+// its last): with the steps' compute intervals, a timeline of both streams (engine.profile_steps logs both).
+struct CopyTiming {
+  uint64_t ticket = 0;
+  int32_t blocks_out = 0, blocks_in = 0;
+  double start_ms = 0, end_ms = 0;
+  double waited_ms = 0;  // how long the steps' stream waited for it
 };
 
 // How fast the device can read memory and multiply matrices, measured once at start-up with small kernels on
@@ -138,6 +149,8 @@ class Backend {
   virtual absl::Status Collect(StepOutput* output);
   // Read by the engine thread only (the engine copies it out for others).
   virtual StepCounters counters() const { return {}; }
+  // The copy batches completed since the last call, oldest first (cuda keeps the last 4096; none elsewhere).
+  virtual std::vector<CopyTiming> TakeCopyTimings() { return {}; }
   // Measures the ceilings. Called once at start-up, after MeasureMemory and before AllocateKvCache, so that its
   // temporary buffers are back before the KV pool takes what is left.
   virtual absl::StatusOr<DeviceCeilings> MeasureCeilings() { return DeviceCeilings{}; }

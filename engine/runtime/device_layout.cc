@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/model/tensor_parallel.h"
 #include "engine/request.h"
 #include "kernels/sizes.h"
 
@@ -15,13 +16,30 @@ Region ArenaBuilder::Add(int64_t bytes) {
 
 namespace {
 
-int64_t WeightBytes(const ModelTensors& t, int64_t e, bool fp8) {
+// One device's weight bytes: the layers' products sharded (output rows of q/k/v and gate/up, input columns of o and
+// down), everything else whole. fp8: one byte an element and a fp32 scale per output row of each product.
+int64_t WeightBytes(const Model& model, int64_t e, bool fp8, const TensorParallelShard& shard) {
+  const ModelConfig& c = model.config;
+  const ModelTensors& t = model.tensors;
+  const double q = static_cast<double>(shard.q_heads.size()) / c.num_heads;
+  const double kv = static_cast<double>(shard.kv_heads.size()) / c.num_kv_heads;
+  const double cols = static_cast<double>(shard.intermediate.size()) / c.intermediate_size;
   int64_t n = 0;
   for (const TensorDesc* d : AllTensors(t)) n += d->numel() * e;  // numel() is 0 for an absent tensor
-  if (!fp8) return n;
   for (const LayerTensors& L : t.layers) {
-    for (const TensorDesc* d : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) {
-      n += d->numel() * (1 - e) + d->rows * 4;  // one byte an element and a fp32 scale per row
+    struct Part {
+      const TensorDesc* d;
+      double share;       // of its elements on this device
+      double rows_share;  // of its output rows (fp8 scales)
+    };
+    for (const Part& p :
+         {Part{&L.q_proj, q, q}, Part{&L.k_proj, kv, kv}, Part{&L.v_proj, kv, kv}, Part{&L.o_proj, q, 1},
+          Part{&L.gate_proj, cols, cols}, Part{&L.up_proj, cols, cols}, Part{&L.down_proj, cols, 1},
+          Part{&L.q_bias, q, q}, Part{&L.k_bias, kv, kv}, Part{&L.v_bias, kv, kv}}) {
+      const int64_t elements = static_cast<int64_t>(p.d->numel() * p.share);
+      n -= (p.d->numel() - elements) * e;
+      const bool product = p.d != &L.q_bias && p.d != &L.k_bias && p.d != &L.v_bias;
+      if (fp8 && product) n += elements * (1 - e) + static_cast<int64_t>(p.d->rows * p.rows_share) * 4;
     }
   }
   return n;
@@ -30,17 +48,20 @@ int64_t WeightBytes(const ModelTensors& t, int64_t e, bool fp8) {
 }  // namespace
 
 DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int64_t e, bool fp8_weights,
-                              int64_t kv_element_bytes) {
+                              int64_t kv_element_bytes, int32_t tensor_parallel_size) {
   const ModelConfig& c = model.config;
+  const TensorParallelShard shard = ShardOf(c, tensor_parallel_size, 0);  // every device's share is the same size
+  const int64_t D = c.head_dim;
+  const int64_t q_width = shard.q_heads.size() * D, kv_width = shard.kv_heads.size() * D;
   const int64_t T = limits.max_num_batched_tokens, R = limits.max_num_seqs, bs = limits.block_size;
   const int64_t L = limits.max_logits_rows();  // sampled rows and prompt rows
-  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  const int64_t H = c.hidden_size, I = shard.intermediate.size();
   DeviceLayout l;
   l.limits = limits;
   l.element_bytes = e;
   l.fp8_weights = fp8_weights;
   l.kv_element_bytes = kv_element_bytes > 0 ? kv_element_bytes : e;
-  l.weight_bytes = WeightBytes(model.tensors, e, fp8_weights);
+  l.weight_bytes = WeightBytes(model, e, fp8_weights, shard);
 
   // Step inputs sized for the worst case: every sequence at the model's longest context, and one penalty entry
   // per distinct id a row can hold, ban or bias (its context, at most kMaxStopTokenIds stop ids, the eos ids and
@@ -80,11 +101,11 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   a.x = act.Add(T * H * e);
   a.xn = act.Add(T * H * e);
   a.tmp = act.Add(T * H * e);
-  a.qkv = act.Add(T * c.qkv_width() * e);
-  a.attn = act.Add(T * c.q_width() * e);
+  a.qkv = act.Add(T * (q_width + 2 * kv_width) * e);
+  a.attn = act.Add(T * q_width * e);
   a.gate_up = act.Add(T * 2 * I * e);
   a.act = act.Add(T * I * e);
-  const int64_t widest_input = std::max<int64_t>({H, c.q_width(), I});
+  const int64_t widest_input = std::max<int64_t>({H, q_width, I});
   a.act_fp8 = act.Add(fp8_weights ? T * widest_input : 0);
   a.act_scale = act.Add(fp8_weights ? T * 4 : 0);
   a.last = act.Add(L * H * e);
@@ -99,7 +120,7 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   l.activation_arena_bytes = act.size();
   l.gemm_workspace_bytes = kGemmWorkspaceBytes;
 
-  l.kv_block_bytes = bs * c.kv_width() * l.kv_element_bytes;
+  l.kv_block_bytes = bs * kv_width * l.kv_element_bytes;
   l.kv_bytes_per_block = 2 * int64_t{c.num_layers} * l.kv_block_bytes;
   for (int32_t b = 1; b < limits.max_num_seqs; b *= 2) l.decode_buckets.push_back(b);
   l.decode_buckets.push_back(limits.max_num_seqs);

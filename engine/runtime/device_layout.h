@@ -98,8 +98,10 @@ struct DeviceLayout {
 
 inline constexpr int64_t kGemmWorkspaceBytes = int64_t{32} << 20;
 
-// kv_element_bytes: 1 for an fp8 KV cache; 0 = element_bytes.
+// kv_element_bytes: 1 for an fp8 KV cache; 0 = element_bytes. tensor_parallel_size > 1: the layout of one device
+// of that many (engine/model/tensor_parallel.h): its shard of the layers' weights, its KV heads, the activations
+// of its heads and columns; CheckTensorParallel must have passed.
 DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int64_t element_bytes,
-                              bool fp8_weights = false, int64_t kv_element_bytes = 0);
+                              bool fp8_weights = false, int64_t kv_element_bytes = 0, int32_t tensor_parallel_size = 1);
 
 }  // namespace inferd

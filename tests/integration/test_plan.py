@@ -89,3 +89,29 @@ def test_an_fp8_checkpoint_is_planned_as_fp8_only(tmp_path):
     rows = 2 * (64 + 2 * 32 + 64 + 2 * 160 + 64)
     other = 2 * (2 * 640 * 64 + 64 + 2 * 2 * 64)
     assert plans[0]["weight_bytes"] == linear + 4 * rows + other
+
+
+def test_tensor_parallel_sizes_that_fit_llama3_70b_on_80_gb_gpus(tmp_path):
+    # 70.6 B parameters: 141 GB in bf16 does not fit one 80 GB GPU; split over 2 each holds half of every layer's
+    # products (whole embeddings, LM head and norms) and half of the KV heads.
+    model = tmp_path / "llama3-70b"
+    subprocess.run([sys.executable, os.path.join(SOURCE_DIR, "tools", "make_llama3_8b_random.py"), str(model),
+                    "--sparse", "--70b"], check=True, capture_output=True)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{path: {model}}}\nscheduler: {{max_num_seqs: 64, max_num_batched_tokens: 4096}}\n")
+    run = lambda *a: subprocess.run([INFERD_BIN, "plan", "--config", str(cfg), "--gpu-memory-gib", "80", *a],
+                                    capture_output=True, text=True, timeout=60)
+    r = run("--tensor-parallel", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["tensor_parallel_size"] == 2
+    h, i, l, nh, nkv = 8192, 28672, 80, 64, 8
+    products = l * ((nh + 2 * nkv) * D * h + h * nh * D + 3 * i * h)
+    assert out["plans"][0]["weight_bytes"] == 2 * (2 * V * h + h + l * 2 * h + products // 2)
+    assert out["plans"][0]["kv_bytes_per_block"] == 2 * l * 16 * (nkv // 2) * D * 2
+    fits = {f["tensor_parallel_size"]: f["fits"] for f in out["tensor_parallel_fits"]}
+    assert fits == {1: False, 2: True, 4: True, 8: True}
+    text = run("--tensor-parallel", "4").stdout
+    assert "each of 4 GPUs" in text and "1: weights 131.4 GiB a GPU" in text and "does not fit" in text
+    bad = run("--tensor-parallel", "3")
+    assert bad.returncode == 2 and "1, 2, 4 or 8" in bad.stderr

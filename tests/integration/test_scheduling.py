@@ -221,3 +221,45 @@ def test_a_prefix_evicted_from_the_device_comes_back_from_the_host_tier_with_the
         assert after.host_swapped_kv_blocks == 0
     finally:
         assert s.stop() == 0
+
+
+def test_outputs_after_host_tier_restores_and_swap_ins_equal_those_of_a_server_with_the_cache_off():
+    # Long shared preambles (several blocks each) with distinct questions, 32 at once on the tiny pool, twice: the
+    # crowd swaps requests out and in, and the second round finds the preambles evicted from the device and
+    # restores them from the host tier. Every greedy output equals that of the same request on a server with no
+    # prefix cache, no swap space and no host tier (fp32, exact).
+    preambles = [" ".join(f"rule {k}.{j} of the house" for j in range(10 + 3 * k)) for k in range(4)]
+    requests = [greedy(f"{preambles[i % 4]} question {i}: which rule?", max_tokens=24) for i in range(32)]
+    plain = Server(engine=TINY_POOL, scheduler={"prefix_caching": False})
+    try:
+        expected = [list(plain.stub.Generate(r).token_ids) for r in requests]
+    finally:
+        assert plain.stop() == 0
+    s = Server(engine={**TINY_POOL, "swap_space_gib": 0.01, "host_kv_cache_gib": 0.01})
+    try:
+        for _ in range(2):
+            futures = [s.stub.Generate.future(r) for r in requests]
+            assert [list(f.result(timeout=300).token_ids) for f in futures] == expected
+        i = wait_until_idle(s.stub)
+        assert i.swapped_preemptions_total > 0, "the crowd swapped requests out and back in"
+        assert i.host_prefix_cache_hit_tokens > 0, "preambles came back from the host tier"
+        assert i.free_kv_blocks == i.total_kv_blocks and i.host_swapped_kv_blocks == 0
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_model_split_over_four_shards_serves_the_greedy_tokens_of_the_whole_one():
+    # engine.tensor_parallel_size on the cpu backend: 4 shards on threads (the 2 KV heads of llama3-tiny replicated).
+    requests = [greedy(f"shard test {i}: " + " ".join(f"w{j * i}" for j in range(3 + 5 * i)), max_tokens=16)
+                for i in range(8)]
+    outputs = {}
+    for n in (1, 4):
+        s = Server(engine={**TINY_POOL, "tensor_parallel_size": n})
+        try:
+            futures = [s.stub.Generate.future(r) for r in requests]
+            outputs[n] = [list(f.result(timeout=300).token_ids) for f in futures]
+            if n == 4:
+                assert "tensor_parallel_size: 4" in s.logs()
+        finally:
+            assert s.stop() == 0
+    assert outputs[4] == outputs[1]

@@ -3,9 +3,14 @@ and output lengths, priorities, deadlines, 30% cancelled at random points, 64 cl
 runs or waits, every KV block is back, and every request is accounted for with an expected status.
 
     .venv/bin/python tests/soak/scheduler_soak.py [--requests N] [--seed S] [--swap-gib G] [--host-gib G]
+        [--backend cuda --model DIR] [--num-blocks N] [--log FILE]
 
 With --host-gib (engine.host_kv_cache_gib, the prefix cache's host tier) half of the prompts start with one of 16
 shared preambles, so that evicted prefix blocks are written to the host and restored from it.
+
+On a GPU (--backend cuda, with a model such as the 8B one of tools/make_llama3_8b_random.py) with swap space, it is
+a swap storm: every step is profiled (engine.profile_steps) and --log keeps the server's log, from which
+tests/gpu/copy_timeline.py draws both streams and compares steps with copies under them to steps without.
 
 Outside the default test run (a few minutes); needs a build (bash scripts/test.sh makes one).
 """
@@ -32,10 +37,17 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--swap-gib", type=float, default=0, help="engine.swap_space_gib (0: preemption recomputes)")
     ap.add_argument("--host-gib", type=float, default=0, help="engine.host_kv_cache_gib (0: no host tier)")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "cuda"], help="engine.backend")
+    ap.add_argument("--model", default="llama3-tiny", help="a test model's name, or a model directory")
+    ap.add_argument("--num-blocks", type=int, default=48, help="engine.num_blocks (the device pool)")
+    ap.add_argument("--log", help="copy the server's log here at the end")
     args = ap.parse_args()
     preambles = [" ".join(f"p{k}x{j}" for j in range(8 + k)) for k in range(16)]  # 8-23 words
-    s = Server(engine={"backend": "cpu", "block_size": 16, "num_blocks": 48, "swap_space_gib": args.swap_gib,
-                       "host_kv_cache_gib": args.host_gib},
+    engine = {"backend": args.backend, "block_size": 16, "num_blocks": args.num_blocks,
+              "swap_space_gib": args.swap_gib, "host_kv_cache_gib": args.host_gib}
+    if args.backend == "cuda":
+        engine["profile_steps"] = 1000000
+    s = Server(model=args.model, engine=engine,
                scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 256, "max_queue": 64,
                           "long_prefill_chunk": 64, "priority_aging_s": 1})
     outcomes = collections.Counter()
@@ -84,6 +96,9 @@ def main():
     info = wait_until_idle(s.stub, timeout=30)
     elapsed = time.time() - t0
     rc = s.stop()
+    if args.log:
+        with open(args.log, "w") as f:
+            f.write(s.logs())
     total = sum(outcomes.values())
     print(f"{total} requests in {elapsed:.0f} s: {dict(outcomes)}")
     print(f"after: running {info.running_requests}, waiting {info.waiting_requests}, free blocks "

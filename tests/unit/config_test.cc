@@ -48,6 +48,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"model: {path: /m}\nengine: {blok_size: 4}\n", "engine.blok_size"},
         BadCase{"modle: {path: /m}\n", "modle"}, BadCase{"engine: {block_size: 4}\n", "model.path"},
         BadCase{"model: {path: /m}\nengine: {block_size: 0}\n", "engine.block_size = 0"},
+        BadCase{"model: {path: /m}\nengine: {tensor_parallel_size: 3}\n",
+                "engine.tensor_parallel_size = 3 is out of range; allowed: 1, 2, 4, 8"},
+        BadCase{"model: {path: /m}\nengine: {tensor_parallel_size: 16}\n", "engine.tensor_parallel_size = 16"},
         BadCase{"model: {path: /m}\nengine: {block_size: many}\n", "engine.block_size"},
         BadCase{"model: {path: /m}\nengine: {backend: tpu}\n", "engine.backend = 'tpu'"},
         BadCase{"model: {path: /m}\nengine: {gpu_memory_utilization: 1.5}\n", "gpu_memory_utilization"},
@@ -82,7 +85,7 @@ TEST(Config, TheReadmeReferenceIsTheFieldTable) {
 TEST(Config, EveryKeySurvivesTheDumpWithAValueOtherThanItsDefault) {
   const std::string yaml = R"(model: {path: /models/x, name: served-x, max_model_len: 4096}
 engine: {backend: cpu, dtype: float16, quantization: fp8, kv_cache_dtype: fp8_e4m3, cuda_graphs: false, plan_ahead: "off", block_size: 32, num_blocks: 1000,
-         gpu_memory_utilization: 0.75, cpu_kv_cache_gib: 2.5, swap_space_gib: 1.5, host_kv_cache_gib: 2.25, num_threads: 3, profile_steps: 7}
+         gpu_memory_utilization: 0.75, cpu_kv_cache_gib: 2.5, swap_space_gib: 1.5, host_kv_cache_gib: 2.25, num_threads: 3, tensor_parallel_size: 4, profile_steps: 7}
 scheduler: {max_num_seqs: 12, max_num_batched_tokens: 640, prefix_caching: false, max_queue: 99,
             max_queued_tokens: 12345, long_prefill_chunk: 128, priority_aging_s: 2.5}
 server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000, metrics_listen: '',
@@ -110,6 +113,7 @@ server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000
     EXPECT_DOUBLE_EQ(x->engine.swap_space_gib, 1.5);
     EXPECT_DOUBLE_EQ(x->engine.host_kv_cache_gib, 2.25);
     EXPECT_EQ(x->engine.num_threads, 3);
+    EXPECT_EQ(x->engine.tensor_parallel_size, 4);
     EXPECT_EQ(x->engine.profile_steps, 7);
     EXPECT_EQ(x->scheduler.max_num_seqs, 12);
     EXPECT_EQ(x->scheduler.max_num_batched_tokens, 640);

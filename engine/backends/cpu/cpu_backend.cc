@@ -4,15 +4,18 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/backends/cpu/cpu_weights.h"
 #include "engine/check.h"
+#include "engine/model/tensor_parallel.h"
 #include "engine/runtime/sampler.h"
 #include "engine/status_macros.h"
 
@@ -40,12 +43,25 @@ void RmsNorm(const float* x, const Matrix& weight, float eps, float* out, int64_
 
 // Per-step scratch, sized once for the largest step so that the hot path does not allocate.
 struct Workspace {
-  std::vector<float> x, xn, qkv, attn, gate_up, act;  // [tokens, ...]
-  std::vector<float> last, last_n, logits;            // [logits rows, ...]
+  std::vector<float> x, xn, qkv, attn, gate_up, act, partial;  // [tokens, ...]
+  std::vector<float> last, last_n, logits;                     // [logits rows, ...]
   int64_t bytes() const {
-    return static_cast<int64_t>(sizeof(float)) * (x.size() + xn.size() + qkv.size() + attn.size() + gate_up.size() +
-                                                  act.size() + last.size() + last_n.size() + logits.size());
+    return static_cast<int64_t>(sizeof(float)) *
+           (x.size() + xn.size() + qkv.size() + attn.size() + gate_up.size() + act.size() + partial.size() +
+            last.size() + last_n.size() + logits.size());
   }
+};
+
+// One rank's part of the model (engine/model/tensor_parallel.h; all of it at tensor_parallel_size 1): its slice of
+// every layer, the KV of its KV heads, its own copy of the residual stream and its scratch.
+struct Shard {
+  TensorParallelShard tp;
+  std::vector<CpuLayerWeights> layers;
+  int64_t q_dim = 0, kv_dim = 0, qkv_dim = 0, inter = 0;  // its widths
+  std::vector<std::unique_ptr<float[]>> k_cache;          // [layers][num_blocks, block_size, its KV heads, head_dim]
+  std::vector<std::unique_ptr<float[]>> v_cache;          // same layout as k_cache
+  std::unique_ptr<float[]> host;  // [host blocks][layers][K, V][block_size, its KV heads, head_dim]
+  Workspace ws;                   // x is the residual stream, equal on every rank after each sum
 };
 
 class CpuBackend : public Backend {
@@ -56,6 +72,22 @@ class CpuBackend : public Backend {
       openblas_set_num_threads(engine.num_threads);
       omp_set_num_threads(engine.num_threads);
     }
+    const int32_t n = engine.tensor_parallel_size;
+    threads_per_shard_ = std::max(1, (engine.num_threads > 0 ? engine.num_threads : omp_get_max_threads()) / n);
+    for (int32_t r = 0; r < n; ++r) {
+      Shard& s = shards_.emplace_back();
+      s.tp = ShardOf(cfg_, n, r);
+      s.q_dim = s.tp.q_heads.size() * cfg_.head_dim;
+      s.kv_dim = s.tp.kv_heads.size() * cfg_.head_dim;
+      s.qkv_dim = s.q_dim + 2 * s.kv_dim;
+      s.inter = s.tp.intermediate.size();
+      if (n == 1) {
+        s.layers = std::move(weights_.layers);
+      } else {
+        for (const CpuLayerWeights& l : weights_.layers) s.layers.push_back(ShardLayer(l, cfg_, s.tp));
+      }
+    }
+    weights_.layers.clear();
     inv_freq_ = RopeInverseFrequencies(cfg_);
   }
 
@@ -73,18 +105,23 @@ class CpuBackend : public Backend {
 
  private:
   void Forward(const StepInput& in);  // fills ws_.logits[num_logits, vocab]
-  void Attention(const StepInput& in, int layer, const float* qkv, float* out);
+  // Every layer of one shard over the step's tokens, leaving the residual stream in its ws.x. With several
+  // shards, each runs on its own thread and meets the others in Reduce.
+  void ShardForward(const StepInput& in, Shard& s);
+  void Attention(const StepInput& in, Shard& s, int layer);
+  // x += in · wᵀ summed over the shards (each holds a slice of w's input columns), the same sum on every shard.
+  void ProjectAndReduce(Shard& s, const float* in, const Matrix& w, int64_t rows);
 
   const ModelConfig& cfg_;
-  CpuWeights weights_;
+  CpuWeights weights_;  // the embeddings, final norm and LM head; the layers are in the shards
+  std::vector<Shard> shards_;
+  int32_t threads_per_shard_ = 1;
+  std::unique_ptr<std::barrier<>> meet_;  // the shards' rendezvous around each sum
   StepLimits limits_;
   int32_t block_size_ = 0;
   int64_t num_slots_ = 0;
-  Workspace ws_;
-  std::vector<float> inv_freq_;                    // [head_dim / 2]
-  std::vector<std::unique_ptr<float[]>> k_cache_;  // [layers][num_blocks, block_size, num_kv_heads, head_dim]
-  std::vector<std::unique_ptr<float[]>> v_cache_;  // same layout as k_cache_
-  std::unique_ptr<float[]> host_;                  // [host blocks][layers][K, V][block_size, num_kv_heads, head_dim]
+  Workspace ws_;                 // the final rows and logits
+  std::vector<float> inv_freq_;  // [head_dim / 2]
   int32_t num_host_blocks_ = 0;
   uint64_t completed_copies_ = 0;
   StepCounters counters_;  // the device is the CPU: a step's device time is its whole Step()
@@ -146,71 +183,81 @@ absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
   limits_ = limits;
   block_size_ = limits.block_size;
   const int64_t T = limits.max_num_batched_tokens, R = limits.max_logits_rows();
-  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
-  const int64_t q_dim = cfg_.q_width(), qkv_dim = cfg_.qkv_width();
-  ws_.x.resize(T * H);
-  ws_.xn.resize(T * H);
-  ws_.qkv.resize(T * qkv_dim);
-  ws_.attn.resize(T * q_dim);
-  ws_.gate_up.resize(T * 2 * I);
-  ws_.act.resize(T * I);
-  ws_.last.resize(R * H);
-  ws_.last_n.resize(R * H);
-  ws_.logits.resize(R * cfg_.vocab_size);
+  const int64_t H = cfg_.hidden_size;
   MemoryPlan plan;
   plan.device = "cpu";
   plan.weight_bytes = weights_.bytes();
-  plan.activation_bytes = ws_.bytes();
-  plan.kv_bytes_per_block = 2 * int64_t{cfg_.num_layers} * block_size_ * cfg_.kv_width() * 4;
+  for (Shard& s : shards_) {
+    s.ws.x.resize(T * H);
+    s.ws.xn.resize(T * H);
+    s.ws.qkv.resize(T * s.qkv_dim);
+    s.ws.attn.resize(T * s.q_dim);
+    s.ws.gate_up.resize(T * 2 * s.inter);
+    s.ws.act.resize(T * s.inter);
+    if (shards_.size() > 1) s.ws.partial.resize(T * H);
+    for (const CpuLayerWeights& l : s.layers) plan.weight_bytes += l.bytes();
+    plan.activation_bytes += s.ws.bytes();
+    plan.kv_bytes_per_block += 2 * int64_t{cfg_.num_layers} * block_size_ * s.kv_dim * 4;
+  }
+  ws_.last.resize(R * H);
+  ws_.last_n.resize(R * H);
+  ws_.logits.resize(R * cfg_.vocab_size);
+  plan.activation_bytes += ws_.bytes();
   plan.kv_dtype = "float32";
   return plan;
 }
 
 absl::Status CpuBackend::AllocateKvCache(const MemoryPlan& plan) {
   num_slots_ = int64_t{plan.num_blocks} * block_size_;
-  const size_t per_layer = size_t(num_slots_) * cfg_.kv_width();
   // Not zeroed: every slot is written before it is read, and untouched pages cost nothing.
-  for (int l = 0; l < cfg_.num_layers; ++l) {
-    k_cache_.emplace_back(new (std::nothrow) float[per_layer]);
-    v_cache_.emplace_back(new (std::nothrow) float[per_layer]);
-    if (!k_cache_.back() || !v_cache_.back()) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the KV cache of ", plan.num_blocks, " blocks does not fit in host memory"));
+  for (Shard& s : shards_) {
+    const size_t per_layer = size_t(num_slots_) * s.kv_dim;
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      s.k_cache.emplace_back(new (std::nothrow) float[per_layer]);
+      s.v_cache.emplace_back(new (std::nothrow) float[per_layer]);
+      if (!s.k_cache.back() || !s.v_cache.back()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("the KV cache of ", plan.num_blocks, " blocks does not fit in host memory"));
+      }
     }
   }
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::AllocateHostBlocks(int32_t num_blocks) {
-  const size_t block = size_t(block_size_) * cfg_.kv_width();
-  host_.reset(new (std::nothrow) float[size_t(num_blocks) * cfg_.num_layers * 2 * block]);
-  if (!host_) {
-    return absl::ResourceExhaustedError(absl::StrCat("a host KV pool of ", num_blocks, " blocks does not fit"));
+  for (Shard& s : shards_) {
+    const size_t block = size_t(block_size_) * s.kv_dim;
+    s.host.reset(new (std::nothrow) float[size_t(num_blocks) * cfg_.num_layers * 2 * block]);
+    if (!s.host) {
+      return absl::ResourceExhaustedError(absl::StrCat("a host KV pool of ", num_blocks, " blocks does not fit"));
+    }
   }
   num_host_blocks_ = num_blocks;
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::StartCopies(const CopyBatch& batch) {
-  const size_t block = size_t(block_size_) * cfg_.kv_width();
   const int64_t num_blocks = num_slots_ / block_size_;
-  auto host = [&](int32_t h, int layer, int kv) {
-    return host_.get() + ((size_t(h) * cfg_.num_layers + layer) * 2 + kv) * block;
-  };
-  for (const auto* copies : {&batch.out, &batch.in}) {
-    for (const BlockCopy& c : *copies) {
-      INFERD_CHECK(
-          c.device_block >= 0 && c.device_block < num_blocks && c.host_block >= 0 && c.host_block < num_host_blocks_,
-          "block copies name blocks of the pool and the host pool");
-      for (int layer = 0; layer < cfg_.num_layers; ++layer) {
-        float* k = k_cache_[layer].get() + size_t(c.device_block) * block;
-        float* v = v_cache_[layer].get() + size_t(c.device_block) * block;
-        if (copies == &batch.out) {
-          std::copy_n(k, block, host(c.host_block, layer, 0));
-          std::copy_n(v, block, host(c.host_block, layer, 1));
-        } else {
-          std::copy_n(host(c.host_block, layer, 0), block, k);
-          std::copy_n(host(c.host_block, layer, 1), block, v);
+  for (Shard& s : shards_) {
+    const size_t block = size_t(block_size_) * s.kv_dim;
+    auto host = [&](int32_t h, int layer, int kv) {
+      return s.host.get() + ((size_t(h) * cfg_.num_layers + layer) * 2 + kv) * block;
+    };
+    for (const auto* copies : {&batch.out, &batch.in}) {
+      for (const BlockCopy& c : *copies) {
+        INFERD_CHECK(
+            c.device_block >= 0 && c.device_block < num_blocks && c.host_block >= 0 && c.host_block < num_host_blocks_,
+            "block copies name blocks of the pool and the host pool");
+        for (int layer = 0; layer < cfg_.num_layers; ++layer) {
+          float* k = s.k_cache[layer].get() + size_t(c.device_block) * block;
+          float* v = s.v_cache[layer].get() + size_t(c.device_block) * block;
+          if (copies == &batch.out) {
+            std::copy_n(k, block, host(c.host_block, layer, 0));
+            std::copy_n(v, block, host(c.host_block, layer, 1));
+          } else {
+            std::copy_n(host(c.host_block, layer, 0), block, k);
+            std::copy_n(host(c.host_block, layer, 1), block, v);
+          }
         }
       }
     }
@@ -220,7 +267,7 @@ absl::Status CpuBackend::StartCopies(const CopyBatch& batch) {
 }
 
 absl::Status CpuBackend::Step(const StepInput& in, StepOutput* out) {
-  INFERD_CHECK(!k_cache_.empty(), "the KV cache is allocated before the first step");
+  INFERD_CHECK(!shards_[0].k_cache.empty(), "the KV cache is allocated before the first step");
   INFERD_CHECK(in.num_tokens() <= limits_.max_num_batched_tokens && in.num_logits() <= limits_.max_logits_rows(),
                "a step fits the limits the workspace was sized for");
   INFERD_CHECK(in.sampling.size() == in.logits_indices.size(), "every logits row has its sampling parameters");
@@ -241,21 +288,67 @@ absl::Status CpuBackend::Step(const StepInput& in, StepOutput* out) {
 }
 
 void CpuBackend::Forward(const StepInput& in) {
-  const int64_t T = in.num_tokens();
-  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = cfg_.intermediate_size;
-  const int64_t q_dim = cfg_.q_width(), kv_dim = cfg_.kv_width(), qkv_dim = cfg_.qkv_width();
+  const int64_t T = in.num_tokens(), H = cfg_.hidden_size;
   for (int64_t t = 0; t < T; ++t) {
     INFERD_CHECK(in.token_ids[t] >= 0 && in.token_ids[t] < cfg_.vocab_size, "step token ids are in the vocabulary");
     INFERD_CHECK(in.slot_mapping[t] >= 0 && in.slot_mapping[t] < num_slots_, "slot mapping points into the pool");
   }
+  if (shards_.size() == 1) {
+    ShardForward(in, shards_[0]);
+  } else {
+    // One thread per shard, each with its share of the cores; they meet at every sum.
+    meet_ = std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(shards_.size()));
+    std::vector<std::thread> threads;
+    for (Shard& s : shards_) {
+      threads.emplace_back([&] {
+        omp_set_num_threads(threads_per_shard_);
+        ShardForward(in, s);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  // The LM head on the first shard's residual stream (every shard holds the same).
+  const std::vector<float>& x = shards_[0].ws.x;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const int64_t R = static_cast<int64_t>(in.logits_indices.size());
+  std::vector<float>&last = ws_.last, &last_n = ws_.last_n;
+  for (int64_t r = 0; r < R; ++r) std::copy_n(x.data() + int64_t{in.logits_indices[r]} * H, H, last.data() + r * H);
+  RmsNorm(last.data(), weights_.final_norm, eps, last_n.data(), R);
+  if (R > 0) MatMulT(last_n.data(), weights_.lm_head(), ws_.logits.data(), R, 0.0f);
+}
 
-  std::vector<float>&x = ws_.x, &xn = ws_.xn, &qkv = ws_.qkv, &attn = ws_.attn, &gate_up = ws_.gate_up, &act = ws_.act;
+void CpuBackend::ProjectAndReduce(Shard& s, const float* in, const Matrix& w, int64_t rows) {
+  std::vector<float>& x = s.ws.x;
+  if (shards_.size() == 1) {
+    MatMulT(in, w, x.data(), rows, 1.0f);  // x += in · wᵀ
+    return;
+  }
+  MatMulT(in, w, s.ws.partial.data(), rows, 0.0f);
+  meet_->arrive_and_wait();  // every shard's partial product is written
+  // The sum in rank order, so that every shard adds the same value to its copy of x.
+  const int64_t n = rows * cfg_.hidden_size;
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) {
+    float sum = 0;
+    for (const Shard& other : shards_) sum += other.ws.partial[i];
+    x[i] += sum;
+  }
+  meet_->arrive_and_wait();  // no shard overwrites its partial product while another still reads it
+}
+
+void CpuBackend::ShardForward(const StepInput& in, Shard& s) {
+  const int64_t T = in.num_tokens();
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = s.inter;
+  const int64_t q_dim = s.q_dim, kv_dim = s.kv_dim, qkv_dim = s.qkv_dim;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  Workspace& w = s.ws;
+  std::vector<float>&x = w.x, &xn = w.xn, &qkv = w.qkv, &gate_up = w.gate_up, &act = w.act;
   for (int64_t t = 0; t < T; ++t) {
     std::copy_n(weights_.embed.data.data() + int64_t{in.token_ids[t]} * H, H, x.data() + t * H);
   }
+  const int64_t heads = s.tp.q_heads.size() + s.tp.kv_heads.size();  // rotated: its query and K heads
   for (int layer = 0; layer < cfg_.num_layers; ++layer) {
-    const CpuLayerWeights& L = weights_.layers[layer];
+    const CpuLayerWeights& L = s.layers[layer];
     RmsNorm(x.data(), L.input_norm, eps, xn.data(), T);
     MatMulT(xn.data(), L.qkv, qkv.data(), T, 0.0f);
     if (!L.qkv_bias.data.empty()) {
@@ -268,22 +361,22 @@ void CpuBackend::Forward(const StepInput& in) {
     for (int64_t t = 0; t < T; ++t) {
       float* row = qkv.data() + t * qkv_dim;
       const float pos = static_cast<float>(in.positions[t]);
-      for (int64_t h = 0; h < cfg_.num_heads + cfg_.num_kv_heads; ++h) {
+      for (int64_t h = 0; h < heads; ++h) {
         float* v = row + h * D;
         for (int64_t i = 0; i < half; ++i) {
           const float angle = pos * inv_freq_[i];
-          const float c = std::cos(angle), s = std::sin(angle);
+          const float c = std::cos(angle), sn = std::sin(angle);
           const float a = v[i], b = v[i + half];
-          v[i] = a * c - b * s;
-          v[i + half] = b * c + a * s;
+          v[i] = a * c - b * sn;
+          v[i + half] = b * c + a * sn;
         }
       }
       const int64_t slot = in.slot_mapping[t];
-      std::copy_n(row + q_dim, kv_dim, k_cache_[layer].get() + slot * kv_dim);
-      std::copy_n(row + q_dim + kv_dim, kv_dim, v_cache_[layer].get() + slot * kv_dim);
+      std::copy_n(row + q_dim, kv_dim, s.k_cache[layer].get() + slot * kv_dim);
+      std::copy_n(row + q_dim + kv_dim, kv_dim, s.v_cache[layer].get() + slot * kv_dim);
     }
-    Attention(in, layer, qkv.data(), attn.data());
-    MatMulT(attn.data(), L.o, x.data(), T, 1.0f);  // x += attn · Woᵀ
+    Attention(in, s, layer);
+    ProjectAndReduce(s, w.attn.data(), L.o, T);  // x += attn · Woᵀ
     RmsNorm(x.data(), L.post_norm, eps, xn.data(), T);
     MatMulT(xn.data(), L.gate_up, gate_up.data(), T, 0.0f);
 #pragma omp parallel for
@@ -291,32 +384,29 @@ void CpuBackend::Forward(const StepInput& in) {
       const float* g = gate_up.data() + t * 2 * I;
       for (int64_t i = 0; i < I; ++i) act[t * I + i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
     }
-    MatMulT(act.data(), L.down, x.data(), T, 1.0f);  // x += act · Wdownᵀ
+    ProjectAndReduce(s, act.data(), L.down, T);  // x += act · Wdownᵀ
   }
-  const int64_t R = static_cast<int64_t>(in.logits_indices.size());
-  std::vector<float>&last = ws_.last, &last_n = ws_.last_n;
-  for (int64_t r = 0; r < R; ++r) std::copy_n(x.data() + int64_t{in.logits_indices[r]} * H, H, last.data() + r * H);
-  RmsNorm(last.data(), weights_.final_norm, eps, last_n.data(), R);
-  if (R > 0) MatMulT(last_n.data(), weights_.lm_head(), ws_.logits.data(), R, 0.0f);
 }
 
-void CpuBackend::Attention(const StepInput& in, int layer, const float* qkv, float* out) {
-  const int64_t D = cfg_.head_dim, q_dim = cfg_.q_width(), kv_dim = cfg_.kv_width(), qkv_dim = cfg_.qkv_width();
-  const int64_t group = cfg_.num_heads / cfg_.num_kv_heads;
+void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
+  const int64_t D = cfg_.head_dim, q_dim = sh.q_dim, kv_dim = sh.kv_dim, qkv_dim = sh.qkv_dim;
+  const int64_t num_heads = sh.tp.q_heads.size();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const float* kc = k_cache_[layer].get();
-  const float* vc = v_cache_[layer].get();
+  const float* qkv = sh.ws.qkv.data();
+  float* out = sh.ws.attn.data();
+  const float* kc = sh.k_cache[layer].get();
+  const float* vc = sh.v_cache[layer].get();
   for (int32_t s = 0; s < in.num_seqs(); ++s) {
     const int32_t begin = in.query_start[s], end = in.query_start[s + 1];
     const int32_t* table = in.kv_indices.data() + in.kv_indptr[s];
 #pragma omp parallel for collapse(2)
     for (int32_t t = begin; t < end; ++t) {
-      for (int64_t h = 0; h < cfg_.num_heads; ++h) {
+      for (int64_t h = 0; h < num_heads; ++h) {
         thread_local std::vector<float> scores;
         const int32_t n_ctx = in.positions[t] + 1;  // causal: this token sees positions [0, pos]
         scores.resize(n_ctx);
         const float* q = qkv + int64_t{t} * qkv_dim + h * D;
-        const int64_t kvh = h / group;
+        const int64_t kvh = sh.tp.LocalKvHead(cfg_, h);
         float mx = -INFINITY;
         for (int32_t j = 0; j < n_ctx; ++j) {
           const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
@@ -352,6 +442,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const Model& model, co
     return absl::FailedPreconditionError(absl::StrCat("engine.kv_cache_dtype = '", engine.kv_cache_dtype,
                                                       "' needs the cuda backend; the cpu backend allows: auto"));
   }
+  INFERD_RETURN_IF_ERROR(CheckTensorParallel(model.config, engine.tensor_parallel_size));
   INFERD_ASSIGN_OR_RETURN(CpuWeights weights, BuildCpuWeights(model.tensors));
   return std::make_unique<CpuBackend>(model, engine, std::move(weights));
 }

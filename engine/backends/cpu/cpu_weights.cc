@@ -34,15 +34,57 @@ absl::StatusOr<Matrix> Vector(std::initializer_list<const TensorDesc*> parts) {
   return m;
 }
 
+// The rows of m in `runs`, in order.
+Matrix Rows(const Matrix& m, const std::vector<IndexRange>& runs) {
+  Matrix out;
+  out.cols = m.cols;
+  for (const IndexRange& r : runs) {
+    out.data.insert(out.data.end(), m.data.begin() + r.begin * m.cols, m.data.begin() + r.end * m.cols);
+    out.rows += r.size();
+  }
+  return out;
+}
+
+// The columns of m in `runs`, in order (a vector's elements when m has one row).
+Matrix Cols(const Matrix& m, const std::vector<IndexRange>& runs) {
+  Matrix out;
+  out.rows = m.rows;
+  for (const IndexRange& r : runs) out.cols += r.size();
+  out.data.reserve(out.rows * out.cols);
+  for (int64_t i = 0; i < m.rows; ++i) {
+    for (const IndexRange& r : runs) {
+      out.data.insert(out.data.end(), m.data.begin() + i * m.cols + r.begin, m.data.begin() + i * m.cols + r.end);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
+int64_t CpuLayerWeights::bytes() const {
+  return static_cast<int64_t>(sizeof(float)) *
+         (input_norm.data.size() + qkv.data.size() + qkv_bias.data.size() + o.data.size() + post_norm.data.size() +
+          gate_up.data.size() + down.data.size());
+}
+
 int64_t CpuWeights::bytes() const {
-  int64_t n = embed.data.size() + final_norm.data.size() + lm_head_own.data.size();
-  for (const CpuLayerWeights& l : layers) {
-    n += l.input_norm.data.size() + l.qkv.data.size() + l.qkv_bias.data.size() + l.o.data.size() +
-         l.post_norm.data.size() + l.gate_up.data.size() + l.down.data.size();
-  }
-  return n * static_cast<int64_t>(sizeof(float));
+  int64_t n =
+      static_cast<int64_t>(sizeof(float)) * (embed.data.size() + final_norm.data.size() + lm_head_own.data.size());
+  for (const CpuLayerWeights& l : layers) n += l.bytes();
+  return n;
+}
+
+CpuLayerWeights ShardLayer(const CpuLayerWeights& l, const ModelConfig& c, const TensorParallelShard& shard) {
+  const int64_t D = c.head_dim;
+  CpuLayerWeights s;
+  s.input_norm = l.input_norm;
+  s.post_norm = l.post_norm;
+  s.qkv = Rows(l.qkv, shard.QkvRows(c));
+  if (!l.qkv_bias.data.empty()) s.qkv_bias = Cols(l.qkv_bias, shard.QkvRows(c));
+  s.o = Cols(l.o, {{shard.q_heads.begin * D, shard.q_heads.end * D}});
+  s.gate_up = Rows(l.gate_up, shard.GateUpRows(c));
+  s.down = Cols(l.down, {shard.intermediate});
+  return s;
 }
 
 absl::StatusOr<CpuWeights> BuildCpuWeights(const ModelTensors& t) {

@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/model_config.h"
 #include "engine/model/model_tensors.h"
+#include "engine/model/tensor_parallel.h"
 
 namespace inferd {
 
@@ -26,6 +28,8 @@ struct CpuLayerWeights {
   Matrix post_norm;   // [1, hidden]
   Matrix gate_up;     // [2 * intermediate, hidden]: gate rows then up rows
   Matrix down;        // [hidden, intermediate]
+
+  int64_t bytes() const;
 };
 
 struct CpuWeights {
@@ -40,5 +44,9 @@ struct CpuWeights {
 
 // Decodes every tensor to fp32, stacking the parts of fused matrices row-wise.
 absl::StatusOr<CpuWeights> BuildCpuWeights(const ModelTensors& tensors);
+
+// One rank's part of a layer (engine/model/tensor_parallel.h): q/k/v (and its bias) and gate/up by output rows, the
+// attention output and down products by input columns, the norms whole.
+CpuLayerWeights ShardLayer(const CpuLayerWeights& layer, const ModelConfig& config, const TensorParallelShard& shard);
 
 }  // namespace inferd

@@ -72,6 +72,7 @@ class CudaBackend : public Backend {
     c.copy_waited_s = kv_.copy_waited_s();
     return c;
   }
+  std::vector<CopyTiming> TakeCopyTimings() override { return kv_.TakeTimings(); }
   absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) override;
   absl::Status AllocateKvCache(const MemoryPlan& plan) override;
   absl::Status AllocateHostBlocks(int32_t num_blocks) override { return kv_.AllocateHostBlocks(num_blocks); }
@@ -423,6 +424,8 @@ absl::Status CudaBackend::Collect(StepOutput* out) {
   counters_.device_busy_s += busy_ms * 1e-3;
   counters_.last_device_s = busy_ms * 1e-3;
   counters_.last_idle_before_s = std::max(0.f, idle_ms) * 1e-3;
+  counters_.last_compute_start_ms = kv_.DeviceClockMs(slot.compute_start);
+  counters_.last_compute_end_ms = kv_.DeviceClockMs(slot.compute_end);
   const int32_t R = static_cast<int32_t>(step.top_n.size());
   const OutputRegions& o = layout_.outputs;
   const char* host = slot.outputs_host.get<char>();
@@ -467,6 +470,12 @@ int64_t CudaVisibleFreeBytes() {
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, const EngineSection& engine) {
   if (std::string why = CudaUnsupportedReason(model.config); !why.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("engine.backend = cuda: ", why));
+  }
+  if (engine.tensor_parallel_size != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "config: engine.tensor_parallel_size = ", engine.tensor_parallel_size,
+        " is not built for the cuda backend yet (one GPU per model); allowed on cuda: 1; the cpu backend splits "
+        "models on threads"));
   }
   INFERD_CUDA(cudaSetDevice(0));
   cudaDeviceProp prop;

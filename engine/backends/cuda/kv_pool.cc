@@ -20,6 +20,7 @@ KvPool::~KvPool() {
   }
   for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
   if (compute_mark_) cudaEventDestroy(compute_mark_);
+  if (origin_) cudaEventDestroy(origin_);
   if (copy_) cudaStreamDestroy(copy_);
 }
 
@@ -29,7 +30,18 @@ absl::Status KvPool::Allocate(const DeviceLayout& layout, int32_t num_layers, in
   num_layers_ = num_layers;
   block_bytes_ = layout.kv_block_bytes;
   block_ticket_.assign(num_blocks, 0);
-  return kv_.Allocate(int64_t{num_blocks} * layout.kv_bytes_per_block);
+  INFERD_RETURN_IF_ERROR(kv_.Allocate(int64_t{num_blocks} * layout.kv_bytes_per_block));
+  if (!origin_) {
+    INFERD_CUDA(cudaEventCreate(&origin_));
+    INFERD_CUDA(cudaEventRecord(origin_, nullptr));
+    INFERD_CUDA(cudaEventSynchronize(origin_));
+  }
+  return absl::OkStatus();
+}
+
+double KvPool::DeviceClockMs(cudaEvent_t e) const {
+  float ms = 0;
+  return origin_ && cudaEventElapsedTime(&ms, origin_, e) == cudaSuccess ? ms : -1.0;
 }
 
 absl::Status KvPool::AllocateHostBlocks(int32_t num_blocks) {
@@ -52,7 +64,8 @@ absl::Status KvPool::StartCopies(const CopyBatch& batch, cudaStream_t compute) {
   // write it (plan-ahead) or read it (a finished request's last step).
   INFERD_CUDA(cudaEventRecord(compute_mark_, compute));
   INFERD_CUDA(cudaStreamWaitEvent(copy_, compute_mark_, 0));
-  Batch b{batch.ticket, nullptr, nullptr};
+  Batch b{batch.ticket, static_cast<int32_t>(batch.out.size()), static_cast<int32_t>(batch.in.size()), nullptr,
+          nullptr};
   INFERD_ASSIGN_OR_RETURN(b.start, TakeEvent());
   INFERD_ASSIGN_OR_RETURN(b.done, TakeEvent());
   INFERD_CUDA(cudaEventRecord(b.start, copy_));
@@ -105,10 +118,16 @@ uint64_t KvPool::CompletedCopies() {
     if (b.waited && cudaEventQuery(b.waited) != cudaSuccess) break;
     float ms = 0;
     if (cudaEventElapsedTime(&ms, b.start, b.done) == cudaSuccess) copy_busy_s_ += ms * 1e-3;
+    CopyTiming t{.ticket = b.ticket, .blocks_out = b.blocks_out, .blocks_in = b.blocks_in};
+    t.start_ms = DeviceClockMs(b.start);
+    t.end_ms = DeviceClockMs(b.done);
     // A wait that began after the batch ended cost nothing (the elapsed time is then negative).
     if (b.waited && cudaEventElapsedTime(&ms, b.waited, b.done) == cudaSuccess) {
       copy_waited_s_ += std::max(0.f, ms) * 1e-3;
+      t.waited_ms = std::max(0.f, ms);
     }
+    if (timings_.size() == kMaxTimings) timings_.erase(timings_.begin());
+    timings_.push_back(t);
     for (cudaEvent_t e : {b.start, b.done, b.waited}) {
       if (e) spare_events_.push_back(e);
     }

@@ -44,6 +44,11 @@ class KvPool {
   // the wait's start on that stream to the batch's end), in seconds.
   double copy_busy_s() const { return copy_busy_s_; }
   double copy_waited_s() const { return copy_waited_s_; }
+  // The device clock: milliseconds from the pool's allocation to a completed timed event (-1 if unavailable).
+  double DeviceClockMs(cudaEvent_t e) const;
+  // Completed batches on that clock since the last call (the last kMaxTimings of them).
+  std::vector<CopyTiming> TakeTimings() { return std::exchange(timings_, {}); }
+  static constexpr size_t kMaxTimings = 4096;
 
   bool allocated() const { return kv_.bytes() > 0; }
   int32_t num_blocks() const { return num_blocks_; }
@@ -65,6 +70,7 @@ class KvPool {
   cudaEvent_t compute_mark_ = nullptr;  // where the copies start on the steps' stream
   struct Batch {
     uint64_t ticket;
+    int32_t blocks_out, blocks_in;
     cudaEvent_t start, done;       // on copy_, around its copies
     cudaEvent_t waited = nullptr;  // on the steps' stream where a step began waiting for it, if one did
   };
@@ -72,6 +78,8 @@ class KvPool {
   std::deque<Batch> timing_;   // completed, their time not yet counted (a step's wait for one still queued)
   std::vector<cudaEvent_t> spare_events_;
   double copy_busy_s_ = 0, copy_waited_s_ = 0;
+  cudaEvent_t origin_ = nullptr;  // the device clock's zero, recorded once the pool is allocated
+  std::vector<CopyTiming> timings_;
   std::vector<uint64_t> block_ticket_;  // [num_blocks]: the last batch that reads or writes each device block
   uint64_t completed_ = 0;
 };

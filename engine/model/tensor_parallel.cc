@@ -1,0 +1,64 @@
+#include "engine/model/tensor_parallel.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace inferd {
+
+namespace {
+
+bool Splits(const ModelConfig& c, int32_t n) {
+  return n >= 1 && c.num_heads % n == 0 && c.intermediate_size % n == 0 &&
+         (c.num_kv_heads % n == 0 || n % c.num_kv_heads == 0);
+}
+
+}  // namespace
+
+std::vector<IndexRange> TensorParallelShard::QkvRows(const ModelConfig& c) const {
+  const int64_t D = c.head_dim, q = c.q_width(), kv = c.kv_width();
+  return {{q_heads.begin * D, q_heads.end * D},
+          {q + kv_heads.begin * D, q + kv_heads.end * D},
+          {q + kv + kv_heads.begin * D, q + kv + kv_heads.end * D}};
+}
+
+std::vector<IndexRange> TensorParallelShard::GateUpRows(const ModelConfig& c) const {
+  const int64_t I = c.intermediate_size;
+  return {intermediate, {I + intermediate.begin, I + intermediate.end}};
+}
+
+int64_t TensorParallelShard::LocalKvHead(const ModelConfig& c, int64_t h) const {
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  return (q_heads.begin + h) / group - kv_heads.begin;
+}
+
+absl::Status CheckTensorParallel(const ModelConfig& c, int32_t size) {
+  if (size == 1) return absl::OkStatus();
+  if (Splits(c, size)) return absl::OkStatus();
+  std::vector<int32_t> fits;
+  for (int32_t n : {1, 2, 4, 8}) {
+    if (Splits(c, n)) fits.push_back(n);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "config: engine.tensor_parallel_size = ", size, " does not split this model: its ", c.num_heads,
+      " attention heads and ", c.intermediate_size, " MLP columns must divide by it, and its ", c.num_kv_heads,
+      " KV heads must divide by it or it by them; allowed for this model: ", absl::StrJoin(fits, ", ")));
+}
+
+TensorParallelShard ShardOf(const ModelConfig& c, int32_t size, int32_t rank) {
+  TensorParallelShard s{.rank = rank, .size = size};
+  const int64_t heads = c.num_heads / size, cols = c.intermediate_size / size;
+  s.q_heads = {rank * heads, (rank + 1) * heads};
+  s.intermediate = {rank * cols, (rank + 1) * cols};
+  if (c.num_kv_heads >= size) {
+    const int64_t kv = c.num_kv_heads / size;
+    s.kv_heads = {rank * kv, (rank + 1) * kv};
+  } else {  // replicated: the one KV head its query heads share
+    const int64_t group = c.num_heads / c.num_kv_heads;
+    s.kv_heads = {s.q_heads.begin / group, s.q_heads.begin / group + 1};
+  }
+  return s;
+}
+
+}  // namespace inferd
