@@ -102,6 +102,13 @@ int RunPlan(int argc, char** argv) {
   // engine.quantization = fp8 (its linear weights one byte an element and a scale per row), the only way an FP8
   // checkpoint runs; "+kv8" adds engine.kv_cache_dtype = fp8_e4m3 (one byte a K or V element), where the model's
   // head_dim allows it.
+  // What a layout leaves no room for, and the KV blocks that fit in the rest of the budget.
+  const auto used_bytes = [](const DeviceLayout& l) {
+    return l.weight_bytes + l.activation_bytes() + l.step_input_bytes() + kContextBytes;
+  };
+  const auto blocks_in_budget = [&](const DeviceLayout& l) {
+    return std::max<int64_t>(0, (budget - used_bytes(l)) / l.kv_bytes_per_block);
+  };
   struct Row {
     const char* name;
     bool fp8_weights, fp8_kv;
@@ -117,7 +124,7 @@ int RunPlan(int argc, char** argv) {
     const int64_t act = layout.activation_bytes();
     const int64_t other = layout.step_input_bytes() + kContextBytes;
     const int64_t per_block = layout.kv_bytes_per_block;
-    const int64_t blocks = std::max<int64_t>(0, (budget - weights - act - other) / per_block);
+    const int64_t blocks = blocks_in_budget(layout);
     const int64_t tokens = blocks * limits.block_size;
     auto seqs = [&](int64_t ctx) { return blocks / ((ctx + limits.block_size - 1) / limits.block_size); };
     out["plans"].push_back({{"dtype", dtype},
@@ -155,8 +162,8 @@ int RunPlan(int argc, char** argv) {
       continue;
     }
     const DeviceLayout layout = PlanDeviceLayout(**model, limits, 2, fp8, 2, n);
-    const int64_t used = layout.weight_bytes + layout.activation_bytes() + layout.step_input_bytes() + kContextBytes;
-    const int64_t blocks = std::max<int64_t>(0, (budget - used) / layout.kv_bytes_per_block);
+    const int64_t used = used_bytes(layout);
+    const int64_t blocks = blocks_in_budget(layout);
     const bool fits = blocks * limits.block_size >= context;
     out["tensor_parallel_fits"].push_back(
         {{"tensor_parallel_size", n}, {"weight_bytes", layout.weight_bytes}, {"num_blocks", blocks}, {"fits", fits}});

@@ -106,7 +106,7 @@ class CpuBackend : public Backend {
  private:
   void Forward(const StepInput& in);  // fills ws_.logits[num_logits, vocab]
   // Every layer of one shard over the step's tokens, leaving the residual stream in its ws.x. With several
-  // shards, each runs on its own thread and meets the others in Reduce.
+  // shards, each runs on its own thread and meets the others in ProjectAndReduce.
   void ShardForward(const StepInput& in, Shard& s);
   void Attention(const StepInput& in, Shard& s, int layer);
   // x += in · wᵀ summed over the shards (each holds a slice of w's input columns), the same sum on every shard.

@@ -126,7 +126,7 @@ uint64_t KvPool::CompletedCopies() {
       copy_waited_s_ += std::max(0.f, ms) * 1e-3;
       t.waited_ms = std::max(0.f, ms);
     }
-    if (timings_.size() == kMaxTimings) timings_.erase(timings_.begin());
+    if (timings_.size() == kMaxTimings) timings_.pop_front();
     timings_.push_back(t);
     for (cudaEvent_t e : {b.start, b.done, b.waited}) {
       if (e) spare_events_.push_back(e);

@@ -47,7 +47,11 @@ class KvPool {
   // The device clock: milliseconds from the pool's allocation to a completed timed event (-1 if unavailable).
   double DeviceClockMs(cudaEvent_t e) const;
   // Completed batches on that clock since the last call (the last kMaxTimings of them).
-  std::vector<CopyTiming> TakeTimings() { return std::exchange(timings_, {}); }
+  std::vector<CopyTiming> TakeTimings() {
+    std::vector<CopyTiming> taken(timings_.begin(), timings_.end());
+    timings_.clear();
+    return taken;
+  }
   static constexpr size_t kMaxTimings = 4096;
 
   bool allocated() const { return kv_.bytes() > 0; }
@@ -79,7 +83,7 @@ class KvPool {
   std::vector<cudaEvent_t> spare_events_;
   double copy_busy_s_ = 0, copy_waited_s_ = 0;
   cudaEvent_t origin_ = nullptr;  // the device clock's zero, recorded once the pool is allocated
-  std::vector<CopyTiming> timings_;
+  std::deque<CopyTiming> timings_;
   std::vector<uint64_t> block_ticket_;  // [num_blocks]: the last batch that reads or writes each device block
   uint64_t completed_ = 0;
 };
