@@ -214,7 +214,9 @@ std::vector<ConfigField> MakeFields() {
         "engine", "tensor_parallel_size", [](Config& c) -> int32_t& { return c.engine.tensor_parallel_size; }, 1, 8,
         "1, 2, 4, 8",
         "devices one model is split across (tensor parallelism: attention heads and MLP columns sharded, a sum over "
-        "the devices after each layer's attention and MLP); cpu: shards on threads, for testing the split");
+        "the devices after each layer's attention and MLP); cuda: GPUs 0..N-1 of those `CUDA_VISIBLE_DEVICES` shows, "
+        "one thread each, sums through NCCL (`libnccl.so.2` on the library path) or one-shot peer kernels; cpu: "
+        "shards on threads, for testing the split");
     tp.read = [read = tp.read](const YAML::Node& v, Config* c) -> absl::Status {
       if (absl::Status s = read(v, c); !s.ok()) return s;
       const int32_t n = c->engine.tensor_parallel_size;

@@ -3,7 +3,7 @@
 # kernel, sampler and whole-model parity tests, the CPU tests, one serving run under compute-sanitizer, then
 # writes the Llama-3-8B-shaped random model, benchmarks it, and checks the served model's live efficiency
 # metrics against the benchmark's ratios. Results go to $OUT (or ./gpu-results).
-#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|bench|efficiency|sweep|multiturn|copies|all]
+#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|bench|efficiency|sweep|multiturn|copies|tp|all]
 # image: the CUDA image's own inferd from its root filesystem in a chroot, serving the 8B model (needs
 #   `bash docker/build-images.sh cuda && bash docker/export-payload.sh` here instead of the bundle; root there).
 # parity: the test models and references, then the precision and whole-model parity tests alone.
@@ -20,6 +20,11 @@
 # multiturn: simulated users in conversation (`inferd-bench serve --multi-turn`) on the 8B model with a device
 #   pool smaller than their histories, the prefix cache's host tier off and on; TTFT, throughput, hit rates per tier,
 #   device idle share and the KV copy time hidden behind compute.
+# tp: tensor parallelism. On one GPU: the sharded loader and the NCCL path with one rank (gpu_tests
+#   TensorParallelOnCuda.*), and, where .bundle/base.tar.xz holds the bundle of the commit before, the 8B model at
+#   tensor_parallel_size 1 benchmarked by both bundles in turn (A/B of the single-GPU path). With 2 or more GPUs:
+#   the parity suite at tensor_parallel_size 2, 4 and 8 (as many as there are GPUs), the 8B model at 1 and 2, and
+#   the Llama-3-70B shape (random bf16, written on the GPU host's disk) at 2 and 4.
 # frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
 #   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
 set -uo pipefail
@@ -297,6 +302,48 @@ for c in sorted({k[0] for k in rows}):
         print(f"{c:>7} openai/grpc: throughput {o['output_throughput'] / g['output_throughput']:.3f}, "
               f"TPOT {o['tpot']['median_ms'] - g['tpot']['median_ms']:+.3f} ms per token")
 PY
+fi
+if [[ "$what" == tp ]]; then
+  gpus=$(nvidia-smi -L | wc -l)
+  echo "== tensor parallelism on $gpus GPU(s)"
+  export INFERD_GPU_MODELS=/tmp/inferd-gpu-models
+  [[ -d $INFERD_GPU_MODELS/llama3-hd64 ]] || python3 tools/make_test_models.py --gpu-models "$INFERD_GPU_MODELS" || status=1
+  "$BUNDLE/bin/gpu_tests" --gtest_filter='TensorParallelOnCuda.*' --gtest_output="xml:$OUT/gpu_tp_tests.xml" \
+    > "$OUT/gpu_tp_tests.log" 2>&1 || status=1
+  summarize_gpu_tests "$OUT/gpu_tp_tests.log"
+  M=/tmp/llama3-8b-random
+  if [[ -f .bundle/base.tar.xz ]] || (( gpus >= 2 )); then
+    [[ -f $M/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M" || status=1
+  fi
+  bench_tp() {  # bundle dir, tensor_parallel_size, name
+    local tp=() && (( $2 > 1 )) && tp=(--tensor-parallel "$2")  # the base bundle has no such flag
+    "$1/bin/inferd-bench" --model "${TP_MODEL:-$M}" "${tp[@]}" --sections "${TP_SECTIONS:-latency,decode}" \
+      --batches "${TP_BATCHES:-1,64,128}" --json "$OUT/tp_$3.json" > "$OUT/tp_$3.txt" 2>&1 || status=1
+    echo "-- $3"
+    grep -v "^\[20" "$OUT/tp_$3.txt" | grep -E "decode|latency|tok/s|ms" | head -n 12
+  }
+  if [[ -f .bundle/base.tar.xz ]]; then  # A/B of the single-GPU path, in turn, twice
+    BASE=/tmp/inferd-base && rm -rf "$BASE" && mkdir -p "$BASE" && tar -C "$BASE" -xJf .bundle/base.tar.xz
+    for i in 1 2; do
+      LD_LIBRARY_PATH="$BASE/lib" bench_tp "$BASE" 1 "8b_tp1_base_$i"
+      bench_tp "$BUNDLE" 1 "8b_tp1_new_$i"
+    done
+  fi
+  if (( gpus >= 2 )); then
+    for n in 2 4 8; do
+      (( n <= gpus )) || continue
+      INFERD_TENSOR_PARALLEL=$n "$BUNDLE/bin/gpu_tests" --gtest_filter='Models/CudaParity.*' \
+        --gtest_output="xml:$OUT/gpu_parity_tp${n}_tests.xml" > "$OUT/gpu_parity_tp$n.log" 2>&1 || status=1
+      echo "-- parity at tensor_parallel_size $n" && summarize_gpu_tests "$OUT/gpu_parity_tp$n.log"
+    done
+    bench_tp "$BUNDLE" 1 8b_tp1
+    bench_tp "$BUNDLE" 2 8b_tp2
+    M70=/tmp/llama3-70b-random
+    [[ -f $M70/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M70" --70b || status=1
+    for n in 2 4; do
+      (( n <= gpus )) && TP_MODEL=$M70 bench_tp "$BUNDLE" $n "70b_tp$n"
+    done
+  fi
 fi
 # One line per test binary, then everything but the headline files packed into one archive (the device tool
 # brings back at most 8 files).

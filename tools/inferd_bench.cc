@@ -2,7 +2,7 @@
 // ceilings measured first on the same GPU: read-streaming bandwidth (a large read-only reduction) and the
 // cuBLASLt bf16 and fp8 GEMM rates at 8192³. Prints a table and writes JSON.
 //   inferd-bench --model DIR [--json FILE] [--sections products,latency,prefill,decode,throughput] [--batches 1,8]
-//                [--quantization none|fp8] [--kv-cache-dtype auto|fp8_e4m3]
+//                [--quantization none|fp8] [--kv-cache-dtype auto|fp8_e4m3] [--tensor-parallel N]
 //   inferd-bench serve ...   (the serving benchmark against a running server: tools/serve_bench.cc)
 //   inferd-bench serve --multi-turn ...   (simulated users in conversation: tools/multi_turn_bench.cc)
 //   inferd-bench perplexity FILE ...   (a running server's perplexity over a text: tools/perplexity_bench.cc)
@@ -322,6 +322,7 @@ int Main(int argc, char** argv) {
   int32_t prefill_idle_ms = 1000;
   std::string quantization = "none";
   std::string kv_cache_dtype = "auto";
+  int32_t tensor_parallel = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 < argc && a == "--sections") sections = argv[++i];
@@ -333,6 +334,7 @@ int Main(int argc, char** argv) {
     if (i + 1 < argc && a == "--prefill-idle-ms") prefill_idle_ms = std::atoi(argv[++i]);
     if (i + 1 < argc && a == "--quantization") quantization = argv[++i];
     if (i + 1 < argc && a == "--kv-cache-dtype") kv_cache_dtype = argv[++i];
+    if (i + 1 < argc && a == "--tensor-parallel") tensor_parallel = std::atoi(argv[++i]);
     if (i + 1 < argc && a == "--batches") {
       batches.clear();
       for (absl::string_view b : absl::StrSplit(argv[++i], ',')) batches.push_back(std::atoi(std::string(b).c_str()));
@@ -342,7 +344,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: inferd-bench --model DIR [--json FILE] [--sections LIST] [--batches B,...] [--no-graphs]\n"
                  "       [--plan-ahead auto|on|off] [--profile-steps N] [--prefill-idle-ms MS] [--quantization Q]\n"
-                 "       [--kv-cache-dtype auto|fp8_e4m3]\n"
+                 "       [--kv-cache-dtype auto|fp8_e4m3] [--tensor-parallel N]\n"
                  "  LIST: comma-separated of products,latency,prefill,decode,throughput (default: all)\n"
                  "  B: the decode section's batch sizes (default 1,8,32,64,128,256)\n"
                  "  --no-graphs: decode steps launched kernel by kernel (engine.cuda_graphs: false)\n"
@@ -352,7 +354,8 @@ int Main(int argc, char** argv) {
                  "(default 1000)\n"
                  "  --quantization none|fp8: engine.quantization (FLOPs utilisation then against the fp8 GEMM "
                  "ceiling)\n"
-                 "  --kv-cache-dtype auto|fp8_e4m3: engine.kv_cache_dtype\n");
+                 "  --kv-cache-dtype auto|fp8_e4m3: engine.kv_cache_dtype\n"
+                 "  --tensor-parallel N: engine.tensor_parallel_size (the model split over GPUs 0..N-1)\n");
     return 2;
   }
   cudaDeviceProp prop;
@@ -389,6 +392,7 @@ int Main(int argc, char** argv) {
   config.engine.profile_steps = profile_steps;
   config.engine.quantization = quantization;
   config.engine.kv_cache_dtype = kv_cache_dtype;
+  config.engine.tensor_parallel_size = tensor_parallel;
   config.scheduler.max_num_seqs = 256;
   config.scheduler.max_num_batched_tokens = 8192;
   config.scheduler.max_queue = 1000;
@@ -409,6 +413,7 @@ int Main(int argc, char** argv) {
                         {"fp8_gemm_ceiling_tflop_s", fp8_tflops},
                         {"quantization", quantization},
                         {"kv_cache_dtype", kv_cache_dtype},
+                        {"tensor_parallel_size", tensor_parallel},
                         {"startup_s", startup_s},
                         {"weight_bytes", plan.weight_bytes},
                         {"decode_products", products},

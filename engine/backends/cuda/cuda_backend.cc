@@ -7,10 +7,13 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/backends/cuda/ceilings.h"
+#include "engine/backends/cuda/collectives.h"
 #include "engine/backends/cuda/cuda_check.h"
 #include "engine/backends/cuda/cuda_weights.h"
 #include "engine/backends/cuda/decode_graphs.h"
@@ -19,8 +22,10 @@
 #include "engine/backends/cuda/gemm.h"
 #include "engine/backends/cuda/kv_pool.h"
 #include "engine/backends/cuda/nvml.h"
+#include "engine/backends/cuda/rank_threads.h"
 #include "engine/backends/cuda/step_packing.h"
 #include "engine/check.h"
+#include "engine/model/tensor_parallel.h"
 #include "engine/runtime/device_layout.h"
 #include "engine/runtime/step_input.h"
 #include "engine/status_macros.h"
@@ -38,47 +43,85 @@ namespace k = kernels;
 
 #define INFERD_KERNEL(expr) INFERD_RETURN_IF_ERROR(::inferd::cuda::FromCuda((expr), #expr))
 
-// Ties the pieces together: allocates from the DeviceLayout, packs and copies each step's inputs
-// (step_packing.h), plans its attention, replays a decode graph (decode_graphs.h) or runs the forward pass
-// (forward.h), and brings the sampled tokens back.
+// One GPU's share of the model and everything it runs a step with; on one GPU, the only one.
+struct Rank {
+  int index = 0;    // the rank: its shard of the model
+  int device = 0;   // its GPU
+  ModelConfig cfg;  // the shape this rank runs: its heads, KV heads and MLP columns (cuda::ShardConfig)
+  CudaWeights w;
+  std::unique_ptr<cuda::Collectives> comm;  // null on one GPU
+  std::unique_ptr<cuda::Gemm> gemm;
+  std::unique_ptr<cuda::DecodeGraphs> graphs = std::make_unique<cuda::DecodeGraphs>();
+  // One stream runs everything a step does in order: its input copies (the graphs read the inputs at fixed
+  // addresses, so step N + 1's may land only once step N has read them), its kernels, the copy of its sampled
+  // tokens to the host. The host overlaps: it packs step N + 1 while the device runs step N.
+  cudaStream_t compute = nullptr;
+  cudaEvent_t inputs_consumed = nullptr;  // the last launch's copies from the pinned inputs have run
+  DeviceBuffer activations;               // layout.activations
+  PinnedBuffer attn_int_ws_host;          // FlashInfer's schedule, staged here before its copy
+  DeviceBuffer inputs_dev;                // layout.inputs, the device copy
+  cuda::KvPool kv;
+  int64_t free_at_start = 0;  // the device's free memory before the weights
+
+  ~Rank() {
+    cudaSetDevice(device);
+    if (compute) cudaStreamSynchronize(compute);
+    graphs.reset();  // before the communicator its graphs call
+    comm.reset();
+    if (inputs_consumed) cudaEventDestroy(inputs_consumed);
+    if (compute) cudaStreamDestroy(compute);
+  }
+};
+
+// Ties the pieces together: allocates from the DeviceLayout, packs each step's inputs once (step_packing.h), and
+// on every rank copies them up, plans its attention, replays a decode graph (decode_graphs.h) or runs the forward
+// pass (forward.h); rank 0's sampled tokens come back.
 class CudaBackend : public Backend {
  public:
-  CudaBackend(const Model& model, CudaWeights weights, cudaDataType_t dtype, bool fp8_kv, int64_t free_at_start,
-              std::string device, bool cuda_graphs)
+  CudaBackend(const Model& model, std::vector<std::unique_ptr<Rank>> ranks, std::unique_ptr<cuda::RankThreads> threads,
+              cudaDataType_t dtype, bool fp8_kv, std::string device, bool cuda_graphs, CudaRankOptions options)
       : use_graphs_(cuda_graphs),
+        options_(options),
         fp8_kv_(fp8_kv),
         model_(model),
         cfg_(model.config),
-        w_(std::move(weights)),
+        ranks_(std::move(ranks)),
+        threads_(std::move(threads)),
         dtype_(dtype),
-        free_at_start_(free_at_start),
         device_(std::move(device)),
         nvml_(cuda::Nvml::Open(0)) {}
 
   ~CudaBackend() override {
-    if (compute_) cudaStreamSynchronize(compute_);
-    graphs_.reset();
+    threads_.reset();
+    cudaSetDevice(ranks_[0]->device);
+    if (ranks_[0]->compute) cudaStreamSynchronize(ranks_[0]->compute);
     for (Slot& slot : slots_)
       for (cudaEvent_t e : {slot.outputs_ready, slot.compute_start, slot.compute_end})
         if (e) cudaEventDestroy(e);
-    if (inputs_consumed_) cudaEventDestroy(inputs_consumed_);
-    if (compute_) cudaStreamDestroy(compute_);
+    ranks_.clear();
+    cudaSetDevice(0);
   }
 
   std::string name() const override { return "cuda"; }
   StepCounters counters() const override {
     StepCounters c = counters_;
-    c.copy_busy_s = kv_.copy_busy_s();
-    c.copy_waited_s = kv_.copy_waited_s();
+    c.copy_busy_s = kv0().copy_busy_s();
+    c.copy_waited_s = kv0().copy_waited_s();
     return c;
   }
-  std::vector<CopyTiming> TakeCopyTimings() override { return kv_.TakeTimings(); }
+  std::vector<CopyTiming> TakeCopyTimings() override { return ranks_[0]->kv.TakeTimings(); }
   absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) override;
   absl::Status AllocateKvCache(const MemoryPlan& plan) override;
-  absl::Status AllocateHostBlocks(int32_t num_blocks) override { return kv_.AllocateHostBlocks(num_blocks); }
-  absl::Status StartCopies(const CopyBatch& batch) override { return kv_.StartCopies(batch, compute_); }
-  uint64_t CompletedCopies() override { return kv_.CompletedCopies(); }
-  absl::Status WaitForCopies(uint64_t ticket) override { return kv_.WaitForCopies(ticket); }
+  absl::Status AllocateHostBlocks(int32_t num_blocks) override {
+    return OnRanks([&](Rank& r) { return r.kv.AllocateHostBlocks(num_blocks); });
+  }
+  absl::Status StartCopies(const CopyBatch& batch) override {
+    return OnRanks([&](Rank& r) { return r.kv.StartCopies(batch, r.compute); });
+  }
+  uint64_t CompletedCopies() override;
+  absl::Status WaitForCopies(uint64_t ticket) override {
+    return OnRanks([&](Rank& r) { return r.kv.WaitForCopies(ticket); });
+  }
   absl::Status Step(const StepInput& input, StepOutput* output) override;
   absl::Status Launch(const StepInput& input) override;
   absl::Status Collect(StepOutput* output) override;
@@ -86,32 +129,40 @@ class CudaBackend : public Backend {
   DeviceReading ReadDevice() const override { return nvml_ ? nvml_->Read() : DeviceReading{}; }
 
  private:
-  absl::Status Allocate();
-  // Packs the step into the pinned inputs, copies what it uses to the device and plans its attention.
-  absl::Status Stage(const StepInput& in, bool decode_graph, bool unsplit_kv, k::AttentionPlan* plan);
-  absl::Status Forward(const StepInput& in, const k::AttentionPlan& plan);
+  const cuda::KvPool& kv0() const { return ranks_[0]->kv; }
+  // job(rank) on every rank at once, each on its own thread with its device current.
+  absl::Status OnRanks(const std::function<absl::Status(Rank&)>& job) {
+    return threads_->Run([&](int r) { return job(*ranks_[r]); });
+  }
+  void OnRanksUnchecked(const std::function<void(Rank&)>& job) {
+    for (auto& r : ranks_) job(*r);
+  }
+  absl::Status Allocate(Rank& r);
+  // Copies the packed inputs (what this step uses) to the rank's device and plans its attention there.
+  absl::Status Stage(Rank& r, const StepInput& in, const cuda::PackedStep& packed, bool decode_graph, bool unsplit_kv,
+                     k::AttentionPlan* plan);
+  absl::Status Forward(Rank& r, const StepInput& in, const k::AttentionPlan& plan);
   absl::Status CaptureDecodeGraphs();
-  cuda::ForwardBuffers Buffers() const;
+  // With several ranks: their collectives, the peer kernels' buffers sized for this layout's messages.
+  absl::Status CreateCollectives();
+  // Which messages the peer kernels take (those they send faster than NCCL), measured on the decode sizes.
+  absl::Status ChoosePeerLimit();
+  cuda::ForwardBuffers Buffers(const Rank& r) const;
 
   const bool use_graphs_;
+  const CudaRankOptions options_;
   const bool fp8_kv_;  // engine.kv_cache_dtype = fp8_e4m3
   const Model& model_;
   const ModelConfig& cfg_;
-  CudaWeights w_;
+  std::vector<std::unique_ptr<Rank>> ranks_;  // rank r on GPU ranks_[r]->device
+  std::unique_ptr<cuda::RankThreads> threads_;
   cudaDataType_t dtype_;
-  int64_t free_at_start_;
   std::string device_;
   std::unique_ptr<cuda::Nvml> nvml_;  // null where NVML cannot be loaded
-  DeviceLayout layout_;
-  std::unique_ptr<cuda::Gemm> gemm_;
-  std::unique_ptr<cuda::DecodeGraphs> graphs_ = std::make_unique<cuda::DecodeGraphs>();
-  // One stream runs everything a step does in order: its input copies (the graphs read the inputs at fixed
-  // addresses, so step N + 1's may land only once step N has read them), its kernels, the copy of its sampled
-  // tokens to the host. The host overlaps: it packs step N + 1 while the device runs step N. (Swaps run on it too.)
-  cudaStream_t compute_ = nullptr;
-  cudaEvent_t inputs_consumed_ = nullptr;  // the last launch's copies from the pinned inputs have run
-  // A launched step's results land in its slot; three, so that while step N + 1 is launched and N collected,
-  // N - 1's timing events are still there to measure the device's idle time before N.
+  DeviceLayout layout_;               // every rank's (their shards are the same size)
+  PinnedBuffer inputs_host_;          // layout_.inputs, packed once on the host for every rank
+  // A launched step's results (rank 0's) land in its slot; three, so that while step N + 1 is launched and N
+  // collected, N - 1's timing events are still there to measure the device's idle time before N.
   struct Slot {
     PinnedBuffer outputs_host;  // the output arena
     cudaEvent_t outputs_ready = nullptr;
@@ -128,67 +179,68 @@ class CudaBackend : public Backend {
   int64_t launches_ = 0;
   int32_t last_num_logits_ = -1;  // rows the last launched step samples: what a PendingToken may name
   StepCounters counters_;
-
-  DeviceBuffer activations_;       // layout_.activations
-  PinnedBuffer attn_int_ws_host_;  // FlashInfer's schedule, staged here before its copy
-  DeviceBuffer inputs_dev_;        // layout_.inputs, the device copy
-  PinnedBuffer inputs_host_;       // layout_.inputs, packed on the host
-  cuda::KvPool kv_;
 };
 
-cuda::ForwardBuffers CudaBackend::Buffers() const {
+cuda::ForwardBuffers CudaBackend::Buffers(const Rank& r) const {
   cuda::ForwardBuffers b;
   b.layout = &layout_;
-  b.activations = activations_.get<char>();
-  b.inputs = inputs_dev_.get<char>();
-  b.kv = kv_.data();
-  b.layer_kv_bytes = kv_.layer_bytes();
+  b.activations = r.activations.get<char>();
+  b.inputs = r.inputs_dev.get<char>();
+  b.kv = r.kv.data();
+  b.layer_kv_bytes = r.kv.layer_bytes();
   return b;
 }
 
-absl::Status CudaBackend::Allocate() {
-  INFERD_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
-  INFERD_CUDA(cudaEventCreateWithFlags(&inputs_consumed_, cudaEventDisableTiming));
-  for (Slot& slot : slots_) {
-    INFERD_CUDA(cudaEventCreateWithFlags(&slot.outputs_ready, cudaEventDisableTiming));
-    INFERD_CUDA(cudaEventCreate(&slot.compute_start));
-    INFERD_CUDA(cudaEventCreate(&slot.compute_end));
-    INFERD_RETURN_IF_ERROR(slot.outputs_host.Allocate(layout_.output_arena_bytes));
+absl::Status CudaBackend::Allocate(Rank& r) {
+  INFERD_CUDA(cudaStreamCreateWithFlags(&r.compute, cudaStreamNonBlocking));
+  INFERD_CUDA(cudaEventCreateWithFlags(&r.inputs_consumed, cudaEventDisableTiming));
+  if (r.index == 0) {
+    for (Slot& slot : slots_) {
+      INFERD_CUDA(cudaEventCreateWithFlags(&slot.outputs_ready, cudaEventDisableTiming));
+      INFERD_CUDA(cudaEventCreate(&slot.compute_start));
+      INFERD_CUDA(cudaEventCreate(&slot.compute_end));
+      INFERD_RETURN_IF_ERROR(slot.outputs_host.Allocate(layout_.output_arena_bytes));
+    }
+    INFERD_RETURN_IF_ERROR(inputs_host_.Allocate(layout_.input_arena_bytes));
   }
-  INFERD_RETURN_IF_ERROR(activations_.Allocate(layout_.activation_arena_bytes));
-  INFERD_RETURN_IF_ERROR(attn_int_ws_host_.Allocate(layout_.activations.attn_int_ws.bytes));
+  INFERD_RETURN_IF_ERROR(r.activations.Allocate(layout_.activation_arena_bytes));
+  INFERD_RETURN_IF_ERROR(r.attn_int_ws_host.Allocate(layout_.activations.attn_int_ws.bytes));
   const std::vector<float> inv_freq = RopeInverseFrequencies(cfg_);
   INFERD_CHECK(static_cast<int64_t>(inv_freq.size() * sizeof(float)) <= layout_.activations.inv_freq.bytes,
                "the rotary frequencies fit their region");
-  INFERD_CUDA(cudaMemcpy(activations_.get<char>() + layout_.activations.inv_freq.offset, inv_freq.data(),
+  INFERD_CUDA(cudaMemcpy(r.activations.get<char>() + layout_.activations.inv_freq.offset, inv_freq.data(),
                          inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
   int64_t gemm_bytes = 0;
-  INFERD_ASSIGN_OR_RETURN(gemm_, cuda::Gemm::Create(dtype_, layout_.gemm_workspace_bytes, &gemm_bytes));
-  INFERD_RETURN_IF_ERROR(inputs_dev_.Allocate(layout_.input_arena_bytes));
-  INFERD_RETURN_IF_ERROR(inputs_host_.Allocate(layout_.input_arena_bytes));
+  INFERD_ASSIGN_OR_RETURN(r.gemm, cuda::Gemm::Create(dtype_, layout_.gemm_workspace_bytes, &gemm_bytes));
+  INFERD_RETURN_IF_ERROR(r.inputs_dev.Allocate(layout_.input_arena_bytes));
   return absl::OkStatus();
 }
 
 absl::StatusOr<DeviceCeilings> CudaBackend::MeasureCeilings() {
   // Small enough to fit beside the weights on any card that runs the model: 1 GiB of reads (20 times the
-  // H100's L2) unless a quarter of the free memory is less, and a GEMM of 8192^3 (384 MiB) or 4096^3.
+  // H100's L2) unless a quarter of the free memory is less, and a GEMM of 8192^3 (384 MiB) or 4096^3. Rank 0's
+  // GPU: the others are of the same kind.
   size_t free = 0, total = 0;
   INFERD_CUDA(cudaMemGetInfo(&free, &total));
   const int64_t read_bytes = std::min<int64_t>(int64_t{1} << 30, static_cast<int64_t>(free / 4));
   const int64_t n = free > (size_t{2} << 30) ? 8192 : 4096;
   const bool bf16 = dtype_ == CUDA_R_16BF;
+  const Rank& r = *ranks_[0];
   DeviceCeilings c;
   // The GEMM first: its warm-up raises the clocks the read test then runs at.
-  INFERD_ASSIGN_OR_RETURN(c.gemm_flops_per_s, cuda::MeasureGemmRate(*gemm_, bf16, n, compute_, w_.fp8));
-  INFERD_ASSIGN_OR_RETURN(c.read_bytes_per_s, cuda::MeasureReadBandwidth(read_bytes, compute_));
+  INFERD_ASSIGN_OR_RETURN(c.gemm_flops_per_s, cuda::MeasureGemmRate(*r.gemm, bf16, n, r.compute, r.w.fp8));
+  INFERD_ASSIGN_OR_RETURN(c.read_bytes_per_s, cuda::MeasureReadBandwidth(read_bytes, r.compute));
   c.read_test = absl::StrCat("a read-only reduction over ", read_bytes >> 20, " MiB");
-  c.gemm_test = absl::StrCat("cuBLASLt ", w_.fp8 ? "fp8 e4m3" : (bf16 ? "bf16" : "fp16"), " GEMM at ", n, "^3");
+  c.gemm_test = absl::StrCat("cuBLASLt ", r.w.fp8 ? "fp8 e4m3" : (bf16 ? "bf16" : "fp16"), " GEMM at ", n, "^3");
   return c;
 }
 
 absl::StatusOr<MemoryPlan> CudaBackend::MeasureMemory(const StepLimits& limits) {
-  layout_ = PlanDeviceLayout(model_, limits, /*element_bytes=*/2, w_.fp8, /*kv_element_bytes=*/fp8_kv_ ? 1 : 2);
-  INFERD_RETURN_IF_ERROR(Allocate());
+  const int32_t num_ranks = static_cast<int32_t>(ranks_.size());
+  layout_ = PlanDeviceLayout(model_, limits, /*element_bytes=*/2, ranks_[0]->w.fp8,
+                             /*kv_element_bytes=*/fp8_kv_ ? 1 : 2, num_ranks);
+  INFERD_RETURN_IF_ERROR(CreateCollectives());
+  INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) { return Allocate(r); }));
   const int32_t R = limits.max_num_seqs, bs = limits.block_size;
   // The largest step: R sequences that sample, every row with every option on so that sampling's peak is seen
   // too, holding the whole token budget where the model's context allows (no sequence is longer than it: a
@@ -206,7 +258,7 @@ absl::StatusOr<MemoryPlan> CudaBackend::MeasureMemory(const StepLimits& limits) 
   std::vector<int32_t> history(lens[0]), pages(num_pages);
   for (int32_t i = 0; i < lens[0]; ++i) history[i] = (i * 7919) % cfg_.vocab_size;
   for (int32_t p = 0; p < num_pages; ++p) pages[p] = p;
-  INFERD_RETURN_IF_ERROR(kv_.Allocate(layout_, cfg_.num_layers, num_pages));
+  INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) { return r.kv.Allocate(layout_, cfg_.num_layers, num_pages); }));
   StepInput in = EmptyStepInput(bs);
   size_t next_page = 0;
   for (int32_t s = 0; s < R; ++s) {
@@ -235,81 +287,160 @@ absl::StatusOr<MemoryPlan> CudaBackend::MeasureMemory(const StepLimits& limits) 
   }
   StepOutput out;
   INFERD_RETURN_IF_ERROR(Step(in, &out));
-  kv_.Free();
-  size_t free = 0, total = 0;
-  INFERD_CUDA(cudaMemGetInfo(&free, &total));
+  // Per GPU: the weights of the largest shard (rank 0's, with the LM head), the least free memory at start, the
+  // most that start-up took besides.
   MemoryPlan plan;
+  std::vector<int64_t> free_now(num_ranks), total(num_ranks);
+  INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) {
+    r.kv.Free();
+    size_t f = 0, t = 0;
+    INFERD_CUDA(cudaMemGetInfo(&f, &t));
+    free_now[r.index] = static_cast<int64_t>(f);
+    total[r.index] = static_cast<int64_t>(t);
+    return absl::OkStatus();
+  }));
   plan.device = device_;
-  plan.device_total_bytes = static_cast<int64_t>(total);
-  plan.device_free_bytes = free_at_start_;
-  plan.weight_bytes = w_.bytes;
+  plan.device_total_bytes = *std::min_element(total.begin(), total.end());
   plan.activation_bytes = layout_.activation_bytes();
   plan.kv_bytes_per_block = layout_.kv_bytes_per_block;
   plan.kv_dtype = fp8_kv_ ? "fp8_e4m3" : (dtype_ == CUDA_R_16BF ? "bfloat16" : "float16");
-  // What else start-up took: the step inputs, the CUDA context and libraries; and the reserved block that padded
-  // decode rows use, allocated with the pool.
-  plan.other_bytes =
-      std::max<int64_t>(0, free_at_start_ - static_cast<int64_t>(free) - plan.weight_bytes - plan.activation_bytes) +
-      layout_.kv_bytes_per_block;
+  plan.device_free_bytes = ranks_[0]->free_at_start;
+  int64_t other = 0;
+  for (int32_t i = 0; i < num_ranks; ++i) {
+    const Rank& r = *ranks_[i];
+    plan.weight_bytes = std::max(plan.weight_bytes, r.w.bytes);
+    plan.device_free_bytes = std::min(plan.device_free_bytes, r.free_at_start);
+    // What else start-up took: the step inputs, the CUDA context and libraries (NCCL's buffers on several GPUs).
+    other = std::max(other, r.free_at_start - free_now[i] - r.w.bytes - plan.activation_bytes);
+  }
+  // And the reserved block that padded decode rows use, allocated with the pool.
+  plan.other_bytes = std::max<int64_t>(0, other) + layout_.kv_bytes_per_block;
   return plan;
 }
 
-absl::Status CudaBackend::AllocateKvCache(const MemoryPlan& plan) {
-  INFERD_RETURN_IF_ERROR(kv_.Allocate(layout_, cfg_.num_layers, plan.num_blocks + 1));  // and the reserved one
-  if (use_graphs_) INFERD_RETURN_IF_ERROR(CaptureDecodeGraphs());
-  spdlog::info("cuda: KV pool of {} blocks ({:.1f} MiB) allocated", plan.num_blocks, kv_.bytes() / 1048576.0);
+absl::Status CudaBackend::CreateCollectives() {
+  const int num_ranks = static_cast<int>(ranks_.size());
+  if (num_ranks == 1 && !options_.collectives_on_one_gpu) return absl::OkStatus();
+  std::vector<int> devices;
+  for (const auto& r : ranks_) devices.push_back(r->device);
+  // The peer kernels take decode-sized messages (the largest decode graph's rows); ranks sharing a GPU send every
+  // message through them, the largest a step's whole token budget. One rank: NCCL alone.
+  const int64_t row_bytes = int64_t{cfg_.hidden_size} * 2;
+  const int64_t decode_rows = layout_.decode_buckets.empty() ? 1 : layout_.decode_buckets.back();
+  const int64_t capacity = num_ranks == 1             ? 0
+                           : options_.ranks_share_gpu ? layout_.limits.max_num_batched_tokens * row_bytes
+                                                      : decode_rows * row_bytes;
+  INFERD_ASSIGN_OR_RETURN(auto comms, cuda::Collectives::Create(devices, capacity));
+  for (int r = 0; r < num_ranks; ++r) ranks_[r]->comm = std::move(comms[r]);
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Stage(const StepInput& in, bool decode_graph, bool unsplit_kv, k::AttentionPlan* plan) {
+absl::Status CudaBackend::ChoosePeerLimit() {
+  const cuda::Collectives* comm0 = ranks_[0]->comm.get();
+  if (!comm0 || !comm0->has_nccl() || !comm0->has_peer()) return absl::OkStatus();
+  const bool bf16 = dtype_ == CUDA_R_16BF;
+  int64_t limit = 0;
+  std::vector<std::string> table;
+  for (int32_t rows : layout_.decode_buckets) {
+    const int64_t count = int64_t{rows} * cfg_.hidden_size;
+    std::pair<double, double> us;
+    INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) -> absl::Status {
+      INFERD_ASSIGN_OR_RETURN(auto t, r.comm->TimeAllReduce(r.activations.get<char>() + layout_.activations.tmp.offset,
+                                                            count, bf16, 50, r.compute));
+      if (r.index == 0) us = t;
+      return absl::OkStatus();
+    }));
+    if (us.second >= 0 && us.second < us.first) limit = std::max(limit, count * 2);
+    table.push_back(absl::StrFormat("%d rows NCCL %.1f us, one-shot %.1f us", rows, us.first, us.second));
+  }
+  OnRanksUnchecked([&](Rank& r) { r.comm->set_peer_limit_bytes(limit); });
+  spdlog::info("cuda: all-reduce per layer half, measured: {}; the one-shot peer kernels take messages up to {} KiB",
+               absl::StrJoin(table, "; "), limit / 1024);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AllocateKvCache(const MemoryPlan& plan) {
+  INFERD_RETURN_IF_ERROR(OnRanks(  // and the reserved block
+      [&](Rank& r) { return r.kv.Allocate(layout_, cfg_.num_layers, plan.num_blocks + 1); }));
+  INFERD_RETURN_IF_ERROR(ChoosePeerLimit());
+  if (use_graphs_) INFERD_RETURN_IF_ERROR(CaptureDecodeGraphs());
+  spdlog::info("cuda: KV pool of {} blocks ({:.1f} MiB{}) allocated", plan.num_blocks, kv0().bytes() / 1048576.0,
+               ranks_.size() > 1 ? " per GPU" : "");
+  return absl::OkStatus();
+}
+
+uint64_t CudaBackend::CompletedCopies() {
+  if (ranks_.size() == 1) return ranks_[0]->kv.CompletedCopies();
+  std::vector<uint64_t> done(ranks_.size());
+  (void)OnRanks([&](Rank& r) {
+    done[r.index] = r.kv.CompletedCopies();
+    return absl::OkStatus();
+  });
+  return *std::min_element(done.begin(), done.end());  // a batch is done once every rank's part is
+}
+
+absl::Status CudaBackend::Stage(Rank& r, const StepInput& in, const cuda::PackedStep& packed, bool decode_graph,
+                                bool unsplit_kv, k::AttentionPlan* plan) {
   const InputRegions& ir = layout_.inputs;
-  const cuda::PackedStep packed = cuda::PackStepInputs(in, ir, cfg_.vocab_size, inputs_host_.get<char>());
   // Only what this step uses goes up: the fixed-size sections and the used page table in one copy, penalty
   // entries (sized for the worst case, megabytes) only when a row has any.
   INFERD_CUDA(
-      cudaMemcpyAsync(inputs_dev_.get(), inputs_host_.get(), packed.head_bytes, cudaMemcpyHostToDevice, compute_));
+      cudaMemcpyAsync(r.inputs_dev.get(), inputs_host_.get(), packed.head_bytes, cudaMemcpyHostToDevice, r.compute));
   if (packed.penalty_entries > 0) {
     const int64_t n = packed.penalty_entries;
     for (auto [region, bytes] : {std::pair{ir.penalty_tokens, n * 4}, std::pair{ir.penalty_counts, n * 4},
                                  std::pair{ir.penalty_bias, n * 4}, std::pair{ir.penalty_flags, n}}) {
-      INFERD_CUDA(cudaMemcpyAsync(inputs_dev_.get<char>() + region.offset, inputs_host_.get<char>() + region.offset,
-                                  bytes, cudaMemcpyHostToDevice, compute_));
+      INFERD_CUDA(cudaMemcpyAsync(r.inputs_dev.get<char>() + region.offset, inputs_host_.get<char>() + region.offset,
+                                  bytes, cudaMemcpyHostToDevice, r.compute));
     }
   }
   const ActivationRegions& a = layout_.activations;
-  char* act = activations_.get<char>();
-  INFERD_KERNEL(k::PlanPagedAttention(act + a.attn_float_ws.offset, act + a.attn_int_ws.offset, attn_int_ws_host_.get(),
-                                      inputs_host_.get<int32_t>() + ir.qo_indptr.offset / 4,
+  char* act = r.activations.get<char>();
+  INFERD_KERNEL(k::PlanPagedAttention(act + a.attn_float_ws.offset, act + a.attn_int_ws.offset,
+                                      r.attn_int_ws_host.get(), inputs_host_.get<int32_t>() + ir.qo_indptr.offset / 4,
                                       inputs_host_.get<int32_t>() + ir.kv_indptr.offset / 4, in.num_tokens(),
-                                      in.num_seqs(), cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, in.block_size,
-                                      decode_graph, unsplit_kv, plan, compute_));
+                                      in.num_seqs(), r.cfg.num_heads, r.cfg.num_kv_heads, r.cfg.head_dim, in.block_size,
+                                      decode_graph, unsplit_kv, plan, r.compute));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Forward(const StepInput& in, const k::AttentionPlan& plan) {
-  const cuda::ForwardBuffers b = Buffers();
-  return dtype_ == CUDA_R_16BF ? cuda::RunForward<__nv_bfloat16>(cfg_, w_, *gemm_, b, in, plan, compute_)
-                               : cuda::RunForward<__half>(cfg_, w_, *gemm_, b, in, plan, compute_);
+absl::Status CudaBackend::Forward(Rank& r, const StepInput& in, const k::AttentionPlan& plan) {
+  const cuda::ForwardBuffers b = Buffers(r);
+  const cuda::Collectives* comm = r.comm.get();
+  return dtype_ == CUDA_R_16BF ? cuda::RunForward<__nv_bfloat16>(r.cfg, r.w, *r.gemm, b, in, plan, comm, r.compute)
+                               : cuda::RunForward<__half>(r.cfg, r.w, *r.gemm, b, in, plan, comm, r.compute);
 }
 
 absl::Status CudaBackend::CaptureDecodeGraphs() {
   const std::vector<int32_t>& buckets = layout_.decode_buckets;
-  INFERD_RETURN_IF_ERROR(cuda::TuneProducts(cfg_, w_, *gemm_, Buffers(), dtype_ == CUDA_R_16BF, buckets, compute_));
-  int device = 0, num_sms = 0;
-  INFERD_CUDA(cudaGetDevice(&device));
-  INFERD_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  graphs_->set_num_sms(num_sms);
+  const bool bf16 = dtype_ == CUDA_R_16BF;
+  INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) {
+    INFERD_RETURN_IF_ERROR(cuda::TuneProducts(r.cfg, r.w, *r.gemm, Buffers(r), bf16, buckets, r.compute));
+    int num_sms = 0;
+    INFERD_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, r.device));
+    r.graphs->set_num_sms(num_sms);
+    return absl::OkStatus();
+  }));
+  int num_sms = 0;
+  INFERD_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, ranks_[0]->device));
+  const int64_t kv_heads = ranks_[0]->cfg.num_kv_heads;
   std::vector<int32_t> unsplit;
   for (int32_t rows : buckets) {
-    const StepInput in = cuda::DecodeGraphs::Pad(EmptyStepInput(layout_.limits.block_size), rows, kv_.reserved_block());
+    const StepInput in =
+        cuda::DecodeGraphs::Pad(EmptyStepInput(layout_.limits.block_size), rows, kv0().reserved_block());
     for (bool unsplit_kv : {false, true}) {
-      if (unsplit_kv && !k::DecodeKvUnsplit(rows, cfg_.num_kv_heads, num_sms, 1, rows)) continue;
-      k::AttentionPlan plan;
-      INFERD_RETURN_IF_ERROR(Stage(in, /*decode_graph=*/true, unsplit_kv, &plan));
-      INFERD_RETURN_IF_ERROR(graphs_->Capture(
-          rows, unsplit_kv, plan, [&] { return Forward(in, plan); }, compute_));
-      // The next capture rewrites the pinned inputs and attention schedule that this one's copies read.
-      INFERD_CUDA(cudaStreamSynchronize(compute_));
+      if (unsplit_kv && !k::DecodeKvUnsplit(rows, kv_heads, num_sms, 1, rows)) continue;
+      const cuda::PackedStep packed =
+          cuda::PackStepInputs(in, layout_.inputs, cfg_.vocab_size, inputs_host_.get<char>());
+      INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) {
+        k::AttentionPlan plan;
+        INFERD_RETURN_IF_ERROR(Stage(r, in, packed, /*decode_graph=*/true, unsplit_kv, &plan));
+        INFERD_RETURN_IF_ERROR(r.graphs->Capture(
+            rows, unsplit_kv, plan, [&] { return Forward(r, in, plan); }, r.compute));
+        // The next capture rewrites the pinned inputs and attention schedule that this one's copies read.
+        INFERD_CUDA(cudaStreamSynchronize(r.compute));
+        return absl::OkStatus();
+      }));
       if (unsplit_kv) unsplit.push_back(rows);
     }
   }
@@ -325,13 +456,13 @@ absl::Status CudaBackend::Step(const StepInput& in, StepOutput* out) {
 }
 
 absl::Status CudaBackend::Launch(const StepInput& in) {
-  INFERD_CHECK(kv_.allocated(), "the KV cache is allocated before a step");
+  INFERD_CHECK(kv0().allocated(), "the KV cache is allocated before a step");
   INFERD_CHECK(launched_.size() < 2, "at most two steps are launched and not collected");
   const StepLimits& limits = layout_.limits;
   INFERD_CHECK(in.num_tokens() <= limits.max_num_batched_tokens && in.num_seqs() <= limits.max_num_seqs &&
                    in.num_logits() <= limits.max_logits_rows() && in.block_size == limits.block_size,
                "a step fits the limits the workspace was sized for");
-  const int64_t num_slots = int64_t{kv_.num_blocks()} * in.block_size;
+  const int64_t num_slots = int64_t{kv0().num_blocks()} * in.block_size;
   for (int32_t t = 0; t < in.num_tokens(); ++t) {
     const int32_t id = in.token_ids[t];
     if (IsPendingToken(id)) {  // read by the embedding from the device outputs the last step sampled into
@@ -344,41 +475,15 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
   INFERD_CHECK(static_cast<int64_t>(in.kv_indices.size()) <= layout_.inputs.max_pages,
                "a step's pages fit the page table");
   const auto prepare_start = std::chrono::steady_clock::now();
-  const int32_t bucket = graphs_->BucketFor(in, layout_.inputs.max_pages);
-  const StepInput padded = bucket > 0 ? cuda::DecodeGraphs::Pad(in, bucket, kv_.reserved_block()) : StepInput();
+  const cuda::DecodeGraphs& graphs0 = *ranks_[0]->graphs;
+  const int32_t bucket = graphs0.BucketFor(in, layout_.inputs.max_pages);
+  const StepInput padded = bucket > 0 ? cuda::DecodeGraphs::Pad(in, bucket, kv0().reserved_block()) : StepInput();
   const StepInput& run = bucket > 0 ? padded : in;
-  const bool unsplit = bucket > 0 && graphs_->UseUnsplit(in, bucket, cfg_.num_kv_heads);
-  k::AttentionPlan plan;
-  {
-    TraceRange range("pack and copy inputs, plan attention");
-    // The pinned inputs and attention schedule are rewritten only once the last launch's copies have read them
-    // (they ran when that step started, so this rarely waits).
-    INFERD_CUDA(cudaEventSynchronize(inputs_consumed_));
-    // A block this step writes that a copy still reads (a swap-out, a write-back) or fills: after the copy.
-    INFERD_ASSIGN_OR_RETURN(const bool ordered, kv_.OrderWrites(in.slot_mapping, in.block_size, compute_));
-    counters_.steps_ordered_after_copies += ordered;
-    INFERD_RETURN_IF_ERROR(Stage(run, /*decode_graph=*/bucket > 0, unsplit, &plan));
-    INFERD_CUDA(cudaEventRecord(inputs_consumed_, compute_));
-  }
+  const bool unsplit = bucket > 0 && graphs0.UseUnsplit(in, bucket, ranks_[0]->cfg.num_kv_heads);
   Launched step;
   step.slot = static_cast<int>(launches_ % kSlots);
   step.previous_slot = launches_ > 0 ? static_cast<int>((launches_ - 1) % kSlots) : -1;
   Slot& slot = slots_[step.slot];
-  // Busy time starts here, once the inputs and the schedule are on the device: the host's planning is not compute.
-  INFERD_CUDA(cudaEventRecord(slot.compute_start, compute_));
-  cudaGraphExec_t graph = bucket > 0 ? graphs_->Find(bucket, unsplit, plan) : nullptr;
-  if (bucket > 0 && !graph) {
-    // The graph froze another attention layout: run this step's kernels directly (same plan, same result).
-    spdlog::warn("cuda: decode graph for {} rows skipped: the attention plan changed layout", bucket);
-  }
-  if (graph) {
-    TraceRange range("forward and sample (decode graph)");
-    INFERD_CUDA(cudaGraphLaunch(graph, compute_));
-  } else {
-    TraceRange range("forward and sample");
-    INFERD_RETURN_IF_ERROR(Forward(run, plan));
-  }
-  INFERD_CUDA(cudaEventRecord(slot.compute_end, compute_));
   step.top_n.resize(in.num_logits());
   bool logprobs = false;
   for (int32_t r = 0; r < in.num_logits(); ++r) {
@@ -387,18 +492,58 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
     step.top_n[r] = reports ? std::min(row.top_logprobs, k::kMaxTopLogprobs) : -1;
     logprobs |= reports;
   }
-  // The next step's sampling rewrites the device outputs: this copy is queued before it on the same stream. The
-  // step's own tokens only, unless a row reports logprobs.
-  const OutputRegions& o = layout_.outputs;
-  const char* outputs_dev = activations_.get<char>() + layout_.activations.outputs.offset;
-  if (logprobs) {
-    INFERD_CUDA(cudaMemcpyAsync(slot.outputs_host.get(), outputs_dev, layout_.output_arena_bytes,
-                                cudaMemcpyDeviceToHost, compute_));
-  } else {
-    INFERD_CUDA(cudaMemcpyAsync(slot.outputs_host.get<char>() + o.tokens.offset, outputs_dev + o.tokens.offset,
-                                in.num_logits() * sizeof(int32_t), cudaMemcpyDeviceToHost, compute_));
+  cuda::PackedStep packed;
+  {
+    TraceRange range("pack inputs");
+    // The pinned inputs are rewritten only once every rank's copies of the last launch have read them (they ran
+    // when that step started, so this rarely waits).
+    for (const auto& r : ranks_) INFERD_CUDA(cudaEventSynchronize(r->inputs_consumed));
+    packed = cuda::PackStepInputs(run, layout_.inputs, cfg_.vocab_size, inputs_host_.get<char>());
   }
-  INFERD_CUDA(cudaEventRecord(slot.outputs_ready, compute_));
+  bool ordered = false;
+  INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) -> absl::Status {
+    const bool rank0 = r.index == 0;
+    k::AttentionPlan plan;
+    {
+      TraceRange range("copy inputs, plan attention");
+      // A block this step writes that a copy still reads (a swap-out, a write-back) or fills: after the copy.
+      INFERD_ASSIGN_OR_RETURN(const bool waits, r.kv.OrderWrites(in.slot_mapping, in.block_size, r.compute));
+      if (rank0) ordered = waits;
+      INFERD_RETURN_IF_ERROR(Stage(r, run, packed, /*decode_graph=*/bucket > 0, unsplit, &plan));
+      INFERD_CUDA(cudaEventRecord(r.inputs_consumed, r.compute));
+    }
+    // Busy time starts here, once the inputs and the schedule are on the device: the host's planning is not
+    // compute.
+    if (rank0) INFERD_CUDA(cudaEventRecord(slot.compute_start, r.compute));
+    cudaGraphExec_t graph = bucket > 0 ? r.graphs->Find(bucket, unsplit, plan) : nullptr;
+    if (bucket > 0 && !graph) {
+      // The graph froze another attention layout: run this step's kernels directly (same plan, same result).
+      spdlog::warn("cuda: decode graph for {} rows skipped: the attention plan changed layout", bucket);
+    }
+    if (graph) {
+      TraceRange range("forward and sample (decode graph)");
+      INFERD_CUDA(cudaGraphLaunch(graph, r.compute));
+    } else {
+      TraceRange range("forward and sample");
+      INFERD_RETURN_IF_ERROR(Forward(r, run, plan));
+    }
+    if (!rank0) return absl::OkStatus();
+    INFERD_CUDA(cudaEventRecord(slot.compute_end, r.compute));
+    // The next step's sampling rewrites the device outputs: this copy is queued before it on the same stream. The
+    // step's own tokens only, unless a row reports logprobs.
+    const OutputRegions& o = layout_.outputs;
+    const char* outputs_dev = r.activations.get<char>() + layout_.activations.outputs.offset;
+    if (logprobs) {
+      INFERD_CUDA(cudaMemcpyAsync(slot.outputs_host.get(), outputs_dev, layout_.output_arena_bytes,
+                                  cudaMemcpyDeviceToHost, r.compute));
+    } else {
+      INFERD_CUDA(cudaMemcpyAsync(slot.outputs_host.get<char>() + o.tokens.offset, outputs_dev + o.tokens.offset,
+                                  in.num_logits() * sizeof(int32_t), cudaMemcpyDeviceToHost, r.compute));
+    }
+    INFERD_CUDA(cudaEventRecord(slot.outputs_ready, r.compute));
+    return absl::OkStatus();
+  }));
+  counters_.steps_ordered_after_copies += ordered;
   counters_.last_prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - prepare_start).count();
   launched_.push_back(std::move(step));
   ++launches_;
@@ -424,8 +569,8 @@ absl::Status CudaBackend::Collect(StepOutput* out) {
   counters_.device_busy_s += busy_ms * 1e-3;
   counters_.last_device_s = busy_ms * 1e-3;
   counters_.last_idle_before_s = std::max(0.f, idle_ms) * 1e-3;
-  counters_.last_compute_start_ms = kv_.DeviceClockMs(slot.compute_start);
-  counters_.last_compute_end_ms = kv_.DeviceClockMs(slot.compute_end);
+  counters_.last_compute_start_ms = kv0().DeviceClockMs(slot.compute_start);
+  counters_.last_compute_end_ms = kv0().DeviceClockMs(slot.compute_end);
   const int32_t R = static_cast<int32_t>(step.top_n.size());
   const OutputRegions& o = layout_.outputs;
   const char* host = slot.outputs_host.get<char>();
@@ -467,21 +612,23 @@ int64_t CudaVisibleFreeBytes() {
   return static_cast<int64_t>(free);
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, const EngineSection& engine) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, const EngineSection& engine,
+                                                           CudaRankOptions options) {
   if (std::string why = CudaUnsupportedReason(model.config); !why.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("engine.backend = cuda: ", why));
   }
-  if (engine.tensor_parallel_size != 1) {
+  const int num_ranks = engine.tensor_parallel_size;
+  INFERD_RETURN_IF_ERROR(CheckTensorParallel(model.config, num_ranks));
+  int visible = 0;
+  INFERD_CUDA(cudaGetDeviceCount(&visible));
+  if (visible < num_ranks && !options.ranks_share_gpu) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "config: engine.tensor_parallel_size = ", engine.tensor_parallel_size,
-        " is not built for the cuda backend yet (one GPU per model); allowed on cuda: 1; the cpu backend splits "
-        "models on threads"));
+        "config: engine.tensor_parallel_size = ", num_ranks, " needs ", num_ranks, " GPUs (one per rank); ", visible,
+        " visible (CUDA_VISIBLE_DEVICES chooses them); allowed here: at most ", visible));
   }
   INFERD_CUDA(cudaSetDevice(0));
   cudaDeviceProp prop;
   INFERD_CUDA(cudaGetDeviceProperties(&prop, 0));
-  size_t free = 0, total = 0;
-  INFERD_CUDA(cudaMemGetInfo(&free, &total));
   const bool fp16 = engine.dtype == "float16";
   const cudaDataType_t dtype = fp16 ? CUDA_R_16F : CUDA_R_16BF;
   // An FP8 checkpoint runs as stored: its weights and scales go up as they are.
@@ -513,10 +660,30 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, c
         "head_dim is ",
         c.head_dim, "; allowed for it: auto"));
   }
+  // Rank r on GPU r, each on its own thread (rank 0 on this one); their collectives come once the layout is known.
+  std::vector<std::unique_ptr<Rank>> ranks;
+  std::vector<int> devices;
+  for (int r = 0; r < num_ranks; ++r) {
+    ranks.push_back(std::make_unique<Rank>());
+    ranks[r]->index = r;
+    ranks[r]->device = options.ranks_share_gpu ? 0 : r;
+    ranks[r]->cfg = cuda::ShardConfig(c, ShardOf(c, num_ranks, r));
+    devices.push_back(ranks[r]->device);
+  }
+  auto threads = std::make_unique<cuda::RankThreads>(num_ranks, [devices](int r) { cudaSetDevice(devices[r]); });
+  // Each rank uploads its own shard, all at once.
   const auto start = std::chrono::steady_clock::now();
-  INFERD_ASSIGN_OR_RETURN(CudaWeights weights, cuda::UploadWeights(model.tensors, dtype, fp8));
-  spdlog::info("cuda: {} weights{} on {} ({:.1f} MiB) in {:.2f} s", fp16 ? "float16" : "bfloat16",
-               fp8 ? " with fp8 e4m3 linear layers (per-channel scales)" : "", prop.name, weights.bytes / 1048576.0,
+  INFERD_RETURN_IF_ERROR(threads->Run([&](int r) -> absl::Status {
+    size_t rank_free = 0, rank_total = 0;
+    INFERD_CUDA(cudaMemGetInfo(&rank_free, &rank_total));
+    ranks[r]->free_at_start = static_cast<int64_t>(rank_free);
+    INFERD_ASSIGN_OR_RETURN(ranks[r]->w, cuda::UploadWeights(model.tensors, dtype, fp8, ShardOf(c, num_ranks, r), c));
+    return absl::OkStatus();
+  }));
+  spdlog::info("cuda: {} weights{} on {}{} ({:.1f} MiB{}) in {:.2f} s", fp16 ? "float16" : "bfloat16",
+               fp8 ? " with fp8 e4m3 linear layers (per-channel scales)" : "", prop.name,
+               num_ranks > 1 ? absl::StrCat(" x", num_ranks, ", tensor parallel") : "", ranks[0]->w.bytes / 1048576.0,
+               num_ranks > 1 ? " on GPU 0, the largest shard" : "",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (fp8_kv) {
     spdlog::info("cuda: KV cache in fp8 e4m3 ({})", model.tensors.kv_cache_scales
@@ -525,8 +692,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, c
   } else if (model.tensors.kv_cache_scales) {
     spdlog::info("cuda: the checkpoint's KV cache scales are unused: engine.kv_cache_dtype is auto");
   }
-  return std::make_unique<CudaBackend>(model, std::move(weights), dtype, fp8_kv, static_cast<int64_t>(free), prop.name,
-                                       engine.cuda_graphs);
+  const std::string device =
+      num_ranks > 1 ? absl::StrCat(prop.name, " x", num_ranks, " (tensor parallel; memory per GPU)") : prop.name;
+  // Ranks sharing a GPU wait for each other on the host before each sum: no graphs (collectives.h).
+  const bool graphs = engine.cuda_graphs && !(options.ranks_share_gpu && num_ranks > 1);
+  return std::make_unique<CudaBackend>(model, std::move(ranks), std::move(threads), dtype, fp8_kv, device, graphs,
+                                       options);
 }
 
 }  // namespace inferd

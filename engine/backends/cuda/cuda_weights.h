@@ -3,6 +3,8 @@
 // copy of the last) on its own stream, with q/k/v and gate/up fused and tied embeddings shared. Never a
 // whole-model copy on the host. With fp8, the layers' linear weights are quantized on the device as they arrive
 // (per output channel, kernels/fp8.h); embeddings, norms, biases and the LM head stay in the compute dtype.
+// A tensor-parallel rank uploads only its shard (engine/model/tensor_parallel.h): its heads' q/k/v rows and o
+// columns, its MLP columns' gate/up rows and down columns; embeddings and norms whole; the LM head on rank 0 only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,7 +15,9 @@
 #include "absl/status/statusor.h"
 #include "engine/backends/cuda/device_buffer.h"
 #include "engine/backends/cuda/gemm.h"
+#include "engine/model/model_config.h"
 #include "engine/model/model_tensors.h"
+#include "engine/model/tensor_parallel.h"
 
 namespace inferd::cuda {
 
@@ -49,7 +53,9 @@ struct CudaWeights {
   const void* lm_head() const { return lm_head_own.bytes() ? lm_head_own.get() : embed.get(); }
 };
 
-// dtype: CUDA_R_16BF or CUDA_R_16F. fp8: quantize the layers' linear weights.
-absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& tensors, cudaDataType_t dtype, bool fp8);
+// dtype: CUDA_R_16BF or CUDA_R_16F. fp8: quantize the layers' linear weights. Onto the current device, the
+// shard of `c` that `shard` names (ShardOf(c, 1, 0): the whole model).
+absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& tensors, cudaDataType_t dtype, bool fp8,
+                                          const TensorParallelShard& shard, const ModelConfig& c);
 
 }  // namespace inferd::cuda

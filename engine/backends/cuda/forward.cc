@@ -26,9 +26,18 @@ namespace inferd::cuda {
 
 namespace k = kernels;
 
+ModelConfig ShardConfig(const ModelConfig& model, const TensorParallelShard& shard) {
+  ModelConfig c = model;
+  c.num_heads = static_cast<int32_t>(shard.q_heads.size());
+  c.num_kv_heads = static_cast<int32_t>(shard.kv_heads.size());
+  c.intermediate_size = static_cast<int32_t>(shard.intermediate.size());
+  return c;
+}
+
 template <typename T>
 absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm, const ForwardBuffers& b,
-                        const StepInput& in, const kernels::AttentionPlan& plan, cudaStream_t s) {
+                        const StepInput& in, const kernels::AttentionPlan& plan, const Collectives* comm,
+                        cudaStream_t s) {
   const ActivationRegions& a = b.layout->activations;
   const InputRegions& ir = b.layout->inputs;
   const OutputRegions& o = b.layout->outputs;
@@ -36,6 +45,11 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
   const int64_t q_dim = cfg.q_width(), qkv_dim = cfg.qkv_width();
   const float eps = static_cast<float>(cfg.rms_norm_eps);
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  // A row-parallel product's output on a rank: the sum over the ranks' partial products.
+  auto sum_over_ranks = [&](T* y) -> absl::Status {
+    return comm ? comm->AllReduceSum(y, Tn * H, kBf16, s) : absl::OkStatus();
+  };
   T* x = b.act<T>(a.x);
   T* xn = b.act<T>(a.xn);
   T* tmp = b.act<T>(a.tmp);
@@ -114,6 +128,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     if (quantize) INFERD_KERNEL(k::QuantizeRowsFp8(attn, Tn, q_dim, xq, xs, s));
     INFERD_RETURN_IF_ERROR(
         gemm.Run(quantize ? Operand(xq, xs) : Operand(attn), L.o.operand(), tmp, Tn, H, q_dim, nullptr, false, s));
+    INFERD_RETURN_IF_ERROR(sum_over_ranks(tmp));
     INFERD_RETURN_IF_ERROR(add_norm(tmp, L.post_norm.get<T>()));
     INFERD_RETURN_IF_ERROR(gemm.Run(normed, L.gate_up.operand(), gate_up, Tn, 2 * I, H, nullptr, false, s));
     if (quantize) {
@@ -123,7 +138,11 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     }
     INFERD_RETURN_IF_ERROR(
         gemm.Run(quantize ? Operand(xq, xs) : Operand(act), L.down.operand(), tmp, Tn, H, I, nullptr, false, s));
+    INFERD_RETURN_IF_ERROR(sum_over_ranks(tmp));
   }
+  // Every rank holds the same residual stream now; rank 0 samples and hands the tokens to the others.
+  int32_t* tokens_out = reinterpret_cast<int32_t*>(out + o.tokens.offset);
+  if (comm && comm->rank() > 0) return comm->Broadcast(tokens_out, R * sizeof(int32_t), s);
   // Only the rows that sample go through the final norm and the LM head.
   TraceRange sampling("final norm, LM head and sampling");
   const int32_t* logits_rows = b.in<int32_t>(ir.logits_indices);
@@ -138,16 +157,19 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   INFERD_KERNEL(k::SampleRows(
       logits, static_cast<int32_t>(R), cfg.vocab_size, b.in<k::SamplingRowParams>(ir.params),
       b.in<int32_t>(ir.penalty_indptr), b.in<int32_t>(ir.penalty_tokens), b.in<int32_t>(ir.penalty_counts),
-      b.in<uint8_t>(ir.penalty_flags), b.in<float>(ir.penalty_bias), b.act<float>(a.penalty_raw),
-      reinterpret_cast<int32_t*>(out + o.tokens.offset), reinterpret_cast<float*>(out + o.logprobs.offset),
-      reinterpret_cast<int32_t*>(out + o.top_ids.offset), reinterpret_cast<float*>(out + o.top_logprobs.offset), s));
+      b.in<uint8_t>(ir.penalty_flags), b.in<float>(ir.penalty_bias), b.act<float>(a.penalty_raw), tokens_out,
+      reinterpret_cast<float*>(out + o.logprobs.offset), reinterpret_cast<int32_t*>(out + o.top_ids.offset),
+      reinterpret_cast<float*>(out + o.top_logprobs.offset), s));
+  if (comm) return comm->Broadcast(tokens_out, R * sizeof(int32_t), s);
   return absl::OkStatus();
 }
 
 template absl::Status RunForward<__nv_bfloat16>(const ModelConfig&, const CudaWeights&, Gemm&, const ForwardBuffers&,
-                                                const StepInput&, const kernels::AttentionPlan&, cudaStream_t);
+                                                const StepInput&, const kernels::AttentionPlan&, const Collectives*,
+                                                cudaStream_t);
 template absl::Status RunForward<__half>(const ModelConfig&, const CudaWeights&, Gemm&, const ForwardBuffers&,
-                                         const StepInput&, const kernels::AttentionPlan&, cudaStream_t);
+                                         const StepInput&, const kernels::AttentionPlan&, const Collectives*,
+                                         cudaStream_t);
 
 absl::Status TuneProducts(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm, const ForwardBuffers& b, bool bf16,
                           const std::vector<int32_t>& rows, cudaStream_t stream) {

@@ -1,6 +1,10 @@
 // One step's forward pass on the compute stream: embedding, the layers (norm, q/k/v product with RoPE and the
 // K/V write, paged attention, o product, norm, gate/up product, SiLU·mul, down product), then the final norm and
 // LM head on the rows that sample, and sampling on the device. The only code templated on the dtype.
+// On a rank of a tensor-parallel model the layers run on the rank's heads and MLP columns (its ModelConfig shard,
+// ShardConfig): the attention output and down products give partial sums, summed over the ranks in place
+// (Collectives); rank 0 alone runs the LM head and samples, then broadcasts the sampled tokens, which the next
+// step's embedding reads on every rank.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/backends/cuda/collectives.h"
 #include "engine/backends/cuda/cuda_weights.h"
 #include "engine/backends/cuda/gemm.h"
 #include "engine/model/model_config.h"
@@ -39,11 +44,17 @@ struct ForwardBuffers {
   void* v(int layer) const { return kv + (int64_t{layer} * 2 + 1) * layer_kv_bytes; }
 };
 
+// The shape one rank of `size` runs: the model's with its heads, KV heads and MLP columns (the whole model's
+// for one rank).
+ModelConfig ShardConfig(const ModelConfig& model, const TensorParallelShard& shard);
+
 // T: __nv_bfloat16 or __half (instantiated in forward.cc). The step's inputs are on the device; `plan` is its
-// attention plan. A PendingToken id names a row of the outputs the last launched step sampled into.
+// attention plan. A PendingToken id names a row of the outputs the last launched step sampled into. `comm`: this
+// rank's communicator, null on one GPU.
 template <typename T>
 absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm, const ForwardBuffers& b,
-                        const StepInput& in, const kernels::AttentionPlan& plan, cudaStream_t stream);
+                        const StepInput& in, const kernels::AttentionPlan& plan, const Collectives* comm,
+                        cudaStream_t stream);
 
 // Chooses cuBLASLt's algorithm by measurement for each of the forward pass's products at each of these row
 // counts past the streaming kernel's, on random inputs in the activation arena. Logs what it gained.

@@ -1,0 +1,232 @@
+// The one-shot peer collectives (kernels/all_reduce.h) against a CPU reference, with 2, 3, 4 and 8 ranks sharing
+// this GPU (each on its own stream, as ranks on several GPUs would be): random bf16 and fp16 data of odd sizes
+// (a tail past the last 16-byte vector, fewer elements than blocks, the largest message), many calls in a row of
+// changing sizes (the staging halves alternate and must never be read stale), and the same calls captured into
+// one CUDA graph per rank and replayed. The sum is fp32 in rank order rounded once, so the reference is exact:
+// every rank must hold the reference's bits. The broadcast hands rank 0's words to every rank.
+#include "kernels/all_reduce.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "tests/gpu/gpu_test_util.h"
+
+namespace inferd {
+namespace {
+
+using testing::HaveGpu;
+namespace k = kernels;
+
+// The group's device memory: staging, flags and counters per rank, all on this GPU.
+class Group {
+ public:
+  Group(int n, int64_t capacity) : n_(n) {
+    char* staging[k::kPeerMaxRanks] = {};
+    uint32_t* flags[k::kPeerMaxRanks] = {};
+    for (int r = 0; r < n; ++r) {
+      void* p = nullptr;
+      EXPECT_EQ(cudaMalloc(&p, k::PeerStagingBytes(capacity)), cudaSuccess);
+      staging[r] = static_cast<char*>(p);
+      EXPECT_EQ(cudaMalloc(&p, k::PeerFlagBytes() + k::PeerCounterBytes()), cudaSuccess);
+      cudaMemset(p, 0, k::PeerFlagBytes() + k::PeerCounterBytes());
+      flags[r] = static_cast<uint32_t*>(p);
+      allocations_.push_back(staging[r]);
+      allocations_.push_back(p);
+      cudaStream_t s;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      streams.push_back(s);
+    }
+    for (int r = 0; r < n; ++r) {
+      k::PeerGroup& g = groups.emplace_back();
+      g.rank = r;
+      g.size = n;
+      g.capacity_bytes = capacity;
+      for (int q = 0; q < n; ++q) {
+        g.staging[q] = staging[q];
+        g.flags[q] = flags[q];
+      }
+      g.counters = flags[r] + k::PeerFlagBytes() / 4;
+    }
+  }
+  ~Group() {
+    for (cudaStream_t s : streams) cudaStreamDestroy(s);
+    for (void* p : allocations_) cudaFree(p);
+  }
+  std::vector<k::PeerGroup> groups;
+  std::vector<cudaStream_t> streams;
+
+ private:
+  int n_;
+  std::vector<void*> allocations_;
+};
+
+template <typename T>
+uint16_t Bits(T v) {
+  uint16_t b;
+  std::memcpy(&b, &v, 2);
+  return b;
+}
+
+template <typename T>
+T FromFloatHost(float f) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16(f);
+  } else {
+    return __float2half(f);
+  }
+}
+template <typename T>
+float ToFloatHost(T v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(v);
+  } else {
+    return __half2float(v);
+  }
+}
+
+// `calls` all-reduces of the given sizes on every rank, run directly or captured once per rank and replayed
+// `replays` times; checks every rank against the reference after each pass.
+template <typename T>
+void RunAndCheck(int n, const std::vector<int64_t>& sizes, bool graph, int replays) {
+  int64_t largest = 0;
+  for (int64_t c : sizes) largest = std::max(largest, c);
+  Group group(n, largest * 2);
+  std::mt19937 rng(n * 100 + static_cast<int>(sizes.size()));
+  std::normal_distribution<float> d(0.f, 3.f);
+  // Each call its own buffer per rank (a graph replays fixed addresses).
+  std::vector<std::vector<T*>> data(sizes.size(), std::vector<T*>(n));
+  std::vector<std::vector<std::vector<T>>> inputs(sizes.size(), std::vector<std::vector<T>>(n));
+  for (size_t c = 0; c < sizes.size(); ++c) {
+    for (int r = 0; r < n; ++r) {
+      inputs[c][r].resize(sizes[c]);
+      for (T& v : inputs[c][r]) v = FromFloatHost<T>(d(rng));
+      void* p = nullptr;
+      ASSERT_EQ(cudaMalloc(&p, sizes[c] * 2 + 16), cudaSuccess);
+      data[c][r] = static_cast<T*>(p);
+    }
+  }
+  auto upload = [&] {
+    for (size_t c = 0; c < sizes.size(); ++c)
+      for (int r = 0; r < n; ++r) cudaMemcpy(data[c][r], inputs[c][r].data(), sizes[c] * 2, cudaMemcpyHostToDevice);
+  };
+  auto enqueue = [&](int r) {
+    for (size_t c = 0; c < sizes.size(); ++c) {
+      ASSERT_EQ(k::PeerAllReduceSum<T>(group.groups[r], data[c][r], sizes[c], group.streams[r]), cudaSuccess);
+    }
+  };
+  std::vector<cudaGraphExec_t> execs(n, nullptr);
+  if (graph) {
+    for (int r = 0; r < n; ++r) {
+      cudaGraph_t g;
+      ASSERT_EQ(cudaStreamBeginCapture(group.streams[r], cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      enqueue(r);
+      ASSERT_EQ(cudaStreamEndCapture(group.streams[r], &g), cudaSuccess);
+      ASSERT_EQ(cudaGraphInstantiate(&execs[r], g, 0), cudaSuccess);
+      cudaGraphDestroy(g);
+    }
+  }
+  for (int pass = 0; pass < replays; ++pass) {
+    upload();
+    for (int r = 0; r < n; ++r) {
+      if (graph) {
+        ASSERT_EQ(cudaGraphLaunch(execs[r], group.streams[r]), cudaSuccess);
+      } else {
+        enqueue(r);
+      }
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t c = 0; c < sizes.size(); ++c) {
+      std::vector<uint16_t> want(sizes[c]);
+      for (int64_t i = 0; i < sizes[c]; ++i) {
+        float acc = 0;
+        for (int r = 0; r < n; ++r) acc += ToFloatHost(inputs[c][r][i]);
+        want[i] = Bits(FromFloatHost<T>(acc));
+      }
+      for (int r = 0; r < n; ++r) {
+        std::vector<T> got(sizes[c]);
+        cudaMemcpy(got.data(), data[c][r], sizes[c] * 2, cudaMemcpyDeviceToHost);
+        int64_t wrong = 0, first = -1;
+        for (int64_t i = 0; i < sizes[c]; ++i) {
+          if (Bits(got[i]) != want[i]) {
+            if (first < 0) first = i;
+            ++wrong;
+          }
+        }
+        EXPECT_EQ(wrong, 0) << n << " ranks, call " << c << " (" << sizes[c] << " elements), rank " << r << ", pass "
+                            << pass << (graph ? " (graph)" : "") << ": first wrong at " << first;
+      }
+    }
+  }
+  for (cudaGraphExec_t e : execs)
+    if (e) cudaGraphExecDestroy(e);
+  for (auto& per_call : data)
+    for (T* p : per_call) cudaFree(p);
+}
+
+TEST(PeerAllReduce, EveryRankHoldsTheRankOrderSumOfAllRanks) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  // Odd sizes: fewer than one vector, fewer vectors than blocks, a tail, decode rows of hidden 4096, a prefill.
+  const std::vector<int64_t> sizes = {5, 8 * 7 + 3, 4096, 3 * 4096 + 1000 + 7, 64 * 4096, 11, 1000 * 1 + 1, 256 * 4096};
+  for (int n : {2, 3, 4, 8}) {
+    RunAndCheck<__nv_bfloat16>(n, sizes, /*graph=*/false, 2);
+    RunAndCheck<__half>(n, sizes, /*graph=*/false, 1);
+  }
+}
+
+TEST(PeerAllReduce, CallsCapturedInGraphsGiveTheSumOnEveryReplay) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  const std::vector<int64_t> sizes = {4096, 8 * 4096 + 8, 9, 4096, 128 * 4096};
+  for (int n : {2, 4}) RunAndCheck<__nv_bfloat16>(n, sizes, /*graph=*/true, 5);
+}
+
+TEST(PeerBroadcast, EveryRankGetsRankZerosWords) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  for (int n : {2, 3, 8}) {
+    Group group(n, 4096 * 4);
+    std::mt19937 rng(n);
+    for (int64_t words : {1, 7, 33, 256, 4096}) {
+      for (int round = 0; round < 3; ++round) {  // both staging halves, twice
+        std::vector<std::vector<uint32_t>> host(n, std::vector<uint32_t>(words));
+        std::vector<uint32_t*> dev(n);
+        for (int r = 0; r < n; ++r) {
+          for (uint32_t& w : host[r]) w = rng();
+          ASSERT_EQ(cudaMalloc(&dev[r], words * 4), cudaSuccess);
+          cudaMemcpy(dev[r], host[r].data(), words * 4, cudaMemcpyHostToDevice);
+        }
+        for (int r = 0; r < n; ++r) {
+          ASSERT_EQ(k::PeerBroadcast(group.groups[r], dev[r], words, group.streams[r]), cudaSuccess);
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        for (int r = 0; r < n; ++r) {
+          std::vector<uint32_t> got(words);
+          cudaMemcpy(got.data(), dev[r], words * 4, cudaMemcpyDeviceToHost);
+          EXPECT_EQ(got, host[0]) << n << " ranks, " << words << " words, rank " << r;
+          cudaFree(dev[r]);
+        }
+      }
+    }
+  }
+}
+
+TEST(PeerAllReduce, AMessageLargerThanTheStagingIsRefused) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  Group group(2, 1024);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 4096), cudaSuccess);
+  EXPECT_EQ(k::PeerAllReduceSum(group.groups[0], static_cast<__nv_bfloat16*>(p), 513, group.streams[0]),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(k::PeerAllReduceSum(group.groups[0], static_cast<__nv_bfloat16*>(p), 512, group.streams[0]), cudaSuccess);
+  // Its partner's call, so that the first ends.
+  EXPECT_EQ(k::PeerAllReduceSum(group.groups[1], static_cast<__nv_bfloat16*>(p), 512, group.streams[1]), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(p);
+}
+
+}  // namespace
+}  // namespace inferd
