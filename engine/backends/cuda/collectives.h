@@ -7,7 +7,8 @@
 //   is chosen by measurement at start-up (ChoosePeerLimit).
 // The ranks are threads of this process, one per GPU: all their communicators are made together here, and each
 // rank's thread enqueues its own calls on its own stream (both ways need every rank's call of a collective in
-// flight at once). Calls capture into the ranks' decode graphs like any kernel.
+// flight at once). Calls capture into the ranks' decode graphs like any kernel. As with NCCL, a rank that fails or
+// skips a call leaves the others waiting for it on the device: calls fail only on sizes the start-up checked.
 // Ranks that share one GPU (tests of the tensor-parallel arithmetic on one GPU; NCCL takes one rank per GPU) use
 // the peer kernels for every message, without graphs: before each call every rank's stream waits for every other
 // rank's work so far (events, after a barrier of the ranks' threads). Otherwise a rank's kernel waiting in the

@@ -93,8 +93,13 @@ class CudaBackend : public Backend {
 
   ~CudaBackend() override {
     threads_.reset();
+    // Every rank's work ends before any rank's memory goes: a peer kernel may still read a rank's staging after
+    // that rank's own kernel has ended.
+    for (const auto& r : ranks_) {
+      cudaSetDevice(r->device);
+      if (r->compute) cudaStreamSynchronize(r->compute);
+    }
     cudaSetDevice(ranks_[0]->device);
-    if (ranks_[0]->compute) cudaStreamSynchronize(ranks_[0]->compute);
     for (Slot& slot : slots_)
       for (cudaEvent_t e : {slot.outputs_ready, slot.compute_start, slot.compute_end})
         if (e) cudaEventDestroy(e);
