@@ -40,12 +40,10 @@ __device__ __forceinline__ uint16_t LoadPeer(const uint16_t* p) {
 
 // Block b's barrier of call `call`: its flag in every peer's array, then every peer's in its own.
 __device__ void Barrier(const PeerGroup& g, int b, uint32_t call) {
-  __syncthreads();  // the block's staging writes are done
-  if (threadIdx.x < g.size && threadIdx.x != g.rank) {
+  __syncthreads();                                      // the block's staging writes are done
+  if (threadIdx.x < g.size && threadIdx.x != g.rank) {  // thread p: peer p's flag, then its in ours
     __threadfence_system();
     StoreRelease(g.flags[threadIdx.x] + b * kPeerMaxRanks + g.rank, call);
-  }
-  if (threadIdx.x < g.size && threadIdx.x != g.rank) {
     const uint32_t* mine = g.flags[g.rank] + b * kPeerMaxRanks + threadIdx.x;
     // Wrap-safe: a peer may already be one call ahead.
     while (static_cast<int32_t>(LoadAcquire(mine) - call) < 0) {

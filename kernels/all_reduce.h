@@ -24,10 +24,10 @@ constexpr int kPeerBlocks = 32;
 // One rank's view of the group: device addresses, each usable from this rank's GPU.
 struct PeerGroup {
   int rank = 0, size = 1;
-  int64_t capacity_bytes = 0;                // of each staging half: the largest message
-  char* staging[kPeerMaxRanks] = {};         // per rank: 2 * capacity_bytes
-  uint32_t* flags[kPeerMaxRanks] = {};       // per rank: [kPeerBlocks][kPeerMaxRanks] call numbers, zeroed
-  uint32_t* counters = nullptr;              // this rank's: [kPeerBlocks] calls made, zeroed
+  int64_t capacity_bytes = 0;           // of each staging half: the largest message
+  char* staging[kPeerMaxRanks] = {};    // per rank: 2 * capacity_bytes
+  uint32_t* flags[kPeerMaxRanks] = {};  // per rank: [kPeerBlocks][kPeerMaxRanks] call numbers, zeroed
+  uint32_t* counters = nullptr;         // this rank's: [kPeerBlocks] calls made, zeroed
 };
 
 // Bytes of one rank's staging (both halves), flags and counters for messages of up to capacity_bytes.

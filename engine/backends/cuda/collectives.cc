@@ -234,32 +234,26 @@ absl::Status Collectives::Broadcast(void* data, int64_t bytes, cudaStream_t stre
 
 absl::StatusOr<std::pair<double, double>> Collectives::TimeAllReduce(void* data, int64_t count, bool bf16,
                                                                      int iterations, cudaStream_t stream) {
-  cudaEvent_t start, end;
-  INFERD_CUDA(cudaEventCreate(&start));
-  INFERD_CUDA(cudaEventCreate(&end));
+  cudaEvent_t events[2] = {nullptr, nullptr};
+  for (cudaEvent_t& e : events) INFERD_CUDA(cudaEventCreate(&e));
   double us[2] = {-1, -1};
   const int64_t limit = peer_limit_;
-  for (int way = 0; way < 2; ++way) {
+  absl::Status st;
+  for (int way = 0; way < 2 && st.ok(); ++way) {  // 0: NCCL, 1: the peer kernels
     if ((way == 0 && !comm_) || (way == 1 && (!has_peer() || count * 2 > peer_.capacity_bytes))) continue;
     peer_limit_ = way == 1 ? count * 2 : 0;
-    absl::Status st = AllReduceSum(data, count, bf16, stream);  // warm-up
-    if (st.ok()) st = FromCuda(cudaEventRecord(start, stream), "cudaEventRecord");
+    st = AllReduceSum(data, count, bf16, stream);  // warm-up
+    if (st.ok()) st = FromCuda(cudaEventRecord(events[0], stream), "cudaEventRecord");
     for (int i = 0; i < iterations && st.ok(); ++i) st = AllReduceSum(data, count, bf16, stream);
-    if (st.ok()) st = FromCuda(cudaEventRecord(end, stream), "cudaEventRecord");
-    if (st.ok()) st = FromCuda(cudaEventSynchronize(end), "cudaEventSynchronize");
+    if (st.ok()) st = FromCuda(cudaEventRecord(events[1], stream), "cudaEventRecord");
+    if (st.ok()) st = FromCuda(cudaEventSynchronize(events[1]), "cudaEventSynchronize");
     float ms = 0;
-    if (st.ok()) st = FromCuda(cudaEventElapsedTime(&ms, start, end), "cudaEventElapsedTime");
-    if (!st.ok()) {
-      peer_limit_ = limit;
-      cudaEventDestroy(start);
-      cudaEventDestroy(end);
-      return st;
-    }
+    if (st.ok()) st = FromCuda(cudaEventElapsedTime(&ms, events[0], events[1]), "cudaEventElapsedTime");
     us[way] = ms * 1e3 / iterations;
   }
   peer_limit_ = limit;
-  cudaEventDestroy(start);
-  cudaEventDestroy(end);
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
+  if (!st.ok()) return st;
   return std::pair{us[0], us[1]};
 }
 

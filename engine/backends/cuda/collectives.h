@@ -45,7 +45,6 @@ class Collectives {
   bool has_nccl() const { return comm_ != nullptr; }
   bool has_peer() const { return peer_.staging[0] != nullptr; }
   // Messages of up to this many bytes go through the peer kernels, larger ones through NCCL.
-  int64_t peer_limit_bytes() const { return peer_limit_; }
   void set_peer_limit_bytes(int64_t bytes) { peer_limit_ = bytes; }
 
   // In place: every rank's `count` bf16 (or fp16) elements at `data` become their sum over the ranks.

@@ -139,9 +139,6 @@ class CudaBackend : public Backend {
   absl::Status OnRanks(const std::function<absl::Status(Rank&)>& job) {
     return threads_->Run([&](int r) { return job(*ranks_[r]); });
   }
-  void OnRanksUnchecked(const std::function<void(Rank&)>& job) {
-    for (auto& r : ranks_) job(*r);
-  }
   absl::Status Allocate(Rank& r);
   // Copies the packed inputs (what this step uses) to the rank's device and plans its attention there.
   absl::Status Stage(Rank& r, const StepInput& in, const cuda::PackedStep& packed, bool decode_graph, bool unsplit_kv,
@@ -358,7 +355,7 @@ absl::Status CudaBackend::ChoosePeerLimit() {
     if (us.second >= 0 && us.second < us.first) limit = std::max(limit, count * 2);
     table.push_back(absl::StrFormat("%d rows NCCL %.1f us, one-shot %.1f us", rows, us.first, us.second));
   }
-  OnRanksUnchecked([&](Rank& r) { r.comm->set_peer_limit_bytes(limit); });
+  for (auto& r : ranks_) r->comm->set_peer_limit_bytes(limit);
   spdlog::info("cuda: all-reduce per layer half, measured: {}; the one-shot peer kernels take messages up to {} KiB",
                absl::StrJoin(table, "; "), limit / 1024);
   return absl::OkStatus();
