@@ -272,12 +272,14 @@ std::vector<ConfigField> MakeFields() {
       "it with RESOURCE_EXHAUSTED"));
   f.push_back(Text(
       "server", "metrics_listen", [](Config& c) -> std::string& { return c.server.metrics_listen; }, {},
-      "HOST:PORT, or empty", "Prometheus metrics at /metrics; empty = off"));
+      "HOST:PORT, or empty",
+      "Prometheus metrics at /metrics; empty = off; slow clients closed after http_request_timeout_s, at most 64 "
+      "connections open"));
   f.push_back(Real(
       "server", "liveness_timeout_s", [](Config& c) -> double& { return c.server.liveness_timeout_s; }, 0, 86400, false,
       "0..86400",
-      "health reports NOT_SERVING while requests are pending and no step has finished for this long (and "
-      "SERVING again once steps resume); 0 = off"));
+      "health reports NOT_SERVING while requests are pending and for this long no step has finished nor the "
+      "running step advanced (cpu: a layer or an attention row) (and SERVING again once steps resume); 0 = off"));
   f.push_back(Text(
       "server", "http_listen", [](Config& c) -> std::string& { return c.server.http_listen; }, {},
       "HOST:PORT, or empty",

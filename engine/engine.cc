@@ -208,7 +208,7 @@ absl::StatusOr<RequestHandle> Engine::Submit(Request request) {
   if (live_ids_.count(request.id)) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", request.id, "' is already in use"));
   }
-  if (not_started_ >= config_.scheduler.max_queue) {
+  if (static_cast<int64_t>(seats_.size()) >= config_.scheduler.max_queue) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the waiting queue is full (scheduler.max_queue = ", config_.scheduler.max_queue, "); retry later"));
   }
@@ -220,7 +220,7 @@ absl::StatusOr<RequestHandle> Engine::Submit(Request request) {
   }
   const RequestHandle handle = next_handle_++;
   live_ids_.emplace(request.id, handle);
-  ++not_started_;
+  seats_.emplace(handle, prompt_tokens);
   not_started_tokens_ += prompt_tokens;
   request.handle = handle;
   request.arrival = absl::Now();
@@ -234,6 +234,7 @@ bool Engine::Abort(const std::string& request_id) {
   auto it = live_ids_.find(request_id);
   if (it == live_ids_.end()) return false;
   aborts_.push_back(it->second);
+  ReleaseSeat(it->second);
   cv_.notify_all();
   return true;
 }
@@ -247,15 +248,22 @@ void Engine::StopAt(RequestHandle handle, int32_t num_output) {
 void Engine::Cancel(RequestHandle handle) {
   std::lock_guard<std::mutex> lock(mu_);
   aborts_.push_back(handle);  // a handle that already finished is ignored by the engine thread
+  ReleaseSeat(handle);
   cv_.notify_all();
+}
+
+void Engine::ReleaseSeat(RequestHandle handle) {
+  const auto it = seats_.find(handle);
+  if (it == seats_.end()) return;
+  not_started_tokens_ -= it->second;
+  seats_.erase(it);
 }
 
 void Engine::MarkStarted(Sequence* seq, absl::Time now) {
   if (seq->first_scheduled != absl::InfinitePast()) return;
   seq->first_scheduled = now;
   std::lock_guard<std::mutex> lock(mu_);
-  --not_started_;
-  not_started_tokens_ -= seq->num_prompt_tokens;
+  ReleaseSeat(seq->seq_id);
 }
 
 EngineStats Engine::Stats() const {
@@ -263,6 +271,7 @@ EngineStats Engine::Stats() const {
   EngineStats s = stats_;
   s.waiting += static_cast<int32_t>(submitted_.size());
   s.unfinished = static_cast<int32_t>(live_ids_.size());
+  s.step_progress = backend_ ? backend_->Progress() : 0;
   return s;
 }
 
@@ -373,10 +382,7 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status err
   std::shared_ptr<OutputSink> sink = seq->request.sink;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (seq->first_scheduled == absl::InfinitePast()) {
-      --not_started_;
-      not_started_tokens_ -= seq->num_prompt_tokens;
-    }
+    ReleaseSeat(seq->seq_id);
     auto it = live_ids_.find(seq->request.id);
     if (it != live_ids_.end() && it->second == seq->seq_id) live_ids_.erase(it);
   }

@@ -51,6 +51,7 @@ struct EngineStats {
   double copy_waited_s = 0;            // of it, what a step waited for
   int64_t steps = 0;                   // steps the backend ran (0 for a backend that does not count them)
   int64_t engine_steps = 0;            // steps the engine ran: liveness reads progress from it
+  uint64_t step_progress = 0;          // Backend::Progress(), read live: progress inside a long step
   double device_busy_s = 0;            // summed device time of the steps (cuda: CUDA events around each step's compute)
 };
 
@@ -185,8 +186,11 @@ class Engine {
   std::vector<std::pair<RequestHandle, int32_t>> stops_;     // StopAt: handle, generated tokens to keep
   std::unordered_map<std::string, RequestHandle> live_ids_;  // ids submitted and not yet finished
   RequestHandle next_handle_ = 1;
-  int32_t not_started_ = 0;         // accepted and never scheduled: what scheduler.max_queue bounds
-  int64_t not_started_tokens_ = 0;  // their prompt tokens: what scheduler.max_queued_tokens bounds
+  // Requests accepted, never scheduled and not cancelled, with their prompt tokens: the seats scheduler.max_queue
+  // and max_queued_tokens bound. A cancel frees its seat at once, not at the next step boundary.
+  std::unordered_map<RequestHandle, int64_t> seats_;
+  int64_t not_started_tokens_ = 0;         // the sum of seats_' tokens
+  void ReleaseSeat(RequestHandle handle);  // under mu_; nothing if it has none
   bool stop_ = false;
   EngineStats stats_;
 

@@ -47,9 +47,9 @@ summarize_gpu_tests() {
   grep -E "^\[ precision" "$1" | grep -vE "error (0\.|1\.[0-2])"
 }
 
-if [[ "$what" == all || "$what" == tests || "$what" == parity || "$what" == fp8 ]]; then
-  # Random-weight models with head dims 64, 128 and 256 (the "-sharp" ones with large activations) and their
-  # references: fp32 on the CPU, bf16 on the GPU.
+# Random-weight models with head dims 64, 128 and 256 (the "-sharp" ones with large activations) and their
+# references: fp32 on the CPU, bf16 on the GPU, and the fp8 ones.
+make_models_and_references() {
   export INFERD_GPU_MODELS=/tmp/inferd-gpu-models
   rm -rf "$INFERD_GPU_MODELS"
   python3 tools/make_test_models.py --gpu-models "$INFERD_GPU_MODELS" || status=1
@@ -60,6 +60,9 @@ if [[ "$what" == all || "$what" == tests || "$what" == parity || "$what" == fp8 
     "$INFERD_GPU_MODELS/reference" || status=1
   python3 tools/make_reference_fixtures.py --fp8-weights --fp8-activations --suffix=-fp8a8 "$INFERD_GPU_MODELS" \
     "$INFERD_GPU_MODELS/reference" || status=1
+}
+if [[ "$what" == all || "$what" == tests || "$what" == parity || "$what" == fp8 ]]; then
+  make_models_and_references
   tar -C "$INFERD_GPU_MODELS" -czf "$OUT/gpu_references.tar.gz" reference
   # FP8 checkpoints (compressed-tensors, per channel) of two of them, beside the models (not referenced).
   rm -rf "$INFERD_GPU_MODELS-fp8"
@@ -306,8 +309,8 @@ fi
 if [[ "$what" == tp ]]; then
   gpus=$(nvidia-smi -L | wc -l)
   echo "== tensor parallelism on $gpus GPU(s)"
-  export INFERD_GPU_MODELS=/tmp/inferd-gpu-models
-  [[ -d $INFERD_GPU_MODELS/llama3-hd64 ]] || python3 tools/make_test_models.py --gpu-models "$INFERD_GPU_MODELS" || status=1
+  # The parity suite below needs the references as much as the models: made here, so that it compares, never skips.
+  make_models_and_references
   "$BUNDLE/bin/gpu_tests" --gtest_filter='TensorParallelOnCuda.*' --gtest_output="xml:$OUT/gpu_tp_tests.xml" \
     > "$OUT/gpu_tp_tests.log" 2>&1 || status=1
   summarize_gpu_tests "$OUT/gpu_tp_tests.log"

@@ -139,8 +139,18 @@ class RefusedStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 }  // namespace
 
 absl::Status InferenceService::Authorize(grpc::CallbackServerContext* ctx) {
-  if (!keys_) return absl::OkStatus();
   const auto& md = ctx->client_metadata();
+  size_t metadata_bytes = 0;
+  for (const auto& [key, value] : md) metadata_bytes += key.size() + value.size();
+  if (metadata_bytes > kMaxCallMetadataBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("the call's metadata is ", metadata_bytes,
+                                                     " bytes; allowed: at most ", kMaxCallMetadataBytes));
+  }
+  if (!keys_) return absl::OkStatus();
+  if (md.count("authorization") > 1) {  // which one a proxy before us checked is unknowable: refuse, as HTTP does
+    if (metrics_) metrics_->CountAuthFailure("grpc");
+    return absl::UnauthenticatedError("the metadata 'authorization' is sent more than once; allowed: once");
+  }
   const auto it = md.find("authorization");
   const auto key = it == md.end() ? std::nullopt : BearerToken(std::string_view(it->second.data(), it->second.size()));
   if (key && keys_->Check(*key)) return absl::OkStatus();

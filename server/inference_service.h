@@ -17,6 +17,12 @@
 
 namespace inferd {
 
+// Metadata of one call: gRPC's transport takes up to kTransportMetadataBytes (more and gRPC 1.51 closes the whole
+// connection, every call on it with it), and the service refuses a call of more than kMaxCallMetadataBytes with
+// RESOURCE_EXHAUSTED, so only that call fails.
+constexpr int kTransportMetadataBytes = 1 << 20;
+constexpr size_t kMaxCallMetadataBytes = 16 << 10;
+
 // Every method takes raw bytes so that a request the protobuf parser refuses (malformed, invalid UTF-8 in a
 // string field) is answered INVALID_ARGUMENT naming the message rather than a transport error.
 using InferenceServiceBase =
@@ -78,6 +84,7 @@ class InferenceService final : public InferenceServiceBase {
     std::lock_guard<std::mutex> lock(mu_);
     return engine_;
   }
+  // The call's metadata within kMaxCallMetadataBytes, then its API key (when keys are asked).
   absl::Status Authorize(grpc::CallbackServerContext* ctx);
   const ApiKeys* keys_ = nullptr;
   mutable std::mutex mu_;

@@ -1,5 +1,6 @@
-// Health that means progress: while requests are pending and no engine step has finished for
-// server.liveness_timeout_s, health reports NOT_SERVING; once steps resume, SERVING again. Each flip is logged.
+// Health that means progress: while requests are pending and for server.liveness_timeout_s neither an engine step
+// has finished nor the step running has advanced (Backend::Progress: a long cpu prefill moves row by row),
+// health reports NOT_SERVING; once steps resume, SERVING again. Each flip is logged.
 #pragma once
 
 #include <atomic>

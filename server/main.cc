@@ -179,6 +179,7 @@ int Run(int argc, char** argv) {
   builder.AddListeningPort(config->server.listen, *credentials, &port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, inferd::kTransportMetadataBytes);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     std::cerr << "inferd: cannot listen on server.listen = '" << config->server.listen << "'\n";
@@ -194,7 +195,7 @@ int Run(int argc, char** argv) {
   set_serving(false);
   std::unique_ptr<inferd::Metrics> metrics;
   if (!config->server.metrics_listen.empty() || !config->server.http_listen.empty()) {
-    auto started = inferd::Metrics::Start(config->server.metrics_listen);
+    auto started = inferd::Metrics::Start(config->server.metrics_listen, config->server.http_request_timeout_s);
     if (!started.ok()) {
       std::cerr << "inferd: " << started.status().message() << "\n";
       server->Shutdown(std::chrono::system_clock::now());

@@ -1,6 +1,5 @@
 #include "server/metrics.h"
 
-#include <httplib.h>
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -18,6 +17,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "server/http/http_server.h"
 
 namespace inferd {
 namespace {
@@ -130,8 +130,9 @@ class EngineCollector final : public prometheus::Collectable {
 
 }  // namespace
 
-// The HTTP side is cpp-httplib, not prometheus-cpp's civetweb Exposer: civetweb starts its threads with fixed
-// 100 KiB stacks, smaller than the static TLS that cuBLASLt and OpenBLAS bring into this process (~160 KiB),
+// The HTTP side is inferd's own HTTP server (as the API's: asynchronous, so slow clients hold no thread, with head
+// timeouts and a bound on connections), not prometheus-cpp's civetweb Exposer: civetweb starts its threads with
+// fixed 100 KiB stacks, smaller than the static TLS that cuBLASLt and OpenBLAS bring into this process (~160 KiB),
 // so glibc refuses them (EINVAL). The exposition text is prometheus-cpp's own serializer.
 struct Metrics::Impl {
   ~Impl() {
@@ -141,11 +142,9 @@ struct Metrics::Impl {
     }
     sampler_cv.notify_all();
     if (sampler.joinable()) sampler.join();
-    http.stop();
-    if (thread.joinable()) thread.join();
+    if (http) http->Stop();
   }
-  httplib::Server http;
-  std::thread thread;
+  std::unique_ptr<HttpServer> http;
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   std::shared_ptr<EngineCollector> engine;
   std::mutex mu;  // histograms and counters are thread-safe; this guards `engine`
@@ -208,7 +207,7 @@ void Metrics::Impl::Sample() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen) {
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen, double request_timeout_s) {
   auto impl = std::make_unique<Impl>();
   prometheus::Registry& r = *impl->registry;
   impl->finished =
@@ -256,19 +255,26 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
   auto metrics = std::unique_ptr<Metrics>(new Metrics(std::move(impl)));
   if (listen.empty()) return metrics;
   Metrics* self = metrics.get();
-  m->http.Get("/metrics", [self](const httplib::Request&, httplib::Response& res) {
-    res.set_content(self->Render(), kContentType);
-  });
-  const size_t colon = listen.rfind(':');
-  const std::string host = listen.substr(0, colon);
-  const int port = std::atoi(listen.c_str() + colon + 1);
-  if (colon == std::string::npos || !m->http.bind_to_port(host, port)) {
-    return absl::InvalidArgumentError(absl::StrCat("config: server.metrics_listen = '", listen,
-                                                   "': cannot listen there (in use, or not an address of this host)"));
-  }
-  m->thread = std::thread([m] { m->http.listen_after_bind(); });
-  // Until it listens, stop() would not reach it: wait, so that a start-up failure right after can shut it down.
-  for (int i = 0; i < 5000 && !m->http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto http = HttpServer::Start(
+      {.listen = listen,
+       .threads = 1,
+       .max_body_bytes = 64 << 10,
+       .request_timeout_s = request_timeout_s,
+       .max_connections = kMaxMetricsConnections,
+       .config_key = "server.metrics_listen"},
+      [self](std::shared_ptr<HttpExchange> exchange) {
+        const HttpRequest& req = exchange->request();
+        const std::string path = req.target.substr(0, req.target.find('?'));
+        if (path != "/metrics") {
+          return exchange->Respond(404, "text/plain; charset=utf-8", "not found; this port serves /metrics\n");
+        }
+        if (req.method != "GET" && req.method != "HEAD") {
+          return exchange->Respond(405, "text/plain; charset=utf-8", "allowed: GET, HEAD\n", {{"Allow", "GET, HEAD"}});
+        }
+        exchange->Respond(200, kContentType, self->Render());
+      });
+  if (!http.ok()) return absl::InvalidArgumentError(absl::StrCat("config: ", http.status().message()));
+  m->http = *std::move(http);
   return metrics;
 }
 

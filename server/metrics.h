@@ -1,5 +1,5 @@
 // Prometheus metrics on server.metrics_listen (path /metrics), through prometheus-cpp (metrics and their text
-// format) served by cpp-httplib: requests by finish
+// format) served by inferd's HTTP server: requests by finish
 // reason and by gRPC status, latency and length histograms, per-step batch sizes, and the engine's state
 // (running and waiting requests, KV blocks, prefix cache, preemptions) read at each scrape.
 #pragma once
@@ -18,7 +18,10 @@ class Metrics {
  public:
   // Serves /metrics on `listen` (HOST:PORT; empty: nowhere of its own, the HTTP front end serves Render());
   // fails naming server.metrics_listen when it cannot.
-  static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& listen);
+  // Slow clients there are closed after request_timeout_s (server.http_request_timeout_s), and at most
+  // kMaxMetricsConnections are open at once.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& listen, double request_timeout_s = 30);
+  static constexpr int64_t kMaxMetricsConnections = 64;
   static constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
   ~Metrics();
 

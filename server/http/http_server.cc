@@ -16,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "server/http/request_head.h"
 #include "spdlog/spdlog.h"
 
 namespace inferd {
@@ -41,13 +42,20 @@ struct Shared {
   std::unordered_map<SessionBase*, std::weak_ptr<SessionBase>> sessions;
   int64_t max_body_bytes;
   std::chrono::milliseconds request_timeout;
+  int64_t max_connections = 0;
+  std::string config_key;
   std::atomic<int64_t> open{0};
 };
 
-// A transport failure answered before any handler sees the request, in the JSON error shape the API uses.
-std::string ErrorBody(const std::string& message, const char* type) {
-  return absl::StrCat(R"({"error":{"message":")", message, R"(","type":")", type, R"(","param":null,"code":null}})");
+// A transport failure answered before any handler sees the request, in the JSON error shape the API uses (the
+// messages are our own: nothing of the request is quoted).
+std::string ErrorBody(int status, const std::string& message) {
+  const char* type = status >= 500 ? "server_error" : "invalid_request_error";
+  return absl::StrCat(R"({"error":{"message":")", message, R"(","type":")", type, R"(","param":null,"code":)", status,
+                      "}}");
 }
+
+constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
 
 template <class Stream>
 class Session : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
@@ -93,6 +101,18 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
                std::vector<std::pair<std::string, std::string>> headers) {
     if (closed_ || answered_) return;
     answered_ = true;
+    if (head_only_) {  // HEAD: the head a GET would have, without its body
+      Pending p{.kind = Pending::kHeadOnly};
+      p.head.result(status);
+      p.head.version(11);
+      p.head.set(http::field::server, "inferd");
+      p.head.set(http::field::content_type, content_type);
+      for (auto& [name, value] : headers) p.head.set(name, value);
+      p.head.set(http::field::content_length, std::to_string(body.size()));
+      p.head.keep_alive(keep_alive_);
+      writes_.push_back(std::move(p));
+      return Pump();
+    }
     Pending p{.kind = Pending::kWhole};
     p.whole.result(status);
     p.whole.version(11);
@@ -143,7 +163,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
  private:
   struct Pending {
-    enum Kind { kWhole, kHead, kChunk, kLast } kind;
+    enum Kind { kWhole, kHeadOnly, kHead, kChunk, kLast } kind;
     std::string data;
     std::function<void(bool)> done;
     http::response<http::string_body> whole;
@@ -154,36 +174,89 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     parser_.emplace();
     parser_->body_limit(shared_->max_body_bytes);
     parser_->header_limit(16 << 10);
+    parser_->eager(true);
     answered_ = false;
+    head_only_ = false;
     beast::get_lowest_layer(stream_).expires_after(shared_->request_timeout);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRequest(ec); });
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHead(ec); });
+  }
+
+  // A transport-level refusal: answered, and the connection closes (what follows cannot be framed reliably).
+  void Refuse(int status, const std::string& message) {
+    keep_alive_ = false;
+    Respond(status, "application/json", ErrorBody(status, message), {});
+  }
+
+  // Beast's parser failed: too large, malformed, or the client closed or was too slow.
+  void OnReadError(beast::error_code ec) {
+    if (ec == http::error::body_limit) {
+      return Refuse(413, absl::StrCat("the request body is larger than server.max_request_bytes = ",
+                                      shared_->max_body_bytes, " bytes"));
+    }
+    if (ec == http::error::header_limit) return Refuse(431, "the request head is larger than 16 KiB");
+    if (ec.category() == http::make_error_code(http::error::bad_target).category() &&
+        ec != http::error::end_of_stream && ec != http::error::partial_message) {
+      return Refuse(400, absl::StrCat("malformed HTTP request: ", ec.message()));
+    }
+    Close();
+  }
+
+  // The head is in: RFC 9112's checks, then the body (after 100 Continue when the client waits for it).
+  void OnHead(beast::error_code ec) {
+    if (ec) return OnReadError(ec);
+    const auto& head = parser_->get();
+    head_only_ = head.method() == http::verb::head;
+    std::vector<std::pair<std::string_view, std::string_view>> fields;
+    for (const auto& field : head) fields.emplace_back(field.name_string(), field.value());
+    RequestHeadCheck check = CheckRequestHead(head.method_string(), head.target(), head.version(), fields);
+    if (check.status != 0) return Refuse(check.status, check.message);
+    target_ = std::move(check.target);
+    if (check.expect_continue && !parser_->is_done()) {
+      return asio::async_write(stream_, asio::buffer(kContinue, sizeof(kContinue) - 1),
+                               [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                                 if (ec) return self->Close();
+                                 self->ReadBody();
+                               });
+    }
+    ReadBody();
+  }
+
+  // The body, parsed here from what is read rather than by Beast's read loop: Beast waits for a CRLF that a chunked
+  // body with bare LF line endings never sends, and a client would get no answer. Whenever the parser needs more,
+  // what it left unconsumed starts at a line it is waiting to complete (a chunk size, the CRLF after a chunk's data,
+  // a trailer), so a LF without its CR there is a framing error, answered at once.
+  void ReadBody() {
+    while (buffer_.size() > 0 && !parser_->is_done()) {
+      beast::error_code ec;
+      const size_t used = parser_->put(buffer_.data(), ec);
+      buffer_.consume(used);
+      if (ec == http::error::need_more) break;
+      if (ec) return OnReadError(ec);
+    }
+    if (parser_->is_done()) return OnRequest({});
+    if (parser_->chunked()) {
+      const std::string_view pending(static_cast<const char*>(buffer_.data().data()), buffer_.size());
+      const size_t lf = pending.find('\n');
+      if (lf != std::string_view::npos && (lf == 0 || pending[lf - 1] != '\r')) {
+        return Refuse(400, "a line of the chunked body ends in a bare LF; allowed: CRLF");
+      }
+      if (pending.size() > (16 << 10)) return Refuse(400, "a line of the chunked body is longer than 16 KiB");
+    }
+    stream_.async_read_some(buffer_.prepare(64 << 10),
+                            [self = this->shared_from_this()](beast::error_code ec, size_t n) {
+                              if (ec) return self->OnReadError(ec);
+                              self->buffer_.commit(n);
+                              self->ReadBody();
+                            });
   }
 
   void OnRequest(beast::error_code ec) {
-    if (ec == http::error::body_limit) {
-      keep_alive_ = false;
-      return Respond(413, "application/json",
-                     ErrorBody(absl::StrCat("the request body is larger than server.max_request_bytes = ",
-                                            shared_->max_body_bytes, " bytes"),
-                               "invalid_request_error"),
-                     {});
-    }
-    if (ec == http::error::header_limit) {
-      keep_alive_ = false;
-      return Respond(431, "application/json",
-                     ErrorBody("the request head is larger than 16 KiB", "invalid_request_error"), {});
-    }
-    if (ec && ec.category() == http::make_error_code(http::error::bad_target).category() &&
-        ec != http::error::end_of_stream && ec != http::error::partial_message) {
-      keep_alive_ = false;
-      return Respond(400, "application/json", ErrorBody("malformed HTTP request", "invalid_request_error"), {});
-    }
-    if (ec) return Close();  // the client closed, or was too slow
+    if (ec) return OnReadError(ec);
     http::request<http::string_body> req = parser_->release();
     HttpRequest request;
     request.method = std::string(req.method_string());
-    request.target = std::string(req.target());
+    request.target = std::move(target_);
     for (const auto& field : req) {
       request.headers[absl::AsciiStrToLower(std::string(field.name_string()))] = std::string(field.value());
     }
@@ -191,7 +264,9 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     keep_alive_ = req.keep_alive();
     responding_ = true;
     beast::get_lowest_layer(stream_).expires_never();  // a generation takes as long as it takes
-    Watch();
+    // Pipelined requests already read wait in the buffer, answered in order once this one is; with none there,
+    // a read watches for the client going away.
+    if (buffer_.size() == 0) Watch();
     shared_->handler(std::make_shared<Exchange>(this->shared_from_this(), std::move(request)));
   }
 
@@ -246,6 +321,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       case Pending::kWhole:
         http::async_write(stream_, p.whole, std::move(done));
         break;
+      case Pending::kHeadOnly:
+        head_serializer_.emplace(p.head);
+        http::async_write_header(stream_, *head_serializer_, std::move(done));
+        break;
       case Pending::kHead:
         head_serializer_.emplace(p.head);
         http::async_write_header(stream_, *head_serializer_, std::move(done));
@@ -268,7 +347,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       return Pump();  // fails what is left
     }
     if (p.done) p.done(true);
-    if (p.kind == Pending::kWhole || p.kind == Pending::kLast) return Finished();
+    if (p.kind == Pending::kWhole || p.kind == Pending::kHeadOnly || p.kind == Pending::kLast) return Finished();
     Pump();
   }
 
@@ -360,6 +439,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   std::optional<http::response_serializer<http::empty_body>> head_serializer_;
   std::function<void()> gone_;
   std::optional<asio::steady_timer> idle_;  // a kept-alive connection waiting for its next request
+  std::string target_;                      // the request's origin-form target, from its head
+  bool head_only_ = false;                  // a HEAD request: responses carry no body
   bool keep_alive_ = false;
   bool responding_ = false;  // a request is being answered
   bool answered_ = false;    // its answer has begun
@@ -384,7 +465,7 @@ class Server final : public HttpServer {
     int port = -1;
     if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
       return absl::InvalidArgumentError(
-          absl::StrCat("server.http_listen = '", listen, "' is not allowed; allowed: HOST:PORT, PORT 0..65535"));
+          absl::StrCat(shared_->config_key, " = '", listen, "' is not allowed; allowed: HOST:PORT, PORT 0..65535"));
     }
     std::string host = listen.substr(0, colon);
     if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
@@ -392,7 +473,7 @@ class Server final : public HttpServer {
     tcp::resolver resolver(*ioc_);
     auto endpoints = resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
     if (ec || endpoints.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("server.http_listen = '", listen, "': ", ec.message()));
+      return absl::InvalidArgumentError(absl::StrCat(shared_->config_key, " = '", listen, "': ", ec.message()));
     }
     const tcp::endpoint endpoint = *endpoints.begin();
     acceptor_.open(endpoint.protocol(), ec);
@@ -401,7 +482,7 @@ class Server final : public HttpServer {
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
       return absl::UnavailableError(
-          absl::StrCat("cannot listen on server.http_listen = '", listen, "': ", ec.message()));
+          absl::StrCat("cannot listen on ", shared_->config_key, " = '", listen, "': ", ec.message()));
     }
     port_ = acceptor_.local_endpoint().port();
     Accept();
@@ -441,7 +522,10 @@ class Server final : public HttpServer {
   void Accept() {
     acceptor_.async_accept(asio::make_strand(*ioc_), [this](beast::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-      if (!ec) {
+      if (!ec && shared_->max_connections > 0 && shared_->open.load() >= shared_->max_connections) {
+        beast::error_code ignored;
+        socket.close(ignored);  // over the bound: closed at once, before it holds anything
+      } else if (!ec) {
         beast::error_code ignored;
         socket.set_option(tcp::no_delay(true), ignored);  // each event leaves at once
         if (tls_) {
@@ -495,6 +579,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const Options& opt
   auto shared = std::make_shared<Shared>();
   shared->handler = std::move(handler);
   shared->max_body_bytes = options.max_body_bytes;
+  shared->max_connections = options.max_connections;
+  shared->config_key = options.config_key;
   shared->request_timeout = std::chrono::milliseconds(static_cast<int64_t>(options.request_timeout_s * 1000));
   std::optional<ssl::context> tls;
   if (options.tls) {

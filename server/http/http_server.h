@@ -57,6 +57,8 @@ class HttpServer {
     double request_timeout_s = 30;  // to receive a request's head and body; and for a kept-alive connection to
                                     // send its next request
     const TlsFiles* tls = nullptr;  // null: plain HTTP
+    int64_t max_connections = 0;    // open at once; one more is closed as it is accepted; 0: no bound of its own
+    std::string config_key = "server.http_listen";  // what errors about `listen` name
   };
   // Listening on return; fails naming server.http_listen or the TLS file it could not use.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const Options& options, HttpHandler handler);

@@ -8,8 +8,12 @@
 #include <vector>
 
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "server/http/bounded_json.h"
 #include "server/http/openai_request.h"
 #include "server/http/openai_response.h"
 #include "server/status_mapping.h"
@@ -261,6 +265,28 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
   std::shared_ptr<ChoiceSet> self_;  // from Start to Answer
 };
 
+// Content-Type: application/json, with at most a charset parameter of utf-8.
+bool IsJsonContentType(const std::map<std::string, std::string>& headers) {
+  const auto it = headers.find("content-type");
+  if (it == headers.end()) return false;
+  std::vector<absl::string_view> parts = absl::StrSplit(absl::string_view(it->second), ';');
+  if (!absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(parts[0]), "application/json")) return false;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    absl::string_view param = absl::StripAsciiWhitespace(parts[i]);
+    if (param.empty()) continue;
+    const size_t eq = param.find('=');
+    if (eq == absl::string_view::npos ||
+        !absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(param.substr(0, eq)), "charset")) {
+      return false;
+    }
+    absl::string_view value = absl::StripAsciiWhitespace(param.substr(eq + 1));
+    absl::ConsumePrefix(&value, "\"");
+    absl::ConsumeSuffix(&value, "\"");
+    if (!absl::EqualsIgnoreCase(value, "utf-8")) return false;
+  }
+  return true;
+}
+
 // The path without its query.
 std::string Path(const std::string& target) {
   return target.substr(0, target.find('?'));
@@ -282,16 +308,30 @@ void OpenAiFrontEnd::Handle(std::shared_ptr<HttpExchange> exchange) {
       return exchange->Respond(401, kJson, OpenAiErrorBody(st), {{"WWW-Authenticate", "Bearer"}});
     }
   }
+  // GET routes answer HEAD too (the same head, no body: the HTTP server leaves it out).
   const auto method_is = [&](const char* method) {
-    if (req.method == method) return true;
+    const bool get = std::string_view(method) == "GET";
+    if (req.method == method || (get && req.method == "HEAD")) return true;
+    const std::string allowed = get ? "GET, HEAD" : method;
     exchange->Respond(405, kJson,
-                      OpenAiErrorBody(absl::InvalidArgumentError(
-                          absl::StrCat(req.method, " ", path, " is not allowed; allowed: ", method))),
-                      {{"Allow", method}});
+                      OpenAiErrorBody(absl::InvalidArgumentError(absl::StrCat(Preview(std::string_view(req.method), 16),
+                                                                              " ", Preview(std::string_view(path)),
+                                                                              " is not allowed; allowed: ", allowed)),
+                                      405),
+                      {{"Allow", allowed}});
     return false;
   };
   if (path == "/v1/chat/completions" || path == "/v1/completions") {
-    if (method_is("POST")) Generate(std::move(exchange), path == "/v1/chat/completions");
+    if (!method_is("POST")) return;
+    // Only JSON: a form or plain-text body is what a web page can send to a loopback server without a preflight.
+    if (!IsJsonContentType(req.headers)) {
+      return exchange->Respond(
+          415, kJson,
+          OpenAiErrorBody(absl::InvalidArgumentError("the request body's Content-Type is not allowed; allowed: "
+                                                     "application/json (charset utf-8)"),
+                          415));
+    }
+    Generate(std::move(exchange), path == "/v1/chat/completions");
   } else if (path == "/v1/models") {
     if (method_is("GET")) Models(*exchange);
   } else if (health) {
@@ -301,7 +341,7 @@ void OpenAiFrontEnd::Handle(std::shared_ptr<HttpExchange> exchange) {
   } else if (metrics && hooks_.metrics) {
     if (method_is("GET")) exchange->Respond(200, Metrics::kContentType, hooks_.metrics->Render());
   } else {
-    Fail(*exchange, absl::NotFoundError(absl::StrCat("no route ", path,
+    Fail(*exchange, absl::NotFoundError(absl::StrCat("no route ", Preview(std::string_view(path)),
                                                      "; inferd serves /v1/chat/completions, "
                                                      "/v1/completions, /v1/models, /health and /metrics")));
   }
@@ -331,8 +371,8 @@ void OpenAiFrontEnd::Generate(std::shared_ptr<HttpExchange> exchange, bool chat)
     if (!s.engine) return Fail(*exchange, ModelLoadingStatus());
     const std::string& served = s.engine->model().name;
     if (!request->model.empty() && request->model != served) {
-      return Fail(*exchange, absl::NotFoundError(absl::StrCat("model = '", request->model,
-                                                              "' is not served here; allowed: '", served, "'")));
+      return Fail(*exchange, absl::NotFoundError(absl::StrCat("model = ", Preview(std::string_view(request->model)),
+                                                              " is not served here; allowed: '", served, "'")));
     }
     OpenAiResponseContext ctx{.route = request->route,
                               .id = NewId(chat ? "chatcmpl" : "cmpl"),

@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "server/http/bounded_json.h"
 
 namespace inferd {
 namespace {
@@ -13,13 +14,16 @@ namespace {
 using json = nlohmann::json;
 
 absl::Status Bad(const std::string& field, const json& value, const std::string& allowed) {
-  std::string shown = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
-  return absl::InvalidArgumentError(absl::StrCat(field, " = ", shown, " is not allowed; allowed: ", allowed));
+  return absl::InvalidArgumentError(absl::StrCat(field, " = ", Preview(value), " is not allowed; allowed: ", allowed));
 }
 
 absl::Status Unsupported(const std::string& field) {
   return absl::InvalidArgumentError(absl::StrCat(field, " is not supported by inferd; leave it out"));
+}
+
+// A field the client named: at most a short prefix of the name is shown.
+std::string ClientKey(const std::string& key) {
+  return key.size() <= 64 ? key : Preview(std::string_view(key), 64);
 }
 
 // The body's fields, checked one by one as they are taken; what is left at the end is unknown.
@@ -132,7 +136,7 @@ absl::Status Messages(const json& messages, v1::GenerateRequest* r) {
     const std::string field = absl::StrCat("messages[", i, "]");
     if (!m.is_object()) return Bad(field, m, "an object with role and content");
     for (const auto& [key, value] : m.items()) {
-      if (key != "role" && key != "content") return Unsupported(absl::StrCat(field, ".", key));
+      if (key != "role" && key != "content") return Unsupported(absl::StrCat(field, ".", ClientKey(key)));
     }
     if (!m.contains("role") || !m["role"].is_string()) return Bad(field + ".role", m.value("role", json()), "a string");
     const std::string role = m["role"].get<std::string>();
@@ -152,12 +156,10 @@ absl::Status Messages(const json& messages, v1::GenerateRequest* r) {
 }  // namespace
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRoute route) {
-  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) {
-    return absl::InvalidArgumentError("the request body is not valid JSON; allowed: one JSON object");
-  }
-  if (!parsed.is_object()) return Bad("the request body", parsed, "one JSON object");
-  Fields f(std::move(parsed));
+  absl::StatusOr<json> parsed = ParseBoundedJson(body, "the request body");
+  if (!parsed.ok()) return parsed.status();
+  if (!parsed->is_object()) return Bad("the request body", *parsed, "one JSON object");
+  Fields f(*std::move(parsed));
   OpenAiRequest out;
   out.route = route;
   const bool chat = route == OpenAiRoute::kChat;
@@ -214,7 +216,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
     if (!lb.is_object()) return Bad("logit_bias", lb, "an object of token id (as a string) to a bias in [-100, 100]");
     for (const auto& [key, value] : lb.items()) {
       int32_t id = 0;
-      const std::string field = absl::StrCat("logit_bias[\"", key, "\"]");
+      const std::string field = absl::StrCat("logit_bias[", Preview(std::string_view(key), 24), "]");
       if (!absl::SimpleAtoi(key, &id) || id < 0) return Bad(field, key, "a token id");
       if (!value.is_number()) return Bad(field, value, "a number in [-100, 100]");
       (*s->mutable_logit_bias())[id] = value.get<float>();  // ranges: the request builder
@@ -333,7 +335,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
   }
   f.Done("stream_options");
 
-  if (!f.Rest().empty()) return Unsupported(f.Rest().begin().key());
+  if (!f.Rest().empty()) return Unsupported(ClientKey(f.Rest().begin().key()));
 
   if (chat)
     out.prompts.push_back(std::move(base));

@@ -101,8 +101,7 @@ const char* ErrorType(int http_status) {
   }
 }
 
-json ErrorJson(const absl::Status& status) {
-  const int http = OpenAiHttpStatus(status);
+json ErrorJson(const absl::Status& status, int http) {
   return {
       {"error",
        {{"message", std::string(status.message())}, {"type", ErrorType(http)}, {"param", nullptr}, {"code", http}}}};
@@ -196,11 +195,15 @@ int OpenAiHttpStatus(const absl::Status& status) {
 }
 
 std::string OpenAiErrorBody(const absl::Status& status) {
-  return Dump(ErrorJson(status));
+  return Dump(ErrorJson(status, OpenAiHttpStatus(status)));
+}
+
+std::string OpenAiErrorBody(const absl::Status& status, int http_status) {
+  return Dump(ErrorJson(status, http_status));
 }
 
 std::string OpenAiErrorEvent(const absl::Status& status) {
-  return "data: " + Dump(ErrorJson(status)) + "\n\n";
+  return "data: " + Dump(ErrorJson(status, OpenAiHttpStatus(status))) + "\n\n";
 }
 
 }  // namespace inferd

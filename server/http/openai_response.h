@@ -50,6 +50,8 @@ inline constexpr const char* kOpenAiDoneEvent = "data: [DONE]\n\n";
 // An error's HTTP status and its body ({"error": {"message", "type", "param", "code"}}).
 int OpenAiHttpStatus(const absl::Status& status);
 std::string OpenAiErrorBody(const absl::Status& status);
+// With an HTTP status that no canonical code maps to (405, 415).
+std::string OpenAiErrorBody(const absl::Status& status, int http_status);
 std::string OpenAiErrorEvent(const absl::Status& status);  // mid-stream
 
 }  // namespace inferd

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cmath>
@@ -101,6 +102,7 @@ class CpuBackend : public Backend {
   absl::Status WaitForCopies(uint64_t) override { return absl::OkStatus(); }
   absl::Status Step(const StepInput& input, StepOutput* output) override;
   StepCounters counters() const override { return counters_; }
+  uint64_t Progress() const override { return work_done_.load(std::memory_order_relaxed); }
   absl::StatusOr<DeviceCeilings> MeasureCeilings() override;
 
  private:
@@ -124,7 +126,10 @@ class CpuBackend : public Backend {
   std::vector<float> inv_freq_;  // [head_dim / 2]
   int32_t num_host_blocks_ = 0;
   uint64_t completed_copies_ = 0;
-  StepCounters counters_;  // the device is the CPU: a step's device time is its whole Step()
+  StepCounters counters_;                 // the device is the CPU: a step's device time is its whole Step()
+  // Work begun or done inside steps, ever: each layer of a shard, each (token, head) row of attention (the part of a
+  // long prefill that takes seconds per layer). Liveness reads it: a long step that moves is not a stall.
+  std::atomic<uint64_t> work_done_{0};
 };
 
 // Median seconds of `reps` runs of fn after `warmup` runs.
@@ -348,6 +353,7 @@ void CpuBackend::ShardForward(const StepInput& in, Shard& s) {
   }
   const int64_t heads = s.tp.q_heads.size() + s.tp.kv_heads.size();  // rotated: its query and K heads
   for (int layer = 0; layer < cfg_.num_layers; ++layer) {
+    work_done_.fetch_add(1, std::memory_order_relaxed);
     const CpuLayerWeights& L = s.layers[layer];
     RmsNorm(x.data(), L.input_norm, eps, xn.data(), T);
     MatMulT(xn.data(), L.qkv, qkv.data(), T, 0.0f);
@@ -426,6 +432,7 @@ void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
           const float p = scores[j] / sum;
           for (int64_t d = 0; d < D; ++d) o[d] += p * v[d];
         }
+        work_done_.fetch_add(1, std::memory_order_relaxed);
       }
     }
   }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -13,50 +14,10 @@
 
 #include "tests/unit/collecting_sink.h"
 #include "tests/unit/fixtures.h"
+#include "tests/unit/stalling_backend.h"
 
 namespace inferd {
 namespace {
-
-// Steps return token 100 at once, except while stalled: then Step blocks until released.
-class StallingBackend : public Backend {
- public:
-  struct Control {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool stalled = false;
-    int stuck_steps = 0;  // steps now blocked
-  };
-  explicit StallingBackend(Control* c) : c_(c) {}
-  std::string name() const override { return "stalling"; }
-  absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits&) override {
-    MemoryPlan p;
-    p.device = "stalling";
-    p.kv_bytes_per_block = 1024;
-    return p;
-  }
-  absl::Status AllocateKvCache(const MemoryPlan&) override { return absl::OkStatus(); }
-  absl::Status AllocateHostBlocks(int32_t) override { return absl::OkStatus(); }
-  absl::Status StartCopies(const CopyBatch& batch) override {
-    completed_copies_ = batch.ticket;
-    return absl::OkStatus();
-  }
-  uint64_t CompletedCopies() override { return completed_copies_; }
-  absl::Status WaitForCopies(uint64_t) override { return absl::OkStatus(); }
-  uint64_t completed_copies_ = 0;
-  absl::Status Step(const StepInput& in, StepOutput* out) override {
-    std::unique_lock<std::mutex> lock(c_->mu);
-    ++c_->stuck_steps;
-    c_->cv.notify_all();
-    c_->cv.wait(lock, [&] { return !c_->stalled; });
-    --c_->stuck_steps;
-    out->tokens.assign(in.num_logits(), 100);
-    out->logprobs.assign(in.num_logits(), {});
-    return absl::OkStatus();
-  }
-
- private:
-  Control* c_;
-};
 
 class Flips {
  public:
@@ -82,13 +43,13 @@ class Flips {
 };
 
 TEST(Liveness, AStalledStepFlipsHealthToNotServingAndBack) {
-  StallingBackend::Control control;
+  testing::StallingBackend::Control control;
   Config config;
   config.model.path = testing::ModelDir("llama2-tiny");
   config.engine.num_blocks = 16;
   config.engine.block_size = 4;
   auto engine = Engine::Create(config, [&](const Config&, const Model&) -> absl::StatusOr<std::unique_ptr<Backend>> {
-    return std::make_unique<StallingBackend>(&control);
+    return std::make_unique<testing::StallingBackend>(&control);
   });
   ASSERT_TRUE(engine.ok()) << engine.status();
   std::shared_ptr<Engine> e = std::move(*engine);
@@ -128,6 +89,58 @@ TEST(Liveness, AStalledStepFlipsHealthToNotServingAndBack) {
   ASSERT_TRUE(sink->WaitFor(absl::Seconds(10)));
   EXPECT_TRUE(sink->error.ok()) << sink->error;
   EXPECT_EQ(sink->tokens.size(), 4u);
+  liveness.Stop();
+  e->Stop();
+}
+
+// A step that takes far longer than the timeout but advances inside (a long cpu prefill, layer by layer) is busy,
+// not stuck: health stays SERVING while it moves, and turns NOT_SERVING once it stops moving.
+TEST(Liveness, ALongStepThatAdvancesIsNotAStall) {
+  testing::StallingBackend::Control control;
+  Config config;
+  config.model.path = testing::ModelDir("llama2-tiny");
+  config.engine.num_blocks = 16;
+  config.engine.block_size = 4;
+  auto engine = Engine::Create(config, [&](const Config&, const Model&) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    return std::make_unique<testing::StallingBackend>(&control);
+  });
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::shared_ptr<Engine> e = std::move(*engine);
+  Flips flips;
+  Liveness liveness(e, 1.0, [&](bool serving) { flips.Record(serving); });
+  {
+    std::lock_guard<std::mutex> lock(control.mu);
+    control.stalled = true;
+  }
+  auto sink = std::make_shared<testing::CollectingSink>();
+  Request r;
+  r.id = "long";
+  r.prompt = {1, 2, 3};
+  r.stopping.max_tokens = 2;
+  r.stopping.ignore_eos = true;
+  r.sink = sink;
+  ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  {
+    std::unique_lock<std::mutex> lock(control.mu);
+    ASSERT_TRUE(control.cv.wait_for(lock, std::chrono::seconds(10), [&] { return control.stuck_steps == 1; }));
+  }
+  // The step advances every 20 ms for three timeouts' worth of time: no flip.
+  for (int i = 0; i < 150; ++i) {
+    ++control.progress;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(flips.Get().empty()) << "a long step that advanced was reported as a stall";
+  // Then it stops advancing: a stall.
+  ASSERT_TRUE(flips.WaitFor(1, 10)) << "no flip once the step stopped advancing";
+  EXPECT_EQ(flips.Get(), std::vector<bool>{false});
+  {
+    std::lock_guard<std::mutex> lock(control.mu);
+    control.stalled = false;
+  }
+  control.cv.notify_all();
+  ASSERT_TRUE(flips.WaitFor(2, 10));
+  ASSERT_TRUE(sink->WaitFor(absl::Seconds(10)));
+  EXPECT_TRUE(sink->error.ok()) << sink->error;
   liveness.Stop();
   e->Stop();
 }
