@@ -9,9 +9,10 @@
 namespace inferd {
 
 struct ModelSection {
-  std::string path;           // Hugging Face directory (config.json + *.safetensors + tokenizer.json)
-  std::string name;           // name reported by GetModelInfo; default: the path's last component
-  int32_t max_model_len = 0;  // 0 = the model's max_position_embeddings
+  std::string path;                  // Hugging Face directory (config.json + *.safetensors + tokenizer.json)
+  std::string name;                  // name reported by GetModelInfo; default: the path's last component
+  int32_t max_model_len = 0;         // 0 = the model's max_position_embeddings
+  std::string load_format = "auto";  // auto | dummy (random weights made where they are used: benchmarks only)
 };
 
 struct EngineSection {

@@ -144,6 +144,13 @@ std::vector<ConfigField> MakeFields() {
       "model", "max_model_len", [](Config& c) -> int32_t& { return c.model.max_model_len; }, 0, 1 << 24, "0..2^24",
       "0 = the model's `max_position_embeddings`; larger than the model's is refused; always "
       "capped by the KV pool"));
+  f.push_back(Text(
+      "model", "load_format", [](Config& c) -> std::string& { return c.model.load_format; }, {"auto", "dummy"},
+      "auto, dummy",
+      "`dummy`: read only config.json and tokenizer.json of the Hugging Face directory and make every weight random "
+      "(seeded, in the config's torch_dtype) where it is used: on each GPU for its shard, with nothing read or "
+      "written on disk, so any shape starts in seconds. For benchmarks and tests only: the answers mean nothing, "
+      "and the log says so"));
   // engine
   f.push_back(Text(
       "engine", "backend", [](Config& c) -> std::string& { return c.engine.backend; }, {"auto", "cpu", "cuda"},

@@ -84,7 +84,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   std::unique_ptr<Engine> e(new Engine());
   e->config_ = config;
   const absl::Time t0 = absl::Now();
-  INFERD_ASSIGN_OR_RETURN(e->model_, LoadModel(config.model.path));
+  const bool random_weights = config.model.load_format == "dummy";
+  INFERD_ASSIGN_OR_RETURN(e->model_, LoadModel(config.model.path, {.random_weights = random_weights}));
+  if (random_weights) {
+    spdlog::warn("model.load_format = dummy: every weight is random; answers mean nothing (benchmarks and tests only)");
+  }
   if (!config.model.name.empty()) e->model_->name = config.model.name;
   const ModelConfig& mc = e->model_->config;
   spdlog::info(
@@ -116,7 +120,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   INFERD_RETURN_IF_ERROR(e->backend_->AllocateKvCache(e->memory_plan_));
   const MemoryPlan& plan = e->memory_plan_;
   spdlog::info("memory plan: {}", plan.ToString());
-  e->step_cost_.emplace(mc, plan, config.engine.block_size);
+  e->step_cost_.emplace(mc, plan, config.engine.block_size, config.engine.tensor_parallel_size);
 
   e->pool_ = std::make_unique<BlockPool>(plan.num_blocks);
   if (plan.num_host_cache_blocks > 0 && !config.scheduler.prefix_caching) {

@@ -23,8 +23,9 @@
 # tp: tensor parallelism. On one GPU: the sharded loader and the NCCL path with one rank (gpu_tests
 #   TensorParallelOnCuda.*), and, where .bundle/base.tar.xz holds the bundle of the commit before, the 8B model at
 #   tensor_parallel_size 1 benchmarked by both bundles in turn (A/B of the single-GPU path). With 2 or more GPUs:
-#   the parity suite at tensor_parallel_size 2, 4 and 8 (as many as there are GPUs), the 8B model at 1 and 2, and
-#   the Llama-3-70B shape (random bf16, written on the GPU host's disk) at 2 and 4.
+#   the test models and their references, the parity suite at tensor_parallel_size 2, 4 and 8 (as many as there
+#   are GPUs: it fails when it has nothing to compare), the 8B shape at 1 and 2 (TP_QUANTIZATIONS="none fp8"), and the
+#   Llama-3-70B shape at 2, 4 and 8 (TP70_QUANTIZATION), both from weights made on the GPUs (model.load_format dummy).
 # frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
 #   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
 set -uo pipefail
@@ -310,20 +311,23 @@ if [[ "$what" == tp ]]; then
   gpus=$(nvidia-smi -L | wc -l)
   echo "== tensor parallelism on $gpus GPU(s)"
   # The parity suite below needs the references as much as the models: made here, so that it compares, never skips.
-  make_models_and_references
+  [[ ${TP_PARTS:-parity} == *parity* ]] && make_models_and_references
   "$BUNDLE/bin/gpu_tests" --gtest_filter='TensorParallelOnCuda.*' --gtest_output="xml:$OUT/gpu_tp_tests.xml" \
     > "$OUT/gpu_tp_tests.log" 2>&1 || status=1
   summarize_gpu_tests "$OUT/gpu_tp_tests.log"
   M=/tmp/llama3-8b-random
-  if [[ -f .bundle/base.tar.xz ]] || (( gpus >= 2 )); then
-    [[ -f $M/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M" || status=1
-  fi
-  bench_tp() {  # bundle dir, tensor_parallel_size, name
+  [[ -f .bundle/base.tar.xz && ! -f $M/model.safetensors.index.json ]] && { python3 tools/make_llama3_8b_random.py "$M" || status=1; }
+  # The multi-GPU benchmarks need no weights on disk: config.json and tokenizer.json, and weights made on each GPU
+  # for its shard (model.load_format dummy), so the 70B shape starts in seconds on any disk.
+  M8=/tmp/llama3-8b-config M70=/tmp/llama3-70b-config
+  python3 tools/make_llama3_8b_random.py "$M8" --config-only >/dev/null || status=1
+  python3 tools/make_llama3_8b_random.py "$M70" --config-only --70b >/dev/null || status=1
+  bench_tp() {  # bundle dir, tensor_parallel_size, name, [extra flags]
     local tp=() && (( $2 > 1 )) && tp=(--tensor-parallel "$2")  # the base bundle has no such flag
-    "$1/bin/inferd-bench" --model "${TP_MODEL:-$M}" "${tp[@]}" --sections "${TP_SECTIONS:-latency,decode}" \
+    "$1/bin/inferd-bench" --model "${TP_MODEL:-$M}" "${tp[@]}" "${@:4}" --sections "${TP_SECTIONS:-latency,decode}" \
       --batches "${TP_BATCHES:-1,64,128}" --json "$OUT/tp_$3.json" > "$OUT/tp_$3.txt" 2>&1 || status=1
     echo "-- $3"
-    grep -v "^\[20" "$OUT/tp_$3.txt" | grep -E "decode|latency|tok/s|ms" | head -n 12
+    grep -v "^\[20" "$OUT/tp_$3.txt" | grep -E "decode|latency|prefill|tok/s|ms" | head -n 14
   }
   if [[ -f .bundle/base.tar.xz ]]; then  # A/B of the single-GPU path, in turn, twice
     BASE=/tmp/inferd-base && rm -rf "$BASE" && mkdir -p "$BASE" && tar -C "$BASE" -xJf .bundle/base.tar.xz
@@ -332,19 +336,27 @@ if [[ "$what" == tp ]]; then
       bench_tp "$BUNDLE" 1 "8b_tp1_new_$i"
     done
   fi
-  if (( gpus >= 2 )); then
+  parts=${TP_PARTS:-parity bench}  # either or both, for runs split over calls
+  if (( gpus >= 2 )) && [[ $parts == *parity* ]]; then
     for n in 2 4 8; do
       (( n <= gpus )) || continue
       INFERD_TENSOR_PARALLEL=$n "$BUNDLE/bin/gpu_tests" --gtest_filter='Models/CudaParity.*' \
         --gtest_output="xml:$OUT/gpu_parity_tp${n}_tests.xml" > "$OUT/gpu_parity_tp$n.log" 2>&1 || status=1
       echo "-- parity at tensor_parallel_size $n" && summarize_gpu_tests "$OUT/gpu_parity_tp$n.log"
+      echo "-- the black-box gRPC suite against a cuda server at tensor_parallel_size $n"
+      INFERD_TENSOR_PARALLEL=$n INFERD_BIN="$BUNDLE/bin/inferd" INFERD_PY_STUBS="$BUNDLE/pystubs" \
+        python3 -m pytest -q -p no:cacheprovider tests/gpu/server/test_cuda_server.py 2>&1 | tail -n 8
+      [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
     done
-    bench_tp "$BUNDLE" 1 8b_tp1
-    bench_tp "$BUNDLE" 2 8b_tp2
-    M70=/tmp/llama3-70b-random
-    [[ -f $M70/model.safetensors.index.json ]] || python3 tools/make_llama3_8b_random.py "$M70" --70b || status=1
-    for n in 2 4; do
-      (( n <= gpus )) && TP_MODEL=$M70 bench_tp "$BUNDLE" $n "70b_tp$n"
+  fi
+  if (( gpus >= 2 )) && [[ $parts == *bench* ]]; then
+    for q in ${TP_QUANTIZATIONS:-none}; do
+      for n in 1 2; do TP_MODEL=$M8 bench_tp "$BUNDLE" $n "8b_${q}_tp$n" --load-format dummy --quantization "$q"; done
+    done
+    for n in 2 4 8; do
+      (( n <= gpus )) || continue
+      TP_MODEL=$M70 TP_SECTIONS=${TP70_SECTIONS:-latency,prefill,decode} bench_tp "$BUNDLE" $n "70b_tp$n" \
+        --load-format dummy --quantization "${TP70_QUANTIZATION:-none}"
     done
   fi
 fi

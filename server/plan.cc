@@ -64,7 +64,7 @@ int RunPlan(int argc, char** argv) {
     std::cerr << "inferd plan: no GPU is visible; give its free memory with --gpu-memory-gib N\n";
     return 2;
   }
-  auto model = LoadModel(config->model.path);
+  auto model = LoadModel(config->model.path, {.random_weights = config->model.load_format == "dummy"});
   if (!model.ok()) {
     std::cerr << "inferd plan: " << model.status().message() << "\n";
     return 1;

@@ -3,6 +3,7 @@
 // cuBLASLt bf16 and fp8 GEMM rates at 8192³. Prints a table and writes JSON.
 //   inferd-bench --model DIR [--json FILE] [--sections products,latency,prefill,decode,throughput] [--batches 1,8]
 //                [--quantization none|fp8] [--kv-cache-dtype auto|fp8_e4m3] [--tensor-parallel N]
+//                [--load-format auto|dummy]
 //   inferd-bench serve ...   (the serving benchmark against a running server: tools/serve_bench.cc)
 //   inferd-bench serve --multi-turn ...   (simulated users in conversation: tools/multi_turn_bench.cc)
 //   inferd-bench perplexity FILE ...   (a running server's perplexity over a text: tools/perplexity_bench.cc)
@@ -323,6 +324,7 @@ int Main(int argc, char** argv) {
   std::string quantization = "none";
   std::string kv_cache_dtype = "auto";
   int32_t tensor_parallel = 1;
+  std::string load_format = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 < argc && a == "--sections") sections = argv[++i];
@@ -335,6 +337,7 @@ int Main(int argc, char** argv) {
     if (i + 1 < argc && a == "--quantization") quantization = argv[++i];
     if (i + 1 < argc && a == "--kv-cache-dtype") kv_cache_dtype = argv[++i];
     if (i + 1 < argc && a == "--tensor-parallel") tensor_parallel = std::atoi(argv[++i]);
+    if (i + 1 < argc && a == "--load-format") load_format = argv[++i];
     if (i + 1 < argc && a == "--batches") {
       batches.clear();
       for (absl::string_view b : absl::StrSplit(argv[++i], ',')) batches.push_back(std::atoi(std::string(b).c_str()));
@@ -344,7 +347,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: inferd-bench --model DIR [--json FILE] [--sections LIST] [--batches B,...] [--no-graphs]\n"
                  "       [--plan-ahead auto|on|off] [--profile-steps N] [--prefill-idle-ms MS] [--quantization Q]\n"
-                 "       [--kv-cache-dtype auto|fp8_e4m3] [--tensor-parallel N]\n"
+                 "       [--kv-cache-dtype auto|fp8_e4m3] [--tensor-parallel N] [--load-format auto|dummy]\n"
                  "  LIST: comma-separated of products,latency,prefill,decode,throughput (default: all)\n"
                  "  B: the decode section's batch sizes (default 1,8,32,64,128,256)\n"
                  "  --no-graphs: decode steps launched kernel by kernel (engine.cuda_graphs: false)\n"
@@ -355,7 +358,8 @@ int Main(int argc, char** argv) {
                  "  --quantization none|fp8: engine.quantization (FLOPs utilisation then against the fp8 GEMM "
                  "ceiling)\n"
                  "  --kv-cache-dtype auto|fp8_e4m3: engine.kv_cache_dtype\n"
-                 "  --tensor-parallel N: engine.tensor_parallel_size (the model split over GPUs 0..N-1)\n");
+                 "  --tensor-parallel N: engine.tensor_parallel_size (the model split over GPUs 0..N-1)\n"
+                 "  --load-format dummy: model.load_format (config.json alone; random weights made on the GPUs)\n");
     return 2;
   }
   cudaDeviceProp prop;
@@ -386,6 +390,7 @@ int Main(int argc, char** argv) {
 
   Config config;
   config.model.path = model;
+  config.model.load_format = load_format;
   config.engine.backend = "cuda";
   config.engine.cuda_graphs = graphs;
   config.engine.plan_ahead = plan_ahead;
@@ -406,7 +411,7 @@ int Main(int argc, char** argv) {
   const ModelConfig& c = (*engine)->model().config;
   const MemoryPlan& plan = (*engine)->memory_plan();
   // Bytes and FLOPs per step counted as the live metrics count them (engine/runtime/step_cost.h).
-  const StepCostModel cost(c, plan, config.engine.block_size);
+  const StepCostModel cost(c, plan, config.engine.block_size, tensor_parallel);
   nlohmann::json out = {{"device", prop.name},
                         {"read_ceiling_tb_s", read_tbs},
                         {"gemm_ceiling_tflop_s", bf16_tflops},

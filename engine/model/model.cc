@@ -99,13 +99,19 @@ absl::StatusOr<std::unique_ptr<Model>> LoadGgufModel(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path) {
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path, const LoadOptions& options) {
   const fs::path dir(path);
   if (!fs::exists(dir)) {
     return absl::NotFoundError(
         absl::StrCat("model.path '", path, "' does not exist (`bash scripts/setup.sh` fetches the default model)"));
   }
   if (!fs::is_directory(dir)) {
+    if (options.random_weights) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.load_format = 'dummy' needs a Hugging Face directory "
+                       "(config.json, tokenizer.json); model.path '",
+                       path, "' is a file"));
+    }
     auto model = LoadGgufModel(path);
     if (!model.ok() && model.status().message().find(path) == std::string::npos) {
       return absl::Status(model.status().code(), absl::StrCat(path, ": ", model.status().message()));
@@ -122,7 +128,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer.json has ", model->tokenizer->vocab_size(),
                                                    " tokens but config.json vocab_size is ", model->config.vocab_size));
   }
-  INFERD_ASSIGN_OR_RETURN(model->tensors, DescribeHfTensors(path, model->config));
+  const DType random_dtype = model->config.torch_dtype == "float16" ? DType::kF16 : DType::kBF16;
+  INFERD_ASSIGN_OR_RETURN(model->tensors, DescribeHfTensors(path, model->config, options.random_weights, random_dtype));
 
   std::vector<int32_t> eos = model->config.eos_token_ids;
   if (model->config.bos_token_id >= 0) model->bos_token_id = model->config.bos_token_id;

@@ -25,8 +25,14 @@ struct Model {
   std::unique_ptr<ChatTemplate> chat_template;  // null when the model has none
 };
 
+struct LoadOptions {
+  // model.load_format dummy: a Hugging Face directory's config.json and tokenizer.json alone; every weight random
+  // (TensorDesc::random_seed), stored as config.json's torch_dtype (bfloat16 unless float16).
+  bool random_weights = false;
+};
+
 // Loads a Hugging Face model directory or a GGUF file; every problem is an error that names the file and
 // the field.
-absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path);
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path, const LoadOptions& options = {});
 
 }  // namespace inferd

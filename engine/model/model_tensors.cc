@@ -1,11 +1,13 @@
 #include "engine/model/model_tensors.h"
 
+#include <cstring>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/formats/gguf.h"
 #include "engine/status_macros.h"
+#include "kernels/random_weights.h"
 
 namespace inferd {
 
@@ -37,7 +39,33 @@ std::vector<std::shared_ptr<const void>> ReleaseTensorBytes(ModelTensors* t) {
   return std::exchange(t->files, {});
 }
 
+namespace {
+
+// The nearest bfloat16 (ties to even), as a float: what a bf16 checkpoint would hold.
+float RoundToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+}  // namespace
+
 absl::Status DecodeRows(const TensorDesc& t, int64_t first, int64_t count, float* out) {
+  if (t.random()) {
+    if (first < 0 || count < 0 || first + count > t.rows) {
+      return absl::OutOfRangeError(
+          absl::StrCat("tensor '", t.name, "': rows [", first, ", ", first + count, ") outside [0, ", t.rows, ")"));
+    }
+    for (int64_t r = 0; r < count; ++r) {
+      for (int64_t c = 0; c < t.cols; ++c) {
+        const float v = kernels::RandomWeight(t.random_seed, first + r, c, t.random_mean, t.random_std);
+        out[r * t.cols + c] = t.dtype == DType::kBF16 ? RoundToBf16(v) : v;  // as stored, as the device holds it
+      }
+    }
+    return absl::OkStatus();
+  }
   if (t.present() && t.bytes.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("tensor '", t.name, "': its bytes were released"));
   }

@@ -29,8 +29,13 @@ struct TensorDesc {
   // F8_E4M3 tensors: the checkpoint's weight_scale, one per row or one for the whole tensor; a value is the
   // e4m3 element times its scale (DecodeRows applies it).
   std::vector<float> scales;
+  // model.load_format dummy: no bytes; element (r, c) is kernels::RandomWeight(random_seed, r, c, random_mean,
+  // random_std), made where it is used (the cuda upload fills each shard on its device).
+  uint64_t random_seed = 0;
+  float random_mean = 0, random_std = 0;
 
   bool present() const { return rows > 0; }
+  bool random() const { return random_seed != 0; }
   int64_t numel() const { return rows * cols; }
 };
 
@@ -71,7 +76,9 @@ std::vector<const TensorDesc*> AllTensors(const ModelTensors& tensors);
 absl::Status DecodeRows(const TensorDesc& tensor, int64_t first, int64_t count, float* out);
 
 // Describes model.safetensors or the shards listed in model.safetensors.index.json, checking every tensor's
-// presence and shape against the config.
-absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const ModelConfig& config);
+// presence and shape against the config. `random`: no weight files are read; every tensor the config implies is
+// random (TensorDesc::random_seed), stored as `random_dtype`.
+absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const ModelConfig& config, bool random = false,
+                                               DType random_dtype = DType::kBF16);
 
 }  // namespace inferd

@@ -2,8 +2,8 @@
 
 namespace inferd {
 
-StepCostModel::StepCostModel(const ModelConfig& c, const MemoryPlan& plan, int32_t block_size)
-    : hidden_(c.hidden_size) {
+StepCostModel::StepCostModel(const ModelConfig& c, const MemoryPlan& plan, int32_t block_size, int32_t devices)
+    : hidden_(c.hidden_size), devices_(devices > 0 ? devices : 1) {
   const double H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, L = c.num_layers;
   const double q = static_cast<double>(c.q_width()), kv = static_cast<double>(c.kv_width());
   layer_params_ = L * (H * (q + 2 * kv) + q * H + 3 * H * I);
@@ -20,8 +20,9 @@ StepCost StepCostModel::Of(int64_t tokens, int64_t sampled_rows, int64_t context
   cost.bytes = element_bytes_ * (layer_params_ + other_params_ + (sampled_rows > 0 ? lm_head_params_ : 0) +
                                  double(tokens) * hidden_) +  // the embedding rows looked up
                kv_bytes_per_token_ * double(context_tokens);
-  cost.flops = 2 * layer_params_ * double(tokens) + 2 * lm_head_params_ * double(sampled_rows) +
-               attention_flops_per_key_ * double(attended_keys);
+  cost.flops = (2 * layer_params_ * double(tokens) + 2 * lm_head_params_ * double(sampled_rows) +
+                attention_flops_per_key_ * double(attended_keys)) /
+               devices_;
   return cost;
 }
 

@@ -1,6 +1,8 @@
 // What one step must read and compute at the least, from the model's shape and the memory plan: the numerators
 // of model bandwidth utilisation (bytes / step time / read ceiling) and model FLOPs utilisation (FLOPs / step
-// time / GEMM ceiling). The live metrics and inferd-bench count the same way.
+// time / GEMM ceiling). The live metrics and inferd-bench count the same way. Per device: split over N devices
+// (engine.tensor_parallel_size), a step reads each device's shard (the plan's weight bytes are one device's) and
+// each device does 1/N of the FLOPs, so both ratios are against one device's ceilings.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +20,7 @@ struct StepCost {
 
 class StepCostModel {
  public:
-  StepCostModel(const ModelConfig& config, const MemoryPlan& plan, int32_t block_size);
+  StepCostModel(const ModelConfig& config, const MemoryPlan& plan, int32_t block_size, int32_t devices = 1);
   StepCost Of(const StepInput& input) const;
   // The same from totals: tokens computed, rows sampled, context tokens of all sequences (each read once),
   // and keys attended summed over the step's tokens (a prompt of n alone: n (n + 1) / 2).
@@ -34,6 +36,7 @@ class StepCostModel {
   double kv_bytes_per_token_ = 0;
   double attention_flops_per_key_ = 0;  // QKᵀ and PV over all layers and heads
   int64_t hidden_ = 0;
+  double devices_ = 1;  // FLOPs are split over them
 };
 
 }  // namespace inferd

@@ -234,7 +234,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       if (ec == http::error::need_more) break;
       if (ec) return OnReadError(ec);
     }
-    if (parser_->is_done()) return OnRequest({});
+    if (parser_->is_done()) return OnRequest();
     if (parser_->chunked()) {
       const std::string_view pending(static_cast<const char*>(buffer_.data().data()), buffer_.size());
       const size_t lf = pending.find('\n');
@@ -251,8 +251,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
                             });
   }
 
-  void OnRequest(beast::error_code ec) {
-    if (ec) return OnReadError(ec);
+  void OnRequest() {
     http::request<http::string_body> req = parser_->release();
     HttpRequest request;
     request.method = std::string(req.method_string());
@@ -321,10 +320,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       case Pending::kWhole:
         http::async_write(stream_, p.whole, std::move(done));
         break;
-      case Pending::kHeadOnly:
-        head_serializer_.emplace(p.head);
-        http::async_write_header(stream_, *head_serializer_, std::move(done));
-        break;
+      case Pending::kHeadOnly:  // a HEAD request's whole answer, or a stream's head
       case Pending::kHead:
         head_serializer_.emplace(p.head);
         http::async_write_header(stream_, *head_serializer_, std::move(done));

@@ -102,7 +102,9 @@ TEST_P(CudaParity, GreedyTokensMatchTransformersUntilANearTie) {
   const CudaCase& c = GetParam();
   const std::string model_dir = std::string(dir) + "/" + c.model;
   const std::string ref_path = std::string(dir) + "/reference/" + c.model + c.reference_suffix + ".json";
-  if (!std::filesystem::exists(ref_path)) FAIL() << ref_path << " is missing" << ": a parity run with nothing to compare fails (tools/make_reference_fixtures.py writes it)";
+  if (!std::filesystem::exists(ref_path))
+    FAIL() << ref_path << " is missing"
+           << ": a parity run with nothing to compare fails (tools/make_reference_fixtures.py writes it)";
   const nlohmann::json ref = testing::ReadJson(ref_path);
   auto engine = Engine::Create(CudaConfig(model_dir, c.dtype, c.block_size, c.max_num_batched_tokens, c.max_num_seqs,
                                           c.cuda_graphs, c.quantization, c.kv_cache_dtype));
@@ -376,7 +378,8 @@ TEST(Fp8CheckpointOnCuda, AnswersAsOnlineQuantizationOfTheOriginal) {
     const std::string original = std::string(dir) + "/" + model, checkpoint = std::string(dir) + "-fp8/" + model;
     const std::string ref_path = std::string(dir) + "/reference/" + model + "-fp8a8.json";
     if (!std::filesystem::exists(checkpoint) || !std::filesystem::exists(ref_path)) {
-      FAIL() << checkpoint << " or " << ref_path << " is missing" << ": a parity run with nothing to compare fails";
+      FAIL() << checkpoint << " or " << ref_path << " is missing"
+             << ": a parity run with nothing to compare fails";
     }
     const nlohmann::json ref = testing::ReadJson(ref_path);
     std::vector<std::vector<std::shared_ptr<testing::CollectingSink>>> runs;
@@ -402,7 +405,8 @@ TEST(Fp8CheckpointOnCuda, AnFp8KvCacheAppliesTheCheckpointsKvScales) {
   const std::string scaled = std::string(dir) + "-fp8/mistral-hd128-g3-kvscales";
   const std::string ref_path = std::string(dir) + "/reference/mistral-hd128-g3-fp8a8.json";
   if (!std::filesystem::exists(scaled) || !std::filesystem::exists(ref_path)) {
-    FAIL() << scaled << " or " << ref_path << " is missing" << ": a parity run with nothing to compare fails";
+    FAIL() << scaled << " or " << ref_path << " is missing"
+           << ": a parity run with nothing to compare fails";
   }
   const nlohmann::json ref = testing::ReadJson(ref_path);
   auto model = LoadModel(scaled);
@@ -493,7 +497,8 @@ TEST_P(SharpParity, TeacherForcedTokensAsCloseToFp32AsTransformersBf16) {
   const std::string fp32_path = std::string(dir) + "/reference/" + c.model + ".json";
   const std::string bf16_path = std::string(dir) + "/reference/" + c.model + "-bf16.json";
   if (!std::filesystem::exists(fp32_path) || !std::filesystem::exists(bf16_path)) {
-    FAIL() << fp32_path << " or " << bf16_path << " is missing" << ": a parity run with nothing to compare fails";
+    FAIL() << fp32_path << " or " << bf16_path << " is missing"
+           << ": a parity run with nothing to compare fails";
   }
   const nlohmann::json fp32 = testing::ReadJson(fp32_path), bf16 = testing::ReadJson(bf16_path);
   auto engine = Engine::Create(CudaConfig(std::string(dir) + "/" + c.model, c.dtype, c.block_size,
@@ -649,7 +654,9 @@ TEST_P(Fp8Sharp, TeacherForcedTheFp8RunFollowsTheFp8ReferenceFarCloserThanBf16) 
   if (!dir) GTEST_SKIP() << "INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)";
   const std::string model = GetParam();
   const std::string ref_path = std::string(dir) + "/reference/" + model + "-fp8a8.json";
-  if (!std::filesystem::exists(ref_path)) FAIL() << ref_path << " is missing" << ": a parity run with nothing to compare fails (tools/make_reference_fixtures.py writes it)";
+  if (!std::filesystem::exists(ref_path))
+    FAIL() << ref_path << " is missing"
+           << ": a parity run with nothing to compare fails (tools/make_reference_fixtures.py writes it)";
   const nlohmann::json ref = testing::ReadJson(ref_path);
   const std::string model_dir = std::string(dir) + "/" + model;
   const Closeness fp8 = ForcedAlong(ref, CudaConfig(model_dir, "auto", 16, 2048, 32, true, "fp8"));

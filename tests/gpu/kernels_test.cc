@@ -7,7 +7,9 @@
 #include <numeric>
 #include <tuple>
 
+#include "engine/model/model_tensors.h"
 #include "kernels/elementwise.h"
+#include "kernels/fill_random.h"
 #include "kernels/paged_attention.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -35,6 +37,35 @@ TEST(Kernels, GatherRowsCopiesExactly) {
   const std::vector<float> got = FromBf16(dst.Host());
   for (size_t i = 0; i < idx.size(); ++i)
     for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(got[i * cols + c], Bf(table[idx[i] * cols + c])) << i << "," << c;
+}
+
+// model.load_format dummy: a shard filled on the device (rows [first, first + count), columns [begin, begin + n)) holds
+// exactly the host's values for those coordinates (DecodeRows, rounded to bf16), at odd sizes.
+TEST(Kernels, FillRandomRowsEqualsTheHostsValuesOfTheSameShard) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  TensorDesc t;
+  t.name = "model.layers.3.mlp.down_proj.weight";
+  t.rows = 97;
+  t.cols = 1031;
+  t.dtype = DType::kBF16;
+  t.random_seed = 0x9E3779B97F4A7C15ull;
+  t.random_std = 0.03f;
+  t.random_mean = 0.5f;
+  std::vector<float> host(t.numel());
+  ASSERT_TRUE(DecodeRows(t, 0, t.rows, host.data()).ok());
+  for (auto [first, count, begin, n] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{0, 97, 0, 1031},
+                                        {17, 41, 0, 1031},
+                                        {5, 1, 513, 518},
+                                        {90, 7, 3, 1}}) {
+    Dev<bf16> out(count * n);
+    CUDA_OK(kernels::FillRandomRows(out.get(), count, n, first, begin, t.random_seed, t.random_mean, t.random_std,
+                                    nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<float> got = FromBf16(out.Host());
+    for (int64_t r = 0; r < count; ++r)
+      for (int64_t c = 0; c < n; ++c)
+        ASSERT_EQ(got[r * n + c], host[(first + r) * t.cols + begin + c]) << first + r << "," << begin + c;
+  }
 }
 
 // Ids below zero name rows of the last step's sampled tokens (PendingToken): the embedding reads those.

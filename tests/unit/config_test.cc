@@ -83,7 +83,7 @@ TEST(Config, TheReadmeReferenceIsTheFieldTable) {
 // Every key set to a value other than its default, written here by hand: the effective-config dump carries each
 // value through a second parse unchanged, and differs from the defaults' dump on every key.
 TEST(Config, EveryKeySurvivesTheDumpWithAValueOtherThanItsDefault) {
-  const std::string yaml = R"(model: {path: /models/x, name: served-x, max_model_len: 4096}
+  const std::string yaml = R"(model: {path: /models/x, name: served-x, max_model_len: 4096, load_format: dummy}
 engine: {backend: cpu, dtype: float16, quantization: fp8, kv_cache_dtype: fp8_e4m3, cuda_graphs: false, plan_ahead: "off", block_size: 32, num_blocks: 1000,
          gpu_memory_utilization: 0.75, cpu_kv_cache_gib: 2.5, swap_space_gib: 1.5, host_kv_cache_gib: 2.25, num_threads: 3, tensor_parallel_size: 4, profile_steps: 7}
 scheduler: {max_num_seqs: 12, max_num_batched_tokens: 640, prefix_caching: false, max_queue: 99,
@@ -100,6 +100,7 @@ server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000
     EXPECT_EQ(x->model.path, "/models/x");
     EXPECT_EQ(x->model.name, "served-x");
     EXPECT_EQ(x->model.max_model_len, 4096);
+    EXPECT_EQ(x->model.load_format, "dummy");
     EXPECT_EQ(x->engine.backend, "cpu");
     EXPECT_EQ(x->engine.quantization, "fp8");
     EXPECT_EQ(x->engine.kv_cache_dtype, "fp8_e4m3");

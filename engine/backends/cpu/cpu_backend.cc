@@ -126,7 +126,7 @@ class CpuBackend : public Backend {
   std::vector<float> inv_freq_;  // [head_dim / 2]
   int32_t num_host_blocks_ = 0;
   uint64_t completed_copies_ = 0;
-  StepCounters counters_;                 // the device is the CPU: a step's device time is its whole Step()
+  StepCounters counters_;  // the device is the CPU: a step's device time is its whole Step()
   // Work begun or done inside steps, ever: each layer of a shard, each (token, head) row of attention (the part of a
   // long prefill that takes seconds per layer). Liveness reads it: a long step that moves is not a stall.
   std::atomic<uint64_t> work_done_{0};

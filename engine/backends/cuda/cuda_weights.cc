@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/backends/cuda/cuda_check.h"
 #include "engine/status_macros.h"
+#include "kernels/fill_random.h"
 #include "kernels/fp8.h"
 
 namespace inferd::cuda {
@@ -78,6 +79,7 @@ class Worker {
 
   absl::Status Copy(const Piece& p) {
     const TensorDesc& t = *p.src;
+    if (t.random()) return FillRandom(p);
     const size_t bytes = static_cast<size_t>(p.count * p.cols * 2);
     INFERD_ASSIGN_OR_RETURN(char* stage, NextStaging());
     if (p.scale && t.dtype == DType::kF8E4M3 && !t.ggml) return CopyFp8(p, stage);
@@ -100,17 +102,37 @@ class Worker {
     }
     if (p.scale) {  // through the device staging (in stream order with the last piece's use of it), quantized
       INFERD_CUDA(cudaMemcpyAsync(device_staging_.get(), stage, bytes, cudaMemcpyHostToDevice, stream_));
-      const cudaError_t e = dtype_ == CUDA_R_16BF
-                                ? kernels::QuantizeRowsFp8(device_staging_.get<__nv_bfloat16>(), p.count, p.cols,
-                                                           reinterpret_cast<kernels::Fp8*>(p.dst), p.scale, stream_)
-                                : kernels::QuantizeRowsFp8(device_staging_.get<__half>(), p.count, p.cols,
-                                                           reinterpret_cast<kernels::Fp8*>(p.dst), p.scale, stream_);
-      INFERD_RETURN_IF_ERROR(FromCuda(e, "kernels::QuantizeRowsFp8"));
+      INFERD_RETURN_IF_ERROR(Quantize(p));
     } else {
       INFERD_CUDA(cudaMemcpyAsync(p.dst, stage, bytes, cudaMemcpyHostToDevice, stream_));
     }
     INFERD_CUDA(cudaEventRecord(done_[cur_], stream_));
     return absl::OkStatus();
+  }
+
+  // model.load_format dummy: the piece made on the device where it lies (quantized after, as uploaded rows are).
+  absl::Status FillRandom(const Piece& p) {
+    const TensorDesc& t = *p.src;
+    void* target = p.scale ? device_staging_.get() : p.dst;
+    const cudaError_t e =
+        dtype_ == CUDA_R_16BF
+            ? kernels::FillRandomRows(static_cast<__nv_bfloat16*>(target), p.count, p.cols, p.first, p.col_begin,
+                                      t.random_seed, t.random_mean, t.random_std, stream_)
+            : kernels::FillRandomRows(static_cast<__half*>(target), p.count, p.cols, p.first, p.col_begin,
+                                      t.random_seed, t.random_mean, t.random_std, stream_);
+    INFERD_RETURN_IF_ERROR(FromCuda(e, "kernels::FillRandomRows"));
+    if (p.scale) return Quantize(p);
+    return absl::OkStatus();
+  }
+
+  // The piece's rows in the device staging, quantized to e4m3 into their place with one scale per row.
+  absl::Status Quantize(const Piece& p) {
+    const cudaError_t e = dtype_ == CUDA_R_16BF
+                              ? kernels::QuantizeRowsFp8(device_staging_.get<__nv_bfloat16>(), p.count, p.cols,
+                                                         reinterpret_cast<kernels::Fp8*>(p.dst), p.scale, stream_)
+                              : kernels::QuantizeRowsFp8(device_staging_.get<__half>(), p.count, p.cols,
+                                                         reinterpret_cast<kernels::Fp8*>(p.dst), p.scale, stream_);
+    return FromCuda(e, "kernels::QuantizeRowsFp8");
   }
 
   // An FP8 checkpoint's rows as stored, and their scales (one per row, or the tensor's for every row).

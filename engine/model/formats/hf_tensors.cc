@@ -56,10 +56,23 @@ class TensorSource {
     return absl::OkStatus();
   }
 
-  bool Has(const std::string& name) const { return where_.count(name) > 0; }
+  // model.load_format dummy: no files; every tensor asked for is random, stored as `dtype` (an LM head only when
+  // the config does not tie it to the embeddings).
+  void MakeRandom(DType dtype, bool lm_head) {
+    random_ = true;
+    random_dtype_ = dtype;
+    random_lm_head_ = lm_head;
+    dtype_ = DTypeName(dtype);
+  }
+
+  bool Has(const std::string& name) const {
+    if (random_) return name == "lm_head.weight" && random_lm_head_;
+    return where_.count(name) > 0;
+  }
 
   // Describes a tensor that must exist with the given shape ([n] for a vector, [rows, cols] otherwise).
   absl::Status Describe(const std::string& name, std::vector<int64_t> shape, TensorDesc* out) {
+    if (random_) return DescribeRandom(name, shape, out);
     auto it = where_.find(name);
     if (it == where_.end()) return absl::InvalidArgumentError(absl::StrCat("weights: missing tensor '", name, "'"));
     const TensorInfo& info = it->second->tensors().at(name);
@@ -117,8 +130,33 @@ class TensorSource {
     return absl::OkStatus();
   }
 
+  // A random tensor: seeded by its name; norms near 1, biases near 0, matrices of standard deviation 1/√cols (so
+  // activations keep their scale through the layers, as in a trained model).
+  absl::Status DescribeRandom(const std::string& name, const std::vector<int64_t>& shape, TensorDesc* out) {
+    out->name = name;
+    out->rows = shape.size() == 2 ? shape[0] : 1;
+    out->cols = shape.back();
+    out->dtype = random_dtype_;
+    uint64_t seed = 0xcbf29ce484222325ull;  // FNV-1a of the name: a tensor's values do not depend on the others
+    for (unsigned char ch : name) seed = (seed ^ ch) * 0x100000001b3ull;
+    out->random_seed = seed | 1;
+    if (name.ends_with("norm.weight")) {
+      out->random_mean = 1.0f;
+      out->random_std = 0.1f;
+    } else if (shape.size() == 1) {
+      out->random_std = 0.02f;
+    } else {
+      out->random_std = 1.0f / std::sqrt(static_cast<float>(out->cols));
+    }
+    return absl::OkStatus();
+  }
+
   // A per-tensor scale beside the weights (an 8-bit float KV cache's k_scale or v_scale): one finite positive value.
   absl::Status ReadScalar(const std::string& name, float* out) {
+    if (random_) {
+      *out = 1.0f;
+      return absl::OkStatus();
+    }
     auto it = where_.find(name);
     if (it == where_.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -154,14 +192,22 @@ class TensorSource {
   std::string dtype_;
   bool fp8_ = false;      // config.json describes an FP8 checkpoint
   bool any_fp8_ = false;  // a tensor was F8_E4M3
+  bool random_ = false;   // model.load_format dummy
+  bool random_lm_head_ = false;
+  DType random_dtype_ = DType::kBF16;
 };
 
 }  // namespace
 
-absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const ModelConfig& c) {
+absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const ModelConfig& c, bool random,
+                                               DType random_dtype) {
   TensorSource src;
-  INFERD_RETURN_IF_ERROR(src.Open(dir));
-  src.set_fp8(c.quantization.fp8);
+  if (random) {
+    src.MakeRandom(random_dtype, !c.tie_word_embeddings);
+  } else {
+    INFERD_RETURN_IF_ERROR(src.Open(dir));
+    src.set_fp8(c.quantization.fp8);
+  }
   ModelTensors w;
   const int64_t h = c.hidden_size, q_dim = c.q_width(), kv_dim = c.kv_width(), ff = c.intermediate_size;
   INFERD_RETURN_IF_ERROR(src.Describe("model.embed_tokens.weight", {c.vocab_size, h}, &w.embed));

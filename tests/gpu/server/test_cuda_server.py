@@ -14,6 +14,8 @@ from conftest import Server, cancel_half_of_streams, inferd_pb2 as pb, wait_unti
 
 MODELS = os.environ.get("INFERD_GPU_MODELS", "")
 pytestmark = pytest.mark.skipif(not MODELS, reason="INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)")
+# scripts/gpu_run.sh tp serves the suite split over GPUs too (engine.tensor_parallel_size).
+TP = {"tensor_parallel_size": os.environ.get("INFERD_TENSOR_PARALLEL", "1")}
 PROMPTS = ["The scheduler batches tokens", "Hello world", "def forward(self, x):\n    return", "日本語のテキスト 😀",
            "the model serves requests over a paged cache of blocks " * 6]
 
@@ -21,7 +23,7 @@ PROMPTS = ["The scheduler batches tokens", "Hello world", "def forward(self, x):
 @pytest.fixture(scope="module")
 def server():
     s = Server(model=os.path.join(MODELS, "llama3-hd64"),
-               engine={"backend": "cuda", "gpu_memory_utilization": 0.2, "profile_steps": 4},
+               engine={"backend": "cuda", "gpu_memory_utilization": 0.2, "profile_steps": 4, **TP},
                scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 256})
     yield s
     assert s.stop() == 0, s.logs()
@@ -170,7 +172,7 @@ def test_swap_preemption_on_a_tiny_pool_resumes_each_stream_where_it_was():
     # 24 blocks of 16 tokens and host swap space: 24 streams of ~60 tokens cannot all fit, so preempted streams
     # wait in host memory and come back. Each must still equal its solo run up to a near tie.
     s = Server(model=os.path.join(MODELS, "llama3-hd64"),
-               engine={"backend": "cuda", "num_blocks": 24, "swap_space_gib": 0.05},
+               engine={"backend": "cuda", "num_blocks": 24, "swap_space_gib": 0.05, **TP},
                scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 256})
     try:
         prompts = [f"stream {i}: " + PROMPTS[i % len(PROMPTS)][:40] for i in range(24)]

@@ -49,6 +49,19 @@ TEST(StepCost, Llama3_8BDecodeReadsEveryWeightButTheTableOnceAndTheContext) {
                    2 * (kParams - 2 * kTable) + 512 * 2 * 4096 + 512 * 131072.0);
 }
 
+// Split over two devices: the plan's weight bytes are one device's (half), so a step reads half per device, and each
+// device does half the FLOPs: both utilisations are against one device's ceilings.
+TEST(StepCost, TensorParallelCountsOneDevicesShare) {
+  MemoryPlan plan;
+  plan.weight_bytes = static_cast<int64_t>(kParams);    // bf16, half of it on each of 2 devices
+  plan.kv_bytes_per_block = 16 * 32 * 2 * 4 * 128 * 2;  // each device holds 4 of the 8 KV heads
+  const StepCostModel model(Llama3_8B(), plan, 16, /*devices=*/2);
+  const StepCost prefill = model.Of(4096, 1, 4096, 4096 * 4097 / 2);
+  EXPECT_DOUBLE_EQ(prefill.flops, (2 * kLinear * 4096 + 2 * kTable + 4.0 * 32 * 4096 * (4096.0 * 4097 / 2)) / 2);
+  const StepCost one = model.Of(1, 1, 256, 256);
+  EXPECT_DOUBLE_EQ(one.bytes, (kParams - kTable) + 4096 + 256 * 65536.0);
+}
+
 TEST(StepCost, TiedTinyModelCountedByHand) {
   ModelConfig c = Shape(/*vocab=*/10, /*hidden=*/4, /*intermediate=*/8, /*layers=*/1, /*heads=*/2, /*kv_heads=*/1,
                         /*head_dim=*/2);
