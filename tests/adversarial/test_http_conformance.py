@@ -425,3 +425,17 @@ def test_a_call_with_too_much_metadata_is_refused_alone(server):
     r = server.stub.Generate(pb.GenerateRequest(text="x", stopping=pb.StoppingParams(max_tokens=1)),
                              metadata=(("x-some", "a" * (8 << 10)),), timeout=30)
     assert r.usage.completion_tokens == 1
+
+
+@pytest.mark.parametrize("raw, status", [
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + JSON_HEAD.encode() + b"Content-Length : 2\r\n\r\n{}", 400),
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + JSON_HEAD.encode() + b"Content-Length: -1\r\n\r\n{}", 400),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n", 400),
+    (b"GET /health HTTP/1.1\nHost: x\n\n", 400),
+    (b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 400),
+    # RFC 9112 §5.2 lets a server replace an obs-fold with spaces rather than refuse it: the header stays one field.
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 200),
+])
+def test_malformed_field_lines_and_versions(server, raw, status):
+    got, _, answer = one(server, raw)
+    assert got == status, answer[:200]
