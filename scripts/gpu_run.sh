@@ -62,6 +62,29 @@ make_models_and_references() {
   python3 tools/make_reference_fixtures.py --fp8-weights --fp8-activations --suffix=-fp8a8 "$INFERD_GPU_MODELS" \
     "$INFERD_GPU_MODELS/reference" || status=1
 }
+# `inferd plan` for the config a bench ran (its model section given; the bench's scheduler limits) on the free memory
+# the bench saw, against the bench's real memory plan: each part within 2%.
+compare_plan() {  # model section, bench JSON, name, [engine section]
+  printf "%s\nscheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192}\n%s\n" "$1" "${4:-}" > "/tmp/plan_$3.yaml"
+  local free_gib
+  free_gib=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['memory_plan']['device_free_bytes'] / 2**30)" "$2")
+  "$BUNDLE/bin/inferd" plan --config "/tmp/plan_$3.yaml" --gpu-memory-gib "$free_gib" --json > "$OUT/plan_$3.json" || status=1
+  python3 - "$OUT/plan_$3.json" "$2" <<'PY' || status=1
+import json, sys
+plan = json.load(open(sys.argv[1]))["plans"][0]
+real = json.load(open(sys.argv[2]))["memory_plan"]
+worst = 0
+for key in ["weight_bytes", "activation_bytes", "other_bytes", "num_blocks"]:
+    ratio = plan[key] / real[key]
+    print(f"{key:18s} plan {plan[key]:>14} real {real[key]:>14}  plan/real {ratio:.4f}")
+    if key != "other_bytes":
+        worst = max(worst, abs(ratio - 1))
+total = lambda p: p["weight_bytes"] + p["activation_bytes"] + p["other_bytes"] + p["num_blocks"] * p["kv_bytes_per_block"]
+print(f"{'total':18s} plan {total(plan):>14} real {total(real):>14}  plan/real {total(plan) / total(real):.4f}")
+sys.exit(0 if worst <= 0.02 and abs(total(plan) / total(real) - 1) <= 0.02 else 1)
+PY
+}
+
 if [[ "$what" == all || "$what" == tests || "$what" == parity || "$what" == fp8 ]]; then
   make_models_and_references
   tar -C "$INFERD_GPU_MODELS" -czf "$OUT/gpu_references.tar.gz" reference
@@ -186,23 +209,7 @@ if [[ "$what" == all || "$what" == bench ]]; then
   python3 tests/gpu/efficiency_check.py --bin "$BUNDLE/bin/inferd" --bench "$BUNDLE/bin/inferd-bench" --model "$M" \
     --out "$OUT/efficiency_8b.json" || status=1
   echo "== inferd plan against the start-up's real plan (same free memory, same limits)"
-  printf "model: {path: %s}\nscheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192}\n" "$M" > /tmp/plan_8b.yaml
-  free_gib=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['memory_plan']['device_free_bytes'] / 2**30)" "$OUT/bench_8b.json")
-  "$BUNDLE/bin/inferd" plan --config /tmp/plan_8b.yaml --gpu-memory-gib "$free_gib" --json > "$OUT/plan_8b.json" || status=1
-  python3 - "$OUT/plan_8b.json" "$OUT/bench_8b.json" <<'PY' || status=1
-import json, sys
-plan = json.load(open(sys.argv[1]))["plans"][0]
-real = json.load(open(sys.argv[2]))["memory_plan"]
-worst = 0
-for key in ["weight_bytes", "activation_bytes", "other_bytes", "num_blocks"]:
-    ratio = plan[key] / real[key]
-    print(f"{key:18s} plan {plan[key]:>14} real {real[key]:>14}  plan/real {ratio:.4f}")
-    if key != "other_bytes":
-        worst = max(worst, abs(ratio - 1))
-total = lambda p: p["weight_bytes"] + p["activation_bytes"] + p["other_bytes"] + p["num_blocks"] * p["kv_bytes_per_block"]
-print(f"{'total':18s} plan {total(plan):>14} real {total(real):>14}  plan/real {total(plan) / total(real):.4f}")
-sys.exit(0 if worst <= 0.02 and abs(total(plan) / total(real) - 1) <= 0.02 else 1)
-PY
+  compare_plan "model: {path: $M}" "$OUT/bench_8b.json" 8b
 fi
 if [[ "$what" == efficiency ]]; then  # the live-against-offline check alone (gpu_run.sh bench runs it too)
   M=/tmp/llama3-8b-random
@@ -353,6 +360,9 @@ if [[ "$what" == tp ]]; then
     for q in ${TP_QUANTIZATIONS:-none}; do
       for n in 1 2; do TP_MODEL=$M8 bench_tp "$BUNDLE" $n "8b_${q}_tp$n" --load-format dummy --quantization "$q"; done
     done
+    echo "-- inferd plan at tensor_parallel_size 2 against the real plan of the 8B's TP 2 run"
+    compare_plan "model: {path: $M8, load_format: dummy}" "$OUT/tp_8b_none_tp2.json" 8b_tp2 \
+      "engine: {tensor_parallel_size: 2}"
     for n in 2 4 8; do
       (( n <= gpus )) || continue
       TP_MODEL=$M70 TP_SECTIONS=${TP70_SECTIONS:-latency,prefill,decode} bench_tp "$BUNDLE" $n "70b_tp$n" \
