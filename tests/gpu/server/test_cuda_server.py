@@ -22,7 +22,7 @@ PROMPTS = ["The scheduler batches tokens", "Hello world", "def forward(self, x):
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server(model=os.path.join(MODELS, "llama3-hd64"),
+    s = Server(model=os.path.join(MODELS, "llama3-hd64"), http=True,
                engine={"backend": "cuda", "gpu_memory_utilization": 0.2, "profile_steps": 4, **TP},
                scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 256})
     yield s
@@ -158,6 +158,41 @@ def test_cancelling_half_of_32_streams_frees_every_block(server):
     assert all(done[i] == 200 for i in range(1, 32, 2))
     info = wait_until_idle(server.stub)
     assert info.running_requests == 0 and info.free_kv_blocks == info.total_kv_blocks
+
+
+def test_openai_http_answers_as_grpc_does_whole_and_streamed(server):
+    """The OpenAI-compatible front end on the cuda server (split over GPUs in `gpu_run.sh tp`): a greedy completion
+    alone gives the gRPC call's text; 16 concurrent streams each end with [DONE] and 12 tokens (at batch 16 a near-tie
+    may round the other way, so their text is not compared)."""
+    import http.client
+    want = server.stub.Generate(greedy(PROMPTS[0], max_tokens=12)).text
+    host = server.http_url.split("//")[1]
+
+    def post(body):
+        conn = http.client.HTTPConnection(host, timeout=120)
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read().decode()
+        conn.close()
+        return r.status, data
+    body = {"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    status, data = post(body)
+    assert status == 200, data
+    assert json.loads(data)["choices"][0]["text"] == want
+    results = [None] * 16
+
+    def stream(i):
+        results[i] = post({**body, "stream": True, "stream_options": {"include_usage": True}})
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    for status, data in results:
+        assert status == 200 and data.rstrip().endswith("data: [DONE]"), data[-200:]
+        events = [json.loads(line[6:]) for line in data.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        assert events[-1]["usage"]["completion_tokens"] == 12, events[-1]
 
 
 def test_bad_input_is_invalid_argument(server):
