@@ -143,8 +143,8 @@ absl::Status InferenceService::Authorize(grpc::CallbackServerContext* ctx) {
   size_t metadata_bytes = 0;
   for (const auto& [key, value] : md) metadata_bytes += key.size() + value.size();
   if (metadata_bytes > kMaxCallMetadataBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("the call's metadata is ", metadata_bytes,
-                                                     " bytes; allowed: at most ", kMaxCallMetadataBytes));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the call's metadata is ", metadata_bytes, " bytes; allowed: at most ", kMaxCallMetadataBytes));
   }
   if (!keys_) return absl::OkStatus();
   if (md.count("authorization") > 1) {  // which one a proxy before us checked is unknowable: refuse, as HTTP does

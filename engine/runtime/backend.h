@@ -149,9 +149,9 @@ class Backend {
   virtual absl::Status Collect(StepOutput* output);
   // Read by the engine thread only (the engine copies it out for others).
   virtual StepCounters counters() const { return {}; }
-  // Work finished inside steps, counted while a step runs (cpu: a layer of a shard, a row of attention); safe from any thread. Liveness
-  // reads it to tell a long step from a stuck one. 0 for a backend whose steps are short (cuda: a whole step is the
-  // unit, and a stuck kernel stops every step).
+  // Work finished inside steps, counted while a step runs (cpu: a layer of a shard, a row of attention); safe from any
+  // thread. Liveness reads it to tell a long step from a stuck one. 0 for a backend whose steps are short (cuda: a
+  // whole step is the unit, and a stuck kernel stops every step).
   virtual uint64_t Progress() const { return 0; }
   // The copy batches completed since the last call, oldest first (cuda keeps the last 4096; none elsewhere).
   virtual std::vector<CopyTiming> TakeCopyTimings() { return {}; }

@@ -103,24 +103,14 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     answered_ = true;
     if (head_only_) {  // HEAD: the head a GET would have, without its body
       Pending p{.kind = Pending::kHeadOnly};
-      p.head.result(status);
-      p.head.version(11);
-      p.head.set(http::field::server, "inferd");
-      p.head.set(http::field::content_type, content_type);
-      for (auto& [name, value] : headers) p.head.set(name, value);
+      SetHead(p.head, status, content_type, headers);
       p.head.set(http::field::content_length, std::to_string(body.size()));
-      p.head.keep_alive(keep_alive_);
       writes_.push_back(std::move(p));
       return Pump();
     }
     Pending p{.kind = Pending::kWhole};
-    p.whole.result(status);
-    p.whole.version(11);
-    p.whole.set(http::field::server, "inferd");
-    p.whole.set(http::field::content_type, content_type);
-    for (auto& [name, value] : headers) p.whole.set(name, value);
+    SetHead(p.whole, status, content_type, headers);
     p.whole.body() = std::move(body);
-    p.whole.keep_alive(keep_alive_);
     p.whole.prepare_payload();
     writes_.push_back(std::move(p));
     Pump();
@@ -129,13 +119,9 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     if (closed_ || answered_) return;
     answered_ = true;
     Pending p{.kind = Pending::kHead};
-    p.head.result(status);
-    p.head.version(11);
-    p.head.set(http::field::server, "inferd");
-    p.head.set(http::field::content_type, content_type);
+    SetHead(p.head, status, content_type, {});
     p.head.set(http::field::cache_control, "no-cache");
     p.head.set("X-Accel-Buffering", "no");  // proxies pass each event on at once
-    p.head.keep_alive(keep_alive_);
     p.head.chunked(true);
     writes_.push_back(std::move(p));
     Pump();
@@ -169,6 +155,18 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     http::response<http::string_body> whole;
     http::response<http::empty_body> head;
   };
+
+  // What every response's head carries: status, server, content type, the handler's fields, keep-alive.
+  template <class Message>
+  void SetHead(Message& m, int status, const std::string& content_type,
+               const std::vector<std::pair<std::string, std::string>>& headers) const {
+    m.result(status);
+    m.version(11);
+    m.set(http::field::server, "inferd");
+    m.set(http::field::content_type, content_type);
+    for (const auto& [name, value] : headers) m.set(name, value);
+    m.keep_alive(keep_alive_);
+  }
 
   void ReadRequest() {
     parser_.emplace();

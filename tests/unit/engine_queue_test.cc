@@ -34,25 +34,18 @@ TEST(EngineQueue, ACancelledWaitingRequestFreesItsSeatWhileAStepIsStillRunning) 
   config.scheduler.max_num_seqs = 1;
   config.scheduler.max_queue = 4;
   config.scheduler.max_queued_tokens = 16;  // exactly four prompts of four tokens
-  auto engine = Engine::Create(config, [&](const Config&, const Model&) -> absl::StatusOr<std::unique_ptr<Backend>> {
-    return std::make_unique<testing::StallingBackend>(&control);
-  });
+  auto engine = testing::StallingEngine(config, &control);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  std::shared_ptr<Engine> e = std::move(*engine);
-  {
-    std::lock_guard<std::mutex> lock(control.mu);
-    control.stalled = true;
-  }
+  std::shared_ptr<Engine> e = *engine;
+  control.Hold(true);
   std::vector<std::shared_ptr<testing::CollectingSink>> sinks;
   auto submit = [&](const std::string& id) {
     sinks.push_back(std::make_shared<testing::CollectingSink>());
     return e->Submit(Make(id, sinks.back()));
   };
   ASSERT_TRUE(submit("running").ok());
-  {  // it is inside the held step: started, so it holds no seat
-    std::unique_lock<std::mutex> lock(control.mu);
-    ASSERT_TRUE(control.cv.wait_for(lock, std::chrono::seconds(10), [&] { return control.stuck_steps == 1; }));
-  }
+  // It is inside the held step: started, so it holds no seat.
+  ASSERT_TRUE(control.WaitForStuckStep());
   std::vector<RequestHandle> waiting;
   for (int i = 0; i < 4; ++i) {
     auto h = submit("waiting" + std::to_string(i));
@@ -76,9 +69,8 @@ TEST(EngineQueue, ACancelledWaitingRequestFreesItsSeatWhileAStepIsStillRunning) 
   {
     std::lock_guard<std::mutex> lock(control.mu);
     EXPECT_EQ(control.stuck_steps, 1) << "the test needs the step held throughout";
-    control.stalled = false;
   }
-  control.cv.notify_all();
+  control.Hold(false);
   // Every accepted request ends: the cancelled ones aborted, the rest generated.
   for (size_t i = 0; i < sinks.size(); ++i) {
     if (i == 5 || i == 10) continue;  // the two refused

@@ -3,10 +3,13 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <string>
 
+#include "engine/engine.h"
 #include "engine/runtime/backend.h"
 
 namespace inferd::testing {
@@ -19,6 +22,20 @@ class StallingBackend : public Backend {
     bool stalled = false;
     int stuck_steps = 0;                // steps now blocked
     std::atomic<uint64_t> progress{0};  // what Progress() reports: a blocked step that still advances
+
+    // Steps from now on block (true) or run (false; the blocked ones return).
+    void Hold(bool hold) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stalled = hold;
+      }
+      cv.notify_all();
+    }
+    // Waits up to 10 s for a step to be blocked.
+    bool WaitForStuckStep() {
+      std::unique_lock<std::mutex> lock(mu);
+      return cv.wait_for(lock, std::chrono::seconds(10), [&] { return stuck_steps == 1; });
+    }
   };
   explicit StallingBackend(Control* c) : c_(c) {}
   std::string name() const override { return "stalling"; }
@@ -52,5 +69,15 @@ class StallingBackend : public Backend {
  private:
   Control* c_;
 };
+
+// An engine over a StallingBackend controlled by `control`.
+inline absl::StatusOr<std::shared_ptr<Engine>> StallingEngine(const Config& config, StallingBackend::Control* control) {
+  auto engine =
+      Engine::Create(config, [control](const Config&, const Model&) -> absl::StatusOr<std::unique_ptr<Backend>> {
+        return std::make_unique<StallingBackend>(control);
+      });
+  if (!engine.ok()) return engine.status();
+  return std::shared_ptr<Engine>(*std::move(engine));
+}
 
 }  // namespace inferd::testing

@@ -48,11 +48,9 @@ TEST(Liveness, AStalledStepFlipsHealthToNotServingAndBack) {
   config.model.path = testing::ModelDir("llama2-tiny");
   config.engine.num_blocks = 16;
   config.engine.block_size = 4;
-  auto engine = Engine::Create(config, [&](const Config&, const Model&) -> absl::StatusOr<std::unique_ptr<Backend>> {
-    return std::make_unique<testing::StallingBackend>(&control);
-  });
+  auto engine = testing::StallingEngine(config, &control);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  std::shared_ptr<Engine> e = std::move(*engine);
+  std::shared_ptr<Engine> e = *engine;
   Flips flips;
   Liveness liveness(e, 0.2, [&](bool serving) { flips.Record(serving); });
 
@@ -60,10 +58,7 @@ TEST(Liveness, AStalledStepFlipsHealthToNotServingAndBack) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_TRUE(flips.Get().empty());
 
-  {
-    std::lock_guard<std::mutex> lock(control.mu);
-    control.stalled = true;
-  }
+  control.Hold(true);
   auto sink = std::make_shared<testing::CollectingSink>();
   Request r;
   r.id = "stuck";
@@ -72,18 +67,11 @@ TEST(Liveness, AStalledStepFlipsHealthToNotServingAndBack) {
   r.stopping.ignore_eos = true;
   r.sink = sink;
   ASSERT_TRUE(e->Submit(std::move(r)).ok());
-  {
-    std::unique_lock<std::mutex> lock(control.mu);
-    ASSERT_TRUE(control.cv.wait_for(lock, std::chrono::seconds(10), [&] { return control.stuck_steps == 1; }));
-  }
+  ASSERT_TRUE(control.WaitForStuckStep());
   ASSERT_TRUE(flips.WaitFor(1, 10)) << "no flip while a step stalled";
   EXPECT_EQ(flips.Get(), std::vector<bool>{false});
 
-  {
-    std::lock_guard<std::mutex> lock(control.mu);
-    control.stalled = false;
-  }
-  control.cv.notify_all();
+  control.Hold(false);
   ASSERT_TRUE(flips.WaitFor(2, 10)) << "no flip back once steps resumed";
   EXPECT_EQ(flips.Get(), (std::vector<bool>{false, true}));
   ASSERT_TRUE(sink->WaitFor(absl::Seconds(10)));
@@ -101,17 +89,12 @@ TEST(Liveness, ALongStepThatAdvancesIsNotAStall) {
   config.model.path = testing::ModelDir("llama2-tiny");
   config.engine.num_blocks = 16;
   config.engine.block_size = 4;
-  auto engine = Engine::Create(config, [&](const Config&, const Model&) -> absl::StatusOr<std::unique_ptr<Backend>> {
-    return std::make_unique<testing::StallingBackend>(&control);
-  });
+  auto engine = testing::StallingEngine(config, &control);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  std::shared_ptr<Engine> e = std::move(*engine);
+  std::shared_ptr<Engine> e = *engine;
   Flips flips;
   Liveness liveness(e, 1.0, [&](bool serving) { flips.Record(serving); });
-  {
-    std::lock_guard<std::mutex> lock(control.mu);
-    control.stalled = true;
-  }
+  control.Hold(true);
   auto sink = std::make_shared<testing::CollectingSink>();
   Request r;
   r.id = "long";
@@ -120,10 +103,7 @@ TEST(Liveness, ALongStepThatAdvancesIsNotAStall) {
   r.stopping.ignore_eos = true;
   r.sink = sink;
   ASSERT_TRUE(e->Submit(std::move(r)).ok());
-  {
-    std::unique_lock<std::mutex> lock(control.mu);
-    ASSERT_TRUE(control.cv.wait_for(lock, std::chrono::seconds(10), [&] { return control.stuck_steps == 1; }));
-  }
+  ASSERT_TRUE(control.WaitForStuckStep());
   // The step advances every 20 ms for three timeouts' worth of time: no flip.
   for (int i = 0; i < 150; ++i) {
     ++control.progress;
@@ -133,11 +113,7 @@ TEST(Liveness, ALongStepThatAdvancesIsNotAStall) {
   // Then it stops advancing: a stall.
   ASSERT_TRUE(flips.WaitFor(1, 10)) << "no flip once the step stopped advancing";
   EXPECT_EQ(flips.Get(), std::vector<bool>{false});
-  {
-    std::lock_guard<std::mutex> lock(control.mu);
-    control.stalled = false;
-  }
-  control.cv.notify_all();
+  control.Hold(false);
   ASSERT_TRUE(flips.WaitFor(2, 10));
   ASSERT_TRUE(sink->WaitFor(absl::Seconds(10)));
   EXPECT_TRUE(sink->error.ok()) << sink->error;
