@@ -1,25 +1,32 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "kernels/all_reduce.h"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/float_convert.cuh"
 
 namespace inferd::kernels {
 namespace {
 
 constexpr int kThreads = 512;
+constexpr int kMaxBlocks = 32;  // of a plain sum: 8 ranks sharing one GPU must all fit on it at once
 
-__device__ __forceinline__ void StoreRelease(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+// Inbox traffic: stores to a peer's memory and loads of what peers store into ours, at system scope (never from a
+// cache line of an earlier call's).
+__device__ __forceinline__ void StoreSys(uint4* p, uint4 v) {
+  asm volatile("st.relaxed.sys.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
 }
-__device__ __forceinline__ uint32_t LoadAcquire(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
+__device__ __forceinline__ void StoreSys(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-// Staging written by another GPU during this kernel: read at system scope, never from a cache line of an earlier
-// call's.
-__device__ __forceinline__ uint4 LoadPeer(const uint4* p) {
+__device__ __forceinline__ void StoreSys(uint16_t* p, uint16_t v) {
+  asm volatile("st.relaxed.sys.global.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory");
+}
+__device__ __forceinline__ uint4 LoadSys(const uint4* p) {
   uint4 v;
   asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -27,114 +34,149 @@ __device__ __forceinline__ uint4 LoadPeer(const uint4* p) {
                : "memory");
   return v;
 }
-__device__ __forceinline__ uint32_t LoadPeer(const uint32_t* p) {
+__device__ __forceinline__ uint32_t LoadSys(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ uint16_t LoadPeer(const uint16_t* p) {
+__device__ __forceinline__ uint16_t LoadSys(const uint16_t* p) {
   uint16_t v;
   asm volatile("ld.relaxed.sys.global.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
   return v;
 }
 
-// Block b's barrier of call `call`: its flag in every peer's array, then every peer's in its own.
-__device__ void Barrier(const PeerGroup& g, int b, uint32_t call) {
-  __syncthreads();                                      // the block's staging writes are done
-  if (threadIdx.x < g.size && threadIdx.x != g.rank) {  // thread p: peer p's flag, then its in ours
-    __threadfence_system();
-    StoreRelease(g.flags[threadIdx.x] + b * kPeerMaxRanks + g.rank, call);
-    const uint32_t* mine = g.flags[g.rank] + b * kPeerMaxRanks + threadIdx.x;
-    // Wrap-safe: a peer may already be one call ahead.
-    while (static_cast<int32_t>(LoadAcquire(mine) - call) < 0) {
+// The units a message moves in: 8 elements of 2 bytes, one element (a tail), or one broadcast word. The empty
+// mark is all ones in every element (every word); Full turns an element that happens to be all ones into one that
+// is not.
+__device__ __forceinline__ bool HasEmpty(uint32_t w) {
+  return (w & 0xFFFFu) == 0xFFFFu || (w >> 16) == 0xFFFFu;
+}
+__device__ __forceinline__ bool IsEmpty(uint4 v) {
+  return HasEmpty(v.x) || HasEmpty(v.y) || HasEmpty(v.z) || HasEmpty(v.w);
+}
+__device__ __forceinline__ bool IsEmpty(uint16_t v) {
+  return v == 0xFFFFu;
+}
+__device__ __forceinline__ bool IsEmpty(uint32_t v) {
+  return v == 0xFFFFFFFFu;
+}
+__device__ __forceinline__ uint32_t FullPair(uint32_t w) {  // two elements
+  if ((w & 0xFFFFu) == 0xFFFFu) w &= 0xFFFF7FFFu;
+  if ((w >> 16) == 0xFFFFu) w &= 0x7FFFFFFFu;
+  return w;
+}
+__device__ __forceinline__ uint4 Full(uint4 v) {
+  return {FullPair(v.x), FullPair(v.y), FullPair(v.z), FullPair(v.w)};
+}
+__device__ __forceinline__ uint16_t Full(uint16_t v) {
+  return v == 0xFFFFu ? 0x7FFFu : v;
+}
+template <typename U>
+__device__ __forceinline__ U Empty() {
+  if constexpr (sizeof(U) == 16) {
+    return {~0u, ~0u, ~0u, ~0u};
+  } else {
+    return static_cast<U>(~U{0});
+  }
+}
+
+// src's message of this call in dst's inbox, as units U.
+template <typename U>
+__device__ __forceinline__ U* Inbox(const PeerGroup& g, int dst, int src, uint32_t slot) {
+  return reinterpret_cast<U*>(g.inboxes[dst] + (int64_t{slot} * g.size + src) * g.capacity_bytes);
+}
+
+// This call's slot: read after the kernels before it (the previous call among them) have ended.
+__device__ __forceinline__ uint32_t CallSlot(const PeerGroup& g) {
+  return LoadSys(g.calls) & 1;  // not from an L1 line of a kernel that ran on this SM before the last call ended
+}
+
+// The last block of the call to end advances the count, which the next call reads.
+__device__ __forceinline__ void EndCall(const PeerGroup& g) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(g.calls + 1, 1u) == gridDim.x - 1) {
+      g.calls[1] = 0;
+      g.calls[0] += 1;
     }
   }
-  __syncthreads();
 }
 
-// This block's slice of n units: [begin, end).
-__device__ void Slice(int64_t n, int64_t* begin, int64_t* end) {
-  const int64_t per = (n + kPeerBlocks - 1) / kPeerBlocks;
-  *begin = min(n, per * blockIdx.x);
-  *end = min(n, *begin + per);
+// Unit i of this rank's message into every peer's inbox.
+template <typename U>
+__device__ __forceinline__ void Push(const PeerGroup& g, uint32_t slot, int64_t i, U v) {
+  v = Full(v);
+  for (int p = 0; p < g.size; ++p) {
+    if (p != g.rank) StoreSys(Inbox<U>(g, p, g.rank, slot) + i, v);
+  }
 }
 
-// The sum over the ranks, 8 elements (one 16-byte vector) at a time, in rank order.
+// Unit i of src's message, once it has arrived; the inbox is emptied behind it.
+template <typename U>
+__device__ __forceinline__ U Take(const PeerGroup& g, int src, uint32_t slot, int64_t i) {
+  U* p = Inbox<U>(g, g.rank, src, slot) + i;
+  U v;
+  do {
+    v = LoadSys(p);
+  } while (IsEmpty(v));
+  StoreSys(p, Empty<U>());
+  return v;
+}
+
+// The rank-order fp32 sum of unit i (this rank's own value `mine`), rounded to T.
+template <typename T, typename U>
+__device__ __forceinline__ U SumUnit(const PeerGroup& g, uint32_t slot, int64_t i, U mine) {
+  constexpr int kN = sizeof(U) / sizeof(T);
+  float acc[kN] = {};
+  for (int r = 0; r < g.size; ++r) {
+    const U v = r == g.rank ? mine : Take<U>(g, r, slot, i);
+    const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int k = 0; k < kN; ++k) acc[k] += F(e[k]);
+  }
+  U out;
+  T* e = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int k = 0; k < kN; ++k) e[k] = To<T>(acc[k]);
+  return out;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) AllReduceKernel(PeerGroup g, T* data, int64_t count) {
-  const int b = blockIdx.x;
-  const uint32_t call = g.counters[b] + 1;
-  const int64_t half = (call & 1) * g.capacity_bytes;
-  constexpr int kVec = 8;
-  const int64_t nvec = count / kVec;
-  int64_t begin, end;
-  Slice(nvec, &begin, &end);
-  uint4* mine = reinterpret_cast<uint4*>(g.staging[g.rank] + half);
-  const uint4* in = reinterpret_cast<const uint4*>(data);
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) mine[i] = in[i];
-  // The tail past the last whole vector: block 0's.
-  const int64_t tail = nvec * kVec;
-  T* mine_t = reinterpret_cast<T*>(g.staging[g.rank] + half);
-  if (b == 0)
-    for (int64_t i = tail + threadIdx.x; i < count; i += kThreads) mine_t[i] = data[i];
-  Barrier(g, b, call);
-  uint4* out = reinterpret_cast<uint4*>(data);
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    float acc[kVec] = {};
-    for (int r = 0; r < g.size; ++r) {
-      const uint4 v = LoadPeer(reinterpret_cast<const uint4*>(g.staging[r] + half) + i);
-      const T* e = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) acc[k] += F(e[k]);
-    }
-    uint4 v;
-    T* e = reinterpret_cast<T*>(&v);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) e[k] = To<T>(acc[k]);
-    out[i] = v;
-  }
-  if (b == 0) {
-    for (int64_t i = tail + threadIdx.x; i < count; i += kThreads) {
-      float acc = 0;
-      for (int r = 0; r < g.size; ++r) {
-        const uint16_t bits = LoadPeer(reinterpret_cast<const uint16_t*>(g.staging[r] + half) + i);
-        acc += F(*reinterpret_cast<const T*>(&bits));
-      }
-      data[i] = To<T>(acc);
-    }
-  }
-  if (threadIdx.x == 0) g.counters[b] = call;
+  WaitForPrerequisites();
+  const uint32_t slot = CallSlot(g);
+  const int64_t nvec = count / 8, tail = nvec * 8;
+  const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x, step = int64_t{gridDim.x} * kThreads;
+  uint4* vec = reinterpret_cast<uint4*>(data);
+  uint16_t* elem = reinterpret_cast<uint16_t*>(data);
+  // Everything out first: no rank waits for a peer that is itself waiting to send.
+  for (int64_t i = first; i < nvec; i += step) Push(g, slot, i, vec[i]);
+  for (int64_t i = tail + first; i < count; i += step) Push(g, slot, i, elem[i]);
+  for (int64_t i = first; i < nvec; i += step) vec[i] = SumUnit<T>(g, slot, i, vec[i]);
+  for (int64_t i = tail + first; i < count; i += step) elem[i] = SumUnit<T>(g, slot, i, elem[i]);
+  EndCall(g);
 }
 
 __global__ void __launch_bounds__(kThreads) BroadcastKernel(PeerGroup g, uint32_t* data, int64_t words) {
-  const int b = blockIdx.x;
-  const uint32_t call = g.counters[b] + 1;
-  const int64_t half = (call & 1) * g.capacity_bytes;
-  int64_t begin, end;
-  Slice(words, &begin, &end);
-  if (g.rank == 0) {
-    uint32_t* mine = reinterpret_cast<uint32_t*>(g.staging[0] + half);
-    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) mine[i] = data[i];
+  WaitForPrerequisites();
+  const uint32_t slot = CallSlot(g);
+  const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x, step = int64_t{gridDim.x} * kThreads;
+  for (int64_t i = first; i < words; i += step) {
+    if (g.rank == 0) {  // words go as they are: none is all ones
+      for (int p = 1; p < g.size; ++p) StoreSys(Inbox<uint32_t>(g, p, 0, slot) + i, data[i]);
+    } else {
+      data[i] = Take<uint32_t>(g, 0, slot, i);
+    }
   }
-  Barrier(g, b, call);
-  if (g.rank != 0) {
-    const uint32_t* root = reinterpret_cast<const uint32_t*>(g.staging[0] + half);
-    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) data[i] = LoadPeer(root + i);
-  }
-  if (threadIdx.x == 0) g.counters[b] = call;
+  EndCall(g);
+}
+
+unsigned Blocks(int64_t units) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(kMaxBlocks, (units + kThreads - 1) / kThreads)));
 }
 
 }  // namespace
-
-int64_t PeerStagingBytes(int64_t capacity_bytes) {
-  return 2 * capacity_bytes;
-}
-int64_t PeerFlagBytes() {
-  return int64_t{kPeerBlocks} * kPeerMaxRanks * sizeof(uint32_t);
-}
-int64_t PeerCounterBytes() {
-  return int64_t{kPeerBlocks} * sizeof(uint32_t);
-}
 
 template <typename T>
 cudaError_t PeerAllReduceSum(const PeerGroup& group, T* data, int64_t count, cudaStream_t stream) {
@@ -142,14 +184,12 @@ cudaError_t PeerAllReduceSum(const PeerGroup& group, T* data, int64_t count, cud
       reinterpret_cast<uintptr_t>(data) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
-  AllReduceKernel<T><<<kPeerBlocks, kThreads, 0, stream>>>(group, data, count);
-  return cudaGetLastError();
+  return LaunchDependent(AllReduceKernel<T>, Blocks(count / 8 + count % 8), kThreads, stream, group, data, count);
 }
 
 cudaError_t PeerBroadcast(const PeerGroup& group, uint32_t* data, int64_t words, cudaStream_t stream) {
   if (words * 4 > group.capacity_bytes || group.size > kPeerMaxRanks) return cudaErrorInvalidValue;
-  BroadcastKernel<<<kPeerBlocks, kThreads, 0, stream>>>(group, data, words);
-  return cudaGetLastError();
+  return LaunchDependent(BroadcastKernel, Blocks(words), kThreads, stream, group, data, words);
 }
 
 template cudaError_t PeerAllReduceSum<__nv_bfloat16>(const PeerGroup&, __nv_bfloat16*, int64_t, cudaStream_t);

@@ -1,46 +1,44 @@
 // One-shot collectives between the ranks of a tensor-parallel model whose buffers every rank's GPU can address
 // (peer access over NVLink, or ranks sharing one GPU): for the decode-sized messages where NCCL's fixed cost
-// dominates. One kernel per call, on each rank's stream, in a fixed grid of kPeerBlocks blocks:
-//   1. each block copies its slice of the rank's data into the rank's staging buffer (one of two, by call parity);
-//   2. it raises its flag in every peer's flag array with the call's number, and waits until every peer's block
-//      of the same index has raised its own here (a barrier per block, no grid-wide sync);
-//   3. it reads that slice of every rank's staging buffer, in rank order, and writes the sum (fp32 accumulation,
-//      rounded once) over its data: every rank gets the same bits. A broadcast copies rank 0's slice instead.
-// Two staging buffers alternate by call: a rank reuses one only after every peer has started the next call, so
-// after each peer's previous kernel (which read it) has ended. Call numbers live on the device (one counter per
-// block), so the kernels capture into CUDA graphs and replay. Every rank must make the same calls in the same
-// order, as with NCCL.
+// dominates. One kernel per call, on each rank's stream, and no barrier: the data is its own flag.
+//   1. Every rank writes its message straight into every peer's inbox for it (NVLink stores, no round trip).
+//   2. Each rank reads the messages in its own inboxes, waiting on each 2-byte element until it is no longer the
+//      empty mark (all ones: a NaN no arithmetic produces; an input element of all ones is sent as 0x7FFF, also a
+//      NaN), sums them with its own in rank order (fp32, rounded once: every rank gets the same bits) and writes
+//      the empty mark back, so the inbox is ready for a later call.
+// Each rank's inboxes come in two slots that alternate by call: a peer writes slot (c + 1) only after it has read
+// this rank's message of call c, which this rank sent after its call c − 1 (the last reader of that slot) ended.
+// The call count lives on the device (the last block of each call advances it), so the kernels capture into CUDA
+// graphs and replay. Every rank must make the same calls in the same order, as with NCCL. The kernels launch as
+// programmatic dependents and read nothing before their prerequisites end.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "kernels/sizes.h"
+
 namespace inferd::kernels {
 
 constexpr int kPeerMaxRanks = 8;
-constexpr int kPeerBlocks = 32;
 
 // One rank's view of the group: device addresses, each usable from this rank's GPU.
 struct PeerGroup {
   int rank = 0, size = 1;
-  int64_t capacity_bytes = 0;           // of each staging half: the largest message
-  char* staging[kPeerMaxRanks] = {};    // per rank: 2 * capacity_bytes
-  uint32_t* flags[kPeerMaxRanks] = {};  // per rank: [kPeerBlocks][kPeerMaxRanks] call numbers, zeroed
-  uint32_t* counters = nullptr;         // this rank's: [kPeerBlocks] calls made, zeroed
+  int64_t capacity_bytes = 0;         // of one inbox: the largest message
+  char* inboxes[kPeerMaxRanks] = {};  // per rank: [2 slots][size senders][capacity_bytes], all ones at start
+  uint32_t* calls = nullptr;          // this rank's: [0] calls ended, [1] blocks of the current call ended; zeroed
 };
-
-// Bytes of one rank's staging (both halves), flags and counters for messages of up to capacity_bytes.
-int64_t PeerStagingBytes(int64_t capacity_bytes);
-int64_t PeerFlagBytes();
-int64_t PeerCounterBytes();
+// Their sizes: PeerInboxBytes and kPeerCallBytes (sizes.h).
 
 // In place: `count` elements of T (__nv_bfloat16 or __half) at `data` become their sum over the ranks.
-// count * sizeof(T) <= capacity_bytes.
+// count * sizeof(T) <= capacity_bytes, data 16-byte aligned.
 template <typename T>
 cudaError_t PeerAllReduceSum(const PeerGroup& group, T* data, int64_t count, cudaStream_t stream);
 
-// Rank 0's `words` 32-bit words at `data` land at every rank's `data`. words * 4 <= capacity_bytes.
+// Rank 0's `words` 32-bit words at `data` land at every rank's `data`. words * 4 <= capacity_bytes; no word may
+// be all ones (the empty mark: these are token ids).
 cudaError_t PeerBroadcast(const PeerGroup& group, uint32_t* data, int64_t words, cudaStream_t stream);
 
 }  // namespace inferd::kernels

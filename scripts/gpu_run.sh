@@ -319,7 +319,7 @@ if [[ "$what" == tp ]]; then
   echo "== tensor parallelism on $gpus GPU(s)"
   # The parity suite below needs the references as much as the models: made here, so that it compares, never skips.
   [[ ${TP_PARTS:-parity} == *parity* ]] && make_models_and_references
-  "$BUNDLE/bin/gpu_tests" --gtest_filter='TensorParallelOnCuda.*' --gtest_output="xml:$OUT/gpu_tp_tests.xml" \
+  "$BUNDLE/bin/gpu_tests" --gtest_filter='TensorParallelOnCuda.*:Peer*' --gtest_output="xml:$OUT/gpu_tp_tests.xml" \
     > "$OUT/gpu_tp_tests.log" 2>&1 || status=1
   summarize_gpu_tests "$OUT/gpu_tp_tests.log"
   M=/tmp/llama3-8b-random

@@ -104,7 +104,7 @@ int RunPlan(int argc, char** argv) {
   // head_dim allows it.
   // What a layout leaves no room for, and the KV blocks that fit in the rest of the budget.
   const auto used_bytes = [](const DeviceLayout& l) {
-    return l.weight_bytes + l.activation_bytes() + l.step_input_bytes() + kContextBytes;
+    return l.weight_bytes + l.activation_bytes() + l.step_input_bytes() + l.collective_bytes() + kContextBytes;
   };
   const auto blocks_in_budget = [&](const DeviceLayout& l) {
     return std::max<int64_t>(0, (budget - used_bytes(l)) / l.kv_bytes_per_block);
@@ -122,7 +122,7 @@ int RunPlan(int argc, char** argv) {
     const DeviceLayout layout = PlanDeviceLayout(**model, limits, 2, row.fp8_weights, row.fp8_kv ? 1 : 2, tp);
     const int64_t weights = layout.weight_bytes;
     const int64_t act = layout.activation_bytes();
-    const int64_t other = layout.step_input_bytes() + kContextBytes;
+    const int64_t other = layout.step_input_bytes() + layout.collective_bytes() + kContextBytes;
     const int64_t per_block = layout.kv_bytes_per_block;
     const int64_t blocks = blocks_in_budget(layout);
     const int64_t tokens = blocks * limits.block_size;

@@ -108,8 +108,6 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   const int64_t widest_input = std::max<int64_t>({H, q_width, I});
   a.act_fp8 = act.Add(fp8_weights ? T * widest_input : 0);
   a.act_scale = act.Add(fp8_weights ? T * 4 : 0);
-  a.last = act.Add(L * H * e);
-  a.last_delta = act.Add(L * H * e);
   a.last_n = act.Add(L * H * e);
   a.logits = act.Add(L * int64_t{c.vocab_size} * 4);
   a.inv_freq = act.Add(int64_t{c.head_dim} / 2 * 4);
@@ -124,7 +122,16 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   l.kv_bytes_per_block = 2 * int64_t{c.num_layers} * l.kv_block_bytes;
   for (int32_t b = 1; b < limits.max_num_seqs; b *= 2) l.decode_buckets.push_back(b);
   l.decode_buckets.push_back(limits.max_num_seqs);
+  // The sums of a decode step of the largest bucket go through the one-shot peer kernels; larger ones through NCCL.
+  l.tensor_parallel_size = tensor_parallel_size;
+  l.peer_message_bytes = tensor_parallel_size > 1 ? int64_t{l.decode_buckets.back()} * H * e : 0;
   return l;
+}
+
+int64_t DeviceLayout::collective_bytes() const {
+  if (tensor_parallel_size <= 1) return 0;
+  return kernels::PeerInboxBytes(peer_message_bytes, tensor_parallel_size) + kernels::kPeerCallBytes +
+         (tensor_parallel_size - 1) * kernels::kNcclBytesPerPeer;
 }
 
 }  // namespace inferd

@@ -38,7 +38,7 @@ struct ActivationRegions {
   Region act;                       // [T, intermediate] e: SiLU(gate) * up
   Region act_fp8;                   // fp8 weights: [T, max(hidden, q_width, intermediate)] e4m3, a product's input
   Region act_scale;                 // fp8 weights: [T] fp32, its per-token scales
-  Region last, last_delta, last_n;  // [L, hidden] e: the logits rows, their last delta, normed
+  Region last_n;  // [L, hidden] e: the logits rows, normed
   Region logits;                    // [L, vocab] fp32
   Region inv_freq;                  // [head_dim / 2] fp32 rotary inverse frequencies
   Region attn_float_ws;             // FlashInfer's float workspace (split-KV partial outputs)
@@ -89,11 +89,15 @@ struct DeviceLayout {
   int64_t kv_block_bytes = 0;           // K or V of one layer for one block: [block_size, kv_heads, head_dim] kv e
   int64_t kv_bytes_per_block = 0;       // K and V of every layer for one block
   std::vector<int32_t> decode_buckets;  // batch sizes with a captured decode graph: 1, 2, 4, ... max_num_seqs
+  int32_t tensor_parallel_size = 1;
+  int64_t peer_message_bytes = 0;  // tensor_parallel_size > 1: the largest sum the one-shot peer kernels take
 
   // The plan's activation bytes: the activation arena and the GEMM workspace.
   int64_t activation_bytes() const { return activation_arena_bytes + gemm_workspace_bytes; }
   // Step inputs on the device and the one reserved block padded decode rows write: part of the plan's "other".
   int64_t step_input_bytes() const { return input_arena_bytes + kv_bytes_per_block; }
+  // tensor_parallel_size > 1: the peer kernels' inboxes and counters, and NCCL's buffers; part of "other".
+  int64_t collective_bytes() const;
 };
 
 inline constexpr int64_t kGemmWorkspaceBytes = int64_t{32} << 20;

@@ -1,9 +1,10 @@
 // The one-shot peer collectives (kernels/all_reduce.h) against a CPU reference, with 2, 3, 4 and 8 ranks sharing
 // this GPU (each on its own stream, as ranks on several GPUs would be): random bf16 and fp16 data of odd sizes
 // (a tail past the last 16-byte vector, fewer elements than blocks, the largest message), many calls in a row of
-// changing sizes (the staging halves alternate and must never be read stale), and the same calls captured into
+// changing sizes (the inbox slots alternate and must never be read stale), and the same calls captured into
 // one CUDA graph per rank and replayed. The sum is fp32 in rank order rounded once, so the reference is exact:
-// every rank must hold the reference's bits. The broadcast hands rank 0's words to every rank.
+// every rank must hold the reference's bits. An element equal to the inbox's empty mark (a NaN) must still arrive.
+// The broadcast hands rank 0's words to every rank.
 #include "kernels/all_reduce.h"
 
 #include <cuda_bf16.h>
@@ -11,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -23,35 +25,34 @@ namespace {
 using testing::HaveGpu;
 namespace k = kernels;
 
-// The group's device memory: staging, flags and counters per rank, all on this GPU.
+// The group's device memory: inboxes and call counters per rank, all on this GPU.
 class Group {
  public:
-  Group(int n, int64_t capacity) : n_(n) {
-    char* staging[k::kPeerMaxRanks] = {};
-    uint32_t* flags[k::kPeerMaxRanks] = {};
+  Group(int n, int64_t capacity) {
+    char* inboxes[k::kPeerMaxRanks] = {};
+    uint32_t* calls[k::kPeerMaxRanks] = {};
     for (int r = 0; r < n; ++r) {
       void* p = nullptr;
-      EXPECT_EQ(cudaMalloc(&p, k::PeerStagingBytes(capacity)), cudaSuccess);
-      staging[r] = static_cast<char*>(p);
-      EXPECT_EQ(cudaMalloc(&p, k::PeerFlagBytes() + k::PeerCounterBytes()), cudaSuccess);
-      cudaMemset(p, 0, k::PeerFlagBytes() + k::PeerCounterBytes());
-      flags[r] = static_cast<uint32_t*>(p);
-      allocations_.push_back(staging[r]);
+      EXPECT_EQ(cudaMalloc(&p, k::PeerInboxBytes(capacity, n)), cudaSuccess);
+      cudaMemset(p, 0xFF, k::PeerInboxBytes(capacity, n));
+      inboxes[r] = static_cast<char*>(p);
+      allocations_.push_back(p);
+      EXPECT_EQ(cudaMalloc(&p, k::kPeerCallBytes), cudaSuccess);
+      cudaMemset(p, 0, k::kPeerCallBytes);
+      calls[r] = static_cast<uint32_t*>(p);
       allocations_.push_back(p);
       cudaStream_t s;
       cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
       streams.push_back(s);
     }
+    cudaDeviceSynchronize();
     for (int r = 0; r < n; ++r) {
       k::PeerGroup& g = groups.emplace_back();
       g.rank = r;
       g.size = n;
       g.capacity_bytes = capacity;
-      for (int q = 0; q < n; ++q) {
-        g.staging[q] = staging[q];
-        g.flags[q] = flags[q];
-      }
-      g.counters = flags[r] + k::PeerFlagBytes() / 4;
+      for (int q = 0; q < n; ++q) g.inboxes[q] = inboxes[q];
+      g.calls = calls[r];
     }
   }
   ~Group() {
@@ -62,7 +63,6 @@ class Group {
   std::vector<cudaStream_t> streams;
 
  private:
-  int n_;
   std::vector<void*> allocations_;
 };
 
@@ -195,7 +195,7 @@ TEST(PeerBroadcast, EveryRankGetsRankZerosWords) {
         std::vector<std::vector<uint32_t>> host(n, std::vector<uint32_t>(words));
         std::vector<uint32_t*> dev(n);
         for (int r = 0; r < n; ++r) {
-          for (uint32_t& w : host[r]) w = rng();
+          for (uint32_t& w : host[r]) w = rng() & 0x7FFFFFFFu;  // token ids: never all ones
           ASSERT_EQ(cudaMalloc(&dev[r], words * 4), cudaSuccess);
           cudaMemcpy(dev[r], host[r].data(), words * 4, cudaMemcpyHostToDevice);
         }
@@ -214,7 +214,7 @@ TEST(PeerBroadcast, EveryRankGetsRankZerosWords) {
   }
 }
 
-TEST(PeerAllReduce, AMessageLargerThanTheStagingIsRefused) {
+TEST(PeerAllReduce, AMessageLargerThanTheInboxIsRefused) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   Group group(2, 1024);
   void* p = nullptr;
@@ -226,6 +226,38 @@ TEST(PeerAllReduce, AMessageLargerThanTheStagingIsRefused) {
   EXPECT_EQ(k::PeerAllReduceSum(group.groups[1], static_cast<__nv_bfloat16*>(p), 512, group.streams[1]), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaFree(p);
+}
+
+// An input element of all ones (a NaN, the inbox's empty mark) must arrive as a NaN, not be waited for forever.
+TEST(PeerAllReduce, AnElementEqualToTheEmptyMarkArrives) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  Group group(2, 64 * 2);
+  std::vector<uint16_t> host(21, 0x3F80);  // 1.0 in bf16
+  host[3] = 0xFFFF;                        // a vector's element
+  host[17] = 0xFFFF;                       // the tail's
+  std::vector<__nv_bfloat16*> dev(2);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(cudaMalloc(&dev[r], 64), cudaSuccess);
+    cudaMemcpy(dev[r], host.data(), host.size() * 2, cudaMemcpyHostToDevice);
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(k::PeerAllReduceSum(group.groups[r], dev[r], static_cast<int64_t>(host.size()), group.streams[r]),
+              cudaSuccess);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<__nv_bfloat16> got(host.size());
+    cudaMemcpy(got.data(), dev[r], host.size() * 2, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < host.size(); ++i) {
+      const float v = ToFloatHost(got[i]);
+      if (host[i] == 0xFFFF) {
+        EXPECT_TRUE(std::isnan(v)) << "rank " << r << ", element " << i;
+      } else {
+        EXPECT_EQ(v, 2.f) << "rank " << r << ", element " << i;
+      }
+    }
+    cudaFree(dev[r]);
+  }
 }
 
 }  // namespace

@@ -159,21 +159,21 @@ absl::StatusOr<std::vector<std::unique_ptr<Collectives>>> Collectives::Create(co
     for (int r = 0; r < n; ++r) {
       Collectives& c = *out[r];
       INFERD_CUDA(cudaSetDevice(devices[r]));
-      INFERD_RETURN_IF_ERROR(c.peer_staging_.Allocate(kernels::PeerStagingBytes(peer_capacity_bytes)));
-      INFERD_RETURN_IF_ERROR(c.peer_flags_.Allocate(kernels::PeerFlagBytes() + kernels::PeerCounterBytes()));
-      INFERD_CUDA(cudaMemset(c.peer_flags_.get(), 0, c.peer_flags_.bytes()));
-      group.staging[r] = c.peer_staging_.get<char>();
-      group.flags[r] = c.peer_flags_.get<uint32_t>();
+      INFERD_RETURN_IF_ERROR(c.peer_inboxes_.Allocate(kernels::PeerInboxBytes(peer_capacity_bytes, n)));
+      INFERD_RETURN_IF_ERROR(c.peer_calls_.Allocate(kernels::kPeerCallBytes));
+      INFERD_CUDA(cudaMemset(c.peer_inboxes_.get(), 0xFF, c.peer_inboxes_.bytes()));  // every inbox empty
+      INFERD_CUDA(cudaMemset(c.peer_calls_.get(), 0, c.peer_calls_.bytes()));
+      INFERD_CUDA(cudaDeviceSynchronize());
+      group.inboxes[r] = c.peer_inboxes_.get<char>();
     }
     for (int r = 0; r < n; ++r) {
       Collectives& c = *out[r];
       c.peer_ = group;
       c.peer_.rank = r;
-      c.peer_.counters = c.peer_flags_.get<uint32_t>() + kernels::PeerFlagBytes() / 4;
+      c.peer_.calls = c.peer_calls_.get<uint32_t>();
       // Until measured, the peer kernels take what NCCL cannot (ranks sharing a GPU) or nothing.
       c.peer_limit_ = shared ? peer_capacity_bytes : 0;
     }
-    INFERD_CUDA(cudaDeviceSynchronize());
   }
   INFERD_CUDA(cudaSetDevice(current));
   return out;

@@ -3,8 +3,9 @@
 // - NCCL, loaded when the first communicator is made (a server on one GPU neither needs nor loads it), with
 //   NVLink multicast (NVLS) kept off;
 // - the one-shot peer kernels (kernels/all_reduce.h) where every rank's GPU can address every other's memory:
-//   one kernel per call, for the decode-sized messages where NCCL's fixed cost dominates. Which one takes a size
-//   is chosen by measurement at start-up (ChoosePeerLimit).
+//   one kernel per call, for the decode-sized messages where NCCL's fixed cost dominates. Which way takes a size
+//   is chosen by measurement at start-up (ChoosePeerLimit); NCCL's ring (reduce-scatter and all-gather) takes the
+//   larger messages.
 // The ranks are threads of this process, one per GPU: all their communicators are made together here, and each
 // rank's thread enqueues its own calls on its own stream (both ways need every rank's call of a collective in
 // flight at once). Calls capture into the ranks' decode graphs like any kernel. As with NCCL, a rank that fails or
@@ -43,7 +44,7 @@ class Collectives {
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool has_nccl() const { return comm_ != nullptr; }
-  bool has_peer() const { return peer_.staging[0] != nullptr; }
+  bool has_peer() const { return peer_.inboxes[0] != nullptr; }
   // Messages of up to this many bytes go through the peer kernels, larger ones through NCCL.
   void set_peer_limit_bytes(int64_t bytes) { peer_limit_ = bytes; }
 
@@ -68,9 +69,9 @@ class Collectives {
   const Api* api_ = nullptr;
   void* comm_ = nullptr;  // ncclComm_t; null without NCCL
   int device_ = 0, rank_ = 0, size_ = 1;
-  kernels::PeerGroup peer_;  // no staging without the peer kernels
+  kernels::PeerGroup peer_;  // no inboxes without the peer kernels
   int64_t peer_limit_ = 0;
-  DeviceBuffer peer_staging_, peer_flags_;
+  DeviceBuffer peer_inboxes_, peer_calls_;
   std::shared_ptr<HostSync> sync_;  // ranks sharing a GPU
   mutable uint64_t calls_ = 0;      // collectives this rank has made (ranks sharing a GPU)
 };

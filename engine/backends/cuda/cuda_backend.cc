@@ -93,7 +93,7 @@ class CudaBackend : public Backend {
 
   ~CudaBackend() override {
     threads_.reset();
-    // Every rank's work ends before any rank's memory goes: a peer kernel may still read a rank's staging after
+    // Every rank's work ends before any rank's memory goes: a peer kernel may still write a rank's inbox after
     // that rank's own kernel has ended.
     for (const auto& r : ranks_) {
       cudaSetDevice(r->device);
@@ -325,13 +325,11 @@ absl::Status CudaBackend::CreateCollectives() {
   if (num_ranks == 1 && !options_.collectives_on_one_gpu) return absl::OkStatus();
   std::vector<int> devices;
   for (const auto& r : ranks_) devices.push_back(r->device);
-  // The peer kernels take decode-sized messages (the largest decode graph's rows); ranks sharing a GPU send every
-  // message through them, the largest a step's whole token budget. One rank: NCCL alone.
-  const int64_t row_bytes = int64_t{cfg_.hidden_size} * 2;
-  const int64_t decode_rows = layout_.decode_buckets.empty() ? 1 : layout_.decode_buckets.back();
+  // The peer kernels take decode-sized messages (the layout's: the largest decode graph's rows); ranks sharing a
+  // GPU send every message through them, the largest a step's whole token budget. One rank: NCCL alone.
   const int64_t capacity = num_ranks == 1             ? 0
-                           : options_.ranks_share_gpu ? layout_.limits.max_num_batched_tokens * row_bytes
-                                                      : decode_rows * row_bytes;
+                           : options_.ranks_share_gpu ? layout_.limits.max_num_batched_tokens * cfg_.hidden_size * 2
+                                                      : layout_.peer_message_bytes;
   INFERD_ASSIGN_OR_RETURN(auto comms, cuda::Collectives::Create(devices, capacity));
   for (int r = 0; r < num_ranks; ++r) ranks_[r]->comm = std::move(comms[r]);
   return absl::OkStatus();

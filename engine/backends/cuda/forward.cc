@@ -46,10 +46,6 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   const int64_t q_dim = cfg.q_width(), qkv_dim = cfg.qkv_width();
   const float eps = static_cast<float>(cfg.rms_norm_eps);
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  // A row-parallel product's output on a rank: the sum over the ranks' partial products.
-  auto sum_over_ranks = [&](T* y) -> absl::Status {
-    return comm ? comm->AllReduceSum(y, Tn * H, kBf16, s) : absl::OkStatus();
-  };
   T* x = b.act<T>(a.x);
   T* xn = b.act<T>(a.xn);
   T* tmp = b.act<T>(a.tmp);
@@ -69,14 +65,20 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   k::Fp8* xq = b.act<k::Fp8>(a.act_fp8);
   float* xs = b.act<float>(a.act_scale);
   const Operand normed = quantize ? Operand(xq, xs) : Operand(xn);
-  // residual += delta, then its norm into the next product's input (xn, or xq and xs).
-  auto add_norm = [&](const T* delta, const T* weight) -> absl::Status {
-    if (!quantize) return FromCuda(k::AddRmsNorm(x, delta, weight, xn, Tn, H, eps, s), "AddRmsNorm");
+  // residual += delta, then its norm into the next product's input (xn, or xq and xs with `to_input`; xn for the
+  // final norm, which the LM head reads in T).
+  auto add_norm = [&](const T* delta, const T* weight, bool to_input = true) -> absl::Status {
+    if (!quantize || !to_input) return FromCuda(k::AddRmsNorm(x, delta, weight, xn, Tn, H, eps, s), "AddRmsNorm");
     if (k::AddRmsNormFp8Supports(x, delta, weight, H)) {
       return FromCuda(k::AddRmsNormFp8(x, delta, weight, xq, xs, Tn, H, eps, s), "AddRmsNormFp8");
     }
     INFERD_KERNEL(k::AddRmsNorm(x, delta, weight, xn, Tn, H, eps, s));
     return FromCuda(k::QuantizeRowsFp8(xn, Tn, H, xq, xs, s), "QuantizeRowsFp8");
+  };
+  // The same after a row-parallel product, whose output on a rank is its part of the sum over the ranks.
+  auto sum_add_norm = [&](T* delta, const T* weight, bool to_input = true) -> absl::Status {
+    if (comm) INFERD_RETURN_IF_ERROR(comm->AllReduceSum(delta, Tn * H, kBf16, s));
+    return add_norm(delta, weight, to_input);
   };
   // An fp8 KV cache (engine.kv_cache_dtype): RoPE's kernel divides K and V by the layer's scales (the checkpoint's
   // k_scale and v_scale, else 1) and rounds them to e4m3 as it writes them; attention multiplies them back (K's
@@ -106,7 +108,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   for (int layer = 0; layer < cfg.num_layers; ++layer) {
     TraceRange range("layer");
     const CudaLayerWeights& L = w.layers[layer];
-    INFERD_RETURN_IF_ERROR(add_norm(layer == 0 ? nullptr : tmp, L.input_norm.get<T>()));
+    if (layer == 0) INFERD_RETURN_IF_ERROR(add_norm(nullptr, L.input_norm.get<T>()));
     const T* qkv_bias = L.qkv_bias.bytes() ? L.qkv_bias.get<T>() : nullptr;
     if (fused_qkv_rope) {  // one kernel: the product, RoPE and the K/V write
       INFERD_KERNEL(k::GemvQkvRope<T>(xn, L.qkv.data.get<T>(), qkv_bias, qkv, Tn, H, positions, slots, inv_freq,
@@ -128,8 +130,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     if (quantize) INFERD_KERNEL(k::QuantizeRowsFp8(attn, Tn, q_dim, xq, xs, s));
     INFERD_RETURN_IF_ERROR(
         gemm.Run(quantize ? Operand(xq, xs) : Operand(attn), L.o.operand(), tmp, Tn, H, q_dim, nullptr, false, s));
-    INFERD_RETURN_IF_ERROR(sum_over_ranks(tmp));
-    INFERD_RETURN_IF_ERROR(add_norm(tmp, L.post_norm.get<T>()));
+    INFERD_RETURN_IF_ERROR(sum_add_norm(tmp, L.post_norm.get<T>()));
     INFERD_RETURN_IF_ERROR(gemm.Run(normed, L.gate_up.operand(), gate_up, Tn, 2 * I, H, nullptr, false, s));
     if (quantize) {
       INFERD_KERNEL(k::SiluMulFp8(gate_up, xq, xs, Tn, I, s));
@@ -138,21 +139,20 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     }
     INFERD_RETURN_IF_ERROR(
         gemm.Run(quantize ? Operand(xq, xs) : Operand(act), L.down.operand(), tmp, Tn, H, I, nullptr, false, s));
-    INFERD_RETURN_IF_ERROR(sum_over_ranks(tmp));
+    // The next layer's input norm, or after the last layer the final norm (every row: prefill's extra rows cost
+    // little, and the sum is fused with it).
+    const bool last_layer = layer + 1 == cfg.num_layers;
+    INFERD_RETURN_IF_ERROR(sum_add_norm(
+        tmp, last_layer ? w.final_norm.get<T>() : w.layers[layer + 1].input_norm.get<T>(), !last_layer));
   }
   // Every rank holds the same residual stream now; rank 0 samples and hands the tokens to the others.
   int32_t* tokens_out = reinterpret_cast<int32_t*>(out + o.tokens.offset);
   if (comm && comm->rank() > 0) return comm->Broadcast(tokens_out, R * sizeof(int32_t), s);
-  // Only the rows that sample go through the final norm and the LM head.
-  TraceRange sampling("final norm, LM head and sampling");
-  const int32_t* logits_rows = b.in<int32_t>(ir.logits_indices);
-  T* last = b.act<T>(a.last);
-  T* last_delta = b.act<T>(a.last_delta);
+  // Only the rows that sample go through the LM head.
+  TraceRange sampling("LM head and sampling");
   T* last_n = b.act<T>(a.last_n);
   float* logits = b.act<float>(a.logits);
-  INFERD_KERNEL(k::GatherRows(x, logits_rows, last, R, H, s));
-  INFERD_KERNEL(k::GatherRows(tmp, logits_rows, last_delta, R, H, s));
-  INFERD_KERNEL(k::AddRmsNorm(last, last_delta, w.final_norm.get<T>(), last_n, R, H, eps, s));
+  INFERD_KERNEL(k::GatherRows(xn, b.in<int32_t>(ir.logits_indices), last_n, R, H, s));
   INFERD_RETURN_IF_ERROR(gemm.Run(last_n, w.lm_head(), logits, R, cfg.vocab_size, H, nullptr, true, s));
   INFERD_KERNEL(k::SampleRows(
       logits, static_cast<int32_t>(R), cfg.vocab_size, b.in<k::SamplingRowParams>(ir.params),

@@ -55,8 +55,6 @@ TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
                   {"act", a.act},
                   {"act_fp8", a.act_fp8},
                   {"act_scale", a.act_scale},
-                  {"last", a.last},
-                  {"last_delta", a.last_delta},
                   {"last_n", a.last_n},
                   {"logits", a.logits},
                   {"inv_freq", a.inv_freq},
@@ -164,6 +162,20 @@ TEST(DeviceLayout, DecodeBucketsDoubleUpToTheLargestBatch) {
   EXPECT_EQ(PlanDeviceLayout(m, StepLimits{24, 2048, 16}, 2).decode_buckets,
             (std::vector<int32_t>{1, 2, 4, 8, 16, 24}));
   EXPECT_EQ(PlanDeviceLayout(m, StepLimits{1, 2048, 16}, 2).decode_buckets, (std::vector<int32_t>{1}));
+}
+
+// At tensor_parallel_size > 1 each GPU holds the peer kernels' inboxes for the largest decode bucket's sum (two
+// slots, one message from every rank) and NCCL's buffers, one share per peer; on one GPU, nothing.
+TEST(DeviceLayout, CollectiveBuffersGrowWithTheRanksAndTheLargestDecodeBatch) {
+  const Model m = Llama3_8bShape();
+  const StepLimits limits{24, 2048, 16};
+  EXPECT_EQ(PlanDeviceLayout(m, limits, 2).collective_bytes(), 0);
+  const int64_t message = int64_t{24} * m.config.hidden_size * 2;
+  for (int32_t tp : {2, 4}) {
+    const DeviceLayout l = PlanDeviceLayout(m, limits, 2, false, 0, tp);
+    EXPECT_EQ(l.peer_message_bytes, message);
+    EXPECT_EQ(l.collective_bytes(), 2 * tp * message + 8 + (tp - 1) * kernels::kNcclBytesPerPeer) << tp;
+  }
 }
 
 TEST(DeviceLayout, ThePageTableIsCappedForVeryLongContexts) {
