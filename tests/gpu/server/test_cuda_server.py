@@ -2,6 +2,7 @@
 inferd binary with engine.backend cuda, serving the GPU test models, driven by Python grpcio clients."""
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -222,3 +223,46 @@ def test_swap_preemption_on_a_tiny_pool_resumes_each_stream_where_it_was():
         assert info.running_requests == 0 and info.free_kv_blocks == info.total_kv_blocks
     finally:
         assert s.stop() == 0, s.logs()
+
+
+def test_a_prefix_evicted_from_the_gpus_comes_back_from_the_host_tier_with_the_same_outputs():
+    # A tiny device pool and a host tier: other long prompts push the first one's cached blocks off the GPU(s)
+    # (every rank's copy of its KV heads) into host memory; asked again, they come back and the answer is the same.
+    s = Server(model=os.path.join(MODELS, "llama3-hd64"),
+               engine={"backend": "cuda", "num_blocks": 24, "host_kv_cache_gib": 0.05, **TP},
+               scheduler={"max_num_seqs": 8, "max_num_batched_tokens": 256})
+    try:
+        prompt = " ".join(f"fact {i} about paged attention" for i in range(12))
+        first = s.stub.Generate(greedy(prompt, max_tokens=8))
+        for i in range(6):
+            s.stub.Generate(greedy(" ".join(f"other {i} {j} words" for j in range(15)), max_tokens=4))
+        before = wait_until_idle(s.stub)
+        assert before.host_cached_kv_blocks > 0 and before.kv_copied_to_host_bytes > 0
+        again = s.stub.Generate(greedy(prompt, max_tokens=8))
+        after = wait_until_idle(s.stub)
+        assert list(again.token_ids) == list(first.token_ids)
+        restored = after.host_prefix_cache_hit_tokens - before.host_prefix_cache_hit_tokens
+        assert restored >= 16 and restored % 16 == 0, "whole blocks of the prompt came back from the host tier"
+        assert after.kv_copied_to_device_bytes > before.kv_copied_to_device_bytes
+        assert after.free_kv_blocks == after.total_kv_blocks, "no block leaked"
+    finally:
+        assert s.stop() == 0, s.logs()
+
+
+def test_sigterm_drains_running_streams_refuses_new_ones_and_exits_zero():
+    s = Server(model=os.path.join(MODELS, "llama3-hd64"),
+               engine={"backend": "cuda", "gpu_memory_utilization": 0.2, **TP},
+               server={"drain_timeout_s": 60})
+    req = greedy(PROMPTS[0], max_tokens=300)
+    streams = [s.stub.GenerateStream(req) for _ in range(4)]
+    firsts = [next(st) for st in streams]
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    with pytest.raises(grpc.RpcError) as e:
+        s.stub.Generate(greedy("late", max_tokens=4), timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    for first, st in zip(firsts, streams):
+        rest = list(st)
+        assert sum(len(c.token_ids) for c in [first] + rest) == 300
+        assert rest[-1].finish_reason == pb.LENGTH
+    assert s.proc.wait(timeout=60) == 0, s.logs()
