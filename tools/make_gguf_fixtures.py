@@ -6,6 +6,7 @@
                                            tokenizer with scores, token types and the chat template
   tests/fixtures/models/qwen2-tiny.gguf    qwen2-tiny: BF16, QKV bias, tied embeddings, a `gpt2` tokenizer
                                            with merges and tokenizer.ggml.pre = qwen2
+  tests/fixtures/models/qwen3-tiny.gguf    qwen3-tiny: the same tokenizer, per-head q/k norms, head_dim 32
   tests/fixtures/gguf/quants.gguf + .json  random blocks of every quantized type inferd reads and the values
                                            gguf.quants.dequantize gives for them
   tests/fixtures/tokenizer/smollm2-gguf.json
@@ -82,7 +83,11 @@ def convert(name, arch, tokenizer_kind):
     writer.add_head_count_kv(kv)
     writer.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    writer.add_rope_dimension_count(cfg["hidden_size"] // heads)
+    head_dim = cfg.get("head_dim", cfg["hidden_size"] // heads)
+    if "head_dim" in cfg:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(cfg["vocab_size"])
 
     vocab = tok["model"]["vocab"]
@@ -143,6 +148,9 @@ def convert(name, arch, tokenizer_kind):
         if p + "self_attn.q_proj.bias" in w:
             for x in "qkv":
                 add(writer, g + f"attn_{x}.bias", t(p + f"self_attn.{x}_proj.bias")[0], dtype)
+        if p + "self_attn.q_norm.weight" in w:  # qwen3's per-head norms
+            add(writer, g + "attn_q_norm.weight", t(p + "self_attn.q_norm.weight")[0], dtype)
+            add(writer, g + "attn_k_norm.weight", t(p + "self_attn.k_norm.weight")[0], dtype)
         add(writer, g + "attn_output.weight", t(p + "self_attn.o_proj.weight")[0], dtype)
         add(writer, g + "ffn_norm.weight", t(p + "post_attention_layernorm.weight")[0], dtype)
         add(writer, g + "ffn_gate.weight", t(p + "mlp.gate_proj.weight")[0], dtype)
@@ -233,6 +241,7 @@ def smollm2_tokenizer():
 def main():
     convert("llama2-tiny", "llama", "llama")
     convert("qwen2-tiny", "qwen2", "gpt2")
+    convert("qwen3-tiny", "qwen3", "gpt2")
     quants()
     smollm2_tokenizer()
 

@@ -142,6 +142,7 @@ def main():
     p.add_argument("out_dir")
     p.add_argument("--gguf", nargs=2, action="append", default=[], metavar=("FILE", "NAME"))
     p.add_argument("--skip-dir", action="store_true", help="only the --gguf models")
+    p.add_argument("--only", action="append", default=[], help="only these models of models_dir (repeatable)")
     p.add_argument("--device", default="cpu", help="cpu (exact fp32) or cuda")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--suffix", default="", help="appended to each reference's file name")
@@ -161,7 +162,7 @@ def main():
         if not os.path.exists(os.path.join(d, "config.json")) or (
                 args.fp8_weights and not args.fp8_activations and name.endswith("-sharp")):
             continue
-        if name.endswith("-fp8"):  # an FP8 checkpoint of another model (tools/make_fp8_checkpoint.py)
+        if name.endswith("-fp8") or (args.only and name not in args.only):  # -fp8: tools/make_fp8_checkpoint.py's
             continue
         model = AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, args.dtype),
                                                      attn_implementation="eager").to(args.device)

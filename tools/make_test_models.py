@@ -157,6 +157,9 @@ def make_weights(cfg, seed, scale=1.0, embed_std=1.0, init_std=None):
         w[p + "self_attn.k_proj.weight"] = normal(nkv * hd, h, std=0.25)
         w[p + "self_attn.v_proj.weight"] = normal(nkv * hd, h, std=0.15)
         w[p + "self_attn.o_proj.weight"] = normal(h, nh * hd, std=0.15)
+        if cfg["model_type"] == "qwen3":  # per-head norms of q and k
+            w[p + "self_attn.q_norm.weight"] = norm_weight(hd)
+            w[p + "self_attn.k_norm.weight"] = norm_weight(hd)
         if cfg["model_type"] == "qwen2":
             w[p + "self_attn.q_proj.bias"] = normal(nh * hd, std=0.2)
             w[p + "self_attn.k_proj.bias"] = normal(nkv * hd, std=0.2)
@@ -332,6 +335,13 @@ def main():
                       tie_word_embeddings=True, eos_token_id=eos, bos_token_id=eos, torch_dtype="bfloat16",
                       use_sliding_window=False, sliding_window=512)
     write_model(out, "qwen2-tiny", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=4,
+                generation_config={"eos_token_id": [tok.token_to_id("<|im_end|>"), eos]})
+    # Qwen3 (dense): Qwen2's tokenizer, per-head q/k norms, no QKV bias, a head_dim wider than hidden / heads (as
+    # Qwen3-0.6B's 128 against 1024 / 16), GQA, tied embeddings, bf16.
+    cfg = base_config("Qwen3ForCausalLM", "qwen3", 608, num_key_value_heads=2, head_dim=32, rope_theta=1e6,
+                      tie_word_embeddings=True, eos_token_id=eos, bos_token_id=eos, torch_dtype="bfloat16",
+                      attention_bias=False, use_sliding_window=False, sliding_window=None)
+    write_model(out, "qwen3-tiny", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=5,
                 generation_config={"eos_token_id": [tok.token_to_id("<|im_end|>"), eos]})
 
 

@@ -93,11 +93,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
     return absl::InvalidArgumentError("config.json: missing 'architectures'");
   }
   c.architecture = j["architectures"][0].get<std::string>();
-  if (c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM" &&
-      c.architecture != "Qwen2ForCausalLM") {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: architecture '", c.architecture,
-                                                   "' is not supported; supported: LlamaForCausalLM, "
-                                                   "MistralForCausalLM, Qwen2ForCausalLM"));
+  c.arch = FindArchitecture(c.architecture);
+  if (!c.arch) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: architecture '", c.architecture.substr(0, 80),
+                                                   "' is not supported; supported: ", SupportedArchitectures()));
   }
   constexpr int64_t kBig = 1 << 24;
   absl::Status s;
@@ -126,7 +125,6 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean()) {
     c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
   }
-  c.qkv_bias = c.architecture == "Qwen2ForCausalLM";
   if (j.contains("attention_bias") && j["attention_bias"].is_boolean() && j["attention_bias"].get<bool>()) {
     return absl::InvalidArgumentError("config.json: attention_bias = true is not supported");
   }

@@ -1,4 +1,4 @@
-// The architecture of a Llama-family decoder, read from a Hugging Face config.json.
+// A decoder's shape and its family (engine/model/architecture.h), read from a Hugging Face config.json.
 #pragma once
 
 #include <cstdint>
@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/architecture.h"
 #include "engine/model/quantization_config.h"
 
 namespace inferd {
@@ -21,7 +22,8 @@ struct RopeConfig {
 };
 
 struct ModelConfig {
-  std::string architecture;  // LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM
+  std::string architecture;                         // config.json's, e.g. Qwen3ForCausalLM
+  const Architecture* arch = &LlamaArchitecture();  // its family: tensors and layer program
   int32_t vocab_size = 0;
   int32_t hidden_size = 0;
   int32_t intermediate_size = 0;
@@ -32,7 +34,6 @@ struct ModelConfig {
   int32_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;  // Qwen2
   RopeConfig rope;
   std::string torch_dtype;          // as stated in config.json, informational
   QuantizationConfig quantization;  // an FP8 checkpoint's quantization_config

@@ -43,6 +43,7 @@ struct LayerTensors {
   TensorDesc input_norm;              // [1, hidden]
   TensorDesc q_proj, k_proj, v_proj;  // [heads * head_dim, hidden], [kv_heads * head_dim, hidden] x2
   TensorDesc q_bias, k_bias, v_bias;  // [1, ...]; absent without QKV bias
+  TensorDesc q_norm, k_norm;          // [1, head_dim]: per-head norms (Architecture::qk_norm); else absent
   TensorDesc o_proj;                  // [hidden, heads * head_dim]
   TensorDesc post_norm;               // [1, hidden]
   TensorDesc gate_proj, up_proj;      // [intermediate, hidden]

@@ -44,12 +44,12 @@ void RmsNorm(const float* x, const Matrix& weight, float eps, float* out, int64_
 
 // Per-step scratch, sized once for the largest step so that the hot path does not allocate.
 struct Workspace {
-  std::vector<float> x, xn, qkv, attn, gate_up, act, partial;  // [tokens, ...]
-  std::vector<float> last, last_n, logits;                     // [logits rows, ...]
+  std::vector<float> x, xn, qkv, attn, gate_up, act, tmp;  // [tokens, ...]
+  std::vector<float> last, last_n, logits;                 // [logits rows, ...]
   int64_t bytes() const {
     return static_cast<int64_t>(sizeof(float)) *
-           (x.size() + xn.size() + qkv.size() + attn.size() + gate_up.size() + act.size() + partial.size() +
-            last.size() + last_n.size() + logits.size());
+           (x.size() + xn.size() + qkv.size() + attn.size() + gate_up.size() + act.size() + tmp.size() + last.size() +
+            last_n.size() + logits.size());
   }
 };
 
@@ -108,11 +108,13 @@ class CpuBackend : public Backend {
  private:
   void Forward(const StepInput& in);  // fills ws_.logits[num_logits, vocab]
   // Every layer of one shard over the step's tokens, leaving the residual stream in its ws.x. With several
-  // shards, each runs on its own thread and meets the others in ProjectAndReduce.
+  // shards, each runs on its own thread and meets the others at every kResidual after a kSumRanks.
   void ShardForward(const StepInput& in, Shard& s);
+  // One building block of the family's layer program (engine/model/architecture.h), in fp32.
+  void RunOp(LayerOp op, const StepInput& in, Shard& s, int layer);
   void Attention(const StepInput& in, Shard& s, int layer);
-  // x += in · wᵀ summed over the shards (each holds a slice of w's input columns), the same sum on every shard.
-  void ProjectAndReduce(Shard& s, const float* in, const Matrix& w, int64_t rows);
+  // x += tmp summed over the shards (each holds its part of a row-parallel product), the same sum on every shard.
+  void AddSumOverShards(Shard& s, int64_t rows);
 
   const ModelConfig& cfg_;
   CpuWeights weights_;  // the embeddings, final norm and LM head; the layers are in the shards
@@ -199,7 +201,7 @@ absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
     s.ws.attn.resize(T * s.q_dim);
     s.ws.gate_up.resize(T * 2 * s.inter);
     s.ws.act.resize(T * s.inter);
-    if (shards_.size() > 1) s.ws.partial.resize(T * H);
+    s.ws.tmp.resize(T * H);
     for (const CpuLayerWeights& l : s.layers) plan.weight_bytes += l.bytes();
     plan.activation_bytes += s.ws.bytes();
     plan.kv_bytes_per_block += 2 * int64_t{cfg_.num_layers} * block_size_ * s.kv_dim * 4;
@@ -322,75 +324,123 @@ void CpuBackend::Forward(const StepInput& in) {
   if (R > 0) MatMulT(last_n.data(), weights_.lm_head(), ws_.logits.data(), R, 0.0f);
 }
 
-void CpuBackend::ProjectAndReduce(Shard& s, const float* in, const Matrix& w, int64_t rows) {
+void CpuBackend::AddSumOverShards(Shard& s, int64_t rows) {
   std::vector<float>& x = s.ws.x;
+  const int64_t n = rows * cfg_.hidden_size;
   if (shards_.size() == 1) {
-    MatMulT(in, w, x.data(), rows, 1.0f);  // x += in · wᵀ
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; ++i) x[i] += s.ws.tmp[i];
     return;
   }
-  MatMulT(in, w, s.ws.partial.data(), rows, 0.0f);
-  meet_->arrive_and_wait();  // every shard's partial product is written
+  meet_->arrive_and_wait();  // every shard's part is written
   // The sum in rank order, so that every shard adds the same value to its copy of x.
-  const int64_t n = rows * cfg_.hidden_size;
 #pragma omp parallel for
   for (int64_t i = 0; i < n; ++i) {
     float sum = 0;
-    for (const Shard& other : shards_) sum += other.ws.partial[i];
+    for (const Shard& other : shards_) sum += other.ws.tmp[i];
     x[i] += sum;
   }
-  meet_->arrive_and_wait();  // no shard overwrites its partial product while another still reads it
+  meet_->arrive_and_wait();  // no shard overwrites its part while another still reads it
 }
 
 void CpuBackend::ShardForward(const StepInput& in, Shard& s) {
-  const int64_t T = in.num_tokens();
-  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, I = s.inter;
-  const int64_t q_dim = s.q_dim, kv_dim = s.kv_dim, qkv_dim = s.qkv_dim;
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  Workspace& w = s.ws;
-  std::vector<float>&x = w.x, &xn = w.xn, &qkv = w.qkv, &gate_up = w.gate_up, &act = w.act;
+  const int64_t T = in.num_tokens(), H = cfg_.hidden_size;
   for (int64_t t = 0; t < T; ++t) {
-    std::copy_n(weights_.embed.data.data() + int64_t{in.token_ids[t]} * H, H, x.data() + t * H);
+    std::copy_n(weights_.embed.data.data() + int64_t{in.token_ids[t]} * H, H, s.ws.x.data() + t * H);
   }
-  const int64_t heads = s.tp.q_heads.size() + s.tp.kv_heads.size();  // rotated: its query and K heads
   for (int layer = 0; layer < cfg_.num_layers; ++layer) {
     work_done_.fetch_add(1, std::memory_order_relaxed);
-    const CpuLayerWeights& L = s.layers[layer];
-    RmsNorm(x.data(), L.input_norm, eps, xn.data(), T);
-    MatMulT(xn.data(), L.qkv, qkv.data(), T, 0.0f);
-    if (!L.qkv_bias.data.empty()) {
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t i = 0; i < qkv_dim; ++i) qkv[t * qkv_dim + i] += L.qkv_bias.data[i];
-    }
-    // Rotary embedding on q and k (rotate-half convention), then K/V into their slots.
-    const int64_t half = D / 2;
+    for (LayerOp op : cfg_.arch->layer) RunOp(op, in, s, layer);
+  }
+}
+
+void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
+  const int64_t T = in.num_tokens();
+  const int64_t D = cfg_.head_dim, I = s.inter;
+  const int64_t q_dim = s.q_dim, kv_dim = s.kv_dim, qkv_dim = s.qkv_dim;
+  const int64_t q_heads = s.tp.q_heads.size(), kv_heads = s.tp.kv_heads.size();
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const CpuLayerWeights& L = s.layers[layer];
+  Workspace& w = s.ws;
+  switch (op) {
+    case LayerOp::kInputNorm:
+      RmsNorm(w.x.data(), L.input_norm, eps, w.xn.data(), T);
+      return;
+    case LayerOp::kPostNorm:
+      RmsNorm(w.x.data(), L.post_norm, eps, w.xn.data(), T);
+      return;
+    case LayerOp::kQkvProj:
+      MatMulT(w.xn.data(), L.qkv, w.qkv.data(), T, 0.0f);
+      if (!L.qkv_bias.data.empty()) {
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t i = 0; i < qkv_dim; ++i) w.qkv[t * qkv_dim + i] += L.qkv_bias.data[i];
+      }
+      return;
+    case LayerOp::kQkNorm:  // q heads then k heads: contiguous rows of head_dim in each token's qkv row
 #pragma omp parallel for
-    for (int64_t t = 0; t < T; ++t) {
-      float* row = qkv.data() + t * qkv_dim;
-      const float pos = static_cast<float>(in.positions[t]);
-      for (int64_t h = 0; h < heads; ++h) {
-        float* v = row + h * D;
-        for (int64_t i = 0; i < half; ++i) {
-          const float angle = pos * inv_freq_[i];
-          const float c = std::cos(angle), sn = std::sin(angle);
-          const float a = v[i], b = v[i + half];
-          v[i] = a * c - b * sn;
-          v[i + half] = b * c + a * sn;
+      for (int64_t t = 0; t < T; ++t) {
+        float* row = w.qkv.data() + t * qkv_dim;
+        for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
+          float* v = row + h * D;
+          const std::vector<float>& weight = h < q_heads ? L.q_norm.data : L.k_norm.data;
+          float ss = 0;
+          for (int64_t i = 0; i < D; ++i) ss += v[i] * v[i];
+          const float inv = 1.0f / std::sqrt(ss / D + eps);
+          for (int64_t i = 0; i < D; ++i) v[i] = weight[i] * (v[i] * inv);
         }
       }
-      const int64_t slot = in.slot_mapping[t];
-      std::copy_n(row + q_dim, kv_dim, s.k_cache[layer].get() + slot * kv_dim);
-      std::copy_n(row + q_dim + kv_dim, kv_dim, s.v_cache[layer].get() + slot * kv_dim);
-    }
-    Attention(in, s, layer);
-    ProjectAndReduce(s, w.attn.data(), L.o, T);  // x += attn · Woᵀ
-    RmsNorm(x.data(), L.post_norm, eps, xn.data(), T);
-    MatMulT(xn.data(), L.gate_up, gate_up.data(), T, 0.0f);
+      return;
+    case LayerOp::kRope: {  // rotate-half convention, on its query and K heads
+      const int64_t half = D / 2;
 #pragma omp parallel for
-    for (int64_t t = 0; t < T; ++t) {
-      const float* g = gate_up.data() + t * 2 * I;
-      for (int64_t i = 0; i < I; ++i) act[t * I + i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
+      for (int64_t t = 0; t < T; ++t) {
+        float* row = w.qkv.data() + t * qkv_dim;
+        const float pos = static_cast<float>(in.positions[t]);
+        for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
+          float* v = row + h * D;
+          for (int64_t i = 0; i < half; ++i) {
+            const float angle = pos * inv_freq_[i];
+            const float c = std::cos(angle), sn = std::sin(angle);
+            const float a = v[i], b = v[i + half];
+            v[i] = a * c - b * sn;
+            v[i + half] = b * c + a * sn;
+          }
+        }
+      }
+      return;
     }
-    ProjectAndReduce(s, act.data(), L.down, T);  // x += act · Wdownᵀ
+    case LayerOp::kWriteKv:
+      for (int64_t t = 0; t < T; ++t) {
+        const float* row = w.qkv.data() + t * qkv_dim;
+        const int64_t slot = in.slot_mapping[t];
+        std::copy_n(row + q_dim, kv_dim, s.k_cache[layer].get() + slot * kv_dim);
+        std::copy_n(row + q_dim + kv_dim, kv_dim, s.v_cache[layer].get() + slot * kv_dim);
+      }
+      return;
+    case LayerOp::kAttention:
+      Attention(in, s, layer);
+      return;
+    case LayerOp::kOutProj:
+      MatMulT(w.attn.data(), L.o, w.tmp.data(), T, 0.0f);
+      return;
+    case LayerOp::kSumRanks:  // summed where it is added: kResidual reads every shard's tmp
+      return;
+    case LayerOp::kResidual:
+      AddSumOverShards(s, T);
+      return;
+    case LayerOp::kGateUpProj:
+      MatMulT(w.xn.data(), L.gate_up, w.gate_up.data(), T, 0.0f);
+      return;
+    case LayerOp::kSiluMul:
+#pragma omp parallel for
+      for (int64_t t = 0; t < T; ++t) {
+        const float* g = w.gate_up.data() + t * 2 * I;
+        for (int64_t i = 0; i < I; ++i) w.act[t * I + i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
+      }
+      return;
+    case LayerOp::kDownProj:
+      MatMulT(w.act.data(), L.down, w.tmp.data(), T, 0.0f);
+      return;
   }
 }
 

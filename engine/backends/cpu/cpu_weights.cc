@@ -63,8 +63,8 @@ Matrix Cols(const Matrix& m, const std::vector<IndexRange>& runs) {
 
 int64_t CpuLayerWeights::bytes() const {
   return static_cast<int64_t>(sizeof(float)) *
-         (input_norm.data.size() + qkv.data.size() + qkv_bias.data.size() + o.data.size() + post_norm.data.size() +
-          gate_up.data.size() + down.data.size());
+         (input_norm.data.size() + qkv.data.size() + qkv_bias.data.size() + q_norm.data.size() + k_norm.data.size() +
+          o.data.size() + post_norm.data.size() + gate_up.data.size() + down.data.size());
 }
 
 int64_t CpuWeights::bytes() const {
@@ -79,6 +79,8 @@ CpuLayerWeights ShardLayer(const CpuLayerWeights& l, const ModelConfig& c, const
   CpuLayerWeights s;
   s.input_norm = l.input_norm;
   s.post_norm = l.post_norm;
+  s.q_norm = l.q_norm;  // per head: the same on every rank
+  s.k_norm = l.k_norm;
   s.qkv = Rows(l.qkv, shard.QkvRows(c));
   if (!l.qkv_bias.data.empty()) s.qkv_bias = Cols(l.qkv_bias, shard.QkvRows(c));
   s.o = Cols(l.o, {{shard.q_heads.begin * D, shard.q_heads.end * D}});
@@ -100,6 +102,10 @@ absl::StatusOr<CpuWeights> BuildCpuWeights(const ModelTensors& t) {
     INFERD_ASSIGN_OR_RETURN(l.qkv, Stack({&L.q_proj, &L.k_proj, &L.v_proj}));
     if (L.q_bias.present()) {
       INFERD_ASSIGN_OR_RETURN(l.qkv_bias, Vector({&L.q_bias, &L.k_bias, &L.v_bias}));
+    }
+    if (L.q_norm.present()) {
+      INFERD_ASSIGN_OR_RETURN(l.q_norm, Vector({&L.q_norm}));
+      INFERD_ASSIGN_OR_RETURN(l.k_norm, Vector({&L.k_norm}));
     }
     INFERD_ASSIGN_OR_RETURN(l.o, Stack({&L.o_proj}));
     INFERD_ASSIGN_OR_RETURN(l.post_norm, Vector({&L.post_norm}));

@@ -24,6 +24,8 @@ struct CpuLayerWeights {
   Matrix input_norm;  // [1, hidden]
   Matrix qkv;         // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
   Matrix qkv_bias;    // [1, (num_heads + 2 * num_kv_heads) * head_dim], empty without QKV bias
+  Matrix q_norm;      // [1, head_dim]: every query head's norm weights (Architecture::qk_norm); else empty
+  Matrix k_norm;      // [1, head_dim]: every key head's
   Matrix o;           // [hidden, num_heads * head_dim]
   Matrix post_norm;   // [1, hidden]
   Matrix gate_up;     // [2 * intermediate, hidden]: gate rows then up rows

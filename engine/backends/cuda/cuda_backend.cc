@@ -602,6 +602,17 @@ std::string CudaUnsupportedReason(const ModelConfig& config) {
     return absl::StrCat("head_dim = ", config.head_dim,
                         " is not supported by the cuda backend; supported: 64, 128, 256");
   }
+  // RunForward (forward.cc) runs the Llama family's layer program, fused; other programs wait for its walker.
+  const std::vector<LayerOp>& llama = LlamaArchitecture().layer;
+  if (config.arch->layer != llama) {
+    for (LayerOp op : config.arch->layer) {
+      if (std::find(llama.begin(), llama.end(), op) == llama.end()) {
+        return absl::StrCat(config.architecture, "'s layer has the '", LayerOpName(op),
+                            "' block, which the cuda backend does not run yet; engine.backend: cpu runs it");
+      }
+    }
+    return absl::StrCat(config.architecture, "'s layer order is not the one the cuda backend runs");
+  }
   return "";
 }
 

@@ -81,14 +81,12 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
   const GgufContents& g = file.contents();
   const std::string arch = GgufString(g, "general.architecture");
   ModelConfig c;
-  if (arch == "llama" || arch == "mistral") {
-    c.architecture = "LlamaForCausalLM";
-  } else if (arch == "qwen2") {
-    c.architecture = "Qwen2ForCausalLM";
-    c.qkv_bias = true;
-  } else {
-    return Bad(absl::StrCat("general.architecture '", arch, "' is not supported; supported: llama, mistral, qwen2"));
+  c.arch = FindGgufArchitecture(arch);
+  if (!c.arch) {
+    return Bad(absl::StrCat("general.architecture '", arch.substr(0, 80),
+                            "' is not supported; supported: ", SupportedGgufArchitectures()));
   }
+  c.architecture = std::string(c.arch->hf_architectures.front());
   const std::string p = arch + ".";
   INFERD_ASSIGN_OR_RETURN(c.num_layers, GetInt(g, p + "block_count", 1, 4096));
   INFERD_ASSIGN_OR_RETURN(c.hidden_size, GetInt(g, p + "embedding_length", 1, kMaxDim));
@@ -150,7 +148,6 @@ absl::StatusOr<ModelTensors> DescribeGgufTensors(std::shared_ptr<const GgufFile>
   ModelTensors w;
   std::map<std::string, int> types;
   const int64_t h = c.hidden_size, q_dim = c.q_width(), kv_dim = c.kv_width(), ff = c.intermediate_size;
-  const bool llama_rotary_order = c.architecture == "LlamaForCausalLM";
   INFERD_RETURN_IF_ERROR(Describe(f, "token_embd.weight", {h, c.vocab_size}, &w.embed, &types));
   INFERD_RETURN_IF_ERROR(Describe(f, "output_norm.weight", {h}, &w.final_norm, &types));
   if (!c.tie_word_embeddings) {
@@ -164,14 +161,18 @@ absl::StatusOr<ModelTensors> DescribeGgufTensors(std::shared_ptr<const GgufFile>
     INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_q.weight", {h, q_dim}, &L.q_proj, &types));
     INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_k.weight", {h, kv_dim}, &L.k_proj, &types));
     INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_v.weight", {h, kv_dim}, &L.v_proj, &types));
-    if (llama_rotary_order) {
+    if (c.arch->gguf_interleaved_rotary) {
       L.q_proj.rotary_heads = c.num_heads;
       L.k_proj.rotary_heads = c.num_kv_heads;
     }
-    if (c.qkv_bias) {
+    if (c.arch->qkv_bias) {
       INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_q.bias", {q_dim}, &L.q_bias, &types));
       INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_k.bias", {kv_dim}, &L.k_bias, &types));
       INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_v.bias", {kv_dim}, &L.v_bias, &types));
+    }
+    if (c.arch->qk_norm) {
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_q_norm.weight", {c.head_dim}, &L.q_norm, &types));
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_k_norm.weight", {c.head_dim}, &L.k_norm, &types));
     }
     INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_output.weight", {q_dim, h}, &L.o_proj, &types));
     INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_norm.weight", {h}, &L.post_norm, &types));

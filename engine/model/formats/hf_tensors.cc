@@ -225,10 +225,14 @@ absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const Mod
     INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.q_proj.weight", {q_dim, h}, &L.q_proj));
     INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.k_proj.weight", {kv_dim, h}, &L.k_proj));
     INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.v_proj.weight", {kv_dim, h}, &L.v_proj));
-    if (c.qkv_bias) {
+    if (c.arch->qkv_bias) {
       INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.q_proj.bias", {q_dim}, &L.q_bias));
       INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.k_proj.bias", {kv_dim}, &L.k_bias));
       INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.v_proj.bias", {kv_dim}, &L.v_bias));
+    }
+    if (c.arch->qk_norm) {
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.q_norm.weight", {c.head_dim}, &L.q_norm));
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.k_norm.weight", {c.head_dim}, &L.k_norm));
     }
     INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.o_proj.weight", {h, q_dim}, &L.o_proj));
     INFERD_RETURN_IF_ERROR(src.Describe(p + "post_attention_layernorm.weight", {h}, &L.post_norm));

@@ -254,7 +254,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The GGUF conversion holds the same weights as the Hugging Face directory, q/k rows included.
 TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {
-  for (const char* name : {"llama2-tiny", "qwen2-tiny"}) {
+  for (const char* name : {"llama2-tiny", "qwen2-tiny", "qwen3-tiny"}) {
     SCOPED_TRACE(name);
     auto hf = LoadModel(testing::ModelDir(name));
     auto gg = LoadModel(testing::ModelDir(name) + ".gguf");
@@ -266,7 +266,7 @@ TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {
     EXPECT_EQ(a.num_kv_heads, b.num_kv_heads);
     EXPECT_EQ(a.head_dim, b.head_dim);
     EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
-    EXPECT_EQ(a.qkv_bias, b.qkv_bias);
+    EXPECT_EQ(a.arch, b.arch);
     EXPECT_EQ((*hf)->eos_token_ids, (*gg)->eos_token_ids);
     auto hw = BuildCpuWeights((*hf)->tensors);
     auto gw = BuildCpuWeights((*gg)->tensors);
@@ -275,6 +275,9 @@ TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {
     ASSERT_EQ(hw->layers.size(), gw->layers.size());
     EXPECT_EQ(hw->layers[1].qkv.data, gw->layers[1].qkv.data);
     EXPECT_EQ(hw->layers[1].qkv_bias.data, gw->layers[1].qkv_bias.data);
+    EXPECT_EQ(hw->layers[1].q_norm.data, gw->layers[1].q_norm.data);
+    EXPECT_EQ(hw->layers[1].k_norm.data, gw->layers[1].k_norm.data);
+    EXPECT_EQ(hw->layers[1].q_norm.data.size(), a.arch->qk_norm ? size_t(a.head_dim) : 0u);
     EXPECT_EQ(hw->layers[0].gate_up.data, gw->layers[0].gate_up.data);
     EXPECT_EQ(hw->lm_head().data, gw->lm_head().data);
     ASSERT_NE((*gg)->chat_template, nullptr);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -29,8 +30,36 @@ TEST(ModelConfig, ExplicitHeadDimAndQkvBias) {
   EXPECT_EQ(m->head_dim, 32);
   auto q = ParseModelConfig(testing::ReadJson(testing::ModelDir("qwen2-tiny") + "/config.json").dump());
   ASSERT_TRUE(q.ok());
-  EXPECT_TRUE(q->qkv_bias);
+  EXPECT_EQ(q->arch, &Qwen2Architecture());
+  EXPECT_TRUE(q->arch->qkv_bias);
   EXPECT_TRUE(q->tie_word_embeddings);
+}
+
+// Each config.json architecture is served by one family; Qwen3's layer is Llama's with the per-head q/k norm
+// inserted before the rotary embedding, and nothing else differs.
+TEST(ModelConfig, EachArchitectureFindsItsFamilyAndItsLayerProgram) {
+  nlohmann::json j = testing::ReadJson(testing::ModelDir("llama2-tiny") + "/config.json");
+  for (const auto& [name, family] :
+       std::vector<std::pair<std::string, const Architecture*>>{{"LlamaForCausalLM", &LlamaArchitecture()},
+                                                                {"MistralForCausalLM", &LlamaArchitecture()},
+                                                                {"Qwen2ForCausalLM", &Qwen2Architecture()},
+                                                                {"Qwen3ForCausalLM", &Qwen3Architecture()}}) {
+    j["architectures"] = {name};
+    auto c = ParseModelConfig(j.dump());
+    ASSERT_TRUE(c.ok()) << name << ": " << c.status();
+    EXPECT_EQ(c->arch, family) << name;
+  }
+  std::vector<LayerOp> qwen3 = Qwen3Architecture().layer;
+  const auto at = std::find(qwen3.begin(), qwen3.end(), LayerOp::kQkNorm);
+  ASSERT_NE(at, qwen3.end());
+  EXPECT_EQ(*std::next(at), LayerOp::kRope);
+  qwen3.erase(at);
+  EXPECT_EQ(qwen3, LlamaArchitecture().layer);
+  EXPECT_TRUE(Qwen3Architecture().qk_norm);
+  EXPECT_FALSE(Qwen3Architecture().qkv_bias);
+  EXPECT_EQ(FindGgufArchitecture("qwen3"), &Qwen3Architecture());
+  EXPECT_EQ(FindGgufArchitecture("gpt2"), nullptr);
+  EXPECT_NE(SupportedArchitectures().find("Qwen3ForCausalLM"), std::string::npos);
 }
 
 TEST(ModelConfig, RefusesUnsupportedAndInconsistentConfigs) {

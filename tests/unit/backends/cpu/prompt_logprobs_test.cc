@@ -85,7 +85,8 @@ TEST_P(PromptLogprobs, EqualTransformersTeacherForcedAtEveryPosition) {
   EXPECT_EQ(stats.free_blocks, stats.total_blocks) << "every block is back once all requests finished";
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, PromptLogprobs, ::testing::Values("llama3-tiny", "qwen2-tiny", "mistral-tiny"),
+INSTANTIATE_TEST_SUITE_P(Models, PromptLogprobs,
+                         ::testing::Values("llama3-tiny", "qwen2-tiny", "mistral-tiny", "qwen3-tiny"),
                          [](const auto& info) { return std::string(info.param).substr(0, 5); });
 
 }  // namespace
