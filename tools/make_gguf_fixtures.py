@@ -173,7 +173,7 @@ def random_blocks(qtype, rows, cols, rng):
         return np.frombuffer(rng.uniform(0.001, 0.05, size=n_blocks * k).astype(np.float16).tobytes(),
                              dtype=np.uint8).reshape(n_blocks, 2 * k)
 
-    if qtype in (Q.Q8_0, Q.Q4_0):
+    if qtype in (Q.Q8_0, Q.Q4_0, Q.Q5_0):
         raw[:, 0:2] = halves(1)
     elif qtype == Q.Q4_1:
         raw[:, 0:4] = halves(2)
@@ -203,6 +203,9 @@ def quants():
     bits = (bf.view(np.uint32) >> 16).astype(np.uint16)
     writer.add_tensor("bf16", bits.view(np.uint8), raw_dtype=Q.BF16)
     expected["bf16"] = (bits.astype(np.uint32) << 16).view(np.float32).reshape(-1).tolist()
+    raw = random_blocks(Q.Q5_0, 3, 512, rng)  # after the others, so that their bytes stay as they were
+    writer.add_tensor("q5_0", raw, raw_dtype=Q.Q5_0)
+    expected["q5_0"] = gguf.quants.dequantize(raw, Q.Q5_0).reshape(-1).astype(np.float32).tolist()
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

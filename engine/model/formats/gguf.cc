@@ -238,6 +238,8 @@ std::string GgmlTypeName(uint32_t type) {
       return "Q4_0";
     case GgmlType::kQ4_1:
       return "Q4_1";
+    case GgmlType::kQ5_0:
+      return "Q5_0";
     case GgmlType::kQ4_K:
       return "Q4_K";
     case GgmlType::kQ6_K:
@@ -271,6 +273,10 @@ bool GgmlBlockLayout(uint32_t type, int64_t* elems, int64_t* bytes) {
     case GgmlType::kQ4_1:
       *elems = 32;
       *bytes = 20;
+      return true;
+    case GgmlType::kQ5_0:
+      *elems = 32;
+      *bytes = 22;
       return true;
     case GgmlType::kQ4_K:
       *elems = 256;

@@ -58,6 +58,7 @@ enum class GgmlType : uint32_t {
   kF16 = 1,
   kQ4_0 = 2,
   kQ4_1 = 3,
+  kQ5_0 = 6,
   kQ8_0 = 8,
   kQ4_K = 12,
   kQ6_K = 14,

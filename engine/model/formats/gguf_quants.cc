@@ -2,6 +2,8 @@
 //   Q8_0 [f16 d][i8 q x32]                    x = d*q
 //   Q4_0 [f16 d][u8 q x16]                    x[j] = d*(lo(q[j]) - 8), x[j+16] = d*(hi(q[j]) - 8)
 //   Q4_1 [f16 d][f16 m][u8 q x16]             x[j] = d*lo(q[j]) + m,   x[j+16] = d*hi(q[j]) + m
+//   Q5_0 [f16 d][u32 qh][u8 q x16]            x[j] = d*(lo(q[j]) | bit j of qh << 4) - 16),
+//                                             x[j+16] = d*((hi(q[j]) | bit j+16 of qh << 4) - 16)
 //   Q4_K [f16 d][f16 dmin][u8 scales x12][u8 q x128]   8 sub-blocks of 32 with 6-bit scales and mins
 //   Q6_K [u8 ql x128][u8 qh x64][i8 scales x16][f16 d]  16 sub-blocks of 16, 6-bit values offset by 32
 #include <cstring>
@@ -39,6 +41,19 @@ void Q4_1(const uint8_t* b, float* y) {
   for (int j = 0; j < 16; ++j) {
     y[j] = d * (q[j] & 0xF) + m;
     y[j + 16] = d * (q[j] >> 4) + m;
+  }
+}
+
+void Q5_0(const uint8_t* b, float* y) {
+  const float d = F16At(b);
+  uint32_t qh;
+  std::memcpy(&qh, b + 2, 4);
+  const uint8_t* q = b + 6;
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (q[j] & 0xF) | (((qh >> j) & 1) << 4);
+    const int hi = (q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+    y[j] = d * (lo - 16);
+    y[j + 16] = d * (hi - 16);
   }
 }
 
@@ -114,6 +129,7 @@ absl::Status DequantizeGgml(uint32_t type, std::span<const uint8_t> bytes, int64
       void (*block)(const uint8_t*, float*) = static_cast<GgmlType>(type) == GgmlType::kQ8_0   ? Q8_0
                                               : static_cast<GgmlType>(type) == GgmlType::kQ4_0 ? Q4_0
                                               : static_cast<GgmlType>(type) == GgmlType::kQ4_1 ? Q4_1
+                                              : static_cast<GgmlType>(type) == GgmlType::kQ5_0 ? Q5_0
                                               : static_cast<GgmlType>(type) == GgmlType::kQ4_K ? Q4_K
                                                                                                : Q6_K;
       const int64_t blocks = numel / block_elems;
