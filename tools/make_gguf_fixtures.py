@@ -7,6 +7,7 @@
   tests/fixtures/models/qwen2-tiny.gguf    qwen2-tiny: BF16, QKV bias, tied embeddings, a `gpt2` tokenizer
                                            with merges and tokenizer.ggml.pre = qwen2
   tests/fixtures/models/qwen3-tiny.gguf    qwen3-tiny: the same tokenizer, per-head q/k norms, head_dim 32
+  tests/fixtures/models/gemma3-tiny.gguf   gemma3-tiny: norms stored as 1 + w, sliding window, sandwich norms
   tests/fixtures/gguf/quants.gguf + .json  random blocks of every quantized type inferd reads and the values
                                            gguf.quants.dequantize gives for them
   tests/fixtures/tokenizer/smollm2-gguf.json
@@ -58,6 +59,8 @@ def permute(w, n_head):
 
 
 def add(writer, name, arr, dtype):
+    if arr.dtype == np.float32:  # converted here (Gemma's norms): F32 whatever the checkpoint's type
+        dtype = "F32"
     ggml = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16}[dtype]
     arr = np.ascontiguousarray(arr)
     if dtype == "BF16":
@@ -81,7 +84,12 @@ def convert(name, arch, tokenizer_kind):
     writer.add_feed_forward_length(cfg["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv)
-    writer.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    gemma = arch == "gemma3"
+    if gemma:  # llama.cpp's Gemma 3: global base here, sliding layers at 10000, every 6th layer global
+        writer.add_rope_freq_base(cfg["rope_parameters"]["full_attention"]["rope_theta"])
+        writer.add_sliding_window(cfg["sliding_window"])
+    else:
+        writer.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     head_dim = cfg.get("head_dim", cfg["hidden_size"] // heads)
     if "head_dim" in cfg:
@@ -129,6 +137,10 @@ def convert(name, arch, tokenizer_kind):
     writer.add_chat_template(MODEL_TEMPLATES[name])
 
     def t(hf):
+        if gemma and hf.endswith("norm.weight"):  # llama.cpp's converter stores Gemma's 1 + w, as F32
+            arr, dt = w[hf]
+            f32 = (arr.astype(np.uint32) << 16).view(np.float32) if dt == "BF16" else arr.astype(np.float32)
+            return f32 + np.float32(1), "F32"
         return w[hf]
 
     dtype = next(iter(w.values()))[1]
@@ -152,7 +164,12 @@ def convert(name, arch, tokenizer_kind):
             add(writer, g + "attn_q_norm.weight", t(p + "self_attn.q_norm.weight")[0], dtype)
             add(writer, g + "attn_k_norm.weight", t(p + "self_attn.k_norm.weight")[0], dtype)
         add(writer, g + "attn_output.weight", t(p + "self_attn.o_proj.weight")[0], dtype)
-        add(writer, g + "ffn_norm.weight", t(p + "post_attention_layernorm.weight")[0], dtype)
+        if gemma:
+            add(writer, g + "post_attention_norm.weight", t(p + "post_attention_layernorm.weight")[0], dtype)
+            add(writer, g + "ffn_norm.weight", t(p + "pre_feedforward_layernorm.weight")[0], dtype)
+            add(writer, g + "post_ffw_norm.weight", t(p + "post_feedforward_layernorm.weight")[0], dtype)
+        else:
+            add(writer, g + "ffn_norm.weight", t(p + "post_attention_layernorm.weight")[0], dtype)
         add(writer, g + "ffn_gate.weight", t(p + "mlp.gate_proj.weight")[0], dtype)
         add(writer, g + "ffn_up.weight", t(p + "mlp.up_proj.weight")[0], dtype)
         add(writer, g + "ffn_down.weight", t(p + "mlp.down_proj.weight")[0], dtype)
@@ -245,6 +262,7 @@ def main():
     convert("llama2-tiny", "llama", "llama")
     convert("qwen2-tiny", "qwen2", "gpt2")
     convert("qwen3-tiny", "qwen3", "gpt2")
+    convert("gemma3-tiny", "gemma3", "llama")
     quants()
     smollm2_tokenizer()
 

@@ -142,8 +142,12 @@ def make_weights(cfg, seed, scale=1.0, embed_std=1.0, init_std=None):
             return rng.normal(0.0, init_std, size=shape).astype(np.float32)
         return rng.normal(0.0, std * (scale if scaled else 1.0), size=shape).astype(np.float32)
 
-    def norm_weight(n):
-        return np.ones(n, np.float32) if init_std is not None else 1.0 + normal(n, std=0.1, scaled=False)
+    gemma = cfg["model_type"] == "gemma3_text"
+
+    def norm_weight(n):  # Gemma stores w of its 1 + w multiplier
+        if init_std is not None:
+            return np.zeros(n, np.float32) if gemma else np.ones(n, np.float32)
+        return (0.0 if gemma else 1.0) + normal(n, std=0.1, scaled=False)
 
     w["model.embed_tokens.weight"] = normal(v, h, std=embed_std, scaled=False)
     w["model.norm.weight"] = norm_weight(h)
@@ -153,11 +157,14 @@ def make_weights(cfg, seed, scale=1.0, embed_std=1.0, init_std=None):
         p = f"model.layers.{l}."
         w[p + "input_layernorm.weight"] = norm_weight(h)
         w[p + "post_attention_layernorm.weight"] = norm_weight(h)
+        if gemma:  # norms before and after the MLP too
+            w[p + "pre_feedforward_layernorm.weight"] = norm_weight(h)
+            w[p + "post_feedforward_layernorm.weight"] = norm_weight(h)
         w[p + "self_attn.q_proj.weight"] = normal(nh * hd, h, std=0.25)
         w[p + "self_attn.k_proj.weight"] = normal(nkv * hd, h, std=0.25)
         w[p + "self_attn.v_proj.weight"] = normal(nkv * hd, h, std=0.15)
         w[p + "self_attn.o_proj.weight"] = normal(h, nh * hd, std=0.15)
-        if cfg["model_type"] == "qwen3":  # per-head norms of q and k
+        if cfg["model_type"] in ("qwen3", "gemma3_text"):  # per-head norms of q and k
             w[p + "self_attn.q_norm.weight"] = norm_weight(hd)
             w[p + "self_attn.k_norm.weight"] = norm_weight(hd)
         if cfg["model_type"] == "qwen2":
@@ -343,6 +350,21 @@ def main():
                       attention_bias=False, use_sliding_window=False, sliding_window=None)
     write_model(out, "qwen3-tiny", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=5,
                 generation_config={"eos_token_id": [tok.token_to_id("<|im_end|>"), eos]})
+    # Gemma 3 (text): a SentencePiece-style tokenizer, 6 layers of which every 6th is global and the others see a
+    # 16-token window (shorter than the prompts), each kind with its own rotary base; sandwich norms stored as
+    # w of 1 + w, q/k norms, GeGLU, embeddings scaled by √hidden, one KV head of head_dim 32, tied, bf16.
+    tok = sentencepiece_like(metaspace=False, vocab_size=700)
+    cfg = base_config("Gemma3ForCausalLM", "gemma3_text", 704, num_hidden_layers=6, num_key_value_heads=1,
+                      head_dim=32, rms_norm_eps=1e-6, sliding_window=16, query_pre_attn_scalar=32,
+                      layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                      rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                      hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
+                      attn_logit_softcapping=None, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0, torch_dtype="bfloat16")
+    del cfg["hidden_act"]
+    write_model(out, "gemma3-tiny", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+                "BF16", seed=6, embed_std=0.15)
 
 
 if __name__ == "__main__":

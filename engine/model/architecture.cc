@@ -7,7 +7,7 @@ namespace {
 
 const std::vector<const Architecture*>& Families() {
   static const std::vector<const Architecture*> families = {&LlamaArchitecture(), &Qwen2Architecture(),
-                                                            &Qwen3Architecture()};
+                                                            &Qwen3Architecture(), &Gemma3Architecture()};
   return families;
 }
 
@@ -59,6 +59,12 @@ const char* LayerOpName(LayerOp op) {
       return "silu_mul";
     case LayerOp::kDownProj:
       return "down_proj";
+    case LayerOp::kAttnOutNorm:
+      return "attn_out_norm";
+    case LayerOp::kGeluTanhMul:
+      return "gelu_tanh_mul";
+    case LayerOp::kMlpOutNorm:
+      return "mlp_out_norm";
   }
   return "?";
 }

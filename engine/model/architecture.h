@@ -18,14 +18,18 @@ enum class LayerOp {
   kQkNorm,      // every q head and every k head of qkv: rmsnorm over head_dim · q_norm (k_norm)
   kRope,        // the rotary embedding on q and k
   kWriteKv,     // k and v into their KV cache slots
-  kAttention,   // attn = causal attention of each q head over its KV head's cached keys and values
+  kAttention,   // attn = causal attention of each q head over its KV head's cached keys and values (the
+                // layer's sliding window, the config's scale and soft cap where it sets them)
   kOutProj,     // tmp = attn · W_oᵀ
   kSumRanks,    // tmp = its sum over the tensor-parallel ranks (nothing on one)
+  kAttnOutNorm,  // tmp = rmsnorm(tmp) · attn_out_norm (Gemma's post-attention norm)
   kResidual,    // x += tmp
-  kPostNorm,    // xn = rmsnorm(x) · post_attention_norm
+  kPostNorm,    // xn = rmsnorm(x) · post_norm (the norm before the MLP)
   kGateUpProj,  // gate_up = xn · [W_gate; W_up]ᵀ
   kSiluMul,     // act = silu(gate) · up
+  kGeluTanhMul,  // act = gelu_tanh(gate) · up (GeGLU)
   kDownProj,    // tmp = act · W_downᵀ
+  kMlpOutNorm,  // tmp = rmsnorm(tmp) · mlp_out_norm (Gemma's post-feed-forward norm)
 };
 
 // The op's name as logs and errors show it ("qk_norm").
@@ -40,6 +44,17 @@ struct Architecture {
   // GGUF files store q and k rows in llama.cpp's interleaved rotary order (its llama-family converter permutes
   // them); the loader turns them back into the rotate-half order.
   bool gguf_interleaved_rotary = false;
+  // Norms multiply by 1 + weight (Gemma): Hugging Face checkpoints store the weight, GGUF files 1 + weight; the
+  // loader hands every backend the multiplier.
+  bool norms_add_one = false;
+  // Norms around both halves of the layer (Gemma): attn_out_norm and mlp_out_norm on the halves' outputs, and
+  // post_norm is the checkpoint's pre-feed-forward norm.
+  bool sandwich_norms = false;
+  bool scaled_embeddings = false;  // the embedding rows are multiplied by √hidden (Gemma)
+  // Sliding-window layers interleaved with global ones (config.json's layer_types, else every
+  // sliding_window_pattern-th layer global), with a rotary base of their own.
+  bool sliding_window_layers = false;
+  int32_t sliding_window_pattern = 0;  // the family's default pattern
   std::vector<LayerOp> layer;  // one decoder layer, in order
 };
 
@@ -54,5 +69,6 @@ std::string SupportedGgufArchitectures();
 const Architecture& LlamaArchitecture();  // Llama 2/3, Mistral, SmolLM
 const Architecture& Qwen2Architecture();  // Qwen2, Qwen2.5
 const Architecture& Qwen3Architecture();  // Qwen3 (dense)
+const Architecture& Gemma3Architecture();  // Gemma 3 (text)
 
 }  // namespace inferd

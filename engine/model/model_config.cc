@@ -1,5 +1,6 @@
 #include "engine/model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -82,6 +83,77 @@ void ReadIds(const json& j, const char* key, std::vector<int32_t>* out) {
   }
 }
 
+// Which layers attend through a sliding window: layer_types ("sliding_attention" / "full_attention"), else every
+// sliding_window_pattern-th layer global (the family's default pattern where the config has none).
+absl::Status ParseWindows(const json& j, bool windowed, ModelConfig* c) {
+  if (!windowed) return absl::OkStatus();
+  const int64_t window = j["sliding_window"].get<int64_t>();
+  if (window < 1) return absl::InvalidArgumentError("config.json: sliding_window must be >= 1");
+  c->layer_window.assign(c->num_layers, 0);
+  if (j.contains("layer_types") && j["layer_types"].is_array()) {
+    const json& types = j["layer_types"];
+    if (types.size() != static_cast<size_t>(c->num_layers)) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types has ", types.size(),
+                                                     " entries; num_hidden_layers is ", c->num_layers));
+    }
+    for (int l = 0; l < c->num_layers; ++l) {
+      const std::string t = types[l].is_string() ? types[l].get<std::string>() : "";
+      if (t != "sliding_attention" && t != "full_attention") {
+        return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types[", l, "] = ", types[l].dump().substr(0, 40),
+                                                       "; allowed: sliding_attention, full_attention"));
+      }
+      if (t == "sliding_attention") c->layer_window[l] = static_cast<int32_t>(window);
+    }
+    return absl::OkStatus();
+  }
+  int32_t pattern = c->arch->sliding_window_pattern;
+  absl::Status s = Field(j, "sliding_window_pattern", &pattern, false, 1, 1024);
+  if (!s.ok()) return s;
+  for (int l = 0; l < c->num_layers; ++l) {
+    if ((l + 1) % pattern != 0) c->layer_window[l] = static_cast<int32_t>(window);
+  }
+  return absl::OkStatus();
+}
+
+// The sliding layers' rotary base: rope_local_base_freq (transformers 4), or rope_parameters.sliding_attention
+// (transformers 5, whose rope_parameters.full_attention is then the global layers' rope).
+absl::Status ParseLocalRope(const json& j, ModelConfig* c) {
+  c->rope_local_theta = 10000.0;
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+      j["rope_parameters"].contains("full_attention")) {
+    const json& p = j["rope_parameters"];
+    absl::Status s = ParseRope(json{{"rope_parameters", p["full_attention"]}}, &c->rope);
+    if (!s.ok()) return s;
+    if (p.contains("sliding_attention") && p["sliding_attention"].contains("rope_theta")) {
+      c->rope_local_theta = p["sliding_attention"]["rope_theta"].get<double>();
+    }
+  }
+  if (j.contains("rope_local_base_freq") && j["rope_local_base_freq"].is_number()) {
+    c->rope_local_theta = j["rope_local_base_freq"].get<double>();
+  }
+  if (!(c->rope_local_theta > 0)) return absl::InvalidArgumentError("config.json: rope_local_base_freq must be > 0");
+  return absl::OkStatus();
+}
+
+// query_pre_attn_scalar (the softmax scale is its inverse square root), the soft caps, the embedding multiplier.
+absl::Status ParseScales(const json& j, ModelConfig* c) {
+  if (j.contains("query_pre_attn_scalar") && j["query_pre_attn_scalar"].is_number()) {
+    const double q = j["query_pre_attn_scalar"].get<double>();
+    if (!(q > 0)) return absl::InvalidArgumentError("config.json: query_pre_attn_scalar must be > 0");
+    c->attention_scale = 1.0 / std::sqrt(q);
+  }
+  for (auto [key, out] : {std::pair{"attn_logit_softcapping", &c->attn_logit_softcap},
+                          std::pair{"final_logit_softcapping", &c->final_logit_softcap}}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    if (!j[key].is_number() || !(j[key].get<double>() > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, " must be null or > 0"));
+    }
+    *out = j[key].get<double>();
+  }
+  if (c->arch->scaled_embeddings) c->embedding_scale = std::sqrt(static_cast<double>(c->hidden_size));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
@@ -130,19 +202,32 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   }
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) c.torch_dtype = j["torch_dtype"].get<std::string>();
   if (j.contains("dtype") && j["dtype"].is_string()) c.torch_dtype = j["dtype"].get<std::string>();
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: hidden_act = ", j["hidden_act"].dump(), " is not supported; supported: silu"));
+  // The activation the config names must be the one the family's MLP block computes.
+  const std::vector<LayerOp>& layer = c.arch->layer;
+  const bool gelu = std::find(layer.begin(), layer.end(), LayerOp::kGeluTanhMul) != layer.end();
+  for (const char* key : {"hidden_act", "hidden_activation"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const std::string act = j[key].is_string() ? j[key].get<std::string>() : j[key].dump();
+    const bool ok = gelu ? (act == "gelu_pytorch_tanh" || act == "gelu_tanh") : act == "silu";
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, " = '", act.substr(0, 40), "' is not ",
+                                                     c.architecture, "'s; supported: ",
+                                                     gelu ? "gelu_pytorch_tanh" : "silu"));
+    }
   }
-  if (j.contains("sliding_window") && j["sliding_window"].is_number_integer() &&
-      j["sliding_window"].get<int64_t>() < c.max_position_embeddings &&
-      !(j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() &&
-        !j["use_sliding_window"].get<bool>())) {
+  const bool windowed = j.contains("sliding_window") && j["sliding_window"].is_number_integer() &&
+                        j["sliding_window"].get<int64_t>() < c.max_position_embeddings &&
+                        !(j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() &&
+                          !j["use_sliding_window"].get<bool>());
+  if (windowed && !c.arch->sliding_window_layers) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window = ", j["sliding_window"].dump(),
                                                    " is shorter than max_position_embeddings; sliding-window "
-                                                   "attention is not supported"));
+                                                   "attention is not supported for ", c.architecture));
   }
+  if (!(s = ParseWindows(j, windowed, &c)).ok()) return s;
+  if (!(s = ParseScales(j, &c)).ok()) return s;
   if (!(s = ParseRope(j, &c.rope)).ok()) return s;
+  if (c.arch->sliding_window_layers && !(s = ParseLocalRope(j, &c)).ok()) return s;
   if (!(s = ParseQuantizationConfig(j, &c.quantization)).ok()) return s;
   ReadIds(j, "eos_token_id", &c.eos_token_ids);
   std::vector<int32_t> bos;
@@ -151,9 +236,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   return c;
 }
 
-std::vector<float> RopeInverseFrequencies(const ModelConfig& c) {
+std::vector<float> RopeInverseFrequencies(const ModelConfig& c, bool local) {
   const int32_t half = c.head_dim / 2;
   std::vector<float> inv(half);
+  if (local && c.rope_local_theta > 0) {  // the sliding layers': default rope, their own base
+    for (int32_t i = 0; i < half; ++i) inv[i] = static_cast<float>(1.0 / std::pow(c.rope_local_theta, (2.0 * i) / c.head_dim));
+    return inv;
+  }
   for (int32_t i = 0; i < half; ++i) {
     double f = 1.0 / std::pow(c.rope.theta, (2.0 * i) / c.head_dim);
     if (c.rope.type == "linear") {

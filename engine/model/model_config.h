@@ -35,6 +35,15 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
   RopeConfig rope;
+  // Gemma's attention and embedding options (the defaults are every other family's): per layer the sliding
+  // window in tokens (empty, or 0 for a layer: global attention), the sliding layers' rotary base, the softmax
+  // scale (0: 1/√head_dim), soft caps on attention scores and final logits (0: none), the embedding multiplier.
+  std::vector<int32_t> layer_window;
+  double rope_local_theta = 0;
+  double attention_scale = 0;
+  double attn_logit_softcap = 0;
+  double final_logit_softcap = 0;
+  double embedding_scale = 1;
   std::string torch_dtype;          // as stated in config.json, informational
   QuantizationConfig quantization;  // an FP8 checkpoint's quantization_config
   std::vector<int32_t> eos_token_ids;
@@ -44,12 +53,14 @@ struct ModelConfig {
   int64_t q_width() const { return int64_t{num_heads} * head_dim; }
   int64_t kv_width() const { return int64_t{num_kv_heads} * head_dim; }
   int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
+  int32_t window(int layer) const { return layer_window.empty() ? 0 : layer_window[layer]; }
 };
 
 // Parses config.json text; a missing or inconsistent field is an error naming it.
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text);
 
-// The inverse frequencies of the rotary embedding, [head_dim / 2], with rope scaling applied.
-std::vector<float> RopeInverseFrequencies(const ModelConfig& config);
+// The inverse frequencies of the rotary embedding, [head_dim / 2], with rope scaling applied; `local`: those of
+// the sliding-window layers (rope_local_theta, unscaled) where the config sets them.
+std::vector<float> RopeInverseFrequencies(const ModelConfig& config, bool local = false);
 
 }  // namespace inferd

@@ -18,7 +18,7 @@ std::vector<Desc*> Collect(Tensors& t) {
   std::vector<Desc*> all = {&t.embed, &t.final_norm, &t.lm_head};
   for (auto& L : t.layers) {
     for (Desc* d : {&L.input_norm, &L.q_proj, &L.k_proj, &L.v_proj, &L.q_bias, &L.k_bias, &L.v_bias, &L.q_norm,
-                    &L.k_norm, &L.o_proj, &L.post_norm, &L.gate_proj, &L.up_proj, &L.down_proj}) {
+                    &L.k_norm, &L.attn_out_norm, &L.mlp_out_norm, &L.o_proj, &L.post_norm, &L.gate_proj, &L.up_proj, &L.down_proj}) {
       all.push_back(d);
     }
   }
@@ -52,7 +52,9 @@ float RoundToBf16(float f) {
 
 }  // namespace
 
-absl::Status DecodeRows(const TensorDesc& t, int64_t first, int64_t count, float* out) {
+namespace {
+
+absl::Status DecodeRowsAsStored(const TensorDesc& t, int64_t first, int64_t count, float* out) {
   if (t.random()) {
     if (first < 0 || count < 0 || first + count > t.rows) {
       return absl::OutOfRangeError(
@@ -107,6 +109,16 @@ absl::Status DecodeRows(const TensorDesc& t, int64_t first, int64_t count, float
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeRows(const TensorDesc& t, int64_t first, int64_t count, float* out) {
+  absl::Status s = DecodeRowsAsStored(t, first, count, out);
+  if (s.ok() && t.add != 0) {
+    for (int64_t i = 0; i < count * t.cols; ++i) out[i] += t.add;
+  }
+  return s;
 }
 
 }  // namespace inferd

@@ -33,6 +33,9 @@ struct TensorDesc {
   // random_std), made where it is used (the cuda upload fills each shard on its device).
   uint64_t random_seed = 0;
   float random_mean = 0, random_std = 0;
+  // Added to every element as it is decoded: 1 for a norm a checkpoint stores as w when the family multiplies by
+  // 1 + w (Architecture::norms_add_one), so that every backend holds the multiplier.
+  float add = 0;
 
   bool present() const { return rows > 0; }
   bool random() const { return random_seed != 0; }
@@ -44,8 +47,10 @@ struct LayerTensors {
   TensorDesc q_proj, k_proj, v_proj;  // [heads * head_dim, hidden], [kv_heads * head_dim, hidden] x2
   TensorDesc q_bias, k_bias, v_bias;  // [1, ...]; absent without QKV bias
   TensorDesc q_norm, k_norm;          // [1, head_dim]: per-head norms (Architecture::qk_norm); else absent
+  TensorDesc attn_out_norm;           // [1, hidden]: on the attention output (Architecture::sandwich_norms)
+  TensorDesc mlp_out_norm;            // [1, hidden]: on the MLP output (Architecture::sandwich_norms)
   TensorDesc o_proj;                  // [hidden, heads * head_dim]
-  TensorDesc post_norm;               // [1, hidden]
+  TensorDesc post_norm;               // [1, hidden]: the norm before the MLP
   TensorDesc gate_proj, up_proj;      // [intermediate, hidden]
   TensorDesc down_proj;               // [hidden, intermediate]
   // An 8-bit float KV cache's per-tensor scales from the checkpoint (self_attn.k_scale, v_scale): the cache

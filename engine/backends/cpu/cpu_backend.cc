@@ -44,11 +44,11 @@ void RmsNorm(const float* x, const Matrix& weight, float eps, float* out, int64_
 
 // Per-step scratch, sized once for the largest step so that the hot path does not allocate.
 struct Workspace {
-  std::vector<float> x, xn, qkv, attn, gate_up, act, tmp;  // [tokens, ...]
+  std::vector<float> x, xn, qkv, attn, gate_up, act, tmp, sum;  // [tokens, ...]; sum: tensor-parallel only
   std::vector<float> last, last_n, logits;                 // [logits rows, ...]
   int64_t bytes() const {
     return static_cast<int64_t>(sizeof(float)) *
-           (x.size() + xn.size() + qkv.size() + attn.size() + gate_up.size() + act.size() + tmp.size() + last.size() +
+           (x.size() + xn.size() + qkv.size() + attn.size() + gate_up.size() + act.size() + tmp.size() + sum.size() + last.size() +
             last_n.size() + logits.size());
   }
 };
@@ -90,6 +90,7 @@ class CpuBackend : public Backend {
     }
     weights_.layers.clear();
     inv_freq_ = RopeInverseFrequencies(cfg_);
+    inv_freq_local_ = RopeInverseFrequencies(cfg_, /*local=*/true);
   }
 
   std::string name() const override { return "cpu"; }
@@ -113,8 +114,9 @@ class CpuBackend : public Backend {
   // One building block of the family's layer program (engine/model/architecture.h), in fp32.
   void RunOp(LayerOp op, const StepInput& in, Shard& s, int layer);
   void Attention(const StepInput& in, Shard& s, int layer);
-  // x += tmp summed over the shards (each holds its part of a row-parallel product), the same sum on every shard.
-  void AddSumOverShards(Shard& s, int64_t rows);
+  // tmp = the sum over the shards of their tmp (each holds its part of a row-parallel product), the same sum on
+  // every shard.
+  void SumOverShards(Shard& s, int64_t rows);
 
   const ModelConfig& cfg_;
   CpuWeights weights_;  // the embeddings, final norm and LM head; the layers are in the shards
@@ -125,7 +127,8 @@ class CpuBackend : public Backend {
   int32_t block_size_ = 0;
   int64_t num_slots_ = 0;
   Workspace ws_;                 // the final rows and logits
-  std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::vector<float> inv_freq_;        // [head_dim / 2]
+  std::vector<float> inv_freq_local_;  // the sliding-window layers' (the same where the config has none)
   int32_t num_host_blocks_ = 0;
   uint64_t completed_copies_ = 0;
   StepCounters counters_;  // the device is the CPU: a step's device time is its whole Step()
@@ -202,6 +205,7 @@ absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
     s.ws.gate_up.resize(T * 2 * s.inter);
     s.ws.act.resize(T * s.inter);
     s.ws.tmp.resize(T * H);
+    if (shards_.size() > 1) s.ws.sum.resize(T * H);
     for (const CpuLayerWeights& l : s.layers) plan.weight_bytes += l.bytes();
     plan.activation_bytes += s.ws.bytes();
     plan.kv_bytes_per_block += 2 * int64_t{cfg_.num_layers} * block_size_ * s.kv_dim * 4;
@@ -322,31 +326,33 @@ void CpuBackend::Forward(const StepInput& in) {
   for (int64_t r = 0; r < R; ++r) std::copy_n(x.data() + int64_t{in.logits_indices[r]} * H, H, last.data() + r * H);
   RmsNorm(last.data(), weights_.final_norm, eps, last_n.data(), R);
   if (R > 0) MatMulT(last_n.data(), weights_.lm_head(), ws_.logits.data(), R, 0.0f);
+  if (const float cap = static_cast<float>(cfg_.final_logit_softcap); cap > 0) {
+    for (int64_t i = 0; i < R * cfg_.vocab_size; ++i) ws_.logits[i] = cap * std::tanh(ws_.logits[i] / cap);
+  }
 }
 
-void CpuBackend::AddSumOverShards(Shard& s, int64_t rows) {
-  std::vector<float>& x = s.ws.x;
+void CpuBackend::SumOverShards(Shard& s, int64_t rows) {
+  if (shards_.size() == 1) return;
   const int64_t n = rows * cfg_.hidden_size;
-  if (shards_.size() == 1) {
-#pragma omp parallel for
-    for (int64_t i = 0; i < n; ++i) x[i] += s.ws.tmp[i];
-    return;
-  }
   meet_->arrive_and_wait();  // every shard's part is written
-  // The sum in rank order, so that every shard adds the same value to its copy of x.
+  // The sum in rank order, so that every shard holds the same value.
 #pragma omp parallel for
   for (int64_t i = 0; i < n; ++i) {
     float sum = 0;
     for (const Shard& other : shards_) sum += other.ws.tmp[i];
-    x[i] += sum;
+    s.ws.sum[i] = sum;
   }
-  meet_->arrive_and_wait();  // no shard overwrites its part while another still reads it
+  meet_->arrive_and_wait();  // no shard changes its part while another still reads it
+  std::swap(s.ws.tmp, s.ws.sum);
 }
 
 void CpuBackend::ShardForward(const StepInput& in, Shard& s) {
   const int64_t T = in.num_tokens(), H = cfg_.hidden_size;
+  const float scale = static_cast<float>(cfg_.embedding_scale);
   for (int64_t t = 0; t < T; ++t) {
-    std::copy_n(weights_.embed.data.data() + int64_t{in.token_ids[t]} * H, H, s.ws.x.data() + t * H);
+    const float* e = weights_.embed.data.data() + int64_t{in.token_ids[t]} * H;
+    float* x = s.ws.x.data() + t * H;
+    for (int64_t i = 0; i < H; ++i) x[i] = e[i] * scale;
   }
   for (int layer = 0; layer < cfg_.num_layers; ++layer) {
     work_done_.fetch_add(1, std::memory_order_relaxed);
@@ -392,6 +398,7 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
       return;
     case LayerOp::kRope: {  // rotate-half convention, on its query and K heads
       const int64_t half = D / 2;
+      const std::vector<float>& inv_freq = cfg_.window(layer) > 0 ? inv_freq_local_ : inv_freq_;
 #pragma omp parallel for
       for (int64_t t = 0; t < T; ++t) {
         float* row = w.qkv.data() + t * qkv_dim;
@@ -399,7 +406,7 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
         for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
           float* v = row + h * D;
           for (int64_t i = 0; i < half; ++i) {
-            const float angle = pos * inv_freq_[i];
+            const float angle = pos * inv_freq[i];
             const float c = std::cos(angle), sn = std::sin(angle);
             const float a = v[i], b = v[i + half];
             v[i] = a * c - b * sn;
@@ -423,10 +430,18 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
     case LayerOp::kOutProj:
       MatMulT(w.attn.data(), L.o, w.tmp.data(), T, 0.0f);
       return;
-    case LayerOp::kSumRanks:  // summed where it is added: kResidual reads every shard's tmp
+    case LayerOp::kSumRanks:
+      SumOverShards(s, T);
+      return;
+    case LayerOp::kAttnOutNorm:
+      RmsNorm(w.tmp.data(), L.attn_out_norm, eps, w.tmp.data(), T);
+      return;
+    case LayerOp::kMlpOutNorm:
+      RmsNorm(w.tmp.data(), L.mlp_out_norm, eps, w.tmp.data(), T);
       return;
     case LayerOp::kResidual:
-      AddSumOverShards(s, T);
+#pragma omp parallel for
+      for (int64_t i = 0; i < T * cfg_.hidden_size; ++i) w.x[i] += w.tmp[i];
       return;
     case LayerOp::kGateUpProj:
       MatMulT(w.xn.data(), L.gate_up, w.gate_up.data(), T, 0.0f);
@@ -438,6 +453,17 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
         for (int64_t i = 0; i < I; ++i) w.act[t * I + i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
       }
       return;
+    case LayerOp::kGeluTanhMul:  // 0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³))) · up
+#pragma omp parallel for
+      for (int64_t t = 0; t < T; ++t) {
+        const float* g = w.gate_up.data() + t * 2 * I;
+        for (int64_t i = 0; i < I; ++i) {
+          const float x = g[i];
+          const float gelu = 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+          w.act[t * I + i] = gelu * g[I + i];
+        }
+      }
+      return;
     case LayerOp::kDownProj:
       MatMulT(w.act.data(), L.down, w.tmp.data(), T, 0.0f);
       return;
@@ -447,7 +473,10 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
 void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
   const int64_t D = cfg_.head_dim, q_dim = sh.q_dim, kv_dim = sh.kv_dim, qkv_dim = sh.qkv_dim;
   const int64_t num_heads = sh.tp.q_heads.size();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale =
+      cfg_.attention_scale > 0 ? static_cast<float>(cfg_.attention_scale) : 1.0f / std::sqrt(static_cast<float>(D));
+  const float cap = static_cast<float>(cfg_.attn_logit_softcap);
+  const int32_t window = cfg_.window(layer);
   const float* qkv = sh.ws.qkv.data();
   float* out = sh.ws.attn.data();
   const float* kc = sh.k_cache[layer].get();
@@ -459,24 +488,27 @@ void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
     for (int32_t t = begin; t < end; ++t) {
       for (int64_t h = 0; h < num_heads; ++h) {
         thread_local std::vector<float> scores;
-        const int32_t n_ctx = in.positions[t] + 1;  // causal: this token sees positions [0, pos]
+        // Causal: this token sees positions [first, pos], first = pos - window + 1 in a sliding-window layer.
+        const int32_t n_ctx = in.positions[t] + 1;
+        const int32_t first = window > 0 ? std::max(0, n_ctx - window) : 0;
         scores.resize(n_ctx);
         const float* q = qkv + int64_t{t} * qkv_dim + h * D;
         const int64_t kvh = sh.tp.LocalKvHead(cfg_, h);
         float mx = -INFINITY;
-        for (int32_t j = 0; j < n_ctx; ++j) {
+        for (int32_t j = first; j < n_ctx; ++j) {
           const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
           const float* k = kc + slot * kv_dim + kvh * D;
           float dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
           scores[j] = dot * scale;
+          if (cap > 0) scores[j] = cap * std::tanh(scores[j] / cap);
           mx = std::max(mx, scores[j]);
         }
         float sum = 0;
-        for (int32_t j = 0; j < n_ctx; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
+        for (int32_t j = first; j < n_ctx; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
         float* o = out + int64_t{t} * q_dim + h * D;
         std::fill_n(o, D, 0.0f);
-        for (int32_t j = 0; j < n_ctx; ++j) {
+        for (int32_t j = first; j < n_ctx; ++j) {
           const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
           const float* v = vc + slot * kv_dim + kvh * D;
           const float p = scores[j] / sum;

@@ -64,6 +64,7 @@ Matrix Cols(const Matrix& m, const std::vector<IndexRange>& runs) {
 int64_t CpuLayerWeights::bytes() const {
   return static_cast<int64_t>(sizeof(float)) *
          (input_norm.data.size() + qkv.data.size() + qkv_bias.data.size() + q_norm.data.size() + k_norm.data.size() +
+          attn_out_norm.data.size() + mlp_out_norm.data.size() +
           o.data.size() + post_norm.data.size() + gate_up.data.size() + down.data.size());
 }
 
@@ -81,6 +82,8 @@ CpuLayerWeights ShardLayer(const CpuLayerWeights& l, const ModelConfig& c, const
   s.post_norm = l.post_norm;
   s.q_norm = l.q_norm;  // per head: the same on every rank
   s.k_norm = l.k_norm;
+  s.attn_out_norm = l.attn_out_norm;  // on the summed output: whole on every rank
+  s.mlp_out_norm = l.mlp_out_norm;
   s.qkv = Rows(l.qkv, shard.QkvRows(c));
   if (!l.qkv_bias.data.empty()) s.qkv_bias = Cols(l.qkv_bias, shard.QkvRows(c));
   s.o = Cols(l.o, {{shard.q_heads.begin * D, shard.q_heads.end * D}});
@@ -106,6 +109,10 @@ absl::StatusOr<CpuWeights> BuildCpuWeights(const ModelTensors& t) {
     if (L.q_norm.present()) {
       INFERD_ASSIGN_OR_RETURN(l.q_norm, Vector({&L.q_norm}));
       INFERD_ASSIGN_OR_RETURN(l.k_norm, Vector({&L.k_norm}));
+    }
+    if (L.attn_out_norm.present()) {
+      INFERD_ASSIGN_OR_RETURN(l.attn_out_norm, Vector({&L.attn_out_norm}));
+      INFERD_ASSIGN_OR_RETURN(l.mlp_out_norm, Vector({&L.mlp_out_norm}));
     }
     INFERD_ASSIGN_OR_RETURN(l.o, Stack({&L.o_proj}));
     INFERD_ASSIGN_OR_RETURN(l.post_norm, Vector({&L.post_norm}));

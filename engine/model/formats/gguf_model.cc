@@ -1,6 +1,7 @@
 #include "engine/model/formats/gguf_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
@@ -130,6 +131,18 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
       if (!(x > 0) || !std::isfinite(x)) return Bad("tensor 'rope_freqs.weight' holds a non-positive factor");
     }
   }
+  if (c.arch->sliding_window_layers) {  // as llama.cpp runs Gemma 3: every 6th layer global, local base 10000
+    INFERD_ASSIGN_OR_RETURN(const int64_t window, GetInt(g, p + "attention.sliding_window", 1, 1 << 24, 0));
+    if (window > 0) {
+      c.layer_window.assign(c.num_layers, 0);
+      for (int32_t l = 0; l < c.num_layers; ++l) {
+        if ((l + 1) % c.arch->sliding_window_pattern != 0) c.layer_window[l] = static_cast<int32_t>(window);
+      }
+    }
+    c.rope_local_theta = 10000.0;
+    c.attention_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  }
+  if (c.arch->scaled_embeddings) c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
   c.torch_dtype = "gguf";
   if (const GgufValue* v = g.Find("tokenizer.ggml.eos_token_id"); v && v->is_integer()) {
     c.eos_token_ids.push_back(static_cast<int32_t>(v->i));
@@ -176,6 +189,10 @@ absl::StatusOr<ModelTensors> DescribeGgufTensors(std::shared_ptr<const GgufFile>
     }
     INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_output.weight", {q_dim, h}, &L.o_proj, &types));
     INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_norm.weight", {h}, &L.post_norm, &types));
+    if (c.arch->sandwich_norms) {  // stored as 1 + w already (llama.cpp's converter adds the one)
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "post_attention_norm.weight", {h}, &L.attn_out_norm, &types));
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "post_ffw_norm.weight", {h}, &L.mlp_out_norm, &types));
+    }
     INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_gate.weight", {h, ff}, &L.gate_proj, &types));
     INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_up.weight", {h, ff}, &L.up_proj, &types));
     INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_down.weight", {ff, h}, &L.down_proj, &types));

@@ -235,13 +235,27 @@ absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const Mod
       INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.k_norm.weight", {c.head_dim}, &L.k_norm));
     }
     INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.o_proj.weight", {h, q_dim}, &L.o_proj));
-    INFERD_RETURN_IF_ERROR(src.Describe(p + "post_attention_layernorm.weight", {h}, &L.post_norm));
+    if (c.arch->sandwich_norms) {  // Gemma: its post-attention norm is on the attention output
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "post_attention_layernorm.weight", {h}, &L.attn_out_norm));
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "pre_feedforward_layernorm.weight", {h}, &L.post_norm));
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "post_feedforward_layernorm.weight", {h}, &L.mlp_out_norm));
+    } else {
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "post_attention_layernorm.weight", {h}, &L.post_norm));
+    }
     INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.gate_proj.weight", {ff, h}, &L.gate_proj));
     INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.up_proj.weight", {ff, h}, &L.up_proj));
     INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.down_proj.weight", {h, ff}, &L.down_proj));
     if (c.quantization.kv_cache_scales) {
       INFERD_RETURN_IF_ERROR(src.ReadScalar(p + "self_attn.k_scale", &L.k_cache_scale));
       INFERD_RETURN_IF_ERROR(src.ReadScalar(p + "self_attn.v_scale", &L.v_cache_scale));
+    }
+  }
+  if (c.arch->norms_add_one) {  // the checkpoint stores w; the norms multiply by 1 + w
+    w.final_norm.add = 1;
+    for (LayerTensors& L : w.layers) {
+      for (TensorDesc* n : {&L.input_norm, &L.post_norm, &L.q_norm, &L.k_norm, &L.attn_out_norm, &L.mlp_out_norm}) {
+        n->add = 1;
+      }
     }
   }
   w.kv_cache_scales = c.quantization.kv_cache_scales;

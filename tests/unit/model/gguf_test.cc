@@ -254,7 +254,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The GGUF conversion holds the same weights as the Hugging Face directory, q/k rows included.
 TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {
-  for (const char* name : {"llama2-tiny", "qwen2-tiny", "qwen3-tiny"}) {
+  for (const char* name : {"llama2-tiny", "qwen2-tiny", "qwen3-tiny", "gemma3-tiny"}) {
     SCOPED_TRACE(name);
     auto hf = LoadModel(testing::ModelDir(name));
     auto gg = LoadModel(testing::ModelDir(name) + ".gguf");
@@ -278,6 +278,13 @@ TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {
     EXPECT_EQ(hw->layers[1].q_norm.data, gw->layers[1].q_norm.data);
     EXPECT_EQ(hw->layers[1].k_norm.data, gw->layers[1].k_norm.data);
     EXPECT_EQ(hw->layers[1].q_norm.data.size(), a.arch->qk_norm ? size_t(a.head_dim) : 0u);
+    EXPECT_EQ(hw->layers[1].post_norm.data, gw->layers[1].post_norm.data);  // Gemma's: 1 + w from both
+    EXPECT_EQ(hw->layers[1].attn_out_norm.data, gw->layers[1].attn_out_norm.data);
+    EXPECT_EQ(hw->layers[1].mlp_out_norm.data, gw->layers[1].mlp_out_norm.data);
+    EXPECT_EQ(hw->final_norm.data, gw->final_norm.data);
+    EXPECT_EQ(a.layer_window, b.layer_window);
+    EXPECT_EQ(a.rope_local_theta, b.rope_local_theta);
+    EXPECT_EQ(a.embedding_scale, b.embedding_scale);
     EXPECT_EQ(hw->layers[0].gate_up.data, gw->layers[0].gate_up.data);
     EXPECT_EQ(hw->lm_head().data, gw->lm_head().data);
     ASSERT_NE((*gg)->chat_template, nullptr);

@@ -95,10 +95,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ParityCase{"llama2-tiny", 16, 2048}, ParityCase{"llama3-tiny", 16, 2048},
                       ParityCase{"mistral-tiny", 16, 2048}, ParityCase{"qwen2-tiny", 16, 2048},
                       ParityCase{"qwen3-tiny", 16, 2048}, ParityCase{"qwen3-tiny", 3, 13},
+                      ParityCase{"gemma3-tiny", 16, 2048}, ParityCase{"gemma3-tiny", 3, 13},
                       ParityCase{"llama3-tiny", 3, 13}, ParityCase{"qwen2-tiny", 1, 8},
                       ParityCase{"llama2-tiny", 16, 2048, "tests/fixtures/models/llama2-tiny.gguf"},
                       ParityCase{"qwen2-tiny", 16, 2048, "tests/fixtures/models/qwen2-tiny.gguf"},
                       ParityCase{"qwen3-tiny", 16, 2048, "tests/fixtures/models/qwen3-tiny.gguf"},
+                      ParityCase{"gemma3-tiny", 16, 2048, "tests/fixtures/models/gemma3-tiny.gguf"},
                       ParityCase{"smollm2-135m-instruct", 16, 2048, "models/SmolLM2-135M-Instruct.Q4_1.gguf"}),
     [](const auto& info) {
       std::string n = std::string(info.param.model).substr(0, std::string(info.param.model).find('-'));

@@ -86,7 +86,7 @@ TEST_P(PromptLogprobs, EqualTransformersTeacherForcedAtEveryPosition) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PromptLogprobs,
-                         ::testing::Values("llama3-tiny", "qwen2-tiny", "mistral-tiny", "qwen3-tiny"),
+                         ::testing::Values("llama3-tiny", "qwen2-tiny", "mistral-tiny", "qwen3-tiny", "gemma3-tiny"),
                          [](const auto& info) { return std::string(info.param).substr(0, 5); });
 
 }  // namespace
