@@ -34,8 +34,10 @@ if [[ "$(cat .venv/.requirements.sha256 2>/dev/null)" != "$want" ]]; then
 fi
 # FlashInfer headers for the CUDA backend (attention).
 bash scripts/fetch_flashinfer.sh
-# The bundled default model (configs/default.yaml serves it).
+# The bundled default model (configs/default.yaml serves it), and Gemma 3 270M, whose parity with transformers
+# the tests check (Gemma terms of use; fetched, never committed).
 bash scripts/fetch_model.sh
+bash scripts/fetch_model.sh gemma3-270m
 # The public-domain text `inferd-bench perplexity` measures accuracy on (the King James Version's Genesis and Exodus).
 bash scripts/fetch_eval_text.sh
 echo "setup: ok"

@@ -195,11 +195,16 @@ def main():
                                                      attn_implementation="eager")
         model.eval()
         tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+        command = (f"python3 tools/make_reference_fixtures.py --gguf {path} {name} --skip-dir tests/fixtures/models "
+                   "tests/fixtures/reference")
+        if tok.chat_template is None:  # a base model: the prompts as text after the file's BOS
+            record(model, lambda t: tok(t, add_special_tokens=True)["input_ids"], name, args.out_dir,
+                   command + " (add_special_tokens)", PROMPTS + ["The capital of France is"])
+            continue
         chat = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                        tokenize=False, add_generation_prompt=True)
-        record(model, lambda t: tok(t, add_special_tokens=False)["input_ids"], name, args.out_dir,
-               f"python3 tools/make_reference_fixtures.py --gguf {path} {name} --skip-dir tests/fixtures/models "
-               "tests/fixtures/reference", PROMPTS + [chat])
+        record(model, lambda t: tok(t, add_special_tokens=False)["input_ids"], name, args.out_dir, command,
+               PROMPTS + [chat])
 
 
 if __name__ == "__main__":

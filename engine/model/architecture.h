@@ -13,23 +13,23 @@ namespace inferd {
 // The building blocks, over a layer's activations: x (the residual stream), xn (a normed copy), qkv, attn, tmp
 // (a row-parallel product's output), gate_up and act.
 enum class LayerOp {
-  kInputNorm,   // xn = rmsnorm(x) · input_norm
-  kQkvProj,     // qkv = xn · W_qkvᵀ (+ the q/k/v bias where the family has one)
-  kQkNorm,      // every q head and every k head of qkv: rmsnorm over head_dim · q_norm (k_norm)
-  kRope,        // the rotary embedding on q and k
-  kWriteKv,     // k and v into their KV cache slots
-  kAttention,   // attn = causal attention of each q head over its KV head's cached keys and values (the
-                // layer's sliding window, the config's scale and soft cap where it sets them)
-  kOutProj,     // tmp = attn · W_oᵀ
-  kSumRanks,    // tmp = its sum over the tensor-parallel ranks (nothing on one)
+  kInputNorm,    // xn = rmsnorm(x) · input_norm
+  kQkvProj,      // qkv = xn · W_qkvᵀ (+ the q/k/v bias where the family has one)
+  kQkNorm,       // every q head and every k head of qkv: rmsnorm over head_dim · q_norm (k_norm)
+  kRope,         // the rotary embedding on q and k
+  kWriteKv,      // k and v into their KV cache slots
+  kAttention,    // attn = causal attention of each q head over its KV head's cached keys and values (the
+                 // layer's sliding window, the config's scale and soft cap where it sets them)
+  kOutProj,      // tmp = attn · W_oᵀ
+  kSumRanks,     // tmp = its sum over the tensor-parallel ranks (nothing on one)
   kAttnOutNorm,  // tmp = rmsnorm(tmp) · attn_out_norm (Gemma's post-attention norm)
-  kResidual,    // x += tmp
-  kPostNorm,    // xn = rmsnorm(x) · post_norm (the norm before the MLP)
-  kGateUpProj,  // gate_up = xn · [W_gate; W_up]ᵀ
-  kSiluMul,     // act = silu(gate) · up
+  kResidual,     // x += tmp
+  kPostNorm,     // xn = rmsnorm(x) · post_norm (the norm before the MLP)
+  kGateUpProj,   // gate_up = xn · [W_gate; W_up]ᵀ
+  kSiluMul,      // act = silu(gate) · up
   kGeluTanhMul,  // act = gelu_tanh(gate) · up (GeGLU)
-  kDownProj,    // tmp = act · W_downᵀ
-  kMlpOutNorm,  // tmp = rmsnorm(tmp) · mlp_out_norm (Gemma's post-feed-forward norm)
+  kDownProj,     // tmp = act · W_downᵀ
+  kMlpOutNorm,   // tmp = rmsnorm(tmp) · mlp_out_norm (Gemma's post-feed-forward norm)
 };
 
 // The op's name as logs and errors show it ("qk_norm").
@@ -55,7 +55,7 @@ struct Architecture {
   // sliding_window_pattern-th layer global), with a rotary base of their own.
   bool sliding_window_layers = false;
   int32_t sliding_window_pattern = 0;  // the family's default pattern
-  std::vector<LayerOp> layer;  // one decoder layer, in order
+  std::vector<LayerOp> layer;          // one decoder layer, in order
 };
 
 // The family that serves a config.json architecture, or a GGUF general.architecture; null for none.
@@ -66,9 +66,9 @@ std::string SupportedArchitectures();
 std::string SupportedGgufArchitectures();
 
 // The families (engine/model/arch/*.cc).
-const Architecture& LlamaArchitecture();  // Llama 2/3, Mistral, SmolLM
-const Architecture& Qwen2Architecture();  // Qwen2, Qwen2.5
-const Architecture& Qwen3Architecture();  // Qwen3 (dense)
+const Architecture& LlamaArchitecture();   // Llama 2/3, Mistral, SmolLM
+const Architecture& Qwen2Architecture();   // Qwen2, Qwen2.5
+const Architecture& Qwen3Architecture();   // Qwen3 (dense)
 const Architecture& Gemma3Architecture();  // Gemma 3 (text)
 
 }  // namespace inferd

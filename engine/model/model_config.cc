@@ -99,7 +99,8 @@ absl::Status ParseWindows(const json& j, bool windowed, ModelConfig* c) {
     for (int l = 0; l < c->num_layers; ++l) {
       const std::string t = types[l].is_string() ? types[l].get<std::string>() : "";
       if (t != "sliding_attention" && t != "full_attention") {
-        return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types[", l, "] = ", types[l].dump().substr(0, 40),
+        return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types[", l,
+                                                       "] = ", types[l].dump().substr(0, 40),
                                                        "; allowed: sliding_attention, full_attention"));
       }
       if (t == "sliding_attention") c->layer_window[l] = static_cast<int32_t>(window);
@@ -211,8 +212,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
     const bool ok = gelu ? (act == "gelu_pytorch_tanh" || act == "gelu_tanh") : act == "silu";
     if (!ok) {
       return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, " = '", act.substr(0, 40), "' is not ",
-                                                     c.architecture, "'s; supported: ",
-                                                     gelu ? "gelu_pytorch_tanh" : "silu"));
+                                                     c.architecture,
+                                                     "'s; supported: ", gelu ? "gelu_pytorch_tanh" : "silu"));
     }
   }
   const bool windowed = j.contains("sliding_window") && j["sliding_window"].is_number_integer() &&
@@ -222,7 +223,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   if (windowed && !c.arch->sliding_window_layers) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window = ", j["sliding_window"].dump(),
                                                    " is shorter than max_position_embeddings; sliding-window "
-                                                   "attention is not supported for ", c.architecture));
+                                                   "attention is not supported for ",
+                                                   c.architecture));
   }
   if (!(s = ParseWindows(j, windowed, &c)).ok()) return s;
   if (!(s = ParseScales(j, &c)).ok()) return s;
@@ -240,7 +242,8 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& c, bool local) {
   const int32_t half = c.head_dim / 2;
   std::vector<float> inv(half);
   if (local && c.rope_local_theta > 0) {  // the sliding layers': default rope, their own base
-    for (int32_t i = 0; i < half; ++i) inv[i] = static_cast<float>(1.0 / std::pow(c.rope_local_theta, (2.0 * i) / c.head_dim));
+    for (int32_t i = 0; i < half; ++i)
+      inv[i] = static_cast<float>(1.0 / std::pow(c.rope_local_theta, (2.0 * i) / c.head_dim));
     return inv;
   }
   for (int32_t i = 0; i < half; ++i) {

@@ -17,8 +17,9 @@ template <typename Tensors, typename Desc>
 std::vector<Desc*> Collect(Tensors& t) {
   std::vector<Desc*> all = {&t.embed, &t.final_norm, &t.lm_head};
   for (auto& L : t.layers) {
-    for (Desc* d : {&L.input_norm, &L.q_proj, &L.k_proj, &L.v_proj, &L.q_bias, &L.k_bias, &L.v_bias, &L.q_norm,
-                    &L.k_norm, &L.attn_out_norm, &L.mlp_out_norm, &L.o_proj, &L.post_norm, &L.gate_proj, &L.up_proj, &L.down_proj}) {
+    for (Desc* d :
+         {&L.input_norm, &L.q_proj, &L.k_proj, &L.v_proj, &L.q_bias, &L.k_bias, &L.v_bias, &L.q_norm, &L.k_norm,
+          &L.attn_out_norm, &L.mlp_out_norm, &L.o_proj, &L.post_norm, &L.gate_proj, &L.up_proj, &L.down_proj}) {
       all.push_back(d);
     }
   }

@@ -45,11 +45,11 @@ void RmsNorm(const float* x, const Matrix& weight, float eps, float* out, int64_
 // Per-step scratch, sized once for the largest step so that the hot path does not allocate.
 struct Workspace {
   std::vector<float> x, xn, qkv, attn, gate_up, act, tmp, sum;  // [tokens, ...]; sum: tensor-parallel only
-  std::vector<float> last, last_n, logits;                 // [logits rows, ...]
+  std::vector<float> last, last_n, logits;                      // [logits rows, ...]
   int64_t bytes() const {
     return static_cast<int64_t>(sizeof(float)) *
-           (x.size() + xn.size() + qkv.size() + attn.size() + gate_up.size() + act.size() + tmp.size() + sum.size() + last.size() +
-            last_n.size() + logits.size());
+           (x.size() + xn.size() + qkv.size() + attn.size() + gate_up.size() + act.size() + tmp.size() + sum.size() +
+            last.size() + last_n.size() + logits.size());
   }
 };
 
@@ -126,7 +126,7 @@ class CpuBackend : public Backend {
   StepLimits limits_;
   int32_t block_size_ = 0;
   int64_t num_slots_ = 0;
-  Workspace ws_;                 // the final rows and logits
+  Workspace ws_;                       // the final rows and logits
   std::vector<float> inv_freq_;        // [head_dim / 2]
   std::vector<float> inv_freq_local_;  // the sliding-window layers' (the same where the config has none)
   int32_t num_host_blocks_ = 0;

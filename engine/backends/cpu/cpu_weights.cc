@@ -64,8 +64,8 @@ Matrix Cols(const Matrix& m, const std::vector<IndexRange>& runs) {
 int64_t CpuLayerWeights::bytes() const {
   return static_cast<int64_t>(sizeof(float)) *
          (input_norm.data.size() + qkv.data.size() + qkv_bias.data.size() + q_norm.data.size() + k_norm.data.size() +
-          attn_out_norm.data.size() + mlp_out_norm.data.size() +
-          o.data.size() + post_norm.data.size() + gate_up.data.size() + down.data.size());
+          attn_out_norm.data.size() + mlp_out_norm.data.size() + o.data.size() + post_norm.data.size() +
+          gate_up.data.size() + down.data.size());
 }
 
 int64_t CpuWeights::bytes() const {

@@ -21,17 +21,17 @@ struct Matrix {
 };
 
 struct CpuLayerWeights {
-  Matrix input_norm;  // [1, hidden]
-  Matrix qkv;         // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
-  Matrix qkv_bias;    // [1, (num_heads + 2 * num_kv_heads) * head_dim], empty without QKV bias
-  Matrix q_norm;      // [1, head_dim]: every query head's norm weights (Architecture::qk_norm); else empty
-  Matrix k_norm;      // [1, head_dim]: every key head's
+  Matrix input_norm;     // [1, hidden]
+  Matrix qkv;            // [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
+  Matrix qkv_bias;       // [1, (num_heads + 2 * num_kv_heads) * head_dim], empty without QKV bias
+  Matrix q_norm;         // [1, head_dim]: every query head's norm weights (Architecture::qk_norm); else empty
+  Matrix k_norm;         // [1, head_dim]: every key head's
   Matrix attn_out_norm;  // [1, hidden]: on the attention output (Architecture::sandwich_norms); else empty
   Matrix mlp_out_norm;   // [1, hidden]: on the MLP output
-  Matrix o;           // [hidden, num_heads * head_dim]
-  Matrix post_norm;   // [1, hidden]
-  Matrix gate_up;     // [2 * intermediate, hidden]: gate rows then up rows
-  Matrix down;        // [hidden, intermediate]
+  Matrix o;              // [hidden, num_heads * head_dim]
+  Matrix post_norm;      // [1, hidden]
+  Matrix gate_up;        // [2 * intermediate, hidden]: gate rows then up rows
+  Matrix down;           // [hidden, intermediate]
 
   int64_t bytes() const;
 };
