@@ -38,7 +38,9 @@ template <typename T>
 cudaError_t PeerAllReduceSum(const PeerGroup& group, T* data, int64_t count, cudaStream_t stream);
 
 // Rank 0's `words` 32-bit words at `data` land at every rank's `data`. words * 4 <= capacity_bytes; no word may
-// be all ones (the empty mark: these are token ids).
+// be all ones (the empty mark: these are token ids). Rank 0 waits for no peer here, so it may start its next call
+// while a peer still reads an earlier one: a sum (which waits for every peer) must come between two broadcasts,
+// as it does in a step (a broadcast after the last layer's sums), or the streams must be synchronised.
 cudaError_t PeerBroadcast(const PeerGroup& group, uint32_t* data, int64_t words, cudaStream_t stream);
 
 }  // namespace inferd::kernels

@@ -73,7 +73,8 @@ QWEN2 = r"""{%- if tools %}
 """
 
 MODEL_TEMPLATES = {"llama2-tiny": LLAMA2, "llama3-tiny": LLAMA3, "mistral-tiny": MISTRAL, "qwen2-tiny": QWEN2,
-                   "qwen3-tiny": QWEN2, "gemma3-tiny": LLAMA2}
+                   "qwen3-tiny": QWEN2, "gemma3-tiny": LLAMA2,
+                   "phi3-tiny": LLAMA2}
 
 # Templates that are not any model's: each stresses Jinja features (scoping, namespace, slicing, filters,
 # tests, whitespace control with trim_blocks/lstrip_blocks, loop variables, string methods, tojson).

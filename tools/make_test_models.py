@@ -174,6 +174,11 @@ def make_weights(cfg, seed, scale=1.0, embed_std=1.0, init_std=None):
         w[p + "mlp.gate_proj.weight"] = normal(inter, h, std=0.15)
         w[p + "mlp.up_proj.weight"] = normal(inter, h, std=0.15)
         w[p + "mlp.down_proj.weight"] = normal(h, inter, std=0.15)
+        if cfg["model_type"] == "phi3":  # Phi-3's checkpoints fuse q/k/v and gate/up
+            w[p + "self_attn.qkv_proj.weight"] = np.concatenate(
+                [w.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+            w[p + "mlp.gate_up_proj.weight"] = np.concatenate(
+                [w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
     return w
 
 
@@ -365,6 +370,19 @@ def main():
     del cfg["hidden_act"]
     write_model(out, "gemma3-tiny", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
                 "BF16", seed=6, embed_std=0.15)
+    # Phi-3: fused qkv_proj and gate_up_proj, LongRoPE (short factors below 256 positions, long from there; cos
+    # and sin scaled for 2048 / 256) on 12 of each head's 16 dimensions (partial_rotary_factor, as Phi-4-mini),
+    # GQA, untied, bf16.
+    rng = np.random.default_rng(8)
+    short = [round(float(x), 4) for x in 1.0 + rng.uniform(0, 0.5, 6)]
+    long = [round(float(x), 4) for x in 1.0 + rng.uniform(0, 8, 6)]
+    cfg = base_config("Phi3ForCausalLM", "phi3", 704, num_key_value_heads=2, rope_theta=10000.0,
+                      max_position_embeddings=2048, original_max_position_embeddings=256,
+                      partial_rotary_factor=0.75, sliding_window=None, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0, rope_scaling={"type": "longrope", "short_factor": short, "long_factor": long},
+                      torch_dtype="bfloat16")
+    write_model(out, "phi3-tiny", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+                "BF16", seed=7)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ namespace inferd {
 namespace {
 
 const std::vector<const Architecture*>& Families() {
-  static const std::vector<const Architecture*> families = {&LlamaArchitecture(), &Qwen2Architecture(),
-                                                            &Qwen3Architecture(), &Gemma3Architecture()};
+  static const std::vector<const Architecture*> families = {
+      &LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Gemma3Architecture(), &Phi3Architecture()};
   return families;
 }
 

@@ -51,6 +51,8 @@ struct Architecture {
   // post_norm is the checkpoint's pre-feed-forward norm.
   bool sandwich_norms = false;
   bool scaled_embeddings = false;  // the embedding rows are multiplied by √hidden (Gemma)
+  // Checkpoints store q/k/v as one self_attn.qkv_proj and gate/up as one mlp.gate_up_proj (Phi-3).
+  bool fused_projections = false;
   // Sliding-window layers interleaved with global ones (config.json's layer_types, else every
   // sliding_window_pattern-th layer global), with a rotary base of their own.
   bool sliding_window_layers = false;
@@ -70,5 +72,6 @@ const Architecture& LlamaArchitecture();   // Llama 2/3, Mistral, SmolLM
 const Architecture& Qwen2Architecture();   // Qwen2, Qwen2.5
 const Architecture& Qwen3Architecture();   // Qwen3 (dense)
 const Architecture& Gemma3Architecture();  // Gemma 3 (text)
+const Architecture& Phi3Architecture();    // Phi-3, Phi-3.5, Phi-4-mini
 
 }  // namespace inferd

@@ -29,6 +29,40 @@ absl::Status Field(const json& j, const char* key, int32_t* out, bool required, 
   return absl::OkStatus();
 }
 
+// Phi-3's LongRoPE: short and long factors (checked against the rotary width once it is known), the multiplier of
+// cos and sin (attention_factor, else √(1 + ln(factor) / ln(original)) for factor = max / original positions).
+absl::Status ParseLongRope(const json& j, const json& s, RopeConfig* rope) {
+  rope->type = "longrope";
+  for (auto [key, out] :
+       {std::pair{"short_factor", &rope->short_factor}, std::pair{"long_factor", &rope->long_factor}}) {
+    if (!s.contains(key) || !s[key].is_array() || s[key].empty() || s[key].size() > 4096) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: longrope scaling needs '", key, "' (a list)"));
+    }
+    for (const json& f : s[key]) {
+      if (!f.is_number() || !(f.get<double>() > 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config.json: longrope ", key, " holds a value that is not > 0"));
+      }
+      out->push_back(f.get<float>());
+    }
+  }
+  const json& orig = j.contains("original_max_position_embeddings")
+                         ? j["original_max_position_embeddings"]
+                         : s.value("original_max_position_embeddings", json());
+  const json& max = j.contains("max_position_embeddings") ? j["max_position_embeddings"] : json();
+  if (!orig.is_number_integer() || orig.get<int64_t>() < 2 || !max.is_number_integer()) {
+    return absl::InvalidArgumentError(
+        "config.json: longrope scaling needs original_max_position_embeddings (>= 2) and max_position_embeddings");
+  }
+  rope->original_max_position_embeddings = orig.get<int32_t>();
+  const double factor = max.get<double>() / orig.get<double>();
+  rope->attention_factor = factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(orig.get<double>()));
+  if (s.contains("attention_factor") && s["attention_factor"].is_number()) {
+    rope->attention_factor = s["attention_factor"].get<double>();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseRope(const json& j, RopeConfig* rope) {
   // transformers 5 keeps theta and scaling together in rope_parameters; 4 uses rope_theta + rope_scaling.
   const json* scaling = nullptr;
@@ -48,9 +82,10 @@ absl::Status ParseRope(const json& j, RopeConfig* rope) {
     type = s["type"].get<std::string>();
   rope->type = type;
   if (type == "default") return absl::OkStatus();
+  if (type == "longrope" || type == "su") return ParseLongRope(j, s, rope);
   if (type != "llama3" && type != "linear") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: rope type '", type, "' is not supported; supported: default, linear, llama3"));
+    return absl::InvalidArgumentError(absl::StrCat("config.json: rope type '", type.substr(0, 40),
+                                                   "' is not supported; supported: default, linear, llama3, longrope"));
   }
   if (!s.contains("factor") || !s["factor"].is_number() || !(s["factor"].get<double>() >= 1.0)) {
     return absl::InvalidArgumentError("config.json: rope scaling needs 'factor' >= 1");
@@ -191,6 +226,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   if (!j.contains("head_dim") && c.hidden_size % c.num_heads != 0) {
     return absl::InvalidArgumentError("config.json: hidden_size is not a multiple of num_attention_heads");
   }
+  c.rotary_dim = c.head_dim;
+  if (j.contains("partial_rotary_factor") && j["partial_rotary_factor"].is_number()) {
+    const double f = j["partial_rotary_factor"].get<double>();
+    c.rotary_dim = static_cast<int32_t>(c.head_dim * f);
+    if (!(f > 0 && f <= 1) || c.rotary_dim < 2 || c.rotary_dim % 2 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: partial_rotary_factor = ", f, " gives ",
+                                                     c.rotary_dim, " rotary dimensions of ", c.head_dim,
+                                                     "; allowed: an even number >= 2"));
+    }
+  }
   c.max_position_embeddings = 2048;
   if (!(s = Field(j, "max_position_embeddings", &c.max_position_embeddings, false, 1, kBig)).ok()) return s;
   if (j.contains("rms_norm_eps") && j["rms_norm_eps"].is_number()) c.rms_norm_eps = j["rms_norm_eps"].get<double>();
@@ -229,6 +274,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   if (!(s = ParseWindows(j, windowed, &c)).ok()) return s;
   if (!(s = ParseScales(j, &c)).ok()) return s;
   if (!(s = ParseRope(j, &c.rope)).ok()) return s;
+  for (const std::vector<float>* f : {&c.rope.short_factor, &c.rope.long_factor}) {
+    if (c.rope.type == "longrope" && f->size() != static_cast<size_t>(c.rotary_dim / 2)) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: longrope factors hold ", f->size(),
+                                                     " values; the rotary width needs ", c.rotary_dim / 2));
+    }
+  }
   if (c.arch->sliding_window_layers && !(s = ParseLocalRope(j, &c)).ok()) return s;
   if (!(s = ParseQuantizationConfig(j, &c.quantization)).ok()) return s;
   ReadIds(j, "eos_token_id", &c.eos_token_ids);
@@ -238,16 +289,23 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   return c;
 }
 
-std::vector<float> RopeInverseFrequencies(const ModelConfig& c, bool local) {
-  const int32_t half = c.head_dim / 2;
+std::vector<float> RopeInverseFrequencies(const ModelConfig& c, bool local, bool long_positions) {
+  const int32_t dim = c.rotary_dim > 0 ? c.rotary_dim : c.head_dim;
+  const int32_t half = dim / 2;
   std::vector<float> inv(half);
   if (local && c.rope_local_theta > 0) {  // the sliding layers': default rope, their own base
-    for (int32_t i = 0; i < half; ++i)
-      inv[i] = static_cast<float>(1.0 / std::pow(c.rope_local_theta, (2.0 * i) / c.head_dim));
+    for (int32_t i = 0; i < half; ++i) {
+      inv[i] = static_cast<float>(1.0 / std::pow(c.rope_local_theta, (2.0 * i) / dim));
+    }
     return inv;
   }
   for (int32_t i = 0; i < half; ++i) {
-    double f = 1.0 / std::pow(c.rope.theta, (2.0 * i) / c.head_dim);
+    double f = 1.0 / std::pow(c.rope.theta, (2.0 * i) / dim);
+    if (c.rope.type == "longrope") {  // as transformers: 1 / (factor · base^(2i/d)), in fp32
+      const float base = static_cast<float>(std::pow(c.rope.theta, (2.0 * i) / dim));
+      inv[i] = 1.0f / ((long_positions ? c.rope.long_factor : c.rope.short_factor).at(i) * base);
+      continue;
+    }
     if (c.rope.type == "linear") {
       f /= c.rope.factor;
     } else if (c.rope.type == "factors") {

@@ -13,12 +13,16 @@ namespace inferd {
 
 struct RopeConfig {
   double theta = 10000.0;
-  std::string type = "default";     // default | llama3 | linear | factors
+  std::string type = "default";     // default | llama3 | linear | factors | longrope
   std::vector<float> freq_factors;  // factors: per-frequency divisors (GGUF rope_freqs.weight)
   double factor = 1.0;
   double low_freq_factor = 1.0;                     // llama3
   double high_freq_factor = 4.0;                    // llama3
-  int32_t original_max_position_embeddings = 8192;  // llama3
+  int32_t original_max_position_embeddings = 8192;  // llama3, longrope
+  // longrope (Phi-3): per-frequency divisors for positions below original_max_position_embeddings (short) and
+  // from it on (long), and the multiplier of cos and sin.
+  std::vector<float> short_factor, long_factor;
+  double attention_factor = 1.0;
 };
 
 struct ModelConfig {
@@ -31,6 +35,7 @@ struct ModelConfig {
   int32_t num_heads = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  int32_t rotary_dim = 0;  // the leading dimensions of each head the rotary embedding turns (partial_rotary_factor)
   int32_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
@@ -59,8 +64,9 @@ struct ModelConfig {
 // Parses config.json text; a missing or inconsistent field is an error naming it.
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text);
 
-// The inverse frequencies of the rotary embedding, [head_dim / 2], with rope scaling applied; `local`: those of
-// the sliding-window layers (rope_local_theta, unscaled) where the config sets them.
-std::vector<float> RopeInverseFrequencies(const ModelConfig& config, bool local = false);
+// The inverse frequencies of the rotary embedding, [rotary_dim / 2], with rope scaling applied; `local`: those of
+// the sliding-window layers (rope_local_theta, unscaled) where the config sets them; `long_positions`: longrope's
+// for positions from original_max_position_embeddings on.
+std::vector<float> RopeInverseFrequencies(const ModelConfig& config, bool local = false, bool long_positions = false);
 
 }  // namespace inferd

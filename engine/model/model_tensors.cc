@@ -114,6 +114,32 @@ absl::Status DecodeRowsAsStored(const TensorDesc& t, int64_t first, int64_t coun
 
 }  // namespace
 
+absl::StatusOr<TensorDesc> RowsOf(const TensorDesc& t, int64_t first, int64_t count, std::string name) {
+  if (first < 0 || count <= 0 || first + count > t.rows || t.rotary_heads > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': rows [", first, ", ", first + count,
+                                                   ") cannot be split from its ", t.rows, " rows"));
+  }
+  TensorDesc part = t;
+  part.name = std::move(name);
+  part.rows = count;
+  if (!t.random()) {
+    int64_t row_bytes = t.cols * static_cast<int64_t>(DTypeSize(t.dtype));
+    if (t.ggml) {
+      int64_t block_elems = 0, block_bytes = 0;
+      if (!GgmlBlockLayout(t.ggml_type, &block_elems, &block_bytes) || t.cols % block_elems != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': rows are not whole blocks"));
+      }
+      row_bytes = t.cols / block_elems * block_bytes;
+    }
+    if (static_cast<int64_t>(t.bytes.size()) != row_bytes * t.rows) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "' holds ", t.bytes.size(), " bytes"));
+    }
+    part.bytes = t.bytes.subspan(first * row_bytes, count * row_bytes);
+  }
+  if (t.scales.size() > 1) part.scales.assign(t.scales.begin() + first, t.scales.begin() + first + count);
+  return part;
+}
+
 absl::Status DecodeRows(const TensorDesc& t, int64_t first, int64_t count, float* out) {
   absl::Status s = DecodeRowsAsStored(t, first, count, out);
   if (s.ok() && t.add != 0) {

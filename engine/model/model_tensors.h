@@ -81,6 +81,10 @@ std::vector<const TensorDesc*> AllTensors(const ModelTensors& tensors);
 // Decodes rows [first, first + count) of a tensor to fp32 into out[count, cols].
 absl::Status DecodeRows(const TensorDesc& tensor, int64_t first, int64_t count, float* out);
 
+// Rows [first, first + count) of a tensor as a tensor of their own, over the same bytes: the parts of a
+// checkpoint's fused projection (Phi-3's qkv_proj, gate_up_proj). Not for GGUF rows in llama.cpp's rotary order.
+absl::StatusOr<TensorDesc> RowsOf(const TensorDesc& tensor, int64_t first, int64_t count, std::string name);
+
 // Describes model.safetensors or the shards listed in model.safetensors.index.json, checking every tensor's
 // presence and shape against the config. `random`: no weight files are read; every tensor the config implies is
 // random (TensorDesc::random_seed), stored as `random_dtype`.

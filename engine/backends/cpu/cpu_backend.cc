@@ -91,6 +91,7 @@ class CpuBackend : public Backend {
     weights_.layers.clear();
     inv_freq_ = RopeInverseFrequencies(cfg_);
     inv_freq_local_ = RopeInverseFrequencies(cfg_, /*local=*/true);
+    inv_freq_long_ = RopeInverseFrequencies(cfg_, /*local=*/false, /*long_positions=*/true);
   }
 
   std::string name() const override { return "cpu"; }
@@ -129,6 +130,7 @@ class CpuBackend : public Backend {
   Workspace ws_;                       // the final rows and logits
   std::vector<float> inv_freq_;        // [head_dim / 2]
   std::vector<float> inv_freq_local_;  // the sliding-window layers' (the same where the config has none)
+  std::vector<float> inv_freq_long_;   // longrope's from original_max_position_embeddings on
   int32_t num_host_blocks_ = 0;
   uint64_t completed_copies_ = 0;
   StepCounters counters_;  // the device is the CPU: a step's device time is its whole Step()
@@ -396,18 +398,24 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
         }
       }
       return;
-    case LayerOp::kRope: {  // rotate-half convention, on its query and K heads
-      const int64_t half = D / 2;
-      const std::vector<float>& inv_freq = cfg_.window(layer) > 0 ? inv_freq_local_ : inv_freq_;
+    case LayerOp::kRope: {  // rotate-half convention over each head's leading rotary_dim, on its query and K heads
+      const int64_t half = (cfg_.rotary_dim > 0 ? cfg_.rotary_dim : D) / 2;
+      const bool longrope = cfg_.rope.type == "longrope";
+      const float mscale = static_cast<float>(cfg_.rope.attention_factor);
 #pragma omp parallel for
       for (int64_t t = 0; t < T; ++t) {
         float* row = w.qkv.data() + t * qkv_dim;
         const float pos = static_cast<float>(in.positions[t]);
+        const std::vector<float>& inv_freq = cfg_.window(layer) > 0 ? inv_freq_local_
+                                             : longrope && in.positions[t] >= cfg_.rope.original_max_position_embeddings
+                                                 ? inv_freq_long_
+                                                 : inv_freq_;
         for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
           float* v = row + h * D;
           for (int64_t i = 0; i < half; ++i) {
             const float angle = pos * inv_freq[i];
-            const float c = std::cos(angle), sn = std::sin(angle);
+            float c = std::cos(angle), sn = std::sin(angle);
+            if (longrope) c *= mscale, sn *= mscale;
             const float a = v[i], b = v[i + half];
             v[i] = a * c - b * sn;
             v[i + half] = b * c + a * sn;

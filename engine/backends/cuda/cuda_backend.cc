@@ -602,6 +602,11 @@ std::string CudaUnsupportedReason(const ModelConfig& config) {
     return absl::StrCat("head_dim = ", config.head_dim,
                         " is not supported by the cuda backend; supported: 64, 128, 256");
   }
+  if (config.rope.type == "longrope" || (config.rotary_dim > 0 && config.rotary_dim != config.head_dim)) {
+    return absl::StrCat(config.architecture, "'s rotary embedding (", config.rope.type, ", ", config.rotary_dim, " of ",
+                        config.head_dim,
+                        " dimensions) is not run by the cuda backend yet; engine.backend: cpu runs it");
+  }
   // RunForward (forward.cc) runs the Llama family's layer program, fused; other programs wait for its walker.
   const std::vector<LayerOp>& llama = LlamaArchitecture().layer;
   if (config.arch->layer != llama) {

@@ -139,8 +139,8 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     }
     INFERD_RETURN_IF_ERROR(
         gemm.Run(quantize ? Operand(xq, xs) : Operand(act), L.down.operand(), tmp, Tn, H, I, nullptr, false, s));
-    // The next layer's input norm, or after the last layer the final norm (every row: prefill's extra rows cost
-    // little, and the sum is fused with it).
+    // The next layer's input norm, or after the last layer the final norm (over every row, as the layers' norms
+    // are: a prefill's extra rows cost little, and no gather of the residual and its delta is needed).
     const bool last_layer = layer + 1 == cfg.num_layers;
     INFERD_RETURN_IF_ERROR(sum_add_norm(
         tmp, last_layer ? w.final_norm.get<T>() : w.layers[layer + 1].input_norm.get<T>(), !last_layer));

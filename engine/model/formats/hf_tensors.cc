@@ -222,9 +222,17 @@ absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const Mod
     const std::string p = absl::StrCat("model.layers.", l, ".");
     LayerTensors& L = w.layers[l];
     INFERD_RETURN_IF_ERROR(src.Describe(p + "input_layernorm.weight", {h}, &L.input_norm));
-    INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.q_proj.weight", {q_dim, h}, &L.q_proj));
-    INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.k_proj.weight", {kv_dim, h}, &L.k_proj));
-    INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.v_proj.weight", {kv_dim, h}, &L.v_proj));
+    if (c.arch->fused_projections) {  // one qkv_proj: its q, k and v rows as tensors of their own
+      TensorDesc qkv;
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, h}, &qkv));
+      INFERD_ASSIGN_OR_RETURN(L.q_proj, RowsOf(qkv, 0, q_dim, qkv.name + "[q]"));
+      INFERD_ASSIGN_OR_RETURN(L.k_proj, RowsOf(qkv, q_dim, kv_dim, qkv.name + "[k]"));
+      INFERD_ASSIGN_OR_RETURN(L.v_proj, RowsOf(qkv, q_dim + kv_dim, kv_dim, qkv.name + "[v]"));
+    } else {
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.q_proj.weight", {q_dim, h}, &L.q_proj));
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.k_proj.weight", {kv_dim, h}, &L.k_proj));
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.v_proj.weight", {kv_dim, h}, &L.v_proj));
+    }
     if (c.arch->qkv_bias) {
       INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.q_proj.bias", {q_dim}, &L.q_bias));
       INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.k_proj.bias", {kv_dim}, &L.k_bias));
@@ -242,8 +250,15 @@ absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const Mod
     } else {
       INFERD_RETURN_IF_ERROR(src.Describe(p + "post_attention_layernorm.weight", {h}, &L.post_norm));
     }
-    INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.gate_proj.weight", {ff, h}, &L.gate_proj));
-    INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.up_proj.weight", {ff, h}, &L.up_proj));
+    if (c.arch->fused_projections) {  // one gate_up_proj: gate rows, then up rows
+      TensorDesc gate_up;
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.gate_up_proj.weight", {2 * ff, h}, &gate_up));
+      INFERD_ASSIGN_OR_RETURN(L.gate_proj, RowsOf(gate_up, 0, ff, gate_up.name + "[gate]"));
+      INFERD_ASSIGN_OR_RETURN(L.up_proj, RowsOf(gate_up, ff, ff, gate_up.name + "[up]"));
+    } else {
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.gate_proj.weight", {ff, h}, &L.gate_proj));
+      INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.up_proj.weight", {ff, h}, &L.up_proj));
+    }
     INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.down_proj.weight", {h, ff}, &L.down_proj));
     if (c.quantization.kv_cache_scales) {
       INFERD_RETURN_IF_ERROR(src.ReadScalar(p + "self_attn.k_scale", &L.k_cache_scale));

@@ -43,7 +43,8 @@ TEST(ModelConfig, EachArchitectureFindsItsFamilyAndItsLayerProgram) {
        std::vector<std::pair<std::string, const Architecture*>>{{"LlamaForCausalLM", &LlamaArchitecture()},
                                                                 {"MistralForCausalLM", &LlamaArchitecture()},
                                                                 {"Qwen2ForCausalLM", &Qwen2Architecture()},
-                                                                {"Qwen3ForCausalLM", &Qwen3Architecture()}}) {
+                                                                {"Qwen3ForCausalLM", &Qwen3Architecture()},
+                                                                {"Phi3ForCausalLM", &Phi3Architecture()}}) {
     j["architectures"] = {name};
     auto c = ParseModelConfig(j.dump());
     ASSERT_TRUE(c.ok()) << name << ": " << c.status();

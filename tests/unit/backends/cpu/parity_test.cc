@@ -100,6 +100,7 @@ INSTANTIATE_TEST_SUITE_P(
                       ParityCase{"mistral-tiny", 16, 2048}, ParityCase{"qwen2-tiny", 16, 2048},
                       ParityCase{"qwen3-tiny", 16, 2048}, ParityCase{"qwen3-tiny", 3, 13},
                       ParityCase{"gemma3-tiny", 16, 2048}, ParityCase{"gemma3-tiny", 3, 13},
+                      ParityCase{"phi3-tiny", 16, 2048}, ParityCase{"phi3-tiny", 3, 13},
                       ParityCase{"llama3-tiny", 3, 13}, ParityCase{"qwen2-tiny", 1, 8},
                       ParityCase{"llama2-tiny", 16, 2048, "tests/fixtures/models/llama2-tiny.gguf"},
                       ParityCase{"qwen2-tiny", 16, 2048, "tests/fixtures/models/qwen2-tiny.gguf"},

@@ -86,8 +86,12 @@ TEST_P(PromptLogprobs, EqualTransformersTeacherForcedAtEveryPosition) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PromptLogprobs,
-                         ::testing::Values("llama3-tiny", "qwen2-tiny", "mistral-tiny", "qwen3-tiny", "gemma3-tiny"),
-                         [](const auto& info) { return std::string(info.param).substr(0, 5); });
+                         ::testing::Values("llama3-tiny", "qwen2-tiny", "mistral-tiny", "qwen3-tiny", "gemma3-tiny",
+                                           "phi3-tiny"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           return n.substr(0, n.find('-'));
+                         });
 
 }  // namespace
 }  // namespace inferd
