@@ -8,6 +8,7 @@
                                            with merges and tokenizer.ggml.pre = qwen2
   tests/fixtures/models/qwen3-tiny.gguf    qwen3-tiny: the same tokenizer, per-head q/k norms, head_dim 32
   tests/fixtures/models/gemma3-tiny.gguf   gemma3-tiny: norms stored as 1 + w, sliding window, sandwich norms
+  tests/fixtures/models/phi3-tiny.gguf     phi3-tiny: fused attn_qkv and ffn_up, LongRoPE factors as tensors
   tests/fixtures/gguf/quants.gguf + .json  random blocks of every quantized type inferd reads and the values
                                            gguf.quants.dequantize gives for them
   tests/fixtures/tokenizer/smollm2-gguf.json
@@ -19,6 +20,7 @@
     .venv/bin/python tools/make_gguf_fixtures.py
 """
 import json
+import math
 import os
 import struct
 import sys
@@ -95,7 +97,16 @@ def convert(name, arch, tokenizer_kind):
     if "head_dim" in cfg:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    rotary = int(head_dim * cfg.get("partial_rotary_factor", 1.0))
+    writer.add_rope_dimension_count(rotary)
+    scaling = cfg.get("rope_scaling") or {}
+    if scaling.get("type") == "longrope":  # as llama.cpp's Phi-3 converter: factors as tensors, two keys
+        orig = cfg["original_max_position_embeddings"]
+        factor = cfg["max_position_embeddings"] / orig
+        writer.add_uint32(f"{arch}.rope.scaling.original_context_length", orig)
+        writer.add_float32(f"{arch}.rope.scaling.attn_factor", math.sqrt(1 + math.log(factor) / math.log(orig)))
+        writer.add_tensor("rope_factors_long.weight", np.array(scaling["long_factor"], np.float32), raw_dtype=Q.F32)
+        writer.add_tensor("rope_factors_short.weight", np.array(scaling["short_factor"], np.float32), raw_dtype=Q.F32)
     writer.add_vocab_size(cfg["vocab_size"])
 
     vocab = tok["model"]["vocab"]
@@ -150,13 +161,16 @@ def convert(name, arch, tokenizer_kind):
         add(writer, "output.weight", t("lm_head.weight")[0], dtype)
     for layer in range(cfg["num_hidden_layers"]):
         p, g = f"model.layers.{layer}.", f"blk.{layer}."
-        q, k = t(p + "self_attn.q_proj.weight")[0], t(p + "self_attn.k_proj.weight")[0]
-        if arch == "llama":
-            q, k = permute(q, heads), permute(k, kv)
         add(writer, g + "attn_norm.weight", t(p + "input_layernorm.weight")[0], dtype)
-        add(writer, g + "attn_q.weight", q, dtype)
-        add(writer, g + "attn_k.weight", k, dtype)
-        add(writer, g + "attn_v.weight", t(p + "self_attn.v_proj.weight")[0], dtype)
+        if arch == "phi3":  # fused as in the checkpoint: attn_qkv, and ffn_up holding gate then up
+            add(writer, g + "attn_qkv.weight", t(p + "self_attn.qkv_proj.weight")[0], dtype)
+        else:
+            q, k = t(p + "self_attn.q_proj.weight")[0], t(p + "self_attn.k_proj.weight")[0]
+            if arch == "llama":
+                q, k = permute(q, heads), permute(k, kv)
+            add(writer, g + "attn_q.weight", q, dtype)
+            add(writer, g + "attn_k.weight", k, dtype)
+            add(writer, g + "attn_v.weight", t(p + "self_attn.v_proj.weight")[0], dtype)
         if p + "self_attn.q_proj.bias" in w:
             for x in "qkv":
                 add(writer, g + f"attn_{x}.bias", t(p + f"self_attn.{x}_proj.bias")[0], dtype)
@@ -170,8 +184,11 @@ def convert(name, arch, tokenizer_kind):
             add(writer, g + "post_ffw_norm.weight", t(p + "post_feedforward_layernorm.weight")[0], dtype)
         else:
             add(writer, g + "ffn_norm.weight", t(p + "post_attention_layernorm.weight")[0], dtype)
-        add(writer, g + "ffn_gate.weight", t(p + "mlp.gate_proj.weight")[0], dtype)
-        add(writer, g + "ffn_up.weight", t(p + "mlp.up_proj.weight")[0], dtype)
+        if arch == "phi3":
+            add(writer, g + "ffn_up.weight", t(p + "mlp.gate_up_proj.weight")[0], dtype)
+        else:
+            add(writer, g + "ffn_gate.weight", t(p + "mlp.gate_proj.weight")[0], dtype)
+            add(writer, g + "ffn_up.weight", t(p + "mlp.up_proj.weight")[0], dtype)
         add(writer, g + "ffn_down.weight", t(p + "mlp.down_proj.weight")[0], dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -263,6 +280,7 @@ def main():
     convert("qwen2-tiny", "qwen2", "gpt2")
     convert("qwen3-tiny", "qwen3", "gpt2")
     convert("gemma3-tiny", "gemma3", "llama")
+    convert("phi3-tiny", "phi3", "llama")
     quants()
     smollm2_tokenizer()
 

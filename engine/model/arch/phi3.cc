@@ -9,7 +9,7 @@ const Architecture& Phi3Architecture() {
   static const Architecture arch{
       .name = "phi3",
       .hf_architectures = {"Phi3ForCausalLM"},
-      .gguf_architectures = {},
+      .gguf_architectures = {"phi3"},
       .fused_projections = true,
       .layer = LlamaArchitecture().layer,
   };

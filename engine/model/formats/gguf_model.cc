@@ -100,11 +100,12 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
   }
   INFERD_ASSIGN_OR_RETURN(c.head_dim, GetInt(g, p + "attention.key_length", 2, 1024, c.hidden_size / c.num_heads));
   if (c.head_dim % 2 != 0) return Bad(absl::StrCat("head dimension ", c.head_dim, " is odd"));
-  INFERD_ASSIGN_OR_RETURN(int64_t rope_dims, GetInt(g, p + "rope.dimension_count", 1, 1024, c.head_dim));
-  if (rope_dims != c.head_dim) {
-    return Bad(absl::StrCat(p, "rope.dimension_count ", rope_dims, " differs from the head dimension ", c.head_dim,
-                            " (partial rotary is not supported)"));
+  INFERD_ASSIGN_OR_RETURN(int64_t rope_dims, GetInt(g, p + "rope.dimension_count", 2, 1024, c.head_dim));
+  if (rope_dims > c.head_dim || rope_dims % 2 != 0) {
+    return Bad(absl::StrCat(p, "rope.dimension_count ", rope_dims, " is not an even number up to the head dimension ",
+                            c.head_dim));
   }
+  c.rotary_dim = static_cast<int32_t>(rope_dims);
   INFERD_ASSIGN_OR_RETURN(c.max_position_embeddings, GetInt(g, p + "context_length", 1, 1 << 24));
   INFERD_ASSIGN_OR_RETURN(c.rms_norm_eps, GetFloat(g, p + "attention.layer_norm_rms_epsilon", 1e-5));
   INFERD_ASSIGN_OR_RETURN(c.rope.theta, GetFloat(g, p + "rope.freq_base", 10000.0));
@@ -143,6 +144,32 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
     c.attention_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   }
   if (c.arch->scaled_embeddings) c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  // LongRoPE (phi3): the factors as tensors, the original context and cos/sin multiplier as keys.
+  const GgufTensor* long_factors = g.FindTensor("rope_factors_long.weight");
+  const GgufTensor* short_factors = g.FindTensor("rope_factors_short.weight");
+  if (long_factors || short_factors) {
+    for (auto [t, out] :
+         {std::pair{long_factors, &c.rope.long_factor}, std::pair{short_factors, &c.rope.short_factor}}) {
+      if (!t || t->dims != std::vector<int64_t>{rope_dims / 2} || t->type != static_cast<uint32_t>(GgmlType::kF32)) {
+        return Bad(
+            absl::StrCat("tensors 'rope_factors_long.weight' and 'rope_factors_short.weight' must both be F32 "
+                         "of dims [",
+                         rope_dims / 2, "]"));
+      }
+      out->resize(rope_dims / 2);
+      INFERD_RETURN_IF_ERROR(DequantizeGgml(t->type, file.Bytes(*t), t->numel, out->data()));
+      for (float x : *out) {
+        if (!(x > 0) || !std::isfinite(x)) return Bad("a longrope factor is not a finite value > 0");
+      }
+    }
+    c.rope.type = "longrope";
+    INFERD_ASSIGN_OR_RETURN(c.rope.original_max_position_embeddings,
+                            GetInt(g, p + "rope.scaling.original_context_length", 2, 1 << 24));
+    const double factor = double(c.max_position_embeddings) / c.rope.original_max_position_embeddings;
+    const double fallback =
+        factor <= 1 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(c.rope.original_max_position_embeddings));
+    INFERD_ASSIGN_OR_RETURN(c.rope.attention_factor, GetFloat(g, p + "rope.scaling.attn_factor", fallback));
+  }
   c.torch_dtype = "gguf";
   if (const GgufValue* v = g.Find("tokenizer.ggml.eos_token_id"); v && v->is_integer()) {
     c.eos_token_ids.push_back(static_cast<int32_t>(v->i));
@@ -171,9 +198,17 @@ absl::StatusOr<ModelTensors> DescribeGgufTensors(std::shared_ptr<const GgufFile>
     const std::string p = absl::StrCat("blk.", l, ".");
     LayerTensors& L = w.layers[l];
     INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_norm.weight", {h}, &L.input_norm, &types));
-    INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_q.weight", {h, q_dim}, &L.q_proj, &types));
-    INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_k.weight", {h, kv_dim}, &L.k_proj, &types));
-    INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_v.weight", {h, kv_dim}, &L.v_proj, &types));
+    if (c.arch->fused_projections) {  // attn_qkv: its q, k and v rows as tensors of their own
+      TensorDesc qkv;
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_qkv.weight", {h, q_dim + 2 * kv_dim}, &qkv, &types));
+      INFERD_ASSIGN_OR_RETURN(L.q_proj, RowsOf(qkv, 0, q_dim, qkv.name + "[q]"));
+      INFERD_ASSIGN_OR_RETURN(L.k_proj, RowsOf(qkv, q_dim, kv_dim, qkv.name + "[k]"));
+      INFERD_ASSIGN_OR_RETURN(L.v_proj, RowsOf(qkv, q_dim + kv_dim, kv_dim, qkv.name + "[v]"));
+    } else {
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_q.weight", {h, q_dim}, &L.q_proj, &types));
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_k.weight", {h, kv_dim}, &L.k_proj, &types));
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_v.weight", {h, kv_dim}, &L.v_proj, &types));
+    }
     if (c.arch->gguf_interleaved_rotary) {
       L.q_proj.rotary_heads = c.num_heads;
       L.k_proj.rotary_heads = c.num_kv_heads;
@@ -193,8 +228,15 @@ absl::StatusOr<ModelTensors> DescribeGgufTensors(std::shared_ptr<const GgufFile>
       INFERD_RETURN_IF_ERROR(Describe(f, p + "post_attention_norm.weight", {h}, &L.attn_out_norm, &types));
       INFERD_RETURN_IF_ERROR(Describe(f, p + "post_ffw_norm.weight", {h}, &L.mlp_out_norm, &types));
     }
-    INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_gate.weight", {h, ff}, &L.gate_proj, &types));
-    INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_up.weight", {h, ff}, &L.up_proj, &types));
+    if (c.arch->fused_projections) {  // ffn_up holds gate rows, then up rows
+      TensorDesc gate_up;
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_up.weight", {h, 2 * ff}, &gate_up, &types));
+      INFERD_ASSIGN_OR_RETURN(L.gate_proj, RowsOf(gate_up, 0, ff, gate_up.name + "[gate]"));
+      INFERD_ASSIGN_OR_RETURN(L.up_proj, RowsOf(gate_up, ff, ff, gate_up.name + "[up]"));
+    } else {
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_gate.weight", {h, ff}, &L.gate_proj, &types));
+      INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_up.weight", {h, ff}, &L.up_proj, &types));
+    }
     INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_down.weight", {ff, h}, &L.down_proj, &types));
   }
   // Name the file's weights by their most common type (norms are F32 in every quantized file).

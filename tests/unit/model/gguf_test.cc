@@ -254,7 +254,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The GGUF conversion holds the same weights as the Hugging Face directory, q/k rows included.
 TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {
-  for (const char* name : {"llama2-tiny", "qwen2-tiny", "qwen3-tiny", "gemma3-tiny"}) {
+  for (const char* name : {"llama2-tiny", "qwen2-tiny", "qwen3-tiny", "gemma3-tiny", "phi3-tiny"}) {
     SCOPED_TRACE(name);
     auto hf = LoadModel(testing::ModelDir(name));
     auto gg = LoadModel(testing::ModelDir(name) + ".gguf");
@@ -285,6 +285,11 @@ TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {
     EXPECT_EQ(a.layer_window, b.layer_window);
     EXPECT_EQ(a.rope_local_theta, b.rope_local_theta);
     EXPECT_EQ(a.embedding_scale, b.embedding_scale);
+    EXPECT_EQ(a.rotary_dim, b.rotary_dim);  // Phi-3's: partial rotary, LongRoPE
+    EXPECT_EQ(a.rope.type, b.rope.type);
+    EXPECT_EQ(a.rope.short_factor, b.rope.short_factor);
+    EXPECT_EQ(a.rope.long_factor, b.rope.long_factor);
+    EXPECT_NEAR(a.rope.attention_factor, b.rope.attention_factor, 1e-6);
     EXPECT_EQ(hw->layers[0].gate_up.data, gw->layers[0].gate_up.data);
     EXPECT_EQ(hw->lm_head().data, gw->lm_head().data);
     ASSERT_NE((*gg)->chat_template, nullptr);
