@@ -401,7 +401,7 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
     case LayerOp::kRope: {  // rotate-half convention over each head's leading rotary_dim, on its query and K heads
       const int64_t half = (cfg_.rotary_dim > 0 ? cfg_.rotary_dim : D) / 2;
       const bool longrope = cfg_.rope.type == "longrope";
-      const float mscale = static_cast<float>(cfg_.rope.attention_factor);
+      const float mscale = longrope ? static_cast<float>(cfg_.rope.attention_factor) : 1.0f;  // cos, sin multiplier
 #pragma omp parallel for
       for (int64_t t = 0; t < T; ++t) {
         float* row = w.qkv.data() + t * qkv_dim;
@@ -414,8 +414,7 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
           float* v = row + h * D;
           for (int64_t i = 0; i < half; ++i) {
             const float angle = pos * inv_freq[i];
-            float c = std::cos(angle), sn = std::sin(angle);
-            if (longrope) c *= mscale, sn *= mscale;
+            const float c = std::cos(angle) * mscale, sn = std::sin(angle) * mscale;
             const float a = v[i], b = v[i + half];
             v[i] = a * c - b * sn;
             v[i + half] = b * c + a * sn;
