@@ -52,12 +52,15 @@ def server():
     time.sleep(1)
     s.baseline = {k: proc_count(s.proc.pid, k) for k in ("fds", "threads")}
     yield s
-    # Resources back to their baseline once the battery is over.
+    # Resources back to their baseline once the battery is over. gRPC's executor may still hold a few pollers its
+    # last burst started (their number depends on timing, not on how many requests came); a leak grows with the
+    # battery's ~90 connections and requests.
+    slack = {"fds": 2, "threads": 4}
     deadline = time.time() + 10
-    while time.time() < deadline and proc_count(s.proc.pid, "fds") > s.baseline["fds"] + 2:
+    while time.time() < deadline and any(proc_count(s.proc.pid, k) > s.baseline[k] + slack[k] for k in slack):
         time.sleep(0.1)
-    assert proc_count(s.proc.pid, "fds") <= s.baseline["fds"] + 2, (s.baseline, proc_count(s.proc.pid, "fds"))
-    assert proc_count(s.proc.pid, "threads") <= s.baseline["threads"] + 2, s.baseline
+    for k in slack:
+        assert proc_count(s.proc.pid, k) <= s.baseline[k] + slack[k], (k, s.baseline, proc_count(s.proc.pid, k))
     s.prober.close()
     assert not s.prober.failures, s.prober.failures[:5]
     assert s.stop() == 0, s.logs()
