@@ -160,7 +160,8 @@ absl::Status ParseLocalRope(const json& j, ModelConfig* c) {
     const json& p = j["rope_parameters"];
     absl::Status s = ParseRope(json{{"rope_parameters", p["full_attention"]}}, &c->rope);
     if (!s.ok()) return s;
-    if (p.contains("sliding_attention") && p["sliding_attention"].contains("rope_theta")) {
+    if (p.contains("sliding_attention") && p["sliding_attention"].contains("rope_theta") &&
+        p["sliding_attention"]["rope_theta"].is_number()) {
       c->rope_local_theta = p["sliding_attention"]["rope_theta"].get<double>();
     }
   }
