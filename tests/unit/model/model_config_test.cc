@@ -87,6 +87,56 @@ TEST(ModelConfig, RefusesUnsupportedAndInconsistentConfigs) {
   expect_error(bad, "vocab_size");
 }
 
+// The new families' options: wrong ones are refused naming the field.
+TEST(ModelConfig, RefusesBadWindowsRotaryAndActivations) {
+  auto expect_error = [](const nlohmann::json& cfg, const std::string& mention) {
+    auto c = ParseModelConfig(cfg.dump());
+    ASSERT_FALSE(c.ok()) << mention;
+    EXPECT_NE(c.status().message().find(mention), std::string::npos) << c.status().message();
+  };
+  const nlohmann::json gemma = testing::ReadJson(testing::ModelDir("gemma3-tiny") + "/config.json");
+  auto g = ParseModelConfig(gemma.dump());
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->layer_window, (std::vector<int32_t>{16, 16, 16, 16, 16, 0}));
+  EXPECT_EQ(g->rope_local_theta, 1e4);
+  EXPECT_EQ(g->rope.theta, 1e6);
+  EXPECT_NEAR(g->embedding_scale, 8.0, 1e-12);  // √64
+  nlohmann::json bad = gemma;
+  bad["layer_types"] = {"sliding_attention"};
+  expect_error(bad, "layer_types has 1 entries");
+  bad = gemma;
+  bad["layer_types"][2] = "local";
+  expect_error(bad, "layer_types[2]");
+  bad = gemma;
+  bad["hidden_activation"] = "silu";
+  expect_error(bad, "hidden_activation");
+  bad = gemma;
+  bad["final_logit_softcapping"] = -1;
+  expect_error(bad, "final_logit_softcapping");
+  nlohmann::json llama = testing::ReadJson(testing::ModelDir("llama2-tiny") + "/config.json");
+  llama["sliding_window"] = 16;
+  expect_error(llama, "sliding-window attention is not supported for LlamaForCausalLM");
+
+  const nlohmann::json phi = testing::ReadJson(testing::ModelDir("phi3-tiny") + "/config.json");
+  auto p = ParseModelConfig(phi.dump());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->rotary_dim, 12);
+  EXPECT_EQ(p->rope.type, "longrope");
+  EXPECT_NEAR(p->rope.attention_factor, std::sqrt(1 + std::log(8.0) / std::log(256.0)), 1e-12);
+  bad = phi;
+  bad["partial_rotary_factor"] = 0.1;
+  expect_error(bad, "partial_rotary_factor");
+  bad = phi;
+  bad["rope_scaling"].erase("long_factor");
+  expect_error(bad, "long_factor");
+  bad = phi;
+  bad["rope_scaling"]["short_factor"] = {1.0, 1.0};
+  expect_error(bad, "longrope factors hold 2 values");
+  bad = phi;
+  bad.erase("original_max_position_embeddings");
+  expect_error(bad, "original_max_position_embeddings");
+}
+
 TEST(LoadModel, LoadsEveryTestModelAndItsEosIds) {
   for (const char* name : testing::kTestModels) {
     auto m = LoadModel(testing::ModelDir(name));
