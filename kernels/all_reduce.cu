@@ -16,8 +16,7 @@ constexpr int kMaxBlocks = 32;  // of a plain sum: 8 ranks sharing one GPU must 
 // Inbox traffic: stores to a peer's memory and loads of what peers store into ours, at system scope (never from a
 // cache line of an earlier call's).
 __device__ __forceinline__ void StoreSys(uint4* p, uint4 v) {
-  asm volatile("st.relaxed.sys.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
-               "r"(v.w)
+  asm volatile("st.relaxed.sys.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
 }
 __device__ __forceinline__ void StoreSys(uint32_t* p, uint32_t v) {

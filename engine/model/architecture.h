@@ -53,11 +53,11 @@ struct Architecture {
   bool scaled_embeddings = false;  // the embedding rows are multiplied by √hidden (Gemma)
   // Checkpoints store q/k/v as one self_attn.qkv_proj and gate/up as one mlp.gate_up_proj (Phi-3).
   bool fused_projections = false;
-  // Sliding-window layers interleaved with global ones (config.json's layer_types, else every
-  // sliding_window_pattern-th layer global), with a rotary base of their own.
-  bool sliding_window_layers = false;
-  int32_t sliding_window_pattern = 0;  // the family's default pattern
-  std::vector<LayerOp> layer;          // one decoder layer, in order
+  // > 0: sliding-window layers interleaved with global ones (config.json's layer_types, else every
+  // sliding_window_pattern-th layer global, this its default), with a rotary base of their own (this default).
+  int32_t sliding_window_pattern = 0;
+  double sliding_rope_theta = 0;
+  std::vector<LayerOp> layer;  // one decoder layer, in order
 };
 
 // The family that serves a config.json architecture, or a GGUF general.architecture; null for none.

@@ -55,8 +55,7 @@ absl::Status ParseLongRope(const json& j, const json& s, RopeConfig* rope) {
         "config.json: longrope scaling needs original_max_position_embeddings (>= 2) and max_position_embeddings");
   }
   rope->original_max_position_embeddings = orig.get<int32_t>();
-  const double factor = max.get<double>() / orig.get<double>();
-  rope->attention_factor = factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(orig.get<double>()));
+  rope->attention_factor = LongRopeAttentionFactor(max.get<double>(), orig.get<double>());
   if (s.contains("attention_factor") && s["attention_factor"].is_number()) {
     rope->attention_factor = s["attention_factor"].get<double>();
   }
@@ -124,8 +123,8 @@ absl::Status ParseWindows(const json& j, bool windowed, ModelConfig* c) {
   if (!windowed) return absl::OkStatus();
   const int64_t window = j["sliding_window"].get<int64_t>();
   if (window < 1) return absl::InvalidArgumentError("config.json: sliding_window must be >= 1");
-  c->layer_window.assign(c->num_layers, 0);
   if (j.contains("layer_types") && j["layer_types"].is_array()) {
+    c->layer_window.assign(c->num_layers, 0);
     const json& types = j["layer_types"];
     if (types.size() != static_cast<size_t>(c->num_layers)) {
       return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types has ", types.size(),
@@ -145,16 +144,14 @@ absl::Status ParseWindows(const json& j, bool windowed, ModelConfig* c) {
   int32_t pattern = c->arch->sliding_window_pattern;
   absl::Status s = Field(j, "sliding_window_pattern", &pattern, false, 1, 1024);
   if (!s.ok()) return s;
-  for (int l = 0; l < c->num_layers; ++l) {
-    if ((l + 1) % pattern != 0) c->layer_window[l] = static_cast<int32_t>(window);
-  }
+  SetWindowPattern(c, static_cast<int32_t>(window), pattern);
   return absl::OkStatus();
 }
 
 // The sliding layers' rotary base: rope_local_base_freq (transformers 4), or rope_parameters.sliding_attention
 // (transformers 5, whose rope_parameters.full_attention is then the global layers' rope).
 absl::Status ParseLocalRope(const json& j, ModelConfig* c) {
-  c->rope_local_theta = 10000.0;
+  c->rope_local_theta = c->arch->sliding_rope_theta;
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
       j["rope_parameters"].contains("full_attention")) {
     const json& p = j["rope_parameters"];
@@ -172,7 +169,7 @@ absl::Status ParseLocalRope(const json& j, ModelConfig* c) {
   return absl::OkStatus();
 }
 
-// query_pre_attn_scalar (the softmax scale is its inverse square root), the soft caps, the embedding multiplier.
+// query_pre_attn_scalar (the softmax scale is its inverse square root) and the soft caps.
 absl::Status ParseScales(const json& j, ModelConfig* c) {
   if (j.contains("query_pre_attn_scalar") && j["query_pre_attn_scalar"].is_number()) {
     const double q = j["query_pre_attn_scalar"].get<double>();
@@ -187,7 +184,6 @@ absl::Status ParseScales(const json& j, ModelConfig* c) {
     }
     *out = j[key].get<double>();
   }
-  if (c->arch->scaled_embeddings) c->embedding_scale = std::sqrt(static_cast<double>(c->hidden_size));
   return absl::OkStatus();
 }
 
@@ -266,7 +262,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
                         j["sliding_window"].get<int64_t>() < c.max_position_embeddings &&
                         !(j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() &&
                           !j["use_sliding_window"].get<bool>());
-  if (windowed && !c.arch->sliding_window_layers) {
+  if (windowed && !c.arch->sliding_window_pattern > 0) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window = ", j["sliding_window"].dump(),
                                                    " is shorter than max_position_embeddings; sliding-window "
                                                    "attention is not supported for ",
@@ -281,7 +277,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
                                                      " values; the rotary width needs ", c.rotary_dim / 2));
     }
   }
-  if (c.arch->sliding_window_layers && !(s = ParseLocalRope(j, &c)).ok()) return s;
+  if (c.arch->sliding_window_pattern > 0 && !(s = ParseLocalRope(j, &c)).ok()) return s;
   if (!(s = ParseQuantizationConfig(j, &c.quantization)).ok()) return s;
   ReadIds(j, "eos_token_id", &c.eos_token_ids);
   std::vector<int32_t> bos;
@@ -327,6 +323,18 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& c, bool local, bool
     inv[i] = static_cast<float>(f);
   }
   return inv;
+}
+
+void SetWindowPattern(ModelConfig* c, int32_t window, int32_t pattern) {
+  c->layer_window.assign(c->num_layers, 0);
+  for (int32_t l = 0; l < c->num_layers; ++l) {
+    if ((l + 1) % pattern != 0) c->layer_window[l] = window;
+  }
+}
+
+double LongRopeAttentionFactor(double max_positions, double original_positions) {
+  const double factor = max_positions / original_positions;
+  return factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(original_positions));
 }
 
 }  // namespace inferd

@@ -1,6 +1,7 @@
 // A decoder's shape and its family (engine/model/architecture.h), read from a Hugging Face config.json.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -40,15 +41,14 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
   RopeConfig rope;
-  // Gemma's attention and embedding options (the defaults are every other family's): per layer the sliding
-  // window in tokens (empty, or 0 for a layer: global attention), the sliding layers' rotary base, the softmax
-  // scale (0: 1/√head_dim), soft caps on attention scores and final logits (0: none), the embedding multiplier.
+  // Gemma's attention options (the defaults are every other family's): per layer the sliding window in tokens
+  // (empty, or 0 for a layer: global attention), the sliding layers' rotary base, the softmax scale (0:
+  // 1/√head_dim), soft caps on attention scores and final logits (0: none).
   std::vector<int32_t> layer_window;
   double rope_local_theta = 0;
   double attention_scale = 0;
   double attn_logit_softcap = 0;
   double final_logit_softcap = 0;
-  double embedding_scale = 1;
   std::string torch_dtype;          // as stated in config.json, informational
   QuantizationConfig quantization;  // an FP8 checkpoint's quantization_config
   std::vector<int32_t> eos_token_ids;
@@ -59,6 +59,8 @@ struct ModelConfig {
   int64_t kv_width() const { return int64_t{num_kv_heads} * head_dim; }
   int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
   int32_t window(int layer) const { return layer_window.empty() ? 0 : layer_window[layer]; }
+  // The embedding rows' multiplier: √hidden for families that scale them (Gemma), else 1.
+  double embedding_scale() const { return arch->scaled_embeddings ? std::sqrt(double(hidden_size)) : 1.0; }
 };
 
 // Parses config.json text; a missing or inconsistent field is an error naming it.
@@ -68,5 +70,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text);
 // the sliding-window layers (rope_local_theta, unscaled) where the config sets them; `long_positions`: longrope's
 // for positions from original_max_position_embeddings on.
 std::vector<float> RopeInverseFrequencies(const ModelConfig& config, bool local = false, bool long_positions = false);
+
+// Every `pattern`-th layer global, the others attending through `window` tokens (the family's default pattern
+// where a file gives no layer types).
+void SetWindowPattern(ModelConfig* config, int32_t window, int32_t pattern);
+
+// LongRoPE's multiplier of cos and sin where a file gives none: √(1 + ln(max / original) / ln(original)), 1 where
+// max <= original.
+double LongRopeAttentionFactor(double max_positions, double original_positions);
 
 }  // namespace inferd

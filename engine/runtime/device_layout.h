@@ -31,20 +31,20 @@ class ArenaBuilder {
 // T = max_num_batched_tokens, R = max_num_seqs, L = 2R logits rows (sampled and prompt rows), e = element bytes (2
 // for bf16 and fp16).
 struct ActivationRegions {
-  Region x, xn, tmp;                // [T, hidden] e: residual stream, normed input, a layer's output
-  Region qkv;                       // [T, qkv_width] e
-  Region attn;                      // [T, q_width] e: attention output
-  Region gate_up;                   // [T, 2 * intermediate] e: gate rows then up rows
-  Region act;                       // [T, intermediate] e: SiLU(gate) * up
-  Region act_fp8;                   // fp8 weights: [T, max(hidden, q_width, intermediate)] e4m3, a product's input
-  Region act_scale;                 // fp8 weights: [T] fp32, its per-token scales
-  Region last_n;  // [L, hidden] e: the logits rows, normed
-  Region logits;                    // [L, vocab] fp32
-  Region inv_freq;                  // [head_dim / 2] fp32 rotary inverse frequencies
-  Region attn_float_ws;             // FlashInfer's float workspace (split-KV partial outputs)
-  Region attn_int_ws;               // FlashInfer's schedule (mirrored in pinned host memory)
-  Region outputs;                   // the OutputRegions arena
-  Region penalty_raw;               // [max penalty entries] fp32: raw logits of penalized ids
+  Region x, xn, tmp;     // [T, hidden] e: residual stream, normed input, a layer's output
+  Region qkv;            // [T, qkv_width] e
+  Region attn;           // [T, q_width] e: attention output
+  Region gate_up;        // [T, 2 * intermediate] e: gate rows then up rows
+  Region act;            // [T, intermediate] e: SiLU(gate) * up
+  Region act_fp8;        // fp8 weights: [T, max(hidden, q_width, intermediate)] e4m3, a product's input
+  Region act_scale;      // fp8 weights: [T] fp32, its per-token scales
+  Region last_n;         // [L, hidden] e: the logits rows, normed
+  Region logits;         // [L, vocab] fp32
+  Region inv_freq;       // [head_dim / 2] fp32 rotary inverse frequencies
+  Region attn_float_ws;  // FlashInfer's float workspace (split-KV partial outputs)
+  Region attn_int_ws;    // FlashInfer's schedule (mirrored in pinned host memory)
+  Region outputs;        // the OutputRegions arena
+  Region penalty_raw;    // [max penalty entries] fp32: raw logits of penalized ids
 };
 
 // What a step samples, one arena copied back to pinned host memory.

@@ -175,6 +175,19 @@ def wait_until_idle(stub, timeout=5):
         time.sleep(0.05)
 
 
+
+def evict_prefix_to_host_and_ask_again(stub, greedy):
+    """A prompt, then other long prompts that take every device block (the first one's cached blocks are evicted
+    and written back to the host tier), then the prompt again: (first answer, second answer, stats before the second,
+    stats after it). `greedy(text, max_tokens)` makes the requests."""
+    prompt = " ".join(f"fact {i} about paged attention" for i in range(12))
+    first = stub.Generate(greedy(prompt, max_tokens=8))
+    for i in range(6):
+        stub.Generate(greedy(" ".join(f"other {i} {j} words" for j in range(15)), max_tokens=4))
+    before = wait_until_idle(stub)
+    again = stub.Generate(greedy(prompt, max_tokens=8))
+    return first, again, before, wait_until_idle(stub)
+
 def assert_half_cancelled_and_every_block_free(stub, done, errors, n, max_tokens):
     """After cancel_half_of_streams over n streams of max_tokens each: every even one was cancelled, every odd one
     ran to its end, and once idle the server holds no request and no KV block."""

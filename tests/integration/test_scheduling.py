@@ -7,7 +7,8 @@ import time
 
 import grpc
 
-from conftest import SOURCE_DIR, Server, cancel_half_of_streams, inferd_pb2 as pb, wait_until_idle
+from conftest import (SOURCE_DIR, Server, cancel_half_of_streams, evict_prefix_to_host_and_ask_again, inferd_pb2 as pb,
+                      wait_until_idle)
 
 TINY_POOL = {"backend": "cpu", "block_size": 16, "num_blocks": 24}  # 384 tokens in all
 
@@ -201,17 +202,9 @@ def test_a_long_prompt_does_not_hold_back_a_newcomers_first_token():
 def test_a_prefix_evicted_from_the_device_comes_back_from_the_host_tier_with_the_same_outputs():
     s = Server(engine={**TINY_POOL, "host_kv_cache_gib": 0.01})
     try:
-        prompt = " ".join(f"fact {i} about paged attention" for i in range(12))
-        first = s.stub.Generate(greedy(prompt, max_tokens=8))
-        # Other long prompts take every device block: the first prompt's cached blocks are evicted from the device
-        # and written back to the host tier.
-        for i in range(6):
-            s.stub.Generate(greedy(" ".join(f"other {i} {j} words" for j in range(15)), max_tokens=4))
-        before = wait_until_idle(s.stub)
+        first, again, before, after = evict_prefix_to_host_and_ask_again(s.stub, greedy)
         assert before.host_kv_blocks > 0 and before.host_cached_kv_blocks > 0
         assert before.kv_copied_to_host_bytes > 0, "evicted prefix blocks were written back"
-        again = s.stub.Generate(greedy(prompt, max_tokens=8))
-        after = wait_until_idle(s.stub)
         assert list(again.token_ids) == list(first.token_ids)
         restored = after.host_prefix_cache_hit_tokens - before.host_prefix_cache_hit_tokens
         assert restored >= 16 and restored % 16 == 0, "whole blocks of the prompt came back from the host tier"

@@ -350,7 +350,7 @@ void CpuBackend::SumOverShards(Shard& s, int64_t rows) {
 
 void CpuBackend::ShardForward(const StepInput& in, Shard& s) {
   const int64_t T = in.num_tokens(), H = cfg_.hidden_size;
-  const float scale = static_cast<float>(cfg_.embedding_scale);
+  const float scale = static_cast<float>(cfg_.embedding_scale());
   for (int64_t t = 0; t < T; ++t) {
     const float* e = weights_.embed.data.data() + int64_t{in.token_ids[t]} * H;
     float* x = s.ws.x.data() + t * H;

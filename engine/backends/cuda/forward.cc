@@ -142,8 +142,8 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     // The next layer's input norm, or after the last layer the final norm (over every row, as the layers' norms
     // are: a prefill's extra rows cost little, and no gather of the residual and its delta is needed).
     const bool last_layer = layer + 1 == cfg.num_layers;
-    INFERD_RETURN_IF_ERROR(sum_add_norm(
-        tmp, last_layer ? w.final_norm.get<T>() : w.layers[layer + 1].input_norm.get<T>(), !last_layer));
+    INFERD_RETURN_IF_ERROR(
+        sum_add_norm(tmp, last_layer ? w.final_norm.get<T>() : w.layers[layer + 1].input_norm.get<T>(), !last_layer));
   }
   // Every rank holds the same residual stream now; rank 0 samples and hands the tokens to the others.
   int32_t* tokens_out = reinterpret_cast<int32_t*>(out + o.tokens.offset);

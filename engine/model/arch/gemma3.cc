@@ -15,8 +15,8 @@ const Architecture& Gemma3Architecture() {
       .norms_add_one = true,
       .sandwich_norms = true,
       .scaled_embeddings = true,
-      .sliding_window_layers = true,
       .sliding_window_pattern = 6,
+      .sliding_rope_theta = 10000.0,
       .layer = {kInputNorm, kQkvProj, kQkNorm, kRope, kWriteKv, kAttention, kOutProj, kSumRanks, kAttnOutNorm,
                 kResidual, kPostNorm, kGateUpProj, kGeluTanhMul, kDownProj, kSumRanks, kMlpOutNorm, kResidual},
   };

@@ -132,18 +132,12 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
       if (!(x > 0) || !std::isfinite(x)) return Bad("tensor 'rope_freqs.weight' holds a non-positive factor");
     }
   }
-  if (c.arch->sliding_window_layers) {  // as llama.cpp runs Gemma 3: every 6th layer global, local base 10000
+  // As llama.cpp runs Gemma 3: the family's window pattern and sliding base, the softmax scale 1/√head_dim.
+  if (c.arch->sliding_window_pattern > 0) {
     INFERD_ASSIGN_OR_RETURN(const int64_t window, GetInt(g, p + "attention.sliding_window", 1, 1 << 24, 0));
-    if (window > 0) {
-      c.layer_window.assign(c.num_layers, 0);
-      for (int32_t l = 0; l < c.num_layers; ++l) {
-        if ((l + 1) % c.arch->sliding_window_pattern != 0) c.layer_window[l] = static_cast<int32_t>(window);
-      }
-    }
-    c.rope_local_theta = 10000.0;
-    c.attention_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+    if (window > 0) SetWindowPattern(&c, static_cast<int32_t>(window), c.arch->sliding_window_pattern);
+    c.rope_local_theta = c.arch->sliding_rope_theta;
   }
-  if (c.arch->scaled_embeddings) c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
   // LongRoPE (phi3): the factors as tensors, the original context and cos/sin multiplier as keys.
   const GgufTensor* long_factors = g.FindTensor("rope_factors_long.weight");
   const GgufTensor* short_factors = g.FindTensor("rope_factors_short.weight");
@@ -165,10 +159,10 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
     c.rope.type = "longrope";
     INFERD_ASSIGN_OR_RETURN(c.rope.original_max_position_embeddings,
                             GetInt(g, p + "rope.scaling.original_context_length", 2, 1 << 24));
-    const double factor = double(c.max_position_embeddings) / c.rope.original_max_position_embeddings;
-    const double fallback =
-        factor <= 1 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(c.rope.original_max_position_embeddings));
-    INFERD_ASSIGN_OR_RETURN(c.rope.attention_factor, GetFloat(g, p + "rope.scaling.attn_factor", fallback));
+    INFERD_ASSIGN_OR_RETURN(
+        c.rope.attention_factor,
+        GetFloat(g, p + "rope.scaling.attn_factor",
+                 LongRopeAttentionFactor(c.max_position_embeddings, c.rope.original_max_position_embeddings)));
   }
   c.torch_dtype = "gguf";
   if (const GgufValue* v = g.Find("tokenizer.ggml.eos_token_id"); v && v->is_integer()) {

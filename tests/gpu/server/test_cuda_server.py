@@ -11,7 +11,8 @@ import grpc
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "integration"))
-from conftest import Server, cancel_half_of_streams, inferd_pb2 as pb, wait_until_idle  # noqa: E402
+from conftest import (Server, cancel_half_of_streams, evict_prefix_to_host_and_ask_again, inferd_pb2 as pb,  # noqa: E402
+                      wait_until_idle)
 
 MODELS = os.environ.get("INFERD_GPU_MODELS", "")
 pytestmark = pytest.mark.skipif(not MODELS, reason="INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)")
@@ -232,14 +233,8 @@ def test_a_prefix_evicted_from_the_gpus_comes_back_from_the_host_tier_with_the_s
                engine={"backend": "cuda", "num_blocks": 24, "host_kv_cache_gib": 0.05, **TP},
                scheduler={"max_num_seqs": 8, "max_num_batched_tokens": 256})
     try:
-        prompt = " ".join(f"fact {i} about paged attention" for i in range(12))
-        first = s.stub.Generate(greedy(prompt, max_tokens=8))
-        for i in range(6):
-            s.stub.Generate(greedy(" ".join(f"other {i} {j} words" for j in range(15)), max_tokens=4))
-        before = wait_until_idle(s.stub)
+        first, again, before, after = evict_prefix_to_host_and_ask_again(s.stub, greedy)
         assert before.host_cached_kv_blocks > 0 and before.kv_copied_to_host_bytes > 0
-        again = s.stub.Generate(greedy(prompt, max_tokens=8))
-        after = wait_until_idle(s.stub)
         assert list(again.token_ids) == list(first.token_ids)
         restored = after.host_prefix_cache_hit_tokens - before.host_prefix_cache_hit_tokens
         assert restored >= 16 and restored % 16 == 0, "whole blocks of the prompt came back from the host tier"

@@ -284,7 +284,7 @@ TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {
     EXPECT_EQ(hw->final_norm.data, gw->final_norm.data);
     EXPECT_EQ(a.layer_window, b.layer_window);
     EXPECT_EQ(a.rope_local_theta, b.rope_local_theta);
-    EXPECT_EQ(a.embedding_scale, b.embedding_scale);
+    EXPECT_EQ(a.embedding_scale(), b.embedding_scale());
     EXPECT_EQ(a.rotary_dim, b.rotary_dim);  // Phi-3's: partial rotary, LongRoPE
     EXPECT_EQ(a.rope.type, b.rope.type);
     EXPECT_EQ(a.rope.short_factor, b.rope.short_factor);

@@ -100,7 +100,7 @@ TEST(ModelConfig, RefusesBadWindowsRotaryAndActivations) {
   EXPECT_EQ(g->layer_window, (std::vector<int32_t>{16, 16, 16, 16, 16, 0}));
   EXPECT_EQ(g->rope_local_theta, 1e4);
   EXPECT_EQ(g->rope.theta, 1e6);
-  EXPECT_NEAR(g->embedding_scale, 8.0, 1e-12);  // √64
+  EXPECT_NEAR(g->embedding_scale(), 8.0, 1e-12);  // √64
   nlohmann::json bad = gemma;
   bad["layer_types"] = {"sliding_attention"};
   expect_error(bad, "layer_types has 1 entries");
