@@ -22,7 +22,7 @@
 #   device idle share and the KV copy time hidden behind compute.
 # tp: tensor parallelism. On one GPU: the sharded loader and the NCCL path with one rank (gpu_tests
 #   TensorParallelOnCuda.*), and, where .bundle/base.tar.xz holds the bundle of the commit before, the 8B model at
-#   tensor_parallel_size 1 benchmarked by both bundles in turn (A/B of the single-GPU path). With 2 or more GPUs:
+#   tensor_parallel_size 1 (and 2, with 2 GPUs) benchmarked by both bundles in turn (A/B). With 2 or more GPUs:
 #   the test models and their references, the parity suite at tensor_parallel_size 2, 4 and 8 (as many as there
 #   are GPUs: it fails when it has nothing to compare), the 8B shape at 1 and 2 (TP_QUANTIZATIONS="none fp8"), and the
 #   Llama-3-70B shape at 2, 4 and 8 (TP70_QUANTIZATION), both from weights made on the GPUs (model.load_format dummy).
@@ -322,25 +322,26 @@ if [[ "$what" == tp ]]; then
   "$BUNDLE/bin/gpu_tests" --gtest_filter='TensorParallelOnCuda.*:Peer*' --gtest_output="xml:$OUT/gpu_tp_tests.xml" \
     > "$OUT/gpu_tp_tests.log" 2>&1 || status=1
   summarize_gpu_tests "$OUT/gpu_tp_tests.log"
-  M=/tmp/llama3-8b-random
-  [[ -f .bundle/base.tar.xz && ! -f $M/model.safetensors.index.json ]] && { python3 tools/make_llama3_8b_random.py "$M" || status=1; }
-  # The multi-GPU benchmarks need no weights on disk: config.json and tokenizer.json, and weights made on each GPU
-  # for its shard (model.load_format dummy), so the 70B shape starts in seconds on any disk.
-  M8=/tmp/llama3-8b-config M70=/tmp/llama3-70b-config
+  # The benchmarks need no weights on disk: config.json and tokenizer.json, and weights made on each GPU for its
+  # shard (model.load_format dummy), so the 70B shape starts in seconds on any disk.
+  M8=/tmp/llama3-8b-config M70=/tmp/llama3-70b-config M=$M8
   python3 tools/make_llama3_8b_random.py "$M8" --config-only >/dev/null || status=1
   python3 tools/make_llama3_8b_random.py "$M70" --config-only --70b >/dev/null || status=1
   bench_tp() {  # bundle dir, tensor_parallel_size, name, [extra flags]
-    local tp=() && (( $2 > 1 )) && tp=(--tensor-parallel "$2")  # the base bundle has no such flag
+    local tp=() && (( $2 > 1 )) && tp=(--tensor-parallel "$2")
     "$1/bin/inferd-bench" --model "${TP_MODEL:-$M}" "${tp[@]}" "${@:4}" --sections "${TP_SECTIONS:-latency,decode}" \
       --batches "${TP_BATCHES:-1,64,128}" --json "$OUT/tp_$3.json" > "$OUT/tp_$3.txt" 2>&1 || status=1
     echo "-- $3"
     grep -v "^\[20" "$OUT/tp_$3.txt" | grep -E "decode|latency|prefill|tok/s|ms" | head -n 14
   }
-  if [[ -f .bundle/base.tar.xz ]]; then  # A/B of the single-GPU path, in turn, twice
+  if [[ -f .bundle/base.tar.xz ]]; then  # A/B against the commit before, in turn, twice: TP 1, and TP 2 on 2 GPUs
     BASE=/tmp/inferd-base && rm -rf "$BASE" && mkdir -p "$BASE" && tar -C "$BASE" -xJf .bundle/base.tar.xz
     for i in 1 2; do
-      LD_LIBRARY_PATH="$BASE/lib" bench_tp "$BASE" 1 "8b_tp1_base_$i"
-      bench_tp "$BUNDLE" 1 "8b_tp1_new_$i"
+      for n in 1 2; do
+        (( n <= gpus )) || continue
+        LD_LIBRARY_PATH="$BASE/lib" bench_tp "$BASE" $n "8b_tp${n}_base_$i" --load-format dummy
+        bench_tp "$BUNDLE" $n "8b_tp${n}_new_$i" --load-format dummy
+      done
     done
   fi
   parts=${TP_PARTS:-parity bench}  # either or both, for runs split over calls

@@ -4,7 +4,8 @@
 // changing sizes (the inbox slots alternate and must never be read stale), and the same calls captured into
 // one CUDA graph per rank and replayed. The sum is fp32 in rank order rounded once, so the reference is exact:
 // every rank must hold the reference's bits. An element equal to the inbox's empty mark (a NaN) must still arrive.
-// The broadcast hands rank 0's words to every rank.
+// The broadcast hands rank 0's words to every rank. Where there are GPUs enough, the sums again with each rank on a
+// GPU of its own (peer access over NVLink or PCIe), as a served model runs them.
 #include "kernels/all_reduce.h"
 
 #include <cuda_bf16.h>
@@ -25,13 +26,28 @@ namespace {
 using testing::HaveGpu;
 namespace k = kernels;
 
-// The group's device memory: inboxes and call counters per rank, all on this GPU.
+int GpuCount() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+// The group's device memory: inboxes and call counters per rank, all on this GPU or (own_gpus) rank r's on GPU r.
 class Group {
  public:
-  Group(int n, int64_t capacity) {
+  Group(int n, int64_t capacity, bool own_gpus = false) : own_gpus_(own_gpus) {
     char* inboxes[k::kPeerMaxRanks] = {};
     uint32_t* calls[k::kPeerMaxRanks] = {};
+    for (int r = 0; r < n && own_gpus; ++r) {
+      for (int q = 0; q < n; ++q) {
+        if (q == r) continue;
+        cudaSetDevice(r);
+        const cudaError_t e = cudaDeviceEnablePeerAccess(q, 0);
+        EXPECT_TRUE(e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) << cudaGetErrorString(e);
+        cudaGetLastError();
+      }
+    }
     for (int r = 0; r < n; ++r) {
+      Use(r);
       void* p = nullptr;
       EXPECT_EQ(cudaMalloc(&p, k::PeerInboxBytes(capacity, n)), cudaSuccess);
       cudaMemset(p, 0xFF, k::PeerInboxBytes(capacity, n));
@@ -45,7 +61,7 @@ class Group {
       cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
       streams.push_back(s);
     }
-    cudaDeviceSynchronize();
+    Synchronize();
     for (int r = 0; r < n; ++r) {
       k::PeerGroup& g = groups.emplace_back();
       g.rank = r;
@@ -54,15 +70,32 @@ class Group {
       for (int q = 0; q < n; ++q) g.inboxes[q] = inboxes[q];
       g.calls = calls[r];
     }
+    Use(0);
   }
   ~Group() {
     for (cudaStream_t s : streams) cudaStreamDestroy(s);
     for (void* p : allocations_) cudaFree(p);
+    Use(0);
+  }
+  // Makes rank r's GPU the current one.
+  void Use(int r) const {
+    if (own_gpus_) cudaSetDevice(r);
+  }
+  cudaError_t Synchronize() const {
+    cudaError_t first = cudaSuccess;
+    for (int r = 0; r < (own_gpus_ ? static_cast<int>(streams.size()) : 1); ++r) {
+      Use(r);
+      const cudaError_t e = cudaDeviceSynchronize();
+      if (first == cudaSuccess) first = e;
+    }
+    Use(0);
+    return first;
   }
   std::vector<k::PeerGroup> groups;
   std::vector<cudaStream_t> streams;
 
  private:
+  bool own_gpus_;
   std::vector<void*> allocations_;
 };
 
@@ -93,10 +126,10 @@ float ToFloatHost(T v) {
 // `calls` all-reduces of the given sizes on every rank, run directly or captured once per rank and replayed
 // `replays` times; checks every rank against the reference after each pass.
 template <typename T>
-void RunAndCheck(int n, const std::vector<int64_t>& sizes, bool graph, int replays) {
+void RunAndCheck(int n, const std::vector<int64_t>& sizes, bool graph, int replays, bool own_gpus = false) {
   int64_t largest = 0;
   for (int64_t c : sizes) largest = std::max(largest, c);
-  Group group(n, largest * 2);
+  Group group(n, largest * 2, own_gpus);
   std::mt19937 rng(n * 100 + static_cast<int>(sizes.size()));
   std::normal_distribution<float> d(0.f, 3.f);
   // Each call its own buffer per rank (a graph replays fixed addresses).
@@ -106,6 +139,7 @@ void RunAndCheck(int n, const std::vector<int64_t>& sizes, bool graph, int repla
     for (int r = 0; r < n; ++r) {
       inputs[c][r].resize(sizes[c]);
       for (T& v : inputs[c][r]) v = FromFloatHost<T>(d(rng));
+      group.Use(r);
       void* p = nullptr;
       ASSERT_EQ(cudaMalloc(&p, sizes[c] * 2 + 16), cudaSuccess);
       data[c][r] = static_cast<T*>(p);
@@ -116,6 +150,7 @@ void RunAndCheck(int n, const std::vector<int64_t>& sizes, bool graph, int repla
       for (int r = 0; r < n; ++r) cudaMemcpy(data[c][r], inputs[c][r].data(), sizes[c] * 2, cudaMemcpyHostToDevice);
   };
   auto enqueue = [&](int r) {
+    group.Use(r);
     for (size_t c = 0; c < sizes.size(); ++c) {
       ASSERT_EQ(k::PeerAllReduceSum<T>(group.groups[r], data[c][r], sizes[c], group.streams[r]), cudaSuccess);
     }
@@ -123,6 +158,7 @@ void RunAndCheck(int n, const std::vector<int64_t>& sizes, bool graph, int repla
   std::vector<cudaGraphExec_t> execs(n, nullptr);
   if (graph) {
     for (int r = 0; r < n; ++r) {
+      group.Use(r);
       cudaGraph_t g;
       ASSERT_EQ(cudaStreamBeginCapture(group.streams[r], cudaStreamCaptureModeThreadLocal), cudaSuccess);
       enqueue(r);
@@ -135,12 +171,13 @@ void RunAndCheck(int n, const std::vector<int64_t>& sizes, bool graph, int repla
     upload();
     for (int r = 0; r < n; ++r) {
       if (graph) {
+        group.Use(r);
         ASSERT_EQ(cudaGraphLaunch(execs[r], group.streams[r]), cudaSuccess);
       } else {
         enqueue(r);
       }
     }
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(group.Synchronize(), cudaSuccess);
     for (size_t c = 0; c < sizes.size(); ++c) {
       std::vector<uint16_t> want(sizes[c]);
       for (int64_t i = 0; i < sizes[c]; ++i) {
@@ -158,7 +195,7 @@ void RunAndCheck(int n, const std::vector<int64_t>& sizes, bool graph, int repla
             ++wrong;
           }
         }
-        EXPECT_EQ(wrong, 0) << n << " ranks, call " << c << " (" << sizes[c] << " elements), rank " << r << ", pass "
+        EXPECT_EQ(wrong, 0) << n << (own_gpus ? " ranks on their own GPUs" : " ranks") << ", call " << c << " (" << sizes[c] << " elements), rank " << r << ", pass "
                             << pass << (graph ? " (graph)" : "") << ": first wrong at " << first;
       }
     }
@@ -176,6 +213,17 @@ TEST(PeerAllReduce, EveryRankHoldsTheRankOrderSumOfAllRanks) {
   for (int n : {2, 3, 4, 8}) {
     RunAndCheck<__nv_bfloat16>(n, sizes, /*graph=*/false, 2);
     RunAndCheck<__half>(n, sizes, /*graph=*/false, 1);
+  }
+}
+
+TEST(PeerAllReduce, RanksOnGpusOfTheirOwnHoldTheSumDirectAndReplayed) {
+  const int gpus = GpuCount();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
+  const std::vector<int64_t> sizes = {5, 4096, 3 * 4096 + 1000 + 7, 64 * 4096, 128 * 4096 + 8, 256 * 4096};
+  for (int n : {2, 4, 8}) {
+    if (n > gpus) continue;
+    RunAndCheck<__nv_bfloat16>(n, sizes, /*graph=*/false, 2, /*own_gpus=*/true);
+    RunAndCheck<__half>(n, sizes, /*graph=*/true, 3, /*own_gpus=*/true);
   }
 }
 
