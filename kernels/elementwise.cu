@@ -27,12 +27,17 @@ __global__ void GatherRowsKernel(const T* __restrict__ src, const int32_t* __res
 
 template <typename T>
 __global__ void EmbedTokensKernel(const T* __restrict__ embed, const int32_t* __restrict__ ids,
-                                  const int32_t* __restrict__ sampled, T* __restrict__ dst, int64_t cols) {
+                                  const int32_t* __restrict__ sampled, T* __restrict__ dst, int64_t cols, float scale) {
   int32_t id = ids[blockIdx.x];
   if (id < 0) id = sampled[-1 - id];
   const T* s = embed + int64_t{id} * cols;
   T* d = dst + int64_t{blockIdx.x} * cols;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) d[i] = s[i];
+  if (scale == 1.f) {
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) d[i] = s[i];
+  } else {
+    const float k = Round<T>(scale);
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) d[i] = To<T>(F(s[i]) * k);
+  }
 }
 
 constexpr int kNormThreads = 256;
@@ -89,21 +94,20 @@ __global__ void __launch_bounds__(kNormVecThreads)
   }
 }
 
-template <typename T>
-__global__ void SiluMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t inter) {
+template <typename T, int A>
+__global__ void ActivateMulKernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t inter) {
   AllowDependentsToLaunch();  // the down product may start streaming its weights
   WaitForPrerequisites();
   const int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (e >= rows * inter) return;
   const int64_t r = e / inter, i = e % inter;
   const T* g = gate_up + r * 2 * inter;
-  const float x = F(g[i]);
-  out[e] = To<T>(Round<T>(x / (1.f + expf(-x))) * F(g[inter + i]));
+  out[e] = To<T>(Round<T>(Activate<A>(F(g[i]))) * F(g[inter + i]));
 }
 
 // The same with 8 elements per thread in 16-byte loads and stores (inter a multiple of 8, rows 16-byte aligned).
-template <typename T>
-__global__ void SiluMulVec8Kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t inter) {
+template <typename T, int A>
+__global__ void ActivateMulVec8Kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t inter) {
   AllowDependentsToLaunch();
   WaitForPrerequisites();
   const int64_t v = int64_t{blockIdx.x} * blockDim.x + threadIdx.x, per_row = inter / 8;
@@ -116,10 +120,7 @@ __global__ void SiluMulVec8Kernel(const T* __restrict__ gate_up, T* __restrict__
   uint4 ov;
   T* o = reinterpret_cast<T*>(&ov);
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float x = F(g[e]);
-    o[e] = To<T>(Round<T>(x / (1.f + expf(-x))) * F(u[e]));
-  }
+  for (int e = 0; e < 8; ++e) o[e] = To<T>(Round<T>(Activate<A>(F(g[e]))) * F(u[e]));
   *reinterpret_cast<uint4*>(out + r * inter + i) = ov;
 }
 
@@ -136,38 +137,65 @@ __device__ __forceinline__ C ToCache(T v, float scale) {
   }
 }
 
+// The sum of every thread's v, returned to all threads of a block of up to 1024 threads (a multiple of 32).
+__device__ __forceinline__ float SmallBlockSum(float v) {
+  __shared__ float partial[32];
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffff, v, offset);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.f;
+  for (unsigned w = 0; w < blockDim.x / 32; ++w) total += partial[w];
+  return total;
+}
+
 template <typename T, typename C>
 __global__ void RopeWriteKvKernel(T* __restrict__ qkv, const int32_t* __restrict__ positions,
                                   const int32_t* __restrict__ slots, const float* __restrict__ inv_freq,
                                   C* __restrict__ k_cache, C* __restrict__ v_cache, int32_t num_heads,
-                                  int32_t num_kv_heads, int32_t head_dim, float k_scale, float v_scale) {
+                                  int32_t num_kv_heads, int32_t head_dim, float k_scale, float v_scale,
+                                  RotaryOptions options) {
   AllowDependentsToLaunch();  // attention (a programmatic dependent) waits for this kernel before it reads q or K/V
   WaitForPrerequisites();
   const int64_t t = blockIdx.x;
   const int32_t h = blockIdx.y;  // q heads, then k heads
-  const int32_t half = head_dim / 2;
+  const int32_t rotary = options.rotary_dim > 0 ? options.rotary_dim : head_dim, half = rotary / 2;
   const int64_t kv_dim = int64_t{num_kv_heads} * head_dim;
   T* row = qkv + t * (int64_t{num_heads} * head_dim + 2 * kv_dim);
   T* head = row + int64_t{h} * head_dim;
   const float pos = static_cast<float>(positions[t]);
+  const float* freq = options.inv_freq_long && positions[t] >= options.long_from ? options.inv_freq_long : inv_freq;
   const bool is_k = h >= num_heads;
   const int64_t slot = is_k ? slots[t] : 0;
   const int64_t kv_off = slot * kv_dim + int64_t{h - num_heads} * head_dim;
+  // The head's values as the rotation reads them: normalized first where the family has per-head norms.
+  const T* norm = static_cast<const T*>(is_k ? options.k_norm : options.q_norm);
+  float inv = 0.f;
+  if (norm) {
+    float ss = 0.f;
+    for (int32_t j = threadIdx.x; j < head_dim; j += blockDim.x) ss += F(head[j]) * F(head[j]);
+    inv = rsqrtf(SmallBlockSum(ss) / static_cast<float>(head_dim) + options.norm_eps);
+  }
+  const auto value = [&](int32_t j) { return norm ? Round<T>(F(norm[j]) * Round<T>(F(head[j]) * inv)) : F(head[j]); };
   for (int32_t j = threadIdx.x; j < half; j += blockDim.x) {
-    const float angle = pos * inv_freq[j];
-    const float c = Round<T>(cosf(angle)), s = Round<T>(sinf(angle));
-    const float a = F(head[j]), b = F(head[j + half]);
+    const float angle = pos * freq[j];
+    const float c = Round<T>(cosf(angle) * options.mscale), s = Round<T>(sinf(angle) * options.mscale);
+    const float a = value(j), b = value(j + half);
     const T ra = To<T>(a * c - b * s), rb = To<T>(b * c + a * s);
     head[j] = ra;
     head[j + half] = rb;
     if (is_k) {
-      const T* v = head + kv_dim;  // the same kv head's V
       k_cache[kv_off + j] = ToCache<C>(ra, k_scale);
       k_cache[kv_off + j + half] = ToCache<C>(rb, k_scale);
-      v_cache[kv_off + j] = ToCache<C>(v[j], v_scale);
-      v_cache[kv_off + j + half] = ToCache<C>(v[j + half], v_scale);
     }
   }
+  for (int32_t j = rotary + threadIdx.x; j < head_dim; j += blockDim.x) {  // the dimensions past the rotary ones
+    const T v = To<T>(value(j));
+    head[j] = v;
+    if (is_k) k_cache[kv_off + j] = ToCache<C>(v, k_scale);
+  }
+  if (!is_k) return;
+  const T* v = head + kv_dim;  // the same kv head's V
+  for (int32_t j = threadIdx.x; j < head_dim; j += blockDim.x) v_cache[kv_off + j] = ToCache<C>(v[j], v_scale);
 }
 
 }  // namespace
@@ -182,10 +210,10 @@ cudaError_t GatherRows(const T* src, const int32_t* rows, T* dst, int64_t num_ro
 
 template <typename T>
 cudaError_t EmbedTokens(const T* embed, const int32_t* ids, const int32_t* sampled, T* dst, int64_t num_rows,
-                        int64_t cols, cudaStream_t stream) {
+                        int64_t cols, cudaStream_t stream, float scale) {
   if (num_rows <= 0) return cudaSuccess;
   if (cudaError_t e = Check(num_rows); e != cudaSuccess) return e;
-  EmbedTokensKernel<T><<<static_cast<unsigned>(num_rows), 256, 0, stream>>>(embed, ids, sampled, dst, cols);
+  EmbedTokensKernel<T><<<static_cast<unsigned>(num_rows), 256, 0, stream>>>(embed, ids, sampled, dst, cols, scale);
   return cudaGetLastError();
 }
 
@@ -204,27 +232,44 @@ cudaError_t AddRmsNorm(T* residual, const T* delta, const T* weight, T* out, int
                          weight, out, n, eps);
 }
 
-template <typename T>
-cudaError_t SiluMul(const T* gate_up, T* out, int64_t rows, int64_t inter, cudaStream_t stream) {
-  if (rows <= 0) return cudaSuccess;
-  if (cudaError_t e = Check(rows); e != cudaSuccess) return e;
+template <typename T, int A>
+cudaError_t LaunchActivateMul(const T* gate_up, T* out, int64_t rows, int64_t inter, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (inter % 8 == 0 && aligned(gate_up) && aligned(out)) {
     const int64_t blocks = (rows * inter / 8 + 255) / 256;
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-    return LaunchDependent(SiluMulVec8Kernel<T>, static_cast<unsigned>(blocks), 256, stream, gate_up, out, rows, inter);
+    return LaunchDependent(ActivateMulVec8Kernel<T, A>, static_cast<unsigned>(blocks), 256, stream, gate_up, out, rows,
+                           inter);
   }
   const int64_t blocks = (rows * inter + 255) / 256;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  return LaunchDependent(SiluMulKernel<T>, static_cast<unsigned>(blocks), 256, stream, gate_up, out, rows, inter);
+  return LaunchDependent(ActivateMulKernel<T, A>, static_cast<unsigned>(blocks), 256, stream, gate_up, out, rows,
+                         inter);
+}
+
+template <typename T>
+cudaError_t ActivateMul(const T* gate_up, T* out, int64_t rows, int64_t inter, GatedActivation act,
+                        cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (cudaError_t e = Check(rows); e != cudaSuccess) return e;
+  switch (act) {
+    case GatedActivation::kSilu:
+      return LaunchActivateMul<T, 0>(gate_up, out, rows, inter, stream);
+    case GatedActivation::kGeluTanh:
+      return LaunchActivateMul<T, 1>(gate_up, out, rows, inter, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 template <typename T, typename C>
 cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, const float* inv_freq, C* k_cache,
                         C* v_cache, int64_t num_tokens, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
-                        float k_scale, float v_scale, cudaStream_t stream) {
+                        float k_scale, float v_scale, cudaStream_t stream, const RotaryOptions& options) {
   if (num_tokens <= 0) return cudaSuccess;
-  if (head_dim % 2 != 0) return cudaErrorInvalidValue;
+  const int32_t rotary = options.rotary_dim > 0 ? options.rotary_dim : head_dim;
+  if (head_dim % 2 != 0 || rotary % 2 != 0 || rotary > head_dim || !(options.mscale > 0.f)) {
+    return cudaErrorInvalidValue;
+  }
   // A cache of the activation dtype holds the values themselves; an fp8 cache's scales are finite and positive.
   if (std::is_same_v<C, T> ? (k_scale != 1.f || v_scale != 1.f)
                            : !(k_scale > 0.f && v_scale > 0.f && std::isfinite(k_scale) && std::isfinite(v_scale))) {
@@ -232,20 +277,22 @@ cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, 
   }
   if (cudaError_t e = Check(num_tokens); e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(num_heads + num_kv_heads));
-  return LaunchDependent(RopeWriteKvKernel<T, C>, grid, std::min(head_dim / 2, 128), stream, qkv, positions, slots,
-                         inv_freq, k_cache, v_cache, num_heads, num_kv_heads, head_dim, k_scale, v_scale);
+  const int32_t threads = std::min((head_dim / 2 + 31) / 32 * 32, 128);  // whole warps (the norm's block sum)
+  return LaunchDependent(RopeWriteKvKernel<T, C>, grid, threads, stream, qkv, positions, slots, inv_freq, k_cache,
+                         v_cache, num_heads, num_kv_heads, head_dim, k_scale, v_scale, options);
 }
 
 #define INFERD_INSTANTIATE(T)                                                                                          \
   template cudaError_t GatherRows<T>(const T*, const int32_t*, T*, int64_t, int64_t, cudaStream_t);                    \
-  template cudaError_t EmbedTokens<T>(const T*, const int32_t*, const int32_t*, T*, int64_t, int64_t, cudaStream_t);   \
+  template cudaError_t EmbedTokens<T>(const T*, const int32_t*, const int32_t*, T*, int64_t, int64_t, cudaStream_t,    \
+                                      float);                                                                          \
   template cudaError_t AddRmsNorm<T>(T*, const T*, const T*, T*, int64_t, int64_t, float, cudaStream_t);               \
-  template cudaError_t SiluMul<T>(const T*, T*, int64_t, int64_t, cudaStream_t);                                       \
+  template cudaError_t ActivateMul<T>(const T*, T*, int64_t, int64_t, GatedActivation, cudaStream_t);                  \
   template cudaError_t RopeWriteKv<T, T>(T*, const int32_t*, const int32_t*, const float*, T*, T*, int64_t, int32_t,   \
-                                         int32_t, int32_t, float, float, cudaStream_t);                                \
+                                         int32_t, int32_t, float, float, cudaStream_t, const RotaryOptions&);          \
   template cudaError_t RopeWriteKv<T, __nv_fp8_e4m3>(T*, const int32_t*, const int32_t*, const float*, __nv_fp8_e4m3*, \
                                                      __nv_fp8_e4m3*, int64_t, int32_t, int32_t, int32_t, float, float, \
-                                                     cudaStream_t);
+                                                     cudaStream_t, const RotaryOptions&);
 INFERD_INSTANTIATE(__nv_bfloat16)
 INFERD_INSTANTIATE(__half)
 #undef INFERD_INSTANTIATE

@@ -32,4 +32,14 @@ __device__ __forceinline__ float Round(float v) {
   return F(To<T>(v));
 }
 
+// A gated MLP's activation of the gate, in fp32 (GatedActivation: kernels/elementwise.h).
+template <int kActivation>
+__device__ __forceinline__ float Activate(float x) {
+  if constexpr (kActivation == 0) {
+    return x / (1.f + expf(-x));  // SiLU
+  } else {                        // GELU, tanh approximation (PyTorch's approximate='tanh')
+    return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  }
+}
+
 }  // namespace inferd::kernels

@@ -93,23 +93,24 @@ __global__ void __launch_bounds__(kNormThreads)
 // for the quantized values.
 constexpr int kSiluThreads = 1024;
 
-template <typename T>
-__device__ __forceinline__ float SiluMulAt(const T* g, int64_t inter, int64_t i) {
-  const float x = F(g[i]);
-  return Round<T>(Round<T>(x / (1.f + expf(-x))) * F(g[inter + i]));
+template <typename T, int A>
+__device__ __forceinline__ float ActivateMulAt(const T* g, int64_t inter, int64_t i) {
+  return Round<T>(Round<T>(Activate<A>(F(g[i]))) * F(g[inter + i]));
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kSiluThreads)
-    SiluMulFp8Kernel(const T* __restrict__ gate_up, Fp8* __restrict__ q, float* __restrict__ scales, int64_t inter) {
+template <typename T, int A>
+__global__ void __launch_bounds__(kSiluThreads) ActivateMulFp8Kernel(const T* __restrict__ gate_up, Fp8* __restrict__ q,
+                                                                     float* __restrict__ scales, int64_t inter) {
   AllowDependentsToLaunch();
   WaitForPrerequisites();
   const T* g = gate_up + int64_t{blockIdx.x} * 2 * inter;
   Fp8* o = q + int64_t{blockIdx.x} * inter;
   float amax = 0.f;
-  for (int64_t i = threadIdx.x; i < inter; i += kSiluThreads) amax = fmaxf(amax, fabsf(SiluMulAt(g, inter, i)));
+  for (int64_t i = threadIdx.x; i < inter; i += kSiluThreads) {
+    amax = fmaxf(amax, fabsf(ActivateMulAt<T, A>(g, inter, i)));
+  }
   const float scale = ScaleFor(BlockMax<kSiluThreads>(amax));
-  for (int64_t i = threadIdx.x; i < inter; i += kSiluThreads) o[i] = Quantize(SiluMulAt(g, inter, i), scale);
+  for (int64_t i = threadIdx.x; i < inter; i += kSiluThreads) o[i] = Quantize(ActivateMulAt<T, A>(g, inter, i), scale);
   if (threadIdx.x == 0) scales[blockIdx.x] = scale;
 }
 
@@ -266,11 +267,19 @@ cudaError_t AddRmsNormFp8(T* residual, const T* delta, const T* weight, Fp8* q, 
 }
 
 template <typename T>
-cudaError_t SiluMulFp8(const T* gate_up, Fp8* q, float* scales, int64_t rows, int64_t inter, cudaStream_t stream) {
+cudaError_t ActivateMulFp8(const T* gate_up, Fp8* q, float* scales, int64_t rows, int64_t inter, GatedActivation act,
+                           cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (inter <= 0 || CheckRows(rows) != cudaSuccess) return cudaErrorInvalidValue;
-  return LaunchDependent(SiluMulFp8Kernel<T>, static_cast<unsigned>(rows), kSiluThreads, stream, gate_up, q, scales,
-                         inter);
+  switch (act) {
+    case GatedActivation::kSilu:
+      return LaunchDependent(ActivateMulFp8Kernel<T, 0>, static_cast<unsigned>(rows), kSiluThreads, stream, gate_up, q,
+                             scales, inter);
+    case GatedActivation::kGeluTanh:
+      return LaunchDependent(ActivateMulFp8Kernel<T, 1>, static_cast<unsigned>(rows), kSiluThreads, stream, gate_up, q,
+                             scales, inter);
+  }
+  return cudaErrorInvalidValue;
 }
 
 bool GemvFp8Supports(const void* x, const void* w, int64_t m, int64_t k) {
@@ -287,7 +296,7 @@ cudaError_t GemvFp8(const T* x, const Fp8* w, const float* w_scale, const T* bia
 #define INFERD_INSTANTIATE(T)                                                                                         \
   template cudaError_t QuantizeRowsFp8<T>(const T*, int64_t, int64_t, Fp8*, float*, cudaStream_t);                    \
   template cudaError_t AddRmsNormFp8<T>(T*, const T*, const T*, Fp8*, float*, int64_t, int64_t, float, cudaStream_t); \
-  template cudaError_t SiluMulFp8<T>(const T*, Fp8*, float*, int64_t, int64_t, cudaStream_t);                         \
+  template cudaError_t ActivateMulFp8<T>(const T*, Fp8*, float*, int64_t, int64_t, GatedActivation, cudaStream_t);    \
   template cudaError_t GemvFp8<T, T>(const T*, const Fp8*, const float*, const T*, T*, int64_t, int64_t, int64_t,     \
                                      cudaStream_t);                                                                   \
   template cudaError_t GemvFp8<T, float>(const T*, const Fp8*, const float*, const T*, float*, int64_t, int64_t,      \

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "kernels/elementwise.h"  // GatedActivation
+
 namespace inferd::kernels {
 
 using Fp8 = __nv_fp8_e4m3;
@@ -32,10 +34,11 @@ template <typename T>
 cudaError_t AddRmsNormFp8(T* residual, const T* delta, const T* weight, Fp8* q, float* scales, int64_t rows, int64_t n,
                           float eps, cudaStream_t stream);
 
-// SiluMul (kernels/elementwise.h) whose output, rounded to T as there, is quantized per row. gate_up: [rows,
+// ActivateMul (kernels/elementwise.h) whose output, rounded to T as there, is quantized per row. gate_up: [rows,
 // 2 * inter]; q: [rows, inter]; scales: [rows].
 template <typename T>
-cudaError_t SiluMulFp8(const T* gate_up, Fp8* q, float* scales, int64_t rows, int64_t inter, cudaStream_t stream);
+cudaError_t ActivateMulFp8(const T* gate_up, Fp8* q, float* scales, int64_t rows, int64_t inter, GatedActivation act,
+                           cudaStream_t stream);
 
 // True when GemvFp8 runs this shape: 1 ≤ m ≤ kGemvMaxRows (kernels/gemv.h), k a multiple of 16, x and w 16-byte
 // aligned.

@@ -43,11 +43,15 @@ struct AttentionPlan {
 // to a fixed size and splits every sequence's KV into chunks merged afterwards, writing each step's split into
 // the workspace the graph reads; or, with unsplit_kv, gives each (sequence, KV head) its whole KV in one CTA
 // and runs no merge. unsplit_kv applies to decode_graph plans only.
+// windowed: the plan serves runs with a sliding window (RunPagedAttention's window_left ≥ 0) as well as runs
+// without: no sequence's KV is split. FlashInfer sizes a windowed run's KV chunks by the window and a plan's by the
+// whole context, so a split plan serves only the kind of run it was made for (a model mixing sliding-window and
+// global layers would need two plans a step; unsplit, one serves both).
 cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void* int_workspace_pinned,
                                const int32_t* qo_indptr_host, const int32_t* kv_indptr_host, int32_t num_tokens,
                                int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
                                int32_t page_size, bool decode_graph, bool unsplit_kv, AttentionPlan* plan,
-                               cudaStream_t stream);
+                               cudaStream_t stream, bool windowed = false);
 
 // Whether a decode step (one query row per sequence) is better run with unsplit KV: when its (sequence, KV
 // head) pairs alone give every SM a CTA, and no sequence's KV is more than twice the mean, since one much longer
@@ -66,11 +70,14 @@ inline bool DecodeKvUnsplit(int64_t num_seqs, int64_t num_kv_heads, int64_t num_
 // this v_scale; a cache of T with v_scale 1.
 // early_launch: launch the kernels as programmatic dependents (sm_90): attention starts while the kernel before
 // it finishes and waits for it before reading q or the cache; the merge of split-KV partials the same way.
+// window_left ≥ 0: a sliding window, row t (at position p) attends to positions p − window_left .. p only
+// (FlashInfer's window option; a cache of T only; a plan made `windowed`); −1: the whole causal context.
 template <typename T, typename C = T>
 cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q,
                               int64_t q_row_stride, const C* k_cache, const C* v_cache, const int32_t* qo_indptr,
                               const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
                               T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
-                              int32_t page_size, float sm_scale, float v_scale, bool early_launch, cudaStream_t stream);
+                              int32_t page_size, float sm_scale, float v_scale, bool early_launch, cudaStream_t stream,
+                              int32_t window_left = -1);
 
 }  // namespace inferd::kernels

@@ -68,14 +68,14 @@ struct ScaledVParams : flashinfer::BatchPrefillPagedParams<T, C, T, int32_t> {
   float v_scale = 1.f;
 };
 
-template <typename T, typename C, uint32_t HEAD_DIM>
+template <typename T, typename C, uint32_t HEAD_DIM, bool kWindow>
 cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, void* int_ws, const T* q,
                      int64_t q_row_stride, const C* k, const C* v, const int32_t* qo_indptr, const int32_t* kv_indptr,
                      const int32_t* kv_indices, const int32_t* kv_last_page_len, T* out, int32_t num_seqs,
                      int32_t num_qo_heads, int32_t num_kv_heads, int32_t page_size, float sm_scale, float v_scale,
-                     bool early_launch, cudaStream_t stream) {
+                     bool early_launch, int32_t window_left, cudaStream_t stream) {
   using Params = ScaledVParams<T, C>;
-  using Variant = flashinfer::DefaultAttention</*custom_mask=*/false, /*sliding_window=*/false,
+  using Variant = flashinfer::DefaultAttention</*custom_mask=*/false, /*sliding_window=*/kWindow,
                                                /*soft_cap=*/false, /*alibi=*/false>;
   T* tmp_v = nullptr;
   float* tmp_s = nullptr;
@@ -84,6 +84,7 @@ cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, vo
                                 const_cast<int32_t*>(kv_indices), const_cast<int32_t*>(kv_last_page_len), out, num_seqs,
                                 num_qo_heads, num_kv_heads, HEAD_DIM, page_size, sm_scale, &tmp_v, &tmp_s);
   p.v_scale = v_scale;
+  p.window_left = kWindow ? window_left : -1;
   switch (info.cta_tile_q) {
 #define INFERD_CTA_TILE(TILE)                                                                                     \
   case TILE:                                                                                                      \
@@ -106,20 +107,31 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
                               int64_t q_row_stride, const C* k_cache, const C* v_cache, const int32_t* qo_indptr,
                               const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
                               T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
-                              int32_t page_size, float sm_scale, float v_scale, bool early_launch,
-                              cudaStream_t stream) {
+                              int32_t page_size, float sm_scale, float v_scale, bool early_launch, cudaStream_t stream,
+                              int32_t window_left) {
   try {
     flashinfer::PrefillPlanInfo info;
     info.FromVector(std::vector<int64_t>(plan.words, plan.words + 15));
     switch (head_dim) {
-#define INFERD_HEAD_DIM(D)                                                                                         \
-  case D:                                                                                                          \
-    if constexpr (sizeof(C) == 1 && D == 64)                                                                       \
-      return cudaErrorInvalidValue;                                                                                \
-    else                                                                                                           \
-      return Dispatch<T, C, D>(info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache, qo_indptr, \
-                               kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads, num_kv_heads, \
-                               page_size, sm_scale, v_scale, early_launch, stream);
+#define INFERD_HEAD_DIM(D)                                                                                             \
+  case D:                                                                                                              \
+    if constexpr (sizeof(C) == 1 && D == 64) {                                                                         \
+      return cudaErrorInvalidValue;                                                                                    \
+    } else if constexpr (sizeof(C) == 1) { /* no sliding windows over an fp8 cache */                                  \
+      if (window_left >= 0) return cudaErrorInvalidValue;                                                              \
+      return Dispatch<T, C, D, false>(info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache,         \
+                                      qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads, \
+                                      num_kv_heads, page_size, sm_scale, v_scale, early_launch, -1, stream);           \
+    } else {                                                                                                           \
+      return window_left >= 0 ? Dispatch<T, C, D, true>(                                                               \
+                                    info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache,           \
+                                    qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads,   \
+                                    num_kv_heads, page_size, sm_scale, v_scale, early_launch, window_left, stream)     \
+                              : Dispatch<T, C, D, false>(info, float_workspace, int_workspace, q, q_row_stride,        \
+                                                         k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,           \
+                                                         kv_last_page_len, out, num_seqs, num_qo_heads, num_kv_heads,  \
+                                                         page_size, sm_scale, v_scale, early_launch, -1, stream);      \
+    }
       INFERD_HEAD_DIM(64)
       INFERD_HEAD_DIM(128)
       INFERD_HEAD_DIM(256)

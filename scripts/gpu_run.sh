@@ -3,7 +3,7 @@
 # kernel, sampler and whole-model parity tests, the CPU tests, one serving run under compute-sanitizer, then
 # writes the Llama-3-8B-shaped random model, benchmarks it, and checks the served model's live efficiency
 # metrics against the benchmark's ratios. Results go to $OUT (or ./gpu-results).
-#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|bench|efficiency|sweep|multiturn|copies|tp|all]
+#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|bench|efficiency|sweep|multiturn|copies|tp|families|all]
 # image: the CUDA image's own inferd from its root filesystem in a chroot, serving the 8B model (needs
 #   `bash docker/build-images.sh cuda && bash docker/export-payload.sh` here instead of the bundle; root there).
 # parity: the test models and references, then the precision and whole-model parity tests alone.
@@ -26,6 +26,9 @@
 #   the test models and their references, the parity suite at tensor_parallel_size 2, 4 and 8 (as many as there
 #   are GPUs: it fails when it has nothing to compare), the 8B shape at 1 and 2 (TP_QUANTIZATIONS="none fp8"), and the
 #   Llama-3-70B shape at 2, 4 and 8 (TP70_QUANTIZATION), both from weights made on the GPUs (model.load_format dummy).
+# families: the Qwen3-8B shape beside the Llama-3-8B shape, both from weights made on the GPU (model.load_format
+#   dummy), bf16 and fp8, decode at 1, 64 and 128 rows and prefill (the model layer's per-head norms at full size);
+#   then Gemma 3 4B's shape decoding at 32k context with its sliding windows and with every layer global.
 # frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
 #   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
 set -uo pipefail
@@ -313,6 +316,30 @@ for c in sorted({k[0] for k in rows}):
         print(f"{c:>7} openai/grpc: throughput {o['output_throughput'] / g['output_throughput']:.3f}, "
               f"TPOT {o['tpot']['median_ms'] - g['tpot']['median_ms']:+.3f} ms per token")
 PY
+fi
+if [[ "$what" == families ]]; then
+  python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-config --config-only >/dev/null || status=1
+  python3 tools/make_llama3_8b_random.py /tmp/qwen3-8b-config --config-only --qwen3-8b >/dev/null || status=1
+  for q in none fp8; do
+    for m in llama3 qwen3; do
+      "$BUNDLE/bin/inferd-bench" --model "/tmp/$m-8b-config" --load-format dummy --quantization "$q" \
+        --sections latency,prefill,decode --batches 1,64,128 --json "$OUT/families_${m}_$q.json" \
+        > "$OUT/families_${m}_$q.txt" 2>&1 || status=1
+      echo "-- $m-8b shape, quantization $q"
+      grep -v "^\[20" "$OUT/families_${m}_$q.txt" | grep -E "decode|latency|prefill|ceiling" | head -n 12
+    done
+  done
+  # Gemma 3 4B's shape at 32k context: five 1024-token sliding-window layers to one global, against every layer
+  # global (the same weights and KV pool).
+  for g in windows full; do
+    flags=() && [[ $g == full ]] && flags=(--full-attention)
+    python3 tools/make_llama3_8b_random.py "/tmp/gemma3-4b-$g" --config-only --gemma3-4b "${flags[@]}" >/dev/null ||
+      status=1
+    "$BUNDLE/bin/inferd-bench" --model "/tmp/gemma3-4b-$g" --load-format dummy --sections decode --batches 1,8 \
+      --decode-context 32768 --json "$OUT/families_gemma3_$g.json" > "$OUT/families_gemma3_$g.txt" 2>&1 || status=1
+    echo "-- gemma3-4b shape at 32k context, attention: $g"
+    grep -v "^\[20" "$OUT/families_gemma3_$g.txt" | grep -E "decode" | head -n 4
+  done
 fi
 if [[ "$what" == tp ]]; then
   gpus=$(nvidia-smi -L | wc -l)

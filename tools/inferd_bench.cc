@@ -321,6 +321,7 @@ int Main(int argc, char** argv) {
   std::string plan_ahead = "auto";
   int32_t profile_steps = 0;
   int32_t prefill_idle_ms = 1000;
+  int32_t decode_context = 512;
   std::string quantization = "none";
   std::string kv_cache_dtype = "auto";
   int32_t tensor_parallel = 1;
@@ -334,6 +335,7 @@ int Main(int argc, char** argv) {
     if (i + 1 < argc && a == "--plan-ahead") plan_ahead = argv[++i];
     if (i + 1 < argc && a == "--profile-steps") profile_steps = std::atoi(argv[++i]);
     if (i + 1 < argc && a == "--prefill-idle-ms") prefill_idle_ms = std::atoi(argv[++i]);
+    if (i + 1 < argc && a == "--decode-context") decode_context = std::atoi(argv[++i]);
     if (i + 1 < argc && a == "--quantization") quantization = argv[++i];
     if (i + 1 < argc && a == "--kv-cache-dtype") kv_cache_dtype = argv[++i];
     if (i + 1 < argc && a == "--tensor-parallel") tensor_parallel = std::atoi(argv[++i]);
@@ -348,6 +350,7 @@ int Main(int argc, char** argv) {
                  "usage: inferd-bench --model DIR [--json FILE] [--sections LIST] [--batches B,...] [--no-graphs]\n"
                  "       [--plan-ahead auto|on|off] [--profile-steps N] [--prefill-idle-ms MS] [--quantization Q]\n"
                  "       [--kv-cache-dtype auto|fp8_e4m3] [--tensor-parallel N] [--load-format auto|dummy]\n"
+                 "       [--decode-context N]\n"
                  "  LIST: comma-separated of products,latency,prefill,decode,throughput (default: all)\n"
                  "  B: the decode section's batch sizes (default 1,8,32,64,128,256)\n"
                  "  --no-graphs: decode steps launched kernel by kernel (engine.cuda_graphs: false)\n"
@@ -359,7 +362,8 @@ int Main(int argc, char** argv) {
                  "ceiling)\n"
                  "  --kv-cache-dtype auto|fp8_e4m3: engine.kv_cache_dtype\n"
                  "  --tensor-parallel N: engine.tensor_parallel_size (the model split over GPUs 0..N-1)\n"
-                 "  --load-format dummy: model.load_format (config.json alone; random weights made on the GPUs)\n");
+                 "  --load-format dummy: model.load_format (config.json alone; random weights made on the GPUs)\n"
+                 "  --decode-context N: the decode section's prompt length (default 512)\n");
     return 2;
   }
   cudaDeviceProp prop;
@@ -439,7 +443,7 @@ int Main(int argc, char** argv) {
     auto lat = Run(**engine, 128, 256, &submitted);
     const double decode_s = absl::ToDoubleSeconds(lat->times.back() - lat->times.front());
     const double tok_s = (lat->times.size() - 1) / decode_s;
-    const double step_bytes = cost.Of(1, 1, 128 + 128, 128 + 128).bytes;  // the mean decode step
+    const double step_bytes = cost.OfUniform(1, 1, 128 + 128, 1).bytes;  // the mean decode step
     const double mbu = step_bytes * tok_s / (read_tbs * 1e12);
     const double idle = IdleShare(s0, (*engine)->Stats(), absl::ToDoubleSeconds(lat->times.back() - submitted));
     std::printf("%-28s %10.1f tok/s  %7.2f ms/token  bandwidth utilisation %.1f%%  GPU idle %.1f%%\n",
@@ -465,7 +469,7 @@ int Main(int argc, char** argv) {
     }
     std::sort(ttfts.begin(), ttfts.end());
     const double ttft = ttfts[kPrefillRuns / 2];
-    const double flops = cost.Of(len, 1, len, int64_t{len} * (len + 1) / 2).flops;
+    const double flops = cost.OfUniform(1, len, len, 1).flops;
     const double mfu = flops / ttft / (gemm_tflops * 1e12);
     std::printf("%-28s %10.0f tok/s  TTFT %7.1f ms (%.1f-%.1f)  FLOPs utilisation %.1f%%\n",
                 ("prefill " + std::to_string(len)).c_str(), len / ttft, 1e3 * ttft, 1e3 * ttfts.front(),
@@ -476,14 +480,14 @@ int Main(int argc, char** argv) {
                                              {"idle_before_ms", prefill_idle_ms},
                                              {"flops_utilisation", mfu}};
   }
-  // Decode at batch B: B requests of 512 prompt tokens and 128 new ones started together; decode tokens/s from
-  // the moment the last one has its first token.
+  // Decode at batch B: B requests of decode_context prompt tokens (512 unless --decode-context) and 128 new ones
+  // started together; decode tokens/s from the moment the last one has its first token.
   for (int32_t B : batches) {
     if (!want("decode")) break;
     std::vector<std::shared_ptr<TimingSink>> sinks;
     const EngineStats before = (*engine)->Stats();
     const absl::Time started = absl::Now();
-    for (int32_t i = 0; i < B; ++i) sinks.push_back(Start(**engine, 512, 128));
+    for (int32_t i = 0; i < B; ++i) sinks.push_back(Start(**engine, decode_context, 128));
     for (auto& s : sinks) WaitOk(*s);
     const double idle = IdleShare(before, (*engine)->Stats(), absl::ToDoubleSeconds(absl::Now() - started));
     absl::Time t0 = absl::InfinitePast(), t1 = absl::InfinitePast();
@@ -497,7 +501,7 @@ int Main(int argc, char** argv) {
     }
     const double secs = absl::ToDoubleSeconds(t1 - t0);
     const double rate = secs > 0 ? after / secs : 0;
-    const double bytes = cost.Of(B, B, B * (512 + 64), B * (512 + 64)).bytes;  // the mean decode step
+    const double bytes = cost.OfUniform(B, 1, decode_context + 64, B).bytes;  // the mean decode step
     const double util = rate > 0 ? bytes * (rate / B) / (read_tbs * 1e12) : 0;
     std::printf("%-28s %10.0f tok/s  %7.2f ms/step   bandwidth utilisation %.1f%%  GPU idle %.1f%%\n",
                 ("decode, batch " + std::to_string(B)).c_str(), rate, rate > 0 ? 1e3 * B / rate : 0, 100 * util,

@@ -3,12 +3,18 @@
 intermediate 14336, vocab 128256, llama3 rope) in Hugging Face layout, for benchmarks on the GPU machine, where
 16 GB cannot travel. Weights are drawn on the GPU with torch and written as 4 safetensors shards.
 
-    python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-random [--config-only | --sparse] [--70b]
+    python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-random [--config-only | --sparse]
+        [--70b | --qwen3-8b | --gemma3-4b [--full-attention]]
 
 --config-only writes config.json alone (enough for `inferd-bench --sections products`); --sparse writes one
 model.safetensors whose header lists every tensor and whose data is a sparse file of zeros (instant, no disk
 space: for `inferd plan`, which reads shapes only). --70b: the Llama-3-70B shape instead (hidden 8192, 80 layers, 64
-heads, 8 KV heads, intermediate 28672): 141 GB in bf16, for tensor parallelism.
+heads, 8 KV heads, intermediate 28672): 141 GB in bf16, for tensor parallelism. --qwen3-8b (with --config-only):
+the Qwen3-8B shape (hidden 4096, 36 layers, 32 heads, 8 KV heads of 128, intermediate 12288, vocabulary 151,936,
+per-head q/k norms), for benchmarks from weights made on the GPU (model.load_format dummy). --gemma3-4b (with
+--config-only): Gemma 3 4B's text model (hidden 2560, 34 layers, 8 heads, 4 KV heads of 256, intermediate 10240,
+vocabulary 262,208, five 1024-token sliding-window layers to one global), or with --full-attention the same with
+every layer global.
 """
 import json
 import os
@@ -17,7 +23,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_test_models import LLAMA3_PATTERN, byte_level  # noqa: E402
 
+QWEN3, GEMMA3 = "--qwen3-8b" in sys.argv, "--gemma3-4b" in sys.argv
 H, I, L, NH, NKV, V, D = (8192, 28672, 80, 64, 8, 128256, 128) if "--70b" in sys.argv else \
+    (4096, 12288, 36, 32, 8, 151936, 128) if QWEN3 else (2560, 10240, 34, 8, 4, 262208, 256) if GEMMA3 else \
     (4096, 14336, 32, 32, 8, 128256, 128)
 
 
@@ -34,6 +42,21 @@ def main():
            "eos_token_id": tok.token_to_id("<|end_of_text|>"),
            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                             "original_max_position_embeddings": 8192}, "rope_theta": 500000.0}
+    if QWEN3:
+        del cfg["rope_scaling"]
+        cfg.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=D, rope_theta=1e6,
+                   rms_norm_eps=1e-6, max_position_embeddings=40960, attention_bias=False)
+    if GEMMA3:
+        del cfg["rope_scaling"], cfg["hidden_act"]
+        full = "--full-attention" in sys.argv
+        cfg.update(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", head_dim=D, rms_norm_eps=1e-6,
+                   max_position_embeddings=131072, sliding_window=1024, query_pre_attn_scalar=256,
+                   hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                   layer_types=["full_attention" if full or (l + 1) % 6 == 0 else "sliding_attention"
+                                for l in range(L)],
+                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+        del cfg["rope_theta"]
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     if "--config-only" in sys.argv[2:]:

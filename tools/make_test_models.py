@@ -259,7 +259,50 @@ def gpu_models(out_dir):
                       sliding_window=None, bos_token_id=1, eos_token_id=2, torch_dtype="float16")
     write_model(out_dir, "mistral-hd128-g3", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>"}, "F16", seed=13,
                 scale=0.15)
+    family_gpu_models(out_dir)
     sharp_models(out_dir)
+
+
+def family_gpu_models(out_dir):
+    """The newer families at head dims the cuda backend serves: Qwen3 with Qwen3-8B's grouping (4 query heads per
+    KV head of 128, wider than hidden / heads), Gemma 3 with Gemma 3 270M's one KV head of 256 and 5 sliding-window
+    layers (a 16-token window, shorter than the prompts) to one global, and Phi-4-mini's partial rotary (96 of 128)
+    with LongRoPE's short factors and its multiplier. Gemma's embeddings are untied here: tied, the √hidden-scaled
+    input embedding dominates the residual and the model repeats its input with logit margins of ~40, which
+    compares nothing."""
+    tok = byte_level(QWEN2_PATTERN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], nfc=True, template_bos=None,
+                     vocab_size=600)
+    eos = tok.token_to_id("<|endoftext|>")
+    cfg = base_config("Qwen3ForCausalLM", "qwen3", 608, hidden_size=512, intermediate_size=768, num_attention_heads=8,
+                      num_key_value_heads=2, head_dim=128, rope_theta=1e6, tie_word_embeddings=True, eos_token_id=eos,
+                      bos_token_id=eos, torch_dtype="bfloat16", attention_bias=False, use_sliding_window=False,
+                      sliding_window=None)
+    write_model(out_dir, "qwen3-hd128", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=14, scale=0.3,
+                embed_std=0.15)
+    tok = sentencepiece_like(metaspace=False, vocab_size=700)
+    cfg = base_config("Gemma3ForCausalLM", "gemma3_text", 704, hidden_size=512, intermediate_size=1024,
+                      num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+                      rms_norm_eps=1e-6, sliding_window=16, query_pre_attn_scalar=256,
+                      layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                      rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                      hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
+                      attn_logit_softcapping=None, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0, torch_dtype="bfloat16")
+    del cfg["hidden_act"]
+    write_model(out_dir, "gemma3-hd256", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+                "BF16", seed=15, scale=0.3, embed_std=0.15)
+    rng = np.random.default_rng(16)
+    short = [round(float(x), 4) for x in 1.0 + rng.uniform(0, 0.5, 48)]
+    long = [round(float(x), 4) for x in 1.0 + rng.uniform(0, 8, 48)]
+    cfg = base_config("Phi3ForCausalLM", "phi3", 704, hidden_size=512, intermediate_size=1024, num_attention_heads=4,
+                      num_key_value_heads=2, rope_theta=10000.0, max_position_embeddings=16384,
+                      original_max_position_embeddings=4096, partial_rotary_factor=0.75, sliding_window=None,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                      rope_scaling={"type": "longrope", "short_factor": short, "long_factor": long},
+                      torch_dtype="bfloat16")
+    write_model(out_dir, "phi3-hd128", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+                "BF16", seed=17, scale=0.3)
 
 
 def sharp_models(out_dir):

@@ -32,6 +32,7 @@ class ArenaBuilder {
 // for bf16 and fp16).
 struct ActivationRegions {
   Region x, xn, tmp;     // [T, hidden] e: residual stream, normed input, a layer's output
+  Region tmp_normed;     // [T, hidden] e: a half's output normed before the residual add (sandwich norms), else 0
   Region qkv;            // [T, qkv_width] e
   Region attn;           // [T, q_width] e: attention output
   Region gate_up;        // [T, 2 * intermediate] e: gate rows then up rows
@@ -40,7 +41,7 @@ struct ActivationRegions {
   Region act_scale;      // fp8 weights: [T] fp32, its per-token scales
   Region last_n;         // [L, hidden] e: the logits rows, normed
   Region logits;         // [L, vocab] fp32
-  Region inv_freq;       // [head_dim / 2] fp32 rotary inverse frequencies
+  Region inv_freq;       // [3, head_dim / 2] fp32 rotary inverse frequencies: global, sliding-window, LongRoPE's long
   Region attn_float_ws;  // FlashInfer's float workspace (split-KV partial outputs)
   Region attn_int_ws;    // FlashInfer's schedule (mirrored in pinned host memory)
   Region outputs;        // the OutputRegions arena

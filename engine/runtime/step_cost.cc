@@ -1,6 +1,22 @@
 #include "engine/runtime/step_cost.h"
 
+#include <algorithm>
+#include <map>
+
 namespace inferd {
+namespace {
+
+// Σ min(k, w) for k = c − n + 1 .. c (the keys each of the n newest of c tokens attends to in a window of w; all
+// of them for w = 0).
+double WindowedKeys(int64_t c, int64_t n, int64_t w) {
+  const auto sum = [](int64_t a, int64_t b) { return b < a ? 0.0 : double(a + b) * double(b - a + 1) / 2; };
+  const int64_t first = c - n + 1;
+  if (w <= 0 || c <= w) return sum(first, c);
+  if (first >= w) return double(n) * double(w);
+  return sum(first, w) + double(c - w) * double(w);
+}
+
+}  // namespace
 
 StepCostModel::StepCostModel(const ModelConfig& c, const MemoryPlan& plan, int32_t block_size, int32_t devices)
     : hidden_(c.hidden_size), devices_(devices > 0 ? devices : 1) {
@@ -14,27 +30,50 @@ StepCostModel::StepCostModel(const ModelConfig& c, const MemoryPlan& plan, int32
   element_bytes_ = total > 0 ? plan.weight_bytes / total : 0;
   kv_bytes_per_token_ = block_size > 0 ? double(plan.kv_bytes_per_block) / block_size : 0;
   attention_flops_per_key_ = 4 * L * q;
+  std::map<int32_t, int32_t> kinds;
+  for (int32_t l = 0; l < c.num_layers; ++l) ++kinds[c.window(l)];
+  windows_.assign(kinds.begin(), kinds.end());
+  layers_ = std::max(c.num_layers, 1);
+}
+
+std::pair<double, double> StepCostModel::SequenceMeans(int64_t context, int64_t new_tokens) const {
+  double read = 0, keys = 0;
+  for (auto [window, layers] : windows_) {
+    read += layers * double(window > 0 ? std::min<int64_t>(context, window) : context);
+    keys += layers * WindowedKeys(context, new_tokens, window);
+  }
+  return {read / layers_, keys / layers_};
+}
+
+StepCost StepCostModel::OfUniform(int64_t seqs, int64_t new_tokens, int64_t context, int64_t sampled_rows) const {
+  const auto [read, keys] = SequenceMeans(context, new_tokens);
+  return OfLayerMeans(seqs * new_tokens, sampled_rows, double(seqs) * read, double(seqs) * keys);
 }
 
 StepCost StepCostModel::Of(int64_t tokens, int64_t sampled_rows, int64_t context_tokens, int64_t attended_keys) const {
+  return OfLayerMeans(tokens, sampled_rows, double(context_tokens), double(attended_keys));
+}
+
+StepCost StepCostModel::OfLayerMeans(int64_t tokens, int64_t sampled_rows, double context_tokens,
+                                     double attended_keys) const {
   StepCost cost;
   cost.bytes = element_bytes_ * (layer_params_ + other_params_ + (sampled_rows > 0 ? lm_head_params_ : 0) +
                                  double(tokens) * hidden_) +  // the embedding rows looked up
-               kv_bytes_per_token_ * double(context_tokens);
+               kv_bytes_per_token_ * context_tokens;
   cost.flops = (2 * layer_params_ * double(tokens) + 2 * lm_head_params_ * double(sampled_rows) +
-                attention_flops_per_key_ * double(attended_keys)) /
+                attention_flops_per_key_ * attended_keys) /
                devices_;
   return cost;
 }
 
 StepCost StepCostModel::Of(const StepInput& in) const {
-  int64_t context = 0, keys = 0;
+  double context = 0, keys = 0;
   for (int32_t s = 0; s < in.num_seqs(); ++s) {
-    const int64_t c = in.context_lens[s], n = in.query_start[s + 1] - in.query_start[s];
-    context += c;
-    keys += n * c - n * (n - 1) / 2;  // token i of the n new ones attends to c - n + i + 1 keys
+    const auto [read, attended] = SequenceMeans(in.context_lens[s], in.query_start[s + 1] - in.query_start[s]);
+    context += read;
+    keys += attended;  // token i of the n new ones attends to c - n + i + 1 keys (at most a layer's window)
   }
-  return Of(in.num_tokens(), in.num_logits(), context, keys);
+  return OfLayerMeans(in.num_tokens(), in.num_logits(), context, keys);
 }
 
 }  // namespace inferd

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "engine/model/model_config.h"
 #include "engine/runtime/backend.h"
@@ -21,14 +23,22 @@ struct StepCost {
 class StepCostModel {
  public:
   StepCostModel(const ModelConfig& config, const MemoryPlan& plan, int32_t block_size, int32_t devices = 1);
+  // Sliding-window layers (ModelConfig::layer_window) read and attend to at most their window of each context.
   StepCost Of(const StepInput& input) const;
-  // The same from totals: tokens computed, rows sampled, context tokens of all sequences (each read once),
-  // and keys attended summed over the step's tokens (a prompt of n alone: n (n + 1) / 2).
+  // A step of `seqs` sequences alike: each with `new_tokens` computed at the end of a context of `context` tokens
+  // (the new ones included), `sampled_rows` rows sampled in all.
+  StepCost OfUniform(int64_t seqs, int64_t new_tokens, int64_t context, int64_t sampled_rows) const;
+  // From totals, every layer global: tokens computed, rows sampled, context tokens of all sequences (each read
+  // once), and keys attended summed over the step's tokens (a prompt of n alone: n (n + 1) / 2).
   StepCost Of(int64_t tokens, int64_t sampled_rows, int64_t context_tokens, int64_t attended_keys) const;
 
   double element_bytes() const { return element_bytes_; }
 
  private:
+  StepCost OfLayerMeans(int64_t tokens, int64_t sampled_rows, double context_tokens, double attended_keys) const;
+  // One sequence's context tokens read and keys attended by its n newest tokens, each a mean over the layers.
+  std::pair<double, double> SequenceMeans(int64_t context, int64_t new_tokens) const;
+
   double layer_params_ = 0;    // linear weights of all layers (what every token multiplies)
   double other_params_ = 0;    // norms and biases of all layers and the final norm (read, not multiplied)
   double lm_head_params_ = 0;  // vocab × hidden (the embedding table itself when tied)
@@ -36,7 +46,9 @@ class StepCostModel {
   double kv_bytes_per_token_ = 0;
   double attention_flops_per_key_ = 0;  // QKᵀ and PV over all layers and heads
   int64_t hidden_ = 0;
-  double devices_ = 1;  // FLOPs are split over them
+  double devices_ = 1;                                // FLOPs are split over them
+  std::vector<std::pair<int32_t, int32_t>> windows_;  // (window, 0 for global; layers with it)
+  int32_t layers_ = 1;
 };
 
 }  // namespace inferd

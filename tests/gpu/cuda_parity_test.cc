@@ -168,6 +168,26 @@ std::vector<CudaCase> AllCases() {
           {"qwen2-hd128", "-bf16", 16, 2048},
           {"mistral-hd128-g3", "", 16, 2048},
           {"mistral-hd128-g3", "-bf16", 16, 2048},
+          // The families beyond Llama's layer (engine/model/arch/): per-head q/k norms; sandwich norms, GeGLU,
+          // sliding windows shorter than the prompts and scaled embeddings; partial rotary with LongRoPE.
+          {"qwen3-hd128", "", 16, 2048},
+          {"qwen3-hd128", "-bf16", 16, 2048},
+          {"qwen3-hd128", "-bf16", 1, 13},
+          {"gemma3-hd256", "", 16, 2048},
+          // Against transformers' bf16 run, gemma3-hd256 from a margin of 0.25: that run picks another token than
+          // fp32 at a margin of 0.125 where inferd's bf16 agrees with fp32 (at every compared position, above).
+          {"gemma3-hd256", "-bf16", 16, 2048, "auto", true, 8, 1, "none", 0.25},
+          {"gemma3-hd256", "-bf16", 3, 24, "auto", true, 8, 1, "none", 0.25},
+          // phi3-hd128 in bf16 is compared from a margin of 0.25: transformers' own bf16 run misses 1 of 152
+          // positions at 0.1 and moves chosen logprobs by up to 0.14 (measured on the CPU, teacher-forced along the
+          // fp32 tokens), and inferd's bf16 first differed at margins 0.100 and 0.125 (fp16 agrees everywhere).
+          {"phi3-hd128", "", 16, 2048, "auto", true, 8, 1, "none", 0.25},
+          {"phi3-hd128", "-bf16", 16, 2048, "auto", true, 8, 1, "none", 0.25},
+          {"phi3-hd128", "", 16, 2048, "float16"},
+          // fp8 moves qwen3-hd128's chosen logprobs by up to 0.26 and gemma3-hd256's by up to 0.32 (measured), as
+          // it moves qwen2-hd128's (below) by more.
+          {"qwen3-hd128", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.5},
+          {"gemma3-hd256", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.5},
           {"llama3-hd64", "-bf16", 1, 13},
           {"qwen2-hd128", "-bf16", 3, 24},
           {"mistral-hd128-g3", "", 16, 2048, "float16"},

@@ -135,7 +135,8 @@ TEST(Fp8, SiluMulQuantizesTheBf16Result) {
     Dev<__nv_bfloat16> d(Bf16(gu));
     Dev<Fp8> q(size_t(rows) * inter);
     Dev<float> scales{size_t(rows)};
-    CUDA_OK(kernels::SiluMulFp8(d.get(), q.get(), scales.get(), rows, inter, nullptr));
+    CUDA_OK(
+        kernels::ActivateMulFp8(d.get(), q.get(), scales.get(), rows, inter, kernels::GatedActivation::kSilu, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<double> ref(size_t(rows) * inter);
     for (int r = 0; r < rows; ++r) {

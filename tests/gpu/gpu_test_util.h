@@ -79,7 +79,7 @@ inline std::vector<double> PagedAttentionReference(const std::vector<float>& q, 
                                                    const std::vector<int32_t>& qo_indptr,
                                                    const std::vector<int32_t>& kv_indptr,
                                                    const std::vector<int32_t>& pages, int32_t bs, int32_t heads,
-                                                   int32_t kv_heads, int32_t D, double scale) {
+                                                   int32_t kv_heads, int32_t D, double scale, int32_t window = 0) {
   const int64_t kv_dim = int64_t{kv_heads} * D;
   const int32_t group = heads / kv_heads;
   std::vector<double> ref(int64_t{qo_indptr.back()} * heads * D, 0.0);
@@ -88,11 +88,12 @@ inline std::vector<double> PagedAttentionReference(const std::vector<float>& q, 
     for (int32_t i = 0; i < qlen; ++i) {
       const int64_t t = qo_indptr[s] + i;
       const int32_t visible = ctx - qlen + i + 1;
+      const int32_t first = window > 0 ? std::max(0, visible - window) : 0;  // a sliding window of `window` tokens
       for (int32_t h = 0; h < heads; ++h) {
         const int32_t kvh = h / group;
-        std::vector<double> p(visible);
+        std::vector<double> p(visible, -1e300);
         double mx = -1e300;
-        for (int32_t j = 0; j < visible; ++j) {
+        for (int32_t j = first; j < visible; ++j) {
           const int64_t slot = int64_t{pages[kv_indptr[s] + j / bs]} * bs + j % bs;
           double dot = 0;
           for (int32_t d = 0; d < D; ++d) dot += double{q[t * q_stride + h * D + d]} * k[slot * kv_dim + kvh * D + d];
@@ -101,7 +102,7 @@ inline std::vector<double> PagedAttentionReference(const std::vector<float>& q, 
         }
         double sum = 0;
         for (double& x : p) sum += (x = std::exp(x - mx));
-        for (int32_t j = 0; j < visible; ++j) {
+        for (int32_t j = first; j < visible; ++j) {
           const int64_t slot = int64_t{pages[kv_indptr[s] + j / bs]} * bs + j % bs;
           for (int32_t d = 0; d < D; ++d) ref[(t * heads + h) * D + d] += p[j] / sum * v[slot * kv_dim + kvh * D + d];
         }

@@ -123,7 +123,7 @@ TEST(Kernels, SiluMulMatchesReference) {
     const std::vector<float> gu = Random(rows * 2 * inter, rng, 2.f);
     Dev<bf16> d_gu(ToBf16(gu));
     Dev<bf16> out(rows * inter);
-    CUDA_OK(kernels::SiluMul(d_gu.get(), out.get(), rows, inter, nullptr));
+    CUDA_OK(kernels::ActivateMul(d_gu.get(), out.get(), rows, inter, kernels::GatedActivation::kSilu, nullptr));
     std::vector<double> ref(rows * inter);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < inter; ++i) {
@@ -141,15 +141,145 @@ TEST(Kernels, SiluMulVectorsEqualOneElementPerThreadBitForBit) {
   const std::vector<bf16> gu = ToBf16(Random(rows * 2 * inter + 1, rng, 2.f));
   Dev<bf16> d_gu(gu);
   Dev<bf16> vec(rows * inter), scalar(rows * inter + 1);
-  CUDA_OK(kernels::SiluMul(d_gu.get(), vec.get(), rows, inter, nullptr));
+  CUDA_OK(kernels::ActivateMul(d_gu.get(), vec.get(), rows, inter, kernels::GatedActivation::kSilu, nullptr));
   // The same rows one element further on: misaligned for 16-byte vectors, so one element per thread.
   std::vector<bf16> moved(gu.size() + 1);
   moved[0] = gu[0];
   std::copy(gu.begin(), gu.end() - 1, moved.begin() + 1);
   Dev<bf16> d_moved(moved);
-  CUDA_OK(kernels::SiluMul(d_moved.get() + 1, scalar.get() + 1, rows, inter, nullptr));
+  CUDA_OK(
+      kernels::ActivateMul(d_moved.get() + 1, scalar.get() + 1, rows, inter, kernels::GatedActivation::kSilu, nullptr));
   const std::vector<float> a = FromBf16(vec.Host()), b = FromBf16(scalar.Host());
   for (int64_t i = 0; i < rows * inter; ++i) ASSERT_EQ(a[i], b[i + 1]) << i;
+}
+
+TEST(Kernels, GeluTanhMulMatchesReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(31);
+  for (const int64_t inter : {333, 1032}) {
+    const int64_t rows = 6;
+    const std::vector<float> gu = Random(rows * 2 * inter, rng, 3.f);
+    Dev<bf16> d_gu(ToBf16(gu));
+    Dev<bf16> out(rows * inter);
+    CUDA_OK(kernels::ActivateMul(d_gu.get(), out.get(), rows, inter, kernels::GatedActivation::kGeluTanh, nullptr));
+    std::vector<double> ref(rows * inter);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < inter; ++i) {
+        const double g = Bf(gu[r * 2 * inter + i]), u = Bf(gu[r * 2 * inter + inter + i]);
+        const double gelu = 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+        ref[r * inter + i] = gelu * u;
+      }
+    EXPECT_LT(RelError(FromBf16(out.Host()), ref), 1e-2) << inter;
+    // Not SiLU: the two activations differ clearly on these inputs.
+    Dev<bf16> silu(rows * inter);
+    CUDA_OK(kernels::ActivateMul(d_gu.get(), silu.get(), rows, inter, kernels::GatedActivation::kSilu, nullptr));
+    EXPECT_GT(RelError(FromBf16(silu.Host()), ref), 5e-2) << inter;
+  }
+}
+
+// Qwen3's and Gemma 3's per-head norms, in the rotary kernel: with every frequency 0 (no turn) each q and k head
+// is its RMSNorm times its weight, V untouched and K's cache rows the normed K.
+TEST(Kernels, RopeNormsEveryQAndKHeadFirst) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(32);
+  for (const int32_t D : {64, 128, 256}) {
+    const int32_t heads = 5, kv_heads = 2, T = 7, num_slots = 9;
+    const int64_t row = int64_t{heads + 2 * kv_heads} * D, kv_dim = int64_t{kv_heads} * D;
+    const std::vector<float> qkv = Random(T * row, rng, 4.f);
+    const std::vector<float> qw = Random(D, rng, 1.f), kw = Random(D, rng, 1.f);
+    std::vector<int32_t> pos(T), slots(T);
+    for (int32_t t = 0; t < T; ++t) {
+      pos[t] = 3 * t + 1;
+      slots[t] = (t * 5 + 2) % num_slots;
+    }
+    Dev<bf16> d_qkv(ToBf16(qkv)), d_qw(ToBf16(qw)), d_kw(ToBf16(kw));
+    Dev<int32_t> d_pos(pos), d_slots(slots);
+    Dev<float> d_freq(std::vector<float>(D / 2, 0.f));
+    Dev<bf16> kc(num_slots * kv_dim), vc(num_slots * kv_dim);
+    const float eps = 1e-6f;
+    kernels::RotaryOptions options;
+    options.q_norm = d_qw.get();
+    options.k_norm = d_kw.get();
+    options.norm_eps = eps;
+    CUDA_OK(kernels::RopeWriteKv(d_qkv.get(), d_pos.get(), d_slots.get(), d_freq.get(), kc.get(), vc.get(), T, heads,
+                                 kv_heads, D, 1.f, 1.f, nullptr, options));
+    const std::vector<float> got = FromBf16(d_qkv.Host());
+    std::vector<double> ref(T * row);
+    for (int32_t t = 0; t < T; ++t)
+      for (int32_t h = 0; h < heads + 2 * kv_heads; ++h) {
+        const float* v = qkv.data() + t * row + h * D;
+        double ss = 0;
+        for (int i = 0; i < D; ++i) ss += double(Bf(v[i])) * Bf(v[i]);
+        const double inv = 1 / std::sqrt(ss / D + eps);
+        for (int i = 0; i < D; ++i) {
+          const double w = h < heads ? Bf(qw[i]) : Bf(kw[i]);
+          ref[t * row + h * D + i] = h < heads + kv_heads ? w * Bf(v[i]) * inv : Bf(v[i]);
+        }
+      }
+    EXPECT_LT(RelError(got, ref), 1e-2) << D;
+    const std::vector<float> k = FromBf16(kc.Host()), v = FromBf16(vc.Host());
+    for (int32_t t = 0; t < T; ++t) {
+      for (int64_t i = int64_t{heads + kv_heads} * D; i < row; ++i) ASSERT_EQ(got[t * row + i], Bf(qkv[t * row + i]));
+      for (int64_t i = 0; i < kv_dim; ++i) {
+        ASSERT_EQ(k[slots[t] * kv_dim + i], got[t * row + heads * D + i]) << "K of token " << t;
+        ASSERT_EQ(v[slots[t] * kv_dim + i], got[t * row + heads * D + kv_dim + i]) << "V of token " << t;
+      }
+    }
+  }
+}
+
+// Phi-3's rotary options: only the leading rotary_dim of each head turn (the rest, and V, are written to the cache
+// as they are), LongRoPE's long table from long_from on, and cos and sin scaled by mscale.
+TEST(Kernels, RopePartialAndLongRopeMatchReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(33);
+  const int32_t heads = 4, kv_heads = 2, D = 128, R = 96, T = 6, num_slots = 16;
+  const int64_t row = int64_t{heads + 2 * kv_heads} * D, kv_dim = int64_t{kv_heads} * D;
+  const std::vector<float> qkv = Random(T * row, rng);
+  const std::vector<int32_t> pos = {0, 5, 63, 64, 200, 4000}, slots = {3, 1, 7, 0, 12, 5};
+  std::vector<float> inv_short(R / 2), inv_long(R / 2);
+  for (int i = 0; i < R / 2; ++i) {
+    inv_short[i] = std::pow(10000.f, -2.f * i / R) / (1.f + 0.1f * i);
+    inv_long[i] = inv_short[i] / (2.f + i);
+  }
+  Dev<bf16> d_qkv(ToBf16(qkv));
+  Dev<int32_t> d_pos(pos), d_slots(slots);
+  Dev<float> d_short(inv_short), d_long(inv_long);
+  Dev<bf16> kc(num_slots * kv_dim), vc(num_slots * kv_dim);
+  kernels::RotaryOptions options;
+  options.rotary_dim = R;
+  options.inv_freq_long = d_long.get();
+  options.long_from = 64;
+  options.mscale = 1.19f;
+  CUDA_OK(kernels::RopeWriteKv(d_qkv.get(), d_pos.get(), d_slots.get(), d_short.get(), kc.get(), vc.get(), T, heads,
+                               kv_heads, D, 1.f, 1.f, nullptr, options));
+  std::vector<double> ref(T * row);
+  for (int32_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < row; ++i) ref[t * row + i] = Bf(qkv[t * row + i]);
+    const std::vector<float>& f = pos[t] >= 64 ? inv_long : inv_short;
+    for (int32_t h = 0; h < heads + kv_heads; ++h)
+      for (int i = 0; i < R / 2; ++i) {
+        const double a = Bf(qkv[t * row + h * D + i]), b = Bf(qkv[t * row + h * D + i + R / 2]);
+        const double ang = double(pos[t]) * f[i], c = std::cos(ang) * 1.19, sn = std::sin(ang) * 1.19;
+        ref[t * row + h * D + i] = a * c - b * sn;
+        ref[t * row + h * D + i + R / 2] = b * c + a * sn;
+      }
+  }
+  const std::vector<float> got = FromBf16(d_qkv.Host());
+  EXPECT_LT(RelError(got, ref), 1e-2);
+  for (int32_t t = 0; t < T; ++t)
+    for (int32_t h = 0; h < heads + kv_heads; ++h)
+      for (int i = R; i < D; ++i) ASSERT_EQ(got[t * row + h * D + i], Bf(qkv[t * row + h * D + i])) << "unrotated";
+  const std::vector<float> k = FromBf16(kc.Host()), v = FromBf16(vc.Host());
+  for (int32_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < kv_dim; ++i) {
+      ASSERT_EQ(k[slots[t] * kv_dim + i], got[t * row + heads * D + i]) << "K of token " << t << ", " << i;
+      ASSERT_EQ(v[slots[t] * kv_dim + i], got[t * row + heads * D + kv_dim + i]) << "V of token " << t << ", " << i;
+    }
+  options.rotary_dim = D + 2;
+  EXPECT_EQ(kernels::RopeWriteKv(d_qkv.get(), d_pos.get(), d_slots.get(), d_short.get(), kc.get(), vc.get(), T, heads,
+                                 kv_heads, D, 1.f, 1.f, nullptr, options),
+            cudaErrorInvalidValue);
 }
 
 TEST(Kernels, RopeRotatesQAndKAndWritesKvIntoTheirSlots) {
@@ -246,6 +376,8 @@ struct AttentionCase {
   bool unsplit_kv = false;             // that plan with each sequence's whole KV in one CTA
   bool fp8_kv = false;                 // K and V in fp8 e4m3 (engine.kv_cache_dtype: fp8_e4m3)
   float k_scale = 1.f, v_scale = 1.f;  // the fp8 cache holds K / k_scale and V / v_scale
+  int32_t window = 0;                  // > 0: a sliding window of this many tokens (Gemma 3's local layers)
+  bool windowed_plan = false;          // window 0 under the plan a windowed model makes (its global layers)
 };
 
 // n decode rows at contexts spread over 1 .. 700.
@@ -310,7 +442,8 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   kernels::AttentionPlan plan;
   const int32_t S = static_cast<int32_t>(c.seqs.size());
   CUDA_OK(kernels::PlanPagedAttention(fws, iws, iws_host, qo_indptr.data(), kv_indptr.data(), T, S, c.heads, c.kv_heads,
-                                      D, bs, c.decode_graph, c.unsplit_kv, &plan, nullptr));
+                                      D, bs, c.decode_graph, c.unsplit_kv, &plan, nullptr,
+                                      c.window > 0 || c.windowed_plan));
   const float scale = 1.f / std::sqrt(float(D));
   if (c.fp8_kv) {
     CUDA_OK((kernels::RunPagedAttention<bf16, __nv_fp8_e4m3>(
@@ -319,11 +452,11 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   } else {
     CUDA_OK(kernels::RunPagedAttention<bf16>(plan, fws, iws, dq.get(), q_stride, dk.get(), dv.get(), d_qo.get(),
                                              d_kv.get(), d_pages.get(), d_last.get(), out.get(), S, c.heads, c.kv_heads,
-                                             D, bs, scale, 1.f, /*early_launch=*/T <= 3, nullptr));
+                                             D, bs, scale, 1.f, /*early_launch=*/T <= 3, nullptr, c.window - 1));
   }
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<double> ref = testing::PagedAttentionReference(q, q_stride, k, v, c.seqs, qo_indptr, kv_indptr,
-                                                                   pages, bs, c.heads, c.kv_heads, D, scale);
+                                                                   pages, bs, c.heads, c.kv_heads, D, scale, c.window);
   EXPECT_LT(RelError(FromBf16(out.Host()), ref), 1e-2);
   cudaFree(fws);
   cudaFree(iws);
@@ -368,7 +501,16 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{128, 32, 4, 16, {{5000, 1}, {33, 1}}, false, false, true},
         // an fp8 cache with the checkpoint's scales: prefill chunks and decodes; the decode graph's split plan
         AttentionCase{128, 8, 2, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}, false, false, true, 0.05f, 3.f},
-        AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true, false, true, 2.5f, 0.02f}));
+        AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true, false, true, 2.5f, 0.02f},
+        // sliding windows (a cache of bf16): prefill chunks longer than the window and decodes, head_dim 256 with
+        // one KV head (Gemma 3 270M), the decode graph's split and unsplit plans, a window of one token
+        AttentionCase{256, 4, 1, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}, false, false, false, 1.f, 1.f, 64},
+        AttentionCase{128, 8, 2, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true, false, false, 1.f, 1.f, 100},
+        AttentionCase{128, 32, 8, 16, ManyDecodeRows(67), true, true, false, 1.f, 1.f, 33},
+        AttentionCase{64, 4, 4, 1, {{17, 1}, {97, 5}}, false, false, false, 1.f, 1.f, 1},
+        // a windowed model's global layers: the whole context under its plan (no split KV)
+        AttentionCase{256, 4, 1, 16, {{300, 300}, {97, 1}, {2048, 5}, {1, 1}}, false, false, false, 1.f, 1.f, 0, true},
+        AttentionCase{128, 8, 2, 16, {{1, 1}, {300, 1}, {2048, 1}}, true, false, false, 1.f, 1.f, 0, true}));
 
 TEST(PagedAttention, DecodeKvUnsplitWhenTheRowsFillTheGpuAndNoneIsFarLongerThanTheMean) {
   // 132 SMs, 8 KV heads: 17 rows give 136 CTAs, 16 give 128.

@@ -21,6 +21,7 @@
 #include "engine/backends/cuda/forward.h"
 #include "engine/backends/cuda/gemm.h"
 #include "engine/backends/cuda/kv_pool.h"
+#include "engine/backends/cuda/layer_walk.h"
 #include "engine/backends/cuda/nvml.h"
 #include "engine/backends/cuda/rank_threads.h"
 #include "engine/backends/cuda/step_packing.h"
@@ -207,7 +208,14 @@ absl::Status CudaBackend::Allocate(Rank& r) {
   }
   INFERD_RETURN_IF_ERROR(r.activations.Allocate(layout_.activation_arena_bytes));
   INFERD_RETURN_IF_ERROR(r.attn_int_ws_host.Allocate(layout_.activations.attn_int_ws.bytes));
-  const std::vector<float> inv_freq = RopeInverseFrequencies(cfg_);
+  // The rotary tables, each [head_dim / 2]: global, the sliding-window layers', LongRoPE's long positions.
+  const int64_t table = cfg_.head_dim / 2;
+  std::vector<float> inv_freq(3 * table, 0.f);
+  for (int t = 0; t < 3; ++t) {
+    const std::vector<float> f = RopeInverseFrequencies(cfg_, /*local=*/t == 1, /*long_positions=*/t == 2);
+    INFERD_CHECK(static_cast<int64_t>(f.size()) <= table, "a rotary table fits its region");
+    std::copy(f.begin(), f.end(), inv_freq.begin() + t * table);
+  }
   INFERD_CHECK(static_cast<int64_t>(inv_freq.size() * sizeof(float)) <= layout_.activations.inv_freq.bytes,
                "the rotary frequencies fit their region");
   INFERD_CUDA(cudaMemcpy(r.activations.get<char>() + layout_.activations.inv_freq.offset, inv_freq.data(),
@@ -400,7 +408,8 @@ absl::Status CudaBackend::Stage(Rank& r, const StepInput& in, const cuda::Packed
                                       r.attn_int_ws_host.get(), inputs_host_.get<int32_t>() + ir.qo_indptr.offset / 4,
                                       inputs_host_.get<int32_t>() + ir.kv_indptr.offset / 4, in.num_tokens(),
                                       in.num_seqs(), r.cfg.num_heads, r.cfg.num_kv_heads, r.cfg.head_dim, in.block_size,
-                                      decode_graph, unsplit_kv, plan, r.compute));
+                                      decode_graph, unsplit_kv, plan, r.compute,
+                                      /*windowed=*/!r.cfg.layer_window.empty()));
   return absl::OkStatus();
 }
 
@@ -602,21 +611,13 @@ std::string CudaUnsupportedReason(const ModelConfig& config) {
     return absl::StrCat("head_dim = ", config.head_dim,
                         " is not supported by the cuda backend; supported: 64, 128, 256");
   }
-  if (config.rope.type == "longrope" || (config.rotary_dim > 0 && config.rotary_dim != config.head_dim)) {
-    return absl::StrCat(config.architecture, "'s rotary embedding (", config.rope.type, ", ", config.rotary_dim, " of ",
-                        config.head_dim,
-                        " dimensions) is not run by the cuda backend yet; engine.backend: cpu runs it");
+  if (config.attn_logit_softcap > 0 || config.final_logit_softcap > 0) {
+    return absl::StrCat(config.architecture, "'s soft caps (attn_logit_softcapping ", config.attn_logit_softcap,
+                        ", final_logit_softcapping ", config.final_logit_softcap,
+                        ") are not run by the cuda backend yet; engine.backend: cpu runs them");
   }
-  // RunForward (forward.cc) runs the Llama family's layer program, fused; other programs wait for its walker.
-  const std::vector<LayerOp>& llama = LlamaArchitecture().layer;
-  if (config.arch->layer != llama) {
-    for (LayerOp op : config.arch->layer) {
-      if (std::find(llama.begin(), llama.end(), op) == llama.end()) {
-        return absl::StrCat(config.architecture, "'s layer has the '", LayerOpName(op),
-                            "' block, which the cuda backend does not run yet; engine.backend: cpu runs it");
-      }
-    }
-    return absl::StrCat(config.architecture, "'s layer order is not the one the cuda backend runs");
+  if (std::string why = LayerWalkProblem(*config.arch); !why.empty()) {
+    return absl::StrCat(config.architecture, "'s layer: ", why, "; engine.backend: cpu runs it");
   }
   return "";
 }
@@ -675,6 +676,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, c
         "engine.kv_cache_dtype = 'fp8_e4m3' needs head_dim 128 or 256 (FlashInfer's fp8 KV attention); this model's "
         "head_dim is ",
         c.head_dim, "; allowed for it: auto"));
+  }
+  if (fp8_kv && !c.layer_window.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("engine.kv_cache_dtype = 'fp8_e4m3' is not run with sliding-window attention on cuda (",
+                     c.architecture, "'s layers); allowed for it: auto"));
   }
   // Rank r on GPU r, each on its own thread (rank 0 on this one); their collectives come once the layout is known.
   std::vector<std::unique_ptr<Rank>> ranks;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -159,7 +160,7 @@ class Worker {
 
  private:
   bool SameDtype(const TensorDesc& t) const {
-    return !t.ggml && t.rotary_heads == 0 &&
+    return !t.ggml && t.rotary_heads == 0 && t.add == 0 &&
            ((t.dtype == DType::kBF16 && dtype_ == CUDA_R_16BF) || (t.dtype == DType::kF16 && dtype_ == CUDA_R_16F));
   }
 
@@ -282,6 +283,11 @@ absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& t, cudaDataType_t 
     if (L.q_bias.present()) {  // [1, width] vectors: the rank's columns
       INFERD_RETURN_IF_ERROR(
           Stack({{&L.q_bias, one, q}, {&L.k_bias, one, kv}, {&L.v_bias, one, kv}}, &l.qkv_bias, b, &pieces));
+    }
+    for (auto [tensor, buffer] :
+         {std::pair{&L.q_norm, &l.q_norm}, std::pair{&L.k_norm, &l.k_norm},
+          std::pair{&L.attn_out_norm, &l.attn_out_norm}, std::pair{&L.mlp_out_norm, &l.mlp_out_norm}}) {
+      if (tensor->present()) INFERD_RETURN_IF_ERROR(Stack({tensor}, buffer, b, &pieces));
     }
     INFERD_RETURN_IF_ERROR(StackLinear({{&L.o_proj, all_hidden, q}}, fp8, &l.o, b, &pieces));
     INFERD_RETURN_IF_ERROR(Stack({&L.post_norm}, &l.post_norm, b, &pieces));

@@ -31,13 +31,15 @@ struct LinearWeight {
 };
 
 struct CudaLayerWeights {
-  DeviceBuffer input_norm;  // [hidden]
-  LinearWeight qkv;         // [(heads + 2 * kv_heads) * head_dim, hidden]
-  DeviceBuffer qkv_bias;    // [(heads + 2 * kv_heads) * head_dim]; empty without QKV bias
-  LinearWeight o;           // [hidden, heads * head_dim]
-  DeviceBuffer post_norm;   // [hidden]
-  LinearWeight gate_up;     // [2 * intermediate, hidden]: gate rows then up rows
-  LinearWeight down;        // [hidden, intermediate]
+  DeviceBuffer input_norm;                   // [hidden]
+  LinearWeight qkv;                          // [(heads + 2 * kv_heads) * head_dim, hidden]
+  DeviceBuffer qkv_bias;                     // [(heads + 2 * kv_heads) * head_dim]; empty without QKV bias
+  DeviceBuffer q_norm, k_norm;               // [head_dim] each: per-head norms (Qwen3, Gemma 3); else empty
+  DeviceBuffer attn_out_norm, mlp_out_norm;  // [hidden] each: sandwich norms (Gemma 3); else empty
+  LinearWeight o;                            // [hidden, heads * head_dim]
+  DeviceBuffer post_norm;                    // [hidden]
+  LinearWeight gate_up;                      // [2 * intermediate, hidden]: gate rows then up rows
+  LinearWeight down;                         // [hidden, intermediate]
   // An fp8 KV cache holds K / k_cache_scale and V / v_cache_scale: the checkpoint's k_scale and v_scale, else 1.
   float k_cache_scale = 1.f, v_cache_scale = 1.f;
 };

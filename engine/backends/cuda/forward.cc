@@ -55,10 +55,23 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   T* act = b.act<T>(a.act);
   const int32_t* positions = b.in<int32_t>(ir.positions);
   const int32_t* slots = b.in<int32_t>(ir.slots);
+  // The rotary tables (CudaBackend uploads them): global, the sliding-window layers', LongRoPE's long positions.
   const float* inv_freq = b.act<float>(a.inv_freq);
+  const float* inv_freq_local = inv_freq + cfg.head_dim / 2;
+  k::RotaryOptions rotary;
+  rotary.rotary_dim = cfg.rotary_dim;
+  if (cfg.rope.type == "longrope") {
+    rotary.inv_freq_long = inv_freq + cfg.head_dim;
+    rotary.long_from = cfg.rope.original_max_position_embeddings;
+    rotary.mscale = static_cast<float>(cfg.rope.attention_factor);
+  }
+  const bool plain_rope = rotary.inv_freq_long == nullptr && (cfg.rotary_dim == 0 || cfg.rotary_dim == cfg.head_dim);
+  const float sm_scale = cfg.attention_scale > 0 ? static_cast<float>(cfg.attention_scale)
+                                                 : 1.f / std::sqrt(static_cast<float>(cfg.head_dim));
   char* out = b.outputs();
   const int32_t* sampled = reinterpret_cast<const int32_t*>(out + o.tokens.offset);
-  INFERD_KERNEL(k::EmbedTokens(w.embed.get<T>(), b.in<int32_t>(ir.token_ids), sampled, x, Tn, H, s));
+  INFERD_KERNEL(k::EmbedTokens(w.embed.get<T>(), b.in<int32_t>(ir.token_ids), sampled, x, Tn, H, s,
+                               static_cast<float>(cfg.embedding_scale())));
   // fp8 weights: steps of more rows than the streaming kernel takes quantize each product's input per token, in
   // the kernel that produces it; the streaming kernel reads the activations as they are.
   const bool quantize = w.fp8 && Tn > gemm.streaming_rows(true);
@@ -75,75 +88,142 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     INFERD_KERNEL(k::AddRmsNorm(x, delta, weight, xn, Tn, H, eps, s));
     return FromCuda(k::QuantizeRowsFp8(xn, Tn, H, xq, xs, s), "QuantizeRowsFp8");
   };
-  // The same after a row-parallel product, whose output on a rank is its part of the sum over the ranks.
-  auto sum_add_norm = [&](T* delta, const T* weight, bool to_input = true) -> absl::Status {
-    if (comm) INFERD_RETURN_IF_ERROR(comm->AllReduceSum(delta, Tn * H, kBf16, s));
-    return add_norm(delta, weight, to_input);
-  };
   // An fp8 KV cache (engine.kv_cache_dtype): RoPE's kernel divides K and V by the layer's scales (the checkpoint's
   // k_scale and v_scale, else 1) and rounds them to e4m3 as it writes them; attention multiplies them back (K's
   // scale folded into sm_scale, V's into the output). bf16 queries only: the backend refuses other dtypes.
   const bool fp8_kv = b.layout->kv_element_bytes == 1;
   if (fp8_kv && !std::is_same_v<T, __nv_bfloat16>) return absl::InternalError("an fp8 KV cache needs bf16 activations");
   // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product (bf16/fp16
-  // weights, a cache of the same dtype).
-  const bool fused_qkv_rope = !w.fp8 && !fp8_kv && Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
+  // weights, a cache of the same dtype, the plain rotary embedding right after the product).
+  const std::vector<LayerOp>& program = cfg.arch->layer;
+  const bool fused_qkv_rope = !w.fp8 && !fp8_kv && plain_rope && !cfg.arch->qk_norm && cfg.layer_window.empty() &&
+                              Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
                               k::GemvSupports(xn, w.layers[0].qkv.data.get(), Tn, H);
-  // RoPE and the K/V write, then attention, over the cache's element type C.
-  auto rope_attend = [&](auto* k_cache, auto* v_cache, bool rope, float k_scale, float v_scale) -> absl::Status {
-    using C = std::remove_pointer_t<decltype(k_cache)>;
-    if (rope) {
-      INFERD_KERNEL((k::RopeWriteKv<T, C>(qkv, positions, slots, inv_freq, k_cache, v_cache, Tn, cfg.num_heads,
-                                          cfg.num_kv_heads, cfg.head_dim, k_scale, v_scale, s)));
+  // RoPE and the K/V write (one kernel), or attention, over the cache's element type C.
+  auto over_cache = [&](int layer, auto&& run) -> absl::Status {
+    const CudaLayerWeights& L = w.layers[layer];
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (fp8_kv) {
+        return run(static_cast<k::Fp8*>(b.k(layer)), static_cast<k::Fp8*>(b.v(layer)), L.k_cache_scale,
+                   L.v_cache_scale);
+      }
     }
-    TraceRange attention("attention");
-    return FromCuda(k::RunPagedAttention<T, C>(
-                        plan, b.act<void>(a.attn_float_ws), b.act<void>(a.attn_int_ws), qkv, qkv_dim, k_cache, v_cache,
-                        b.in<int32_t>(ir.qo_indptr), b.in<int32_t>(ir.kv_indptr), b.in<int32_t>(ir.kv_indices),
-                        b.in<int32_t>(ir.kv_last_page_len), attn, in.num_seqs(), cfg.num_heads, cfg.num_kv_heads,
-                        cfg.head_dim, in.block_size, k_scale / std::sqrt(static_cast<float>(cfg.head_dim)), v_scale,
-                        /*early_launch=*/Tn <= gemm.streaming_rows(w.fp8), s),
-                    "RunPagedAttention");
+    return run(static_cast<T*>(b.k(layer)), static_cast<T*>(b.v(layer)), 1.f, 1.f);
   };
+  // The layer's program (engine/model/arch/), walked op by op. Fusions: the per-head q/k norms, RoPE and the K/V
+  // write are one kernel (RoPE and the write in the q/k/v product itself where fused_qkv_rope); a residual add and the
+  // norm after it (the next op, or the next layer's input norm, or the final norm) are one kernel; a layer's first
+  // input norm is the previous layer's.
+  const T* delta = tmp;  // what the next residual add adds
   for (int layer = 0; layer < cfg.num_layers; ++layer) {
     TraceRange range("layer");
     const CudaLayerWeights& L = w.layers[layer];
-    if (layer == 0) INFERD_RETURN_IF_ERROR(add_norm(nullptr, L.input_norm.get<T>()));
-    const T* qkv_bias = L.qkv_bias.bytes() ? L.qkv_bias.get<T>() : nullptr;
-    if (fused_qkv_rope) {  // one kernel: the product, RoPE and the K/V write
-      INFERD_KERNEL(k::GemvQkvRope<T>(xn, L.qkv.data.get<T>(), qkv_bias, qkv, Tn, H, positions, slots, inv_freq,
-                                      static_cast<T*>(b.k(layer)), static_cast<T*>(b.v(layer)), cfg.num_heads,
-                                      cfg.num_kv_heads, cfg.head_dim, s));
-    } else {
-      INFERD_RETURN_IF_ERROR(gemm.Run(normed, L.qkv.operand(), qkv, Tn, qkv_dim, H, qkv_bias, false, s));
-    }
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      if (fp8_kv) {
-        INFERD_RETURN_IF_ERROR(rope_attend(static_cast<k::Fp8*>(b.k(layer)), static_cast<k::Fp8*>(b.v(layer)),
-                                           !fused_qkv_rope, L.k_cache_scale, L.v_cache_scale));
+    const int32_t window = cfg.window(layer);
+    for (size_t i = 0; i < program.size(); ++i) {
+      switch (program[i]) {
+        case LayerOp::kInputNorm:
+          if (layer == 0) INFERD_RETURN_IF_ERROR(add_norm(nullptr, L.input_norm.get<T>()));
+          break;
+        case LayerOp::kQkvProj: {
+          const T* bias = L.qkv_bias.bytes() ? L.qkv_bias.get<T>() : nullptr;
+          if (fused_qkv_rope) {  // one kernel: the product, RoPE and the K/V write
+            INFERD_KERNEL(k::GemvQkvRope<T>(xn, L.qkv.data.get<T>(), bias, qkv, Tn, H, positions, slots, inv_freq,
+                                            static_cast<T*>(b.k(layer)), static_cast<T*>(b.v(layer)), cfg.num_heads,
+                                            cfg.num_kv_heads, cfg.head_dim, s));
+          } else {
+            INFERD_RETURN_IF_ERROR(gemm.Run(normed, L.qkv.operand(), qkv, Tn, qkv_dim, H, bias, false, s));
+          }
+          break;
+        }
+        case LayerOp::kQkNorm:  // with RoPE and the K/V write
+        case LayerOp::kRope:
+          break;
+        case LayerOp::kWriteKv: {
+          if (fused_qkv_rope) break;
+          k::RotaryOptions options = rotary;
+          if (cfg.arch->qk_norm) {
+            options.q_norm = L.q_norm.get();
+            options.k_norm = L.k_norm.get();
+            options.norm_eps = eps;
+          }
+          INFERD_RETURN_IF_ERROR(over_cache(layer, [&](auto* k_cache, auto* v_cache, float ks, float vs) {
+            using C = std::remove_pointer_t<decltype(k_cache)>;
+            return FromCuda(
+                k::RopeWriteKv<T, C>(qkv, positions, slots, window > 0 ? inv_freq_local : inv_freq, k_cache, v_cache,
+                                     Tn, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, ks, vs, s, options),
+                "RopeWriteKv");
+          }));
+          break;
+        }
+        case LayerOp::kAttention: {
+          TraceRange attention("attention");
+          INFERD_RETURN_IF_ERROR(over_cache(layer, [&](auto* k_cache, auto* v_cache, float ks, float vs) {
+            using C = std::remove_pointer_t<decltype(k_cache)>;
+            return FromCuda(k::RunPagedAttention<T, C>(
+                                plan, b.act<void>(a.attn_float_ws), b.act<void>(a.attn_int_ws), qkv, qkv_dim, k_cache,
+                                v_cache, b.in<int32_t>(ir.qo_indptr), b.in<int32_t>(ir.kv_indptr),
+                                b.in<int32_t>(ir.kv_indices), b.in<int32_t>(ir.kv_last_page_len), attn, in.num_seqs(),
+                                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, in.block_size, ks * sm_scale, vs,
+                                /*early_launch=*/Tn <= gemm.streaming_rows(w.fp8), s, window - 1),
+                            "RunPagedAttention");
+          }));
+          break;
+        }
+        case LayerOp::kOutProj:
+          if (quantize) INFERD_KERNEL(k::QuantizeRowsFp8(attn, Tn, q_dim, xq, xs, s));
+          INFERD_RETURN_IF_ERROR(gemm.Run(quantize ? Operand(xq, xs) : Operand(attn), L.o.operand(), tmp, Tn, H, q_dim,
+                                          nullptr, false, s));
+          delta = tmp;
+          break;
+        case LayerOp::kDownProj:
+          INFERD_RETURN_IF_ERROR(
+              gemm.Run(quantize ? Operand(xq, xs) : Operand(act), L.down.operand(), tmp, Tn, H, I, nullptr, false, s));
+          delta = tmp;
+          break;
+        case LayerOp::kSumRanks:  // a row-parallel product's partial sums, summed in place
+          if (comm) INFERD_RETURN_IF_ERROR(comm->AllReduceSum(tmp, Tn * H, kBf16, s));
+          break;
+        case LayerOp::kAttnOutNorm:
+        case LayerOp::kMlpOutNorm: {
+          T* normed_delta = b.act<T>(a.tmp_normed);
+          const DeviceBuffer& weight = program[i] == LayerOp::kAttnOutNorm ? L.attn_out_norm : L.mlp_out_norm;
+          INFERD_KERNEL(
+              k::AddRmsNorm(tmp, static_cast<const T*>(nullptr), weight.get<T>(), normed_delta, Tn, H, eps, s));
+          delta = normed_delta;
+          break;
+        }
+        case LayerOp::kResidual: {
+          // The add and the norm that follows: the post-attention norm here, else (at the layer's end) the next
+          // layer's input norm, or after the last layer the final norm (over every row, as the layers' norms are: a
+          // prefill's extra rows cost little).
+          if (i + 1 < program.size()) {
+            INFERD_RETURN_IF_ERROR(add_norm(delta, L.post_norm.get<T>()));
+            ++i;  // kPostNorm (CudaProgramProblem checks the order)
+          } else if (layer + 1 < cfg.num_layers) {
+            INFERD_RETURN_IF_ERROR(add_norm(delta, w.layers[layer + 1].input_norm.get<T>()));
+          } else {
+            INFERD_RETURN_IF_ERROR(add_norm(delta, w.final_norm.get<T>(), /*to_input=*/false));
+          }
+          break;
+        }
+        case LayerOp::kPostNorm:  // with the residual add before it
+          break;
+        case LayerOp::kGateUpProj:
+          INFERD_RETURN_IF_ERROR(gemm.Run(normed, L.gate_up.operand(), gate_up, Tn, 2 * I, H, nullptr, false, s));
+          break;
+        case LayerOp::kSiluMul:
+        case LayerOp::kGeluTanhMul: {
+          const k::GatedActivation gated =
+              program[i] == LayerOp::kGeluTanhMul ? k::GatedActivation::kGeluTanh : k::GatedActivation::kSilu;
+          if (quantize) {
+            INFERD_KERNEL(k::ActivateMulFp8(gate_up, xq, xs, Tn, I, gated, s));
+          } else {
+            INFERD_KERNEL(k::ActivateMul(gate_up, act, Tn, I, gated, s));
+          }
+          break;
+        }
       }
     }
-    if (!fp8_kv) {
-      INFERD_RETURN_IF_ERROR(
-          rope_attend(static_cast<T*>(b.k(layer)), static_cast<T*>(b.v(layer)), !fused_qkv_rope, 1.f, 1.f));
-    }
-    if (quantize) INFERD_KERNEL(k::QuantizeRowsFp8(attn, Tn, q_dim, xq, xs, s));
-    INFERD_RETURN_IF_ERROR(
-        gemm.Run(quantize ? Operand(xq, xs) : Operand(attn), L.o.operand(), tmp, Tn, H, q_dim, nullptr, false, s));
-    INFERD_RETURN_IF_ERROR(sum_add_norm(tmp, L.post_norm.get<T>()));
-    INFERD_RETURN_IF_ERROR(gemm.Run(normed, L.gate_up.operand(), gate_up, Tn, 2 * I, H, nullptr, false, s));
-    if (quantize) {
-      INFERD_KERNEL(k::SiluMulFp8(gate_up, xq, xs, Tn, I, s));
-    } else {
-      INFERD_KERNEL(k::SiluMul(gate_up, act, Tn, I, s));
-    }
-    INFERD_RETURN_IF_ERROR(
-        gemm.Run(quantize ? Operand(xq, xs) : Operand(act), L.down.operand(), tmp, Tn, H, I, nullptr, false, s));
-    // The next layer's input norm, or after the last layer the final norm (over every row, as the layers' norms
-    // are: a prefill's extra rows cost little, and no gather of the residual and its delta is needed).
-    const bool last_layer = layer + 1 == cfg.num_layers;
-    INFERD_RETURN_IF_ERROR(
-        sum_add_norm(tmp, last_layer ? w.final_norm.get<T>() : w.layers[layer + 1].input_norm.get<T>(), !last_layer));
   }
   // Every rank holds the same residual stream now; rank 0 samples and hands the tokens to the others.
   int32_t* tokens_out = reinterpret_cast<int32_t*>(out + o.tokens.offset);

@@ -49,6 +49,7 @@ TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
   ExpectDisjoint({{"x", a.x},
                   {"xn", a.xn},
                   {"tmp", a.tmp},
+                  {"tmp_normed", a.tmp_normed},
                   {"qkv", a.qkv},
                   {"attn", a.attn},
                   {"gate_up", a.gate_up},
@@ -69,7 +70,8 @@ TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
   EXPECT_EQ(a.gate_up.bytes, T * 2 * 14336 * e);
   EXPECT_EQ(a.logits.bytes, L * 128256 * 4);
   EXPECT_EQ(a.last_n.bytes, L * 4096 * e);
-  EXPECT_EQ(a.inv_freq.bytes, 64 * 4);
+  EXPECT_EQ(a.inv_freq.bytes, 3 * 64 * 4);  // the global, sliding-window and LongRoPE-long tables
+  EXPECT_EQ(a.tmp_normed.bytes, 0) << "Llama has no sandwich norms";
   EXPECT_EQ(a.outputs.bytes, l.output_arena_bytes);
   const InputRegions& in = l.inputs;
   ExpectDisjoint({{"token_ids", in.token_ids},

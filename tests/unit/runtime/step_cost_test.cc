@@ -96,5 +96,33 @@ TEST(StepCost, StepInputSumsContextsAndCausalKeys) {
   EXPECT_DOUBLE_EQ(got.flops, want.flops);
 }
 
+// Sliding-window layers read and attend to at most their window: with 3 of 4 layers windowed at 4 tokens, a
+// sequence at context 10 reads (10 + 3 × 4) / 4 tokens of K/V per layer on average, and its 3 newest tokens
+// (contexts 8, 9, 10) attend to (8 + 9 + 10 + 3 × (4 + 4 + 4)) / 4 keys per layer.
+TEST(StepCost, SlidingWindowLayersReadTheirWindowAlone) {
+  ModelConfig c = Llama3_8B();
+  c.num_layers = 4;
+  c.layer_window = {4, 4, 4, 0};
+  ModelConfig global = c;
+  global.layer_window.clear();
+  MemoryPlan plan;
+  plan.weight_bytes = 1 << 30;
+  plan.kv_bytes_per_block = 16 * 4096;
+  const StepCostModel windowed(c, plan, 16), full(global, plan, 16);
+  StepInput in;
+  in.token_ids = {1, 2, 3};
+  in.query_start = {0, 3};
+  in.context_lens = {10};
+  in.logits_indices = {2};
+  const StepCost got = windowed.Of(in);
+  EXPECT_DOUBLE_EQ(got.bytes - full.Of(3, 1, 0, 0).bytes, 4096.0 * (10 + 3 * 4) / 4);
+  EXPECT_DOUBLE_EQ(got.flops - full.Of(3, 1, 0, 0).flops, 4.0 * 4 * 4096 * (8 + 9 + 10 + 3 * 12) / 4);
+  // Alike sequences count the same way; without windows as the totals do.
+  EXPECT_DOUBLE_EQ(windowed.OfUniform(1, 3, 10, 1).bytes, got.bytes);
+  EXPECT_DOUBLE_EQ(full.OfUniform(2, 3, 10, 2).flops, full.Of(6, 2, 20, 2 * (8 + 9 + 10)).flops);
+  // A window longer than the context reads all of it.
+  EXPECT_DOUBLE_EQ(windowed.OfUniform(1, 3, 3, 1).bytes, full.OfUniform(1, 3, 3, 1).bytes);
+}
+
 }  // namespace
 }  // namespace inferd

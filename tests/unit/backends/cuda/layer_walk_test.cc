@@ -1,0 +1,36 @@
+// The cuda backend's check of the layer programs it walks (engine/backends/cuda/layer_walk.h): every family's
+// program passes; programs that break its fusions are refused, naming the op.
+#include "engine/backends/cuda/layer_walk.h"
+
+#include <gtest/gtest.h>
+
+namespace inferd {
+namespace {
+
+using enum LayerOp;
+
+TEST(LayerWalk, EveryFamilysLayerIsWalked) {
+  for (const Architecture* arch :
+       {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Gemma3Architecture(), &Phi3Architecture()}) {
+    EXPECT_EQ(LayerWalkProblem(*arch), "") << arch->name;
+  }
+}
+
+TEST(LayerWalk, ProgramsThatBreakItsFusionsAreRefusedNamingTheOp) {
+  Architecture arch = LlamaArchitecture();
+  // A residual add straight into the MLP, without the norm the add is fused with.
+  arch.layer = {kInputNorm, kQkvProj,    kRope,    kWriteKv,  kAttention, kOutProj,
+                kResidual,  kGateUpProj, kSiluMul, kDownProj, kResidual};
+  EXPECT_NE(LayerWalkProblem(arch).find("'gate_up_proj'"), std::string::npos) << LayerWalkProblem(arch);
+  arch.layer = {kInputNorm, kQkvProj, kRope, kQkNorm, kWriteKv, kAttention, kOutProj, kResidual};
+  EXPECT_NE(LayerWalkProblem(arch).find("rotary"), std::string::npos) << LayerWalkProblem(arch);
+  arch.layer = {kInputNorm, kQkvProj, kRope, kWriteKv, kQkNorm, kAttention, kOutProj, kResidual};
+  EXPECT_NE(LayerWalkProblem(arch).find("q/k norms"), std::string::npos) << LayerWalkProblem(arch);
+  arch.layer = {kQkvProj, kRope, kWriteKv, kAttention, kOutProj, kResidual};
+  EXPECT_NE(LayerWalkProblem(arch).find("input norm"), std::string::npos) << LayerWalkProblem(arch);
+  arch.layer = {kInputNorm, kQkvProj, kRope, kWriteKv, kAttention, kOutProj, kPostNorm, kResidual};
+  EXPECT_NE(LayerWalkProblem(arch).find("post-attention norm"), std::string::npos) << LayerWalkProblem(arch);
+}
+
+}  // namespace
+}  // namespace inferd
