@@ -40,7 +40,7 @@ def test_llama3_8b_bf16_on_an_80_gb_gpu(tmp_path):
     # Each sequence's context, 256 stop ids, the model's one eos id and 300 logit_bias ids.
     max_penalties = R * (8192 + 256 + 1 + 300)
     regions = [2 * Tn * H] * 3 + [2 * Tn * (NH + 2 * NKV) * D, 2 * Tn * NH * D, 2 * Tn * 2 * I, 2 * Tn * I] \
-        + [2 * LR * H] + [4 * LR * V, 4 * (D // 2), 128 << 20, 8 << 20, outputs, 4 * max_penalties]
+        + [2 * LR * H] + [4 * LR * V, 3 * 4 * (D // 2), 128 << 20, 8 << 20, outputs, 4 * max_penalties]
     activations = sum(aligned(n) for n in regions) + (32 << 20)
     # engine.quantization fp8: the layers' linear weights one byte an element and a fp32 scale per output row;
     # the products' e4m3 inputs [Tn, max(H, NH * D, I)] and their per-token scales in the activation arena.
