@@ -340,6 +340,10 @@ if [[ "$what" == families ]]; then
     echo "-- gemma3-4b shape at 32k context, attention: $g"
     grep -v "^\[20" "$OUT/families_gemma3_$g.txt" | grep -E "decode" | head -n 4
   done
+  echo "-- inferd plan against the real plans of the Qwen3 and Gemma 3 runs"
+  compare_plan "model: {path: /tmp/qwen3-8b-config, load_format: dummy}" "$OUT/families_qwen3_none.json" qwen3_8b
+  compare_plan "model: {path: /tmp/gemma3-4b-windows, load_format: dummy}" "$OUT/families_gemma3_windows.json" \
+    gemma3_4b
 fi
 if [[ "$what" == tp ]]; then
   gpus=$(nvidia-smi -L | wc -l)

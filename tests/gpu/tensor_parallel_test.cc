@@ -197,7 +197,10 @@ TEST(TensorParallelOnCuda, RanksSharingTheGpuPickTheWholeModelsTokensUpToNearTie
   if (!GpuModels()) GTEST_SKIP() << "INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)";
   // llama3-hd64: 4 heads on 1 KV head (replicated), untied. qwen2-hd128: QKV biases, tied, 2 KV heads.
   // mistral-hd128-g3: 6 heads on 2 KV heads (2 ranks only), an fp16 checkpoint run in bf16.
-  for (const char* m : {"llama3-hd64", "qwen2-hd128", "mistral-hd128-g3"}) {
+  // qwen3-hd128, gemma3-hd256, phi3-hd128: the families' blocks (per-head norms, sandwich norms and windows,
+  // partial rotary) on each rank's shard.
+  for (const char* m :
+       {"llama3-hd64", "qwen2-hd128", "mistral-hd128-g3", "qwen3-hd128", "gemma3-hd256", "phi3-hd128"}) {
     const std::string dir = std::string(GpuModels()) + "/" + m;
     auto model = LoadModel(dir);
     ASSERT_TRUE(model.ok()) << model.status();
