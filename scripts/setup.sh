@@ -34,6 +34,8 @@ if [[ "$(cat .venv/.requirements.sha256 2>/dev/null)" != "$want" ]]; then
 fi
 # FlashInfer headers for the CUDA backend (attention).
 bash scripts/fetch_flashinfer.sh
+# xgrammar's C++ sources (structured output: JSON schemas, regexes, grammars).
+bash scripts/fetch_xgrammar.sh
 # The bundled default model (configs/default.yaml serves it), and Gemma 3 270M, whose parity with transformers
 # the tests check (Gemma terms of use; fetched, never committed).
 bash scripts/fetch_model.sh

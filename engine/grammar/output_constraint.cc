@@ -1,0 +1,159 @@
+#include "engine/grammar/output_constraint.h"
+
+#include <dlpack/dlpack.h>
+#include <xgrammar/xgrammar.h>
+
+#include <algorithm>
+#include <exception>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace inferd {
+
+class CompiledConstraint {
+ public:
+  explicit CompiledConstraint(xgrammar::CompiledGrammar grammar) : grammar(std::move(grammar)) {}
+  xgrammar::CompiledGrammar grammar;
+};
+
+namespace {
+
+// A short, single-line prefix of an error message for the client.
+std::string Short(std::string_view text) {
+  std::string s(text.substr(0, 200));
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return text.size() > 200 ? s + "..." : s;
+}
+
+// A regular expression matching exactly `literal`.
+std::string RegexLiteral(const std::string& literal) {
+  std::string out;
+  for (char c : literal) {
+    if (std::string_view("\\^$.|?*+()[]{}/").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+struct ConstraintCompiler::Impl {
+  ConstraintLimits limits;
+  std::unique_ptr<xgrammar::GrammarCompiler> compiler;
+};
+
+ConstraintCompiler::ConstraintCompiler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ConstraintCompiler::~ConstraintCompiler() = default;
+
+absl::StatusOr<std::unique_ptr<ConstraintCompiler>> ConstraintCompiler::Create(const Tokenizer& tokenizer,
+                                                                               int32_t vocab_size,
+                                                                               std::vector<int32_t> stop_ids,
+                                                                               ConstraintLimits limits) {
+  if (vocab_size < tokenizer.vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the model's vocabulary (", vocab_size,
+                                                   ") is smaller than its tokenizer's (", tokenizer.vocab_size(), ")"));
+  }
+  // Each token as the bytes it adds to text; special tokens as empty strings, which xgrammar never lets a
+  // constraint produce (only the stop tokens, once it is complete). So are tokens holding a control byte other
+  // than tab, newline and carriage return: xgrammar 0.2.8 lets the one-byte tokens of bytes 0x00 and 0x1f into
+  // JSON strings, whose grammar excludes them (found by output_constraint_test; no constraint a client states
+  // needs them).
+  const auto control = [](unsigned char c) { return c < 0x20 && c != '\t' && c != '\n' && c != '\r'; };
+  std::vector<std::string> vocab(tokenizer.vocab_size());
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    if (tokenizer.IsSpecial(id)) continue;
+    std::string bytes = tokenizer.TokenBytes(id, /*skip_special_tokens=*/false);
+    if (std::none_of(bytes.begin(), bytes.end(), control)) vocab[id] = std::move(bytes);
+  }
+  try {
+    xgrammar::TokenizerInfo info(vocab, xgrammar::VocabType::RAW, vocab_size, std::move(stop_ids));
+    auto impl = std::make_unique<Impl>();
+    impl->limits = limits;
+    const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+    impl->compiler = std::make_unique<xgrammar::GrammarCompiler>(info, threads, /*cache_enabled=*/true,
+                                                                 limits.cache_bytes);
+    return std::unique_ptr<ConstraintCompiler>(new ConstraintCompiler(std::move(impl)));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("structured output: the tokenizer's vocabulary: ", Short(e.what())));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Compile(
+    const OutputConstraint& c) const {
+  using Kind = OutputConstraint::Kind;
+  int64_t bytes = static_cast<int64_t>(c.text.size());
+  for (const std::string& choice : c.choices) bytes += static_cast<int64_t>(choice.size()) + 1;
+  if (bytes > impl_->limits.max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(c.field, ": ", bytes, " bytes is too large; allowed: at most ",
+                                                   impl_->limits.max_bytes,
+                                                   " (engine.structured_output_max_bytes)"));
+  }
+  if (c.kind == Kind::kChoice && c.choices.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(c.field, ": an empty list; allowed: one or more strings"));
+  }
+  try {
+    xgrammar::GrammarCompiler& x = *impl_->compiler;
+    switch (c.kind) {
+      case Kind::kNone:
+        break;
+      case Kind::kJsonObject:
+        return std::make_shared<const CompiledConstraint>(x.CompileJSONSchema(R"({"type": "object"})"));
+      case Kind::kJsonSchema:
+        return std::make_shared<const CompiledConstraint>(
+            x.CompileJSONSchema(c.text, /*any_whitespace=*/false, std::nullopt, std::nullopt, /*strict_mode=*/true));
+      case Kind::kRegex:
+        return std::make_shared<const CompiledConstraint>(x.CompileRegex(c.text));
+      case Kind::kGrammar:
+        return std::make_shared<const CompiledConstraint>(x.CompileGrammar(c.text));
+      case Kind::kChoice: {
+        std::string regex;
+        for (const std::string& choice : c.choices) {
+          if (!regex.empty()) regex += '|';
+          regex += "(" + RegexLiteral(choice) + ")";
+        }
+        return std::make_shared<const CompiledConstraint>(x.CompileRegex(regex));
+      }
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(c.field, " cannot be compiled: ", Short(e.what())));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(c.field, ": no constraint to compile"));
+}
+
+struct ConstraintState::Impl {
+  std::shared_ptr<const CompiledConstraint> compiled;  // outlives the matcher
+  xgrammar::GrammarMatcher matcher;
+};
+
+ConstraintState::ConstraintState(std::shared_ptr<const CompiledConstraint> compiled)
+    : impl_(new Impl{compiled, xgrammar::GrammarMatcher(compiled->grammar)}) {}
+ConstraintState::~ConstraintState() = default;
+ConstraintState::ConstraintState(ConstraintState&&) noexcept = default;
+
+int32_t ConstraintState::MaskWords(int32_t vocab_size) {
+  return xgrammar::GetBitmaskSize(vocab_size);
+}
+
+void ConstraintState::FillAllowed(std::span<uint32_t> mask) {
+  int64_t shape[1] = {static_cast<int64_t>(mask.size())};
+  DLTensor t{};
+  t.data = mask.data();
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = xgrammar::GetBitmaskDLType();
+  t.shape = shape;
+  impl_->matcher.FillNextTokenBitmask(&t);
+}
+
+bool ConstraintState::Accept(int32_t token) {
+  return impl_->matcher.AcceptToken(token);
+}
+
+bool ConstraintState::Terminated() const {
+  return impl_->matcher.IsTerminated();
+}
+
+}  // namespace inferd

@@ -1,0 +1,78 @@
+// Structured output: a request's constraint on its tokens (a JSON schema, any JSON object, a regular expression,
+// an EBNF grammar, one of a list of strings), compiled once by xgrammar's C++ core against the model's vocabulary
+// and walked token by token as the request generates. The engine asks each constrained sequence which tokens may
+// come next (a bitmask over the vocabulary) before sampling it, and tells it every token it took.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace inferd {
+
+// A constraint as an API gives it.
+struct OutputConstraint {
+  enum class Kind { kNone, kJsonObject, kJsonSchema, kRegex, kGrammar, kChoice };
+  Kind kind = Kind::kNone;
+  std::string text;                  // kJsonSchema: the schema (JSON); kRegex: the pattern; kGrammar: EBNF
+  std::vector<std::string> choices;  // kChoice: the output is exactly one of these
+  // Where the API put it, for errors ("response_format.json_schema.schema").
+  std::string field;
+
+  bool active() const { return kind != Kind::kNone; }
+};
+
+// The compiled form, shared by every request with the same constraint (opaque outside this library).
+class CompiledConstraint;
+
+struct ConstraintLimits {
+  int64_t max_bytes = 64 << 10;          // of a schema, pattern, grammar or the choices together
+  int64_t cache_bytes = int64_t{256} << 20;  // compiled grammars kept for reuse
+};
+
+// Compiles constraints for one model. Thread-safe: request threads compile, never the engine's.
+class ConstraintCompiler {
+ public:
+  // vocab_size: the model's logits width (may exceed the tokenizer's); stop_ids: the tokens that end a request,
+  // the only ones allowed once the constraint is complete.
+  static absl::StatusOr<std::unique_ptr<ConstraintCompiler>> Create(const Tokenizer& tokenizer, int32_t vocab_size,
+                                                                    std::vector<int32_t> stop_ids,
+                                                                    ConstraintLimits limits);
+  ~ConstraintCompiler();
+
+  // An invalid or oversized constraint is InvalidArgument naming its field and a short prefix of the problem.
+  absl::StatusOr<std::shared_ptr<const CompiledConstraint>> Compile(const OutputConstraint& constraint) const;
+
+ private:
+  struct Impl;
+  explicit ConstraintCompiler(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One sequence's place in its constraint.
+class ConstraintState {
+ public:
+  explicit ConstraintState(std::shared_ptr<const CompiledConstraint> compiled);
+  ~ConstraintState();
+  ConstraintState(ConstraintState&&) noexcept;
+
+  // Words of the bitmask over a vocabulary of vocab_size tokens: bit t % 32 of word t / 32 allows token t.
+  static int32_t MaskWords(int32_t vocab_size);
+  // The tokens allowed next into mask (MaskWords words).
+  void FillAllowed(std::span<uint32_t> mask);
+  // Moves past a sampled token; false when the constraint does not allow it (the sequence then must end).
+  bool Accept(int32_t token);
+  // The constraint is complete and has taken a stop token: nothing may follow.
+  bool Terminated() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace inferd

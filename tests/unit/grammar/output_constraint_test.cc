@@ -1,0 +1,128 @@
+// Structured output (engine/grammar/output_constraint.h) on a real byte-level BPE vocabulary (qwen2-tiny's):
+// walking a constraint by always taking an allowed token gives text that satisfies it; bad and oversized
+// constraints are refused naming their field.
+#include "engine/grammar/output_constraint.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+
+#include "absl/strings/escaping.h"
+
+#include "tests/unit/fixtures.h"
+
+namespace inferd {
+namespace {
+
+constexpr int32_t kVocab = 608;  // qwen2-tiny's logits width (its tokenizer has 600 ids)
+
+struct Vocab {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ConstraintCompiler> compiler;
+  int32_t eos = 0;
+};
+
+Vocab Make(ConstraintLimits limits = {}) {
+  Vocab s;
+  auto tok = Tokenizer::FromFile(testing::SourcePath("tests/fixtures/models/qwen2-tiny/tokenizer.json"));
+  EXPECT_TRUE(tok.ok()) << tok.status();
+  s.tokenizer = std::move(*tok);
+  s.eos = *s.tokenizer->TokenToId("<|endoftext|>");
+  auto compiler = ConstraintCompiler::Create(*s.tokenizer, kVocab, {s.eos}, limits);
+  EXPECT_TRUE(compiler.ok()) << compiler.status();
+  s.compiler = std::move(*compiler);
+  return s;
+}
+
+// Takes a random allowed token until the constraint ends (at most `limit` tokens); returns the text before the
+// stop token, or "<stuck>" when no token is allowed.
+std::string Walk(const Vocab& s, const OutputConstraint& c, uint32_t seed, int limit = 400) {
+  auto compiled = s.compiler->Compile(c);
+  EXPECT_TRUE(compiled.ok()) << compiled.status();
+  ConstraintState state(*compiled);
+  std::vector<uint32_t> mask(ConstraintState::MaskWords(kVocab));
+  std::vector<int32_t> ids;
+  std::mt19937 rng(seed);
+  for (int i = 0; i < limit && !state.Terminated(); ++i) {
+    state.FillAllowed(mask);
+    std::vector<int32_t> allowed;
+    for (int32_t t = 0; t < kVocab; ++t) {
+      if (mask[t / 32] >> (t % 32) & 1u) allowed.push_back(t);
+    }
+    if (allowed.empty()) return "<stuck>";
+    // A random allowed token, leaning towards closing quotes and brackets and towards the end once allowed, so
+    // that walks finish.
+    std::vector<int32_t> closing;
+    for (int32_t a : allowed) {
+      const std::string text = a < s.tokenizer->vocab_size() ? s.tokenizer->TokenBytes(a, false) : "";
+      if (!text.empty() && std::string_view("\"}],").find(text[0]) != std::string_view::npos) closing.push_back(a);
+    }
+    int32_t t = !closing.empty() && rng() % 4 != 0 ? closing[rng() % closing.size()] : allowed[rng() % allowed.size()];
+    if (i > 3 && std::find(allowed.begin(), allowed.end(), s.eos) != allowed.end()) t = s.eos;
+    EXPECT_TRUE(state.Accept(t)) << t;
+    if (t != s.eos) ids.push_back(t);
+  }
+  EXPECT_TRUE(state.Terminated()) << "the walk ended within " << limit << " tokens";
+  return s.tokenizer->Decode(ids, false);
+}
+
+TEST(OutputConstraint, WalksOfAJsonSchemaGiveJsonThatFitsIt) {
+  const Vocab s = Make();
+  OutputConstraint c{OutputConstraint::Kind::kJsonSchema,
+                     R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+                         "required": ["name", "age"], "additionalProperties": false})",
+                     {},
+                     "response_format.json_schema.schema"};
+  for (uint32_t seed = 1; seed <= 30; ++seed) {
+    const std::string text = Walk(s, c, seed);
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object()) << text << " (" << absl::CHexEscape(text) << ")";
+    ASSERT_TRUE(j["name"].is_string()) << text;
+    const std::string name = j["name"].get<std::string>();
+    EXPECT_LE(std::count_if(name.begin(), name.end(), [](char ch) { return (ch & 0xC0) != 0x80; }), 8) << text;
+    ASSERT_TRUE(j["age"].is_number_integer()) << text;
+    EXPECT_LE(j["age"].get<int>(), 120) << text;
+    for (auto& [k, v] : j.items()) EXPECT_TRUE(k == "name" || k == "age" || k == "tags") << text;
+  }
+}
+
+TEST(OutputConstraint, JsonObjectRegexAndChoiceHold) {
+  const Vocab s = Make();
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    const std::string obj = Walk(s, {OutputConstraint::Kind::kJsonObject, "", {}, "response_format"}, seed);
+    EXPECT_TRUE(nlohmann::json::parse(obj, nullptr, false).is_object()) << obj;
+    const std::string date =
+        Walk(s, {OutputConstraint::Kind::kRegex, R"(\d{4}-\d{2}-\d{2})", {}, "structured_outputs.regex"}, seed);
+    EXPECT_TRUE(std::regex_match(date, std::regex(R"(\d{4}-\d{2}-\d{2})"))) << date;
+    const std::string pick = Walk(
+        s, {OutputConstraint::Kind::kChoice, "", {"yes (sure)", "no.", "maybe?"}, "structured_outputs.choice"}, seed);
+    EXPECT_TRUE(pick == "yes (sure)" || pick == "no." || pick == "maybe?") << pick;
+    const std::string ebnf = Walk(
+        s, {OutputConstraint::Kind::kGrammar, R"(root ::= "x" [0-9]+ ("," [0-9]+)*)", {}, "structured_outputs.grammar"},
+        seed);
+    EXPECT_TRUE(std::regex_match(ebnf, std::regex(R"(x[0-9]+(,[0-9]+)*)"))) << ebnf;
+  }
+}
+
+TEST(OutputConstraint, BadAndOversizedConstraintsAreRefusedNamingTheField) {
+  const Vocab s = Make(ConstraintLimits{.max_bytes = 100});
+  auto bad = s.compiler->Compile({OutputConstraint::Kind::kJsonSchema, R"({"type": "nonsense"})", {}, "field.a"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("field.a"), std::string::npos) << bad.status();
+  auto regex = s.compiler->Compile({OutputConstraint::Kind::kRegex, "(unclosed", {}, "field.b"});
+  ASSERT_FALSE(regex.ok());
+  EXPECT_NE(regex.status().message().find("field.b"), std::string::npos) << regex.status();
+  auto big = s.compiler->Compile({OutputConstraint::Kind::kRegex, std::string(101, 'a'), {}, "field.c"});
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("at most 100"), std::string::npos) << big.status();
+  auto empty = s.compiler->Compile({OutputConstraint::Kind::kChoice, "", {}, "field.d"});
+  EXPECT_FALSE(empty.ok());
+}
+
+}  // namespace
+}  // namespace inferd
