@@ -236,6 +236,15 @@ std::vector<ConfigField> MakeFields() {
       "log where each of the first N steps' time went: scheduling, preparing and launching (pack, copy, attention "
       "plan), GPU compute, waiting for the sampled tokens, output processing; cuda: each step's compute and each KV "
       "copy batch on one device clock"));
+  f.push_back(Int<int64_t>(
+      "engine", "structured_output_max_bytes",
+      [](Config& c) -> int64_t& { return c.engine.structured_output_max_bytes; }, 1, int64_t{1} << 24, "1..2^24",
+      "the largest JSON schema, regular expression, grammar or choice list a request may constrain its output with "
+      "(larger ones are refused naming the field)"));
+  f.push_back(Int<int32_t>(
+      "engine", "structured_output_cache_mib",
+      [](Config& c) -> int32_t& { return c.engine.structured_output_cache_mib; }, 1, 65536, "1..65536",
+      "memory for compiled output constraints kept for reuse (the least recently used go first)"));
   // scheduler
   f.push_back(Int<int32_t>(
       "scheduler", "max_num_seqs", [](Config& c) -> int32_t& { return c.scheduler.max_num_seqs; }, 1, 4096, "1..4096",

@@ -12,6 +12,7 @@
 #include "engine/backends/cuda/cuda_backend.h"
 #endif
 #include "engine/check.h"
+#include "engine/grammar/output_constraint.h"
 #include "engine/runtime/philox.h"
 #include "engine/runtime/step_input.h"
 #include "engine/status_macros.h"
@@ -74,6 +75,8 @@ struct Engine::SequenceState {
   std::vector<double> inter_token_s;      // between consecutive output tokens (metrics)
   absl::Time last_token;
   std::vector<TokenLogprob> prompt_logprobs;  // prompt_logprobs: [num_prompt_tokens - 1], sent with the first token
+  std::optional<ConstraintState> constraint;  // structured output: where the output is in its constraint
+  std::vector<uint32_t> allowed;              // the tokens it allows next, for the step being launched
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
@@ -97,6 +100,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
       e->model_->name, absl::ToDoubleSeconds(absl::Now() - t0), mc.architecture, mc.num_layers, mc.hidden_size,
       mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.vocab_size, e->model_->tensors.stored_dtype);
 
+  INFERD_ASSIGN_OR_RETURN(
+      e->constraint_compiler_,
+      ConstraintCompiler::Create(*e->model_->tokenizer, mc.vocab_size, e->model_->eos_token_ids,
+                                 {.max_bytes = config.engine.structured_output_max_bytes,
+                                  .cache_bytes = int64_t{config.engine.structured_output_cache_mib} << 20}));
   INFERD_ASSIGN_OR_RETURN(e->backend_, factory(config, *e->model_));
   // Every backend holds its own weights now: the checkpoint is unmapped (for an 8B model ~0.2 s of start-up).
   ReleaseTensorBytes(&e->model_->tensors).clear();
@@ -342,6 +350,7 @@ void Engine::TakeQueued() {
       if (!seq.request.stopping.ignore_eos) state->banned_until_min = model_->eos_token_ids;
       for (int32_t id : seq.request.stopping.stop_token_ids) state->banned_until_min.push_back(id);
     }
+    if (seq.request.constraint) state->constraint.emplace(seq.request.constraint);
     scheduler_->Add(&seq);
     active_[seq.seq_id] = std::move(state);
   }
@@ -496,8 +505,9 @@ bool Engine::CanPlanAhead() const {
   if (!plan_ahead_) return false;
   for (const ScheduledSeq& s : in_flight_->plan.seqs) {
     if (!s.wants_token || s.seq->finished) continue;
-    // Penalties count the output so far on the host: the pending token must be in it.
-    if (s.seq->request.sampling.penalized()) return false;
+    // Penalties count the output so far on the host, and a constraint's next mask follows from the last token:
+    // the pending token must be known.
+    if (s.seq->request.sampling.penalized() || s.seq->request.constraint) return false;
   }
   return true;
 }
@@ -513,7 +523,7 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.wants_token) continue;
     const Sequence& seq = *s.seq;
-    const SequenceState& st = *active_.at(seq.seq_id);
+    SequenceState& st = *active_.at(seq.seq_id);
     SamplingRow& row = input.sampling.emplace_back();
     row.params = seq.request.sampling;
     row.position = seq.num_tokens();
@@ -522,6 +532,11 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
     row.num_prompt_tokens = seq.num_prompt_tokens;
     if (seq.num_output_tokens() < seq.request.stopping.min_tokens) row.banned = st.banned_until_min;
     row.top_logprobs = seq.request.top_logprobs;
+    if (st.constraint) {  // its last token is known: steps with constrained rows are not planned ahead
+      st.allowed.resize(ConstraintState::MaskWords(model_->config.vocab_size));
+      st.constraint->FillAllowed(st.allowed);
+      row.allowed = st.allowed;
+    }
   }
   for (const ScheduledSeq& s : plan.seqs) {  // prompt rows, in BuildStepInput's order
     for (int32_t p = s.rows_begin; p < s.rows_end; ++p) {
@@ -540,7 +555,10 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
   }
   ++launches_;
   // Launch has read the rows' spans; Launched may move the tokens they point into.
-  for (SamplingRow& row : input.sampling) row.tokens = row.banned = {};
+  for (SamplingRow& row : input.sampling) {
+    row.tokens = row.banned = {};
+    row.allowed = {};
+  }
   scheduler_->Launched(plan);
   step->plan = std::move(plan);
   return step;
@@ -602,6 +620,12 @@ bool Engine::CollectInFlight() {
     }
     st.last_token = done;
     const int32_t num_output = position + 1 - seq->num_prompt_tokens;
+    if (st.constraint && !st.constraint->Accept(token)) {  // cannot happen: the token was sampled under its mask
+      seq->tokens.resize(position);
+      FinishSequence(seq, FinishReason::kAborted,
+                     absl::InternalError(absl::StrCat("token ", token, " broke the request's output constraint")));
+      continue;
+    }
     const FinishReason finish = TokenFinish(seq->request.stopping, model_->eos_token_ids, token, num_output);
     RequestOutput out;
     out.token_ids = {token};

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/config.h"
+#include "engine/grammar/output_constraint.h"
 #include "engine/kv_cache/block_pool.h"
 #include "engine/model/model.h"
 #include "engine/runtime/backend.h"
@@ -129,6 +130,8 @@ class Engine {
   std::string backend_name() const { return backend_->name(); }
   // Longest prompt + output a request may have: the model's limit, the config's and the pool's.
   int32_t max_model_len() const { return max_model_len_; }
+  // Compiles requests' output constraints for this model (thread-safe; request threads call it).
+  const ConstraintCompiler& constraint_compiler() const { return *constraint_compiler_; }
   int32_t block_size() const { return config_.engine.block_size; }
 
  private:
@@ -157,6 +160,7 @@ class Engine {
 
   Config config_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<ConstraintCompiler> constraint_compiler_;
   std::unique_ptr<Backend> backend_;
   MemoryPlan memory_plan_;  // as allocated
   DeviceCeilings ceilings_;

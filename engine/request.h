@@ -12,6 +12,8 @@
 
 namespace inferd {
 
+class CompiledConstraint;  // engine/grammar/output_constraint.h
+
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy
   int32_t top_k = 0;         // 0 = off
@@ -126,6 +128,9 @@ struct Request {
   // Set: each prompt token after the first gets its logprob given the tokens before it, with this many
   // alternatives (as vLLM's prompt_logprobs). Such a request computes its whole prompt (no prefix-cache reuse).
   std::optional<int32_t> prompt_logprobs;
+  // Structured output: every token is one the constraint allows (ConstraintCompiler::Compile made it, off the
+  // engine thread); null: unconstrained.
+  std::shared_ptr<const CompiledConstraint> constraint;
   int32_t priority = 0;  // higher runs first; equal priorities in arrival order
   absl::Time deadline = absl::InfiniteFuture();
   absl::Time arrival;   // set by Engine::Submit

@@ -68,8 +68,8 @@ __device__ bool IsExcluded(int32_t v, const int32_t* ids, int n) {
 __global__ void __launch_bounds__(kThreads)
     SampleRowsKernel(float* logits, int32_t vocab, const SamplingRowParams* params, const int32_t* penalty_indptr,
                      const int32_t* penalty_tokens, const int32_t* penalty_counts, const uint8_t* penalty_flags,
-                     const float* penalty_bias, float* penalty_raw, int32_t* tokens, float* logprobs, int32_t* top_ids,
-                     float* top_logprobs) {
+                     const float* penalty_bias, float* penalty_raw, const uint32_t* allowed, int32_t* tokens,
+                     float* logprobs, int32_t* top_ids, float* top_logprobs) {
   __shared__ Shared tmp;
   __shared__ float sf;
   __shared__ int si;
@@ -128,6 +128,13 @@ __global__ void __launch_bounds__(kThreads)
     l[t] = (penalty_flags[e] & kPenaltyBanned) ? -INFINITY : static_cast<float>(fmin(fmax(v, -FLT_MAX), FLT_MAX));
   }
   __syncthreads();
+  if (p.masked) {  // structured output: only the tokens the row's constraint allows
+    const uint32_t* m = allowed + int64_t{row} * ((vocab + 31) / 32);
+    for (int32_t v = threadIdx.x; v < vocab; v += kThreads) {
+      if (!(m[v / 32] >> (v % 32) & 1u)) l[v] = -INFINITY;
+    }
+    __syncthreads();
+  }
 
   int32_t token = 0;
   // Greedy rows end here: kUnroll independent loads per thread in flight (the ties rule makes the order moot).
@@ -240,13 +247,14 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t SampleRows(float* logits, int32_t num_rows, int32_t vocab, const SamplingRowParams* params,
                        const int32_t* penalty_indptr, const int32_t* penalty_tokens, const int32_t* penalty_counts,
-                       const uint8_t* penalty_flags, const float* penalty_bias, float* penalty_raw, int32_t* tokens,
-                       float* logprobs, int32_t* top_ids, float* top_logprobs, cudaStream_t stream) {
+                       const uint8_t* penalty_flags, const float* penalty_bias, float* penalty_raw,
+                       const uint32_t* allowed, int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs,
+                       cudaStream_t stream) {
   if (num_rows <= 0) return cudaSuccess;
   if (vocab <= 0) return cudaErrorInvalidValue;
   SampleRowsKernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, params, penalty_indptr, penalty_tokens,
-                                                      penalty_counts, penalty_flags, penalty_bias, penalty_raw, tokens,
-                                                      logprobs, top_ids, top_logprobs);
+                                                      penalty_counts, penalty_flags, penalty_bias, penalty_raw, allowed,
+                                                      tokens, logprobs, top_ids, top_logprobs);
   return cudaGetLastError();
 }
 

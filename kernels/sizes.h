@@ -37,6 +37,7 @@ struct SamplingRowParams {
   int32_t top_logprobs;  // > 0: report the chosen token's logprob and this many alternatives (≤ kMaxTopLogprobs)
   int32_t target;        // >= 0: a prompt row: the token is this id (nothing sampled), its logprob reported
   double uniform;        // in [0, 1)
+  int32_t masked = 0;    // 1: structured output, the row's bitmask in `allowed` (SampleRows) masks its logits
 };
 
 // Penalty entries of row r: [penalty_indptr[r], penalty_indptr[r + 1]), one per distinct token id.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
 #include "engine/tokenizer/utf8.h"
 
 namespace inferd {
@@ -19,6 +20,26 @@ absl::Status FloatIn(const char* field, float v, float lo, float hi, bool lo_ope
   }
   *out = v;
   return absl::OkStatus();
+}
+
+// The API's constraint as the engine's, each kind named by its field for errors.
+OutputConstraint ConstraintOf(const v1::OutputConstraint& c) {
+  using Kind = OutputConstraint::Kind;
+  switch (c.kind_case()) {
+    case v1::OutputConstraint::kJsonSchema:
+      return {Kind::kJsonSchema, c.json_schema(), {}, "constraint.json_schema"};
+    case v1::OutputConstraint::kJsonObject:
+      return {c.json_object() ? Kind::kJsonObject : Kind::kNone, "", {}, "constraint.json_object"};
+    case v1::OutputConstraint::kRegex:
+      return {Kind::kRegex, c.regex(), {}, "constraint.regex"};
+    case v1::OutputConstraint::kGrammar:
+      return {Kind::kGrammar, c.grammar(), {}, "constraint.grammar"};
+    case v1::OutputConstraint::kChoice:
+      return {Kind::kChoice, "", {c.choice().choices().begin(), c.choice().choices().end()}, "constraint.choice"};
+    case v1::OutputConstraint::KIND_NOT_SET:
+      break;
+  }
+  return {Kind::kNone, "", {}, "constraint"};
 }
 
 }  // namespace
@@ -184,6 +205,11 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
   }
   text.skip_special_tokens = !p.output().has_skip_special_tokens() || p.output().skip_special_tokens();
   r.priority = p.priority();
+  // Compiled here, on the request's thread: the engine's thread never waits for it.
+  if (const OutputConstraint c = ConstraintOf(p.constraint()); c.active()) {
+    if (!limits.constraints) return absl::InternalError("constraint: this server has no constraint compiler");
+    INFERD_ASSIGN_OR_RETURN(r.constraint, limits.constraints->Compile(c));
+  }
   return built;
 }
 

@@ -4,6 +4,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/chat/chat_template.h"
+#include "engine/grammar/output_constraint.h"
 #include "engine/request.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "inferd/v1/inferd.pb.h"
@@ -16,6 +17,7 @@ struct ModelLimits {
   int32_t vocab_size = 0;
   int32_t max_model_len = 0;
   const ChatTemplate* chat_template = nullptr;  // null: the model has none and `messages` is refused
+  const ConstraintCompiler* constraints = nullptr;  // structured output (the engine's)
 };
 
 struct BuiltRequest {

@@ -21,8 +21,14 @@ class CompiledConstraint {
 
 namespace {
 
-// A short, single-line prefix of an error message for the client.
+// A short, single-line prefix of an error message for the client, without xgrammar's log prefix ("[12:00:00]
+// .../json_schema_converter.cc:4944: ").
 std::string Short(std::string_view text) {
+  if (text.starts_with('[')) {
+    const size_t source = text.find(".cc:");
+    const size_t after = source == std::string_view::npos ? source : text.find(": ", source);
+    if (after != std::string_view::npos) text.remove_prefix(after + 2);
+  }
   std::string s(text.substr(0, 200));
   std::replace(s.begin(), s.end(), '\n', ' ');
   return text.size() > 200 ? s + "..." : s;
@@ -73,23 +79,21 @@ absl::StatusOr<std::unique_ptr<ConstraintCompiler>> ConstraintCompiler::Create(c
     auto impl = std::make_unique<Impl>();
     impl->limits = limits;
     const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
-    impl->compiler = std::make_unique<xgrammar::GrammarCompiler>(info, threads, /*cache_enabled=*/true,
-                                                                 limits.cache_bytes);
+    impl->compiler =
+        std::make_unique<xgrammar::GrammarCompiler>(info, threads, /*cache_enabled=*/true, limits.cache_bytes);
     return std::unique_ptr<ConstraintCompiler>(new ConstraintCompiler(std::move(impl)));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("structured output: the tokenizer's vocabulary: ", Short(e.what())));
   }
 }
 
-absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Compile(
-    const OutputConstraint& c) const {
+absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Compile(const OutputConstraint& c) const {
   using Kind = OutputConstraint::Kind;
   int64_t bytes = static_cast<int64_t>(c.text.size());
   for (const std::string& choice : c.choices) bytes += static_cast<int64_t>(choice.size()) + 1;
   if (bytes > impl_->limits.max_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(c.field, ": ", bytes, " bytes is too large; allowed: at most ",
-                                                   impl_->limits.max_bytes,
-                                                   " (engine.structured_output_max_bytes)"));
+                                                   impl_->limits.max_bytes, " (engine.structured_output_max_bytes)"));
   }
   if (c.kind == Kind::kChoice && c.choices.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(c.field, ": an empty list; allowed: one or more strings"));

@@ -31,7 +31,7 @@ struct OutputConstraint {
 class CompiledConstraint;
 
 struct ConstraintLimits {
-  int64_t max_bytes = 64 << 10;          // of a schema, pattern, grammar or the choices together
+  int64_t max_bytes = 64 << 10;              // of a schema, pattern, grammar or the choices together
   int64_t cache_bytes = int64_t{256} << 20;  // compiled grammars kept for reuse
 };
 

@@ -86,6 +86,8 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   in.penalty_counts = inputs.Add(in.max_penalties * 4);
   in.penalty_bias = inputs.Add(in.max_penalties * 4);
   in.penalty_flags = inputs.Add(in.max_penalties);
+  in.mask_words = (int64_t{c.vocab_size} + 31) / 32;
+  in.allowed = inputs.Add(R * in.mask_words * 4);
   l.input_arena_bytes = inputs.size();
 
   OutputRegions& out = l.outputs;

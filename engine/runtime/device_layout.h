@@ -70,6 +70,8 @@ struct InputRegions {
   Region penalty_counts;               // [max_penalties] int32: times in the output
   Region penalty_bias;                 // [max_penalties] fp32: logit bias, where the flags say kPenaltyBias
   Region penalty_flags;                // [max_penalties] uint8 kernels::kPenalty*
+  Region allowed;                      // [R, mask_words] uint32: structured output's masks of the sampled rows
+  int64_t mask_words = 0;              // ⌈vocab / 32⌉
   int64_t max_pages = 0;               // every sequence at the model's longest context (at most 2^22)
   int64_t max_penalties = 0;           // every sequence's distinct ids: context, stop, eos and biased ids
 };

@@ -88,6 +88,11 @@ SampleResult Sample(std::span<float> logits, const SamplingRow& ctx) {
   for (int32_t b : ctx.banned) {
     if (b >= 0 && b < static_cast<int32_t>(logits.size())) logits[b] = -INFINITY;
   }
+  if (!ctx.allowed.empty()) {  // structured output: the constraint's mask
+    for (size_t t = 0; t < logits.size(); ++t) {
+      if (t / 32 >= ctx.allowed.size() || !(ctx.allowed[t / 32] >> (t % 32) & 1u)) logits[t] = -INFINITY;
+    }
+  }
 
   int32_t token = 0;
   if (p.temperature == 0.0f) {

@@ -1,5 +1,6 @@
 #include "server/http/openai_front_end.h"
 
+#include <algorithm>
 #include <ctime>
 #include <limits>
 #include <mutex>
@@ -127,16 +128,29 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
     bool last_written = false;
   };
 
+  // An error about the output constraint, under the name the request gave it (its compilation names the gRPC
+  // field it travels in).
+  absl::Status ApiNames(const absl::Status& status) const {
+    const absl::string_view message = status.message();
+    if (request_.constraint_field.empty() || !absl::StartsWith(message, "constraint")) return status;
+    const size_t end = message.find_first_of(": ");
+    return absl::Status(status.code(),
+                        absl::StrCat(request_.constraint_field, message.substr(std::min(end, message.size()))));
+  }
+
   void StartChoice(int index) {
     auto self = shared_from_this();
     const v1::GenerateRequest& proto = request_.prompts[choices_[index]->prompt];
     const int j = index % request_.n;
     choices_[index]->call->Start(
         [self, &proto, j](const std::shared_ptr<Engine>& engine) -> absl::StatusOr<BuiltRequest> {
-          if (j == 0 || !proto.sampling().has_seed()) return PrepareGenerate(engine, proto, absl::InfiniteFuture());
-          v1::GenerateRequest sibling = proto;  // a seeded request's choices differ, and each is reproducible
-          sibling.mutable_sampling()->set_seed(proto.sampling().seed() + j);
-          return PrepareGenerate(engine, sibling, absl::InfiniteFuture());
+          v1::GenerateRequest sibling;  // a seeded request's choices differ, and each is reproducible
+          if (j > 0 && proto.sampling().has_seed()) {
+            sibling = proto;
+            sibling.mutable_sampling()->set_seed(proto.sampling().seed() + j);
+          }
+          auto built = PrepareGenerate(engine, sibling.has_sampling() ? sibling : proto, absl::InfiniteFuture());
+          return built.ok() ? std::move(built) : self->ApiNames(built.status());
         });
   }
 

@@ -155,6 +155,80 @@ absl::Status Messages(const json& messages, v1::GenerateRequest* r) {
 
 }  // namespace
 
+namespace {
+
+// Structured output: OpenAI's response_format ({"type": "text"}, {"type": "json_object"}, {"type": "json_schema",
+// "json_schema": {"name", "schema", "strict", "description"}}) or vLLM's structured_outputs (one of json, regex,
+// grammar, choice), at most one of them.
+absl::Status Constraint(Fields& f, v1::OutputConstraint* out, std::string* field_out) {
+  const bool has_format = f.Has("response_format"), has_structured = f.Has("structured_outputs");
+  if (has_format && has_structured) {
+    return Bad("structured_outputs", f.At("structured_outputs"), "absent when response_format is given");
+  }
+  if (has_format) {
+    const json& rf = f.At("response_format");
+    const std::string type =
+        rf.is_object() && rf.contains("type") && rf["type"].is_string() ? rf["type"].get<std::string>() : "";
+    const char* allowed =
+        R"({"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}})";
+    if (type == "json_schema") {
+      const json& js = rf.contains("json_schema") ? rf["json_schema"] : json();
+      if (!js.is_object() || !js.contains("schema") || !js["schema"].is_object()) {
+        return Bad("response_format.json_schema", js, "an object with a schema object");
+      }
+      for (const auto& [key, value] : js.items()) {
+        if (key != "name" && key != "schema" && key != "strict" && key != "description") {
+          return Bad(absl::StrCat("response_format.json_schema.", Preview(std::string_view(key), 24)), value,
+                     "name, schema, strict, description");
+        }
+      }
+      out->set_json_schema(js["schema"].dump());
+      *field_out = "response_format.json_schema.schema";
+    } else if (type == "json_object" && rf.size() == 1) {
+      out->set_json_object(true);
+      *field_out = "response_format";
+    } else if (type != "text" || rf.size() != 1) {
+      return Bad("response_format", rf, allowed);
+    }
+  }
+  f.Done("response_format");
+  if (has_structured) {
+    const json& so = f.At("structured_outputs");
+    const char* allowed = "an object with one of json (a schema), regex, grammar or choice";
+    if (!so.is_object() || so.size() != 1) return Bad("structured_outputs", so, allowed);
+    const auto& [key, value] = *so.items().begin();
+    if (key != "json" && key != "regex" && key != "grammar" && key != "choice") {
+      return Bad("structured_outputs", so, allowed);
+    }
+    const std::string field = absl::StrCat("structured_outputs.", key);
+    *field_out = field;
+    if (key == "json") {
+      if (value.is_string()) {  // a schema given as text, as vLLM takes it
+        out->set_json_schema(value.get<std::string>());
+      } else if (value.is_object()) {
+        out->set_json_schema(value.dump());
+      } else {
+        return Bad(field, value, "a JSON schema (an object, or its text)");
+      }
+    } else if (key == "regex" || key == "grammar") {
+      if (!value.is_string()) return Bad(field, value, "a string");
+      key == "regex" ? out->set_regex(value.get<std::string>()) : out->set_grammar(value.get<std::string>());
+    } else if (key == "choice") {
+      if (!value.is_array() || value.empty()) return Bad(field, value, "a non-empty list of strings");
+      for (size_t i = 0; i < value.size(); ++i) {
+        if (!value[i].is_string()) return Bad(absl::StrCat(field, "[", i, "]"), value[i], "a string");
+        out->mutable_choice()->add_choices(value[i].get<std::string>());
+      }
+    } else {
+      return Bad("structured_outputs", so, allowed);
+    }
+  }
+  f.Done("structured_outputs");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRoute route) {
   absl::StatusOr<json> parsed = ParseBoundedJson(body, "the request body");
   if (!parsed.ok()) return parsed.status();
@@ -167,17 +241,10 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
   // What inferd does not serve, by name.
   for (const char* key : {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio",
                           "modalities", "prediction", "web_search_options", "suffix", "guided_json", "guided_regex",
-                          "guided_choice", "guided_grammar", "reasoning_effort"}) {
+                          "guided_choice", "guided_grammar", "reasoning_effort"}) {  // guided_*: structured_outputs
     if (f.Has(key)) return Unsupported(key);
     f.Done(key);
   }
-  if (f.Has("response_format")) {
-    const json& rf = f.At("response_format");
-    if (!rf.is_object() || rf.value("type", "") != "text" || rf.size() != 1) {
-      return Bad("response_format", rf, "{\"type\": \"text\"} (structured output is not supported)");
-    }
-  }
-  f.Done("response_format");
   // Accepted and without effect on generation: who is asking, and whether OpenAI would store the answer.
   for (const char* key : {"user", "metadata", "store"}) f.Done(key);
 
@@ -188,6 +255,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
   f.Done("model");
 
   v1::GenerateRequest base;
+  if (absl::Status st = Constraint(f, base.mutable_constraint(), &out.constraint_field); !st.ok()) return st;
   if (chat) {
     if (!f.Has("messages")) return Bad("messages", json(), "a non-empty list of messages");
     if (absl::Status st = Messages(f.At("messages"), &base); !st.ok()) return st;

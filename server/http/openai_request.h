@@ -26,6 +26,9 @@ struct OpenAiRequest {
   // completions: each choice starts with its prompt's text and, with logprobs, the prompt tokens' logprobs (the
   // first token's null), as lm-evaluation-harness reads them to score a continuation.
   bool echo = false;
+  // Where the request stated its output constraint ("response_format.json_schema.schema", "structured_outputs.regex"),
+  // for errors the constraint's compilation reports under the gRPC field it travels in ("constraint.json_schema").
+  std::string constraint_field;
 };
 
 // Choices a request may ask for (prompts × n).

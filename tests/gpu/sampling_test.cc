@@ -22,6 +22,7 @@ struct Rows {
   std::vector<int32_t> indptr = {0}, tokens, counts;
   std::vector<uint8_t> flags;
   std::vector<float> bias;  // per entry; zeros where not given
+  std::vector<uint32_t> allowed;  // [rows, ⌈vocab / 32⌉] structured-output masks (rows whose params say masked)
 };
 
 struct Result {
@@ -40,11 +41,13 @@ Result RunOnDevice(const Rows& r, int32_t vocab) {
   bias_host.resize(r.tokens.size() + 1, 0.f);
   Dev<float> bias(bias_host);
   Dev<float> raw(r.tokens.size() + 1);
+  Dev<uint32_t> allowed(r.allowed.empty() ? std::vector<uint32_t>(1) : r.allowed);
   Dev<int32_t> out(n), top_ids(n * kernels::kMaxTopLogprobs);
   Dev<float> lp(n), top_lp(n * kernels::kMaxTopLogprobs);
   EXPECT_EQ(
       kernels::SampleRows(logits.get(), n, vocab, params.get(), indptr.get(), tokens.get(), counts.get(), flags.get(),
-                          bias.get(), raw.get(), out.get(), lp.get(), top_ids.get(), top_lp.get(), nullptr),
+                          bias.get(), raw.get(), allowed.get(), out.get(), lp.get(), top_ids.get(), top_lp.get(),
+                          nullptr),
       cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return {out.Host(), lp.Host(), top_lp.Host(), top_ids.Host()};
@@ -79,6 +82,40 @@ TEST(DeviceSampler, GreedyAndLogprobsEqualTheHostSampler) {
       EXPECT_NEAR(got.top_logprobs[i * kernels::kMaxTopLogprobs + k], want.logprob.top[k].logprob, 1e-3);
     }
   }
+}
+
+// Structured output's masks: greedy rows and sampled rows (temperature, top-k, top-p) pick only allowed tokens
+// (greedy ones the token the host sampler picks under the same mask); an unmasked row beside them is untouched.
+TEST(DeviceSampler, MaskedRowsPickAllowedTokensAsTheHostSamplerDoes) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(21);
+  const int32_t vocab = 50021, rows = 6, words = (vocab + 31) / 32;
+  Rows r;
+  r.logits = testing::Random(int64_t{rows} * vocab, rng, 3.f);
+  r.allowed.assign(int64_t{rows} * words, 0u);
+  std::vector<SamplingParams> ps(rows);
+  for (int32_t i = 0; i < rows; ++i) {
+    ps[i].temperature = i % 2 == 0 ? 0.f : 0.8f;
+    if (i == 3) ps[i].top_k = 5;
+    if (i == 5) ps[i].top_p = 0.9f;
+    // Every 7th token allowed from a row-dependent offset (row 4: a single token; row 1: unmasked).
+    for (int32_t t = i; t < vocab; t += i == 4 ? vocab : 7) r.allowed[int64_t{i} * words + t / 32] |= 1u << (t % 32);
+    kernels::SamplingRowParams params = Params(ps[i], (i + 0.5) / rows);
+    params.masked = i == 1 ? 0 : 1;
+    r.params.push_back(params);
+    r.indptr.push_back(0);
+  }
+  const Result got = RunOnDevice(r, vocab);
+  for (int32_t i = 0; i < rows; ++i) {
+    std::vector<float> row(r.logits.begin() + int64_t{i} * vocab, r.logits.begin() + int64_t{i + 1} * vocab);
+    SamplingRow hr{.params = ps[i], .uniform = (i + 0.5) / rows};
+    if (i != 1) hr.allowed = std::span<const uint32_t>(r.allowed.data() + int64_t{i} * words, words);
+    const SampleResult want = Sample(row, hr);
+    if (ps[i].temperature == 0) EXPECT_EQ(got.tokens[i], want.token) << "row " << i;  // greedy: the same token
+    if (i != 1) EXPECT_EQ((got.tokens[i] - i) % 7, 0) << "row " << i << " picked a masked-out token";
+    if (i != 1) EXPECT_EQ((want.token - i) % 7, 0) << "row " << i << " (host) picked a masked-out token";
+  }
+  EXPECT_EQ(got.tokens[4], 4) << "the only allowed token";
 }
 
 TEST(DeviceSampler, PromptRowsReportTheTargetsLogprobAndSampleNothing) {

@@ -159,7 +159,7 @@ def test_errors_are_the_sdks_own_exceptions_naming_the_field(client, model):
         client.chat.completions.create(model=model, messages=QUESTION, tools=[
             {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
     with pytest.raises(openai.BadRequestError, match="response_format"):
-        client.chat.completions.create(model=model, messages=QUESTION, response_format={"type": "json_object"})
+        client.chat.completions.create(model=model, messages=QUESTION, response_format={"type": "yaml"})
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model=model, messages=QUESTION, temperature=-1)
     with pytest.raises(openai.BadRequestError, match="max_tokens"):

@@ -394,6 +394,11 @@ absl::Status CudaBackend::Stage(Rank& r, const StepInput& in, const cuda::Packed
   // entries (sized for the worst case, megabytes) only when a row has any.
   INFERD_CUDA(
       cudaMemcpyAsync(r.inputs_dev.get(), inputs_host_.get(), packed.head_bytes, cudaMemcpyHostToDevice, r.compute));
+  if (packed.masked_rows > 0) {  // structured output's masks, when a row has one
+    INFERD_CUDA(cudaMemcpyAsync(r.inputs_dev.get<char>() + ir.allowed.offset,
+                                inputs_host_.get<char>() + ir.allowed.offset, packed.masked_rows * ir.mask_words * 4,
+                                cudaMemcpyHostToDevice, r.compute));
+  }
   if (packed.penalty_entries > 0) {
     const int64_t n = packed.penalty_entries;
     for (auto [region, bytes] : {std::pair{ir.penalty_tokens, n * 4}, std::pair{ir.penalty_counts, n * 4},

@@ -237,9 +237,9 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   INFERD_KERNEL(k::SampleRows(
       logits, static_cast<int32_t>(R), cfg.vocab_size, b.in<k::SamplingRowParams>(ir.params),
       b.in<int32_t>(ir.penalty_indptr), b.in<int32_t>(ir.penalty_tokens), b.in<int32_t>(ir.penalty_counts),
-      b.in<uint8_t>(ir.penalty_flags), b.in<float>(ir.penalty_bias), b.act<float>(a.penalty_raw), tokens_out,
-      reinterpret_cast<float*>(out + o.logprobs.offset), reinterpret_cast<int32_t*>(out + o.top_ids.offset),
-      reinterpret_cast<float*>(out + o.top_logprobs.offset), s));
+      b.in<uint8_t>(ir.penalty_flags), b.in<float>(ir.penalty_bias), b.act<float>(a.penalty_raw),
+      b.in<uint32_t>(ir.allowed), tokens_out, reinterpret_cast<float*>(out + o.logprobs.offset),
+      reinterpret_cast<int32_t*>(out + o.top_ids.offset), reinterpret_cast<float*>(out + o.top_logprobs.offset), s));
   if (comm) return comm->Broadcast(tokens_out, R * sizeof(int32_t), s);
   return absl::OkStatus();
 }

@@ -41,7 +41,7 @@ PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32
   std::vector<std::pair<int32_t, int32_t>> seen;  // (id, 1 from the output, 0 the prompt, -1 banned, -2 biased)
   int32_t* indptr = At<int32_t>(arena, layout.penalty_indptr);
   indptr[0] = 0;
-  int64_t n = 0;
+  int64_t n = 0, masked_rows = 0;
   for (int32_t r = 0; r < R; ++r) {
     const SamplingRow& row = in.sampling[r];
     const SamplingParams& p = row.params;
@@ -54,7 +54,16 @@ PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32
                                                                p.frequency_penalty,
                                                                std::min(row.top_logprobs, kernels::kMaxTopLogprobs),
                                                                row.target,
-                                                               row.uniform};
+                                                               row.uniform,
+                                                               row.allowed.empty() ? 0 : 1};
+    if (!row.allowed.empty()) {
+      INFERD_CHECK(static_cast<int64_t>(row.allowed.size()) == layout.mask_words &&
+                       (r + 1) * layout.mask_words * 4 <= layout.allowed.bytes,
+                   "a row's mask covers the vocabulary and fits its region");
+      std::memcpy(At<uint32_t>(arena, layout.allowed) + r * layout.mask_words, row.allowed.data(),
+                  row.allowed.size() * sizeof(uint32_t));
+      masked_rows = r + 1;
+    }
     seen.clear();
     if (p.penalized()) {
       for (size_t i = 0; i < row.tokens.size(); ++i) {
@@ -93,7 +102,7 @@ PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32
     }
     indptr[r + 1] = static_cast<int32_t>(n);
   }
-  return {layout.kv_indices.offset + static_cast<int64_t>(in.kv_indices.size() * sizeof(int32_t)), n};
+  return {layout.kv_indices.offset + static_cast<int64_t>(in.kv_indices.size() * sizeof(int32_t)), n, masked_rows};
 }
 
 }  // namespace inferd::cuda

@@ -10,7 +10,6 @@
 #include <regex>
 
 #include "absl/strings/escaping.h"
-
 #include "tests/unit/fixtures.h"
 
 namespace inferd {
