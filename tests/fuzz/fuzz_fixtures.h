@@ -1,5 +1,6 @@
-// What the request fuzzers convert against, loaded once: the llama3-tiny fixture's tokenizer and the chat templates
-// of tests/fixtures/chat/renders.json (real models' templates and ones that exercise the Jinja subset).
+// What the request fuzzers convert against, loaded once: the llama3-tiny fixture's tokenizer (and a constraint
+// compiler over its vocabulary) and the chat templates of tests/fixtures/chat/renders.json (real models' templates
+// and ones that exercise the Jinja subset).
 #pragma once
 
 #include <fstream>
@@ -25,13 +26,15 @@ inline std::string ReadFile(const std::string& path) {
 
 struct Fixtures {
   std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ConstraintCompiler> constraints;  // hostile schemas, patterns and grammars are compiled too
   std::vector<std::unique_ptr<ChatTemplate>> templates;
   std::vector<std::string> template_names;  // as renders.json names them
   ModelLimits limits(size_t template_index) const {
     return {.tokenizer = tokenizer.get(),
             .vocab_size = 256,
             .max_model_len = 4096,
-            .chat_template = templates[template_index % templates.size()].get()};
+            .chat_template = templates[template_index % templates.size()].get(),
+            .constraints = constraints.get()};
   }
 };
 
@@ -42,6 +45,9 @@ inline const Fixtures& GetFixtures() {
         Tokenizer::FromJson(ReadFile(INFERD_SOURCE_DIR "/tests/fixtures/models/llama3-tiny/tokenizer.json"));
     if (!tokenizer.ok()) __builtin_trap();
     f->tokenizer = *std::move(tokenizer);
+    auto constraints = ConstraintCompiler::Create(*f->tokenizer, f->tokenizer->vocab_size(), {0}, {.max_bytes = 4096});
+    if (!constraints.ok()) __builtin_trap();
+    f->constraints = *std::move(constraints);
     const auto renders = nlohmann::json::parse(ReadFile(INFERD_SOURCE_DIR "/tests/fixtures/chat/renders.json"));
     for (const auto& t : renders["templates"]) {
       auto compiled = ChatTemplate::Compile(t["template"].get<std::string>(), t["bos_token"].get<std::string>(),

@@ -195,8 +195,9 @@ void RunAndCheck(int n, const std::vector<int64_t>& sizes, bool graph, int repla
             ++wrong;
           }
         }
-        EXPECT_EQ(wrong, 0) << n << (own_gpus ? " ranks on their own GPUs" : " ranks") << ", call " << c << " (" << sizes[c] << " elements), rank " << r << ", pass "
-                            << pass << (graph ? " (graph)" : "") << ": first wrong at " << first;
+        EXPECT_EQ(wrong, 0) << n << (own_gpus ? " ranks on their own GPUs" : " ranks") << ", call " << c << " ("
+                            << sizes[c] << " elements), rank " << r << ", pass " << pass << (graph ? " (graph)" : "")
+                            << ": first wrong at " << first;
       }
     }
   }

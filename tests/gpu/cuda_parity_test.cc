@@ -173,7 +173,9 @@ std::vector<CudaCase> AllCases() {
           {"qwen3-hd128", "", 16, 2048},
           {"qwen3-hd128", "-bf16", 16, 2048},
           {"qwen3-hd128", "-bf16", 1, 13},
-          {"gemma3-hd256", "", 16, 2048},
+          // gemma3-hd256 against fp32 from a margin of 0.25: transformers' own bf16 run moves its chosen logprobs
+          // by up to 0.12; inferd's agrees everywhere on one GPU and flipped at a margin of 0.126 split over two.
+          {"gemma3-hd256", "", 16, 2048, "auto", true, 8, 1, "none", 0.25},
           // Against transformers' bf16 run, gemma3-hd256 from a margin of 0.25: that run picks another token than
           // fp32 at a margin of 0.125 where inferd's bf16 agrees with fp32 (at every compared position, above).
           {"gemma3-hd256", "-bf16", 16, 2048, "auto", true, 8, 1, "none", 0.25},
@@ -184,8 +186,11 @@ std::vector<CudaCase> AllCases() {
           {"phi3-hd128", "", 16, 2048, "auto", true, 8, 1, "none", 0.25},
           {"phi3-hd128", "-bf16", 16, 2048, "auto", true, 8, 1, "none", 0.25},
           {"phi3-hd128", "", 16, 2048, "float16"},
-          // fp8 moves qwen3-hd128's chosen logprobs by up to 0.26 and gemma3-hd256's by up to 0.32 (measured), as
-          // it moves qwen2-hd128's (below) by more.
+          // fp8 moves qwen3-hd128's chosen logprobs by up to 0.26 and gemma3-hd256's by up to 0.32 on one GPU
+          // (measured), as it moves qwen2-hd128's (below) by more. Split over ranks, each rank quantizes its own
+          // slice of the o and down products' inputs (per token over that slice, where the reference quantizes
+          // whole rows): at TP 2 they moved by up to 0.37 and 0.46, and gemma3-hd256 flipped a token of margin
+          // 0.84 (two H200s, 2026-11-26: this case fails at TP 2; open, kernels/NOTES.md).
           {"qwen3-hd128", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.5},
           {"gemma3-hd256", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.5},
           {"llama3-hd64", "-bf16", 1, 13},

@@ -21,7 +21,7 @@ struct Rows {
   std::vector<kernels::SamplingRowParams> params;
   std::vector<int32_t> indptr = {0}, tokens, counts;
   std::vector<uint8_t> flags;
-  std::vector<float> bias;  // per entry; zeros where not given
+  std::vector<float> bias;        // per entry; zeros where not given
   std::vector<uint32_t> allowed;  // [rows, ⌈vocab / 32⌉] structured-output masks (rows whose params say masked)
 };
 
@@ -44,11 +44,10 @@ Result RunOnDevice(const Rows& r, int32_t vocab) {
   Dev<uint32_t> allowed(r.allowed.empty() ? std::vector<uint32_t>(1) : r.allowed);
   Dev<int32_t> out(n), top_ids(n * kernels::kMaxTopLogprobs);
   Dev<float> lp(n), top_lp(n * kernels::kMaxTopLogprobs);
-  EXPECT_EQ(
-      kernels::SampleRows(logits.get(), n, vocab, params.get(), indptr.get(), tokens.get(), counts.get(), flags.get(),
-                          bias.get(), raw.get(), allowed.get(), out.get(), lp.get(), top_ids.get(), top_lp.get(),
-                          nullptr),
-      cudaSuccess);
+  EXPECT_EQ(kernels::SampleRows(logits.get(), n, vocab, params.get(), indptr.get(), tokens.get(), counts.get(),
+                                flags.get(), bias.get(), raw.get(), allowed.get(), out.get(), lp.get(), top_ids.get(),
+                                top_lp.get(), nullptr),
+            cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return {out.Host(), lp.Host(), top_lp.Host(), top_ids.Host()};
 }

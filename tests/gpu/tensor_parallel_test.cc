@@ -198,9 +198,15 @@ TEST(TensorParallelOnCuda, RanksSharingTheGpuPickTheWholeModelsTokensUpToNearTie
   // llama3-hd64: 4 heads on 1 KV head (replicated), untied. qwen2-hd128: QKV biases, tied, 2 KV heads.
   // mistral-hd128-g3: 6 heads on 2 KV heads (2 ranks only), an fp16 checkpoint run in bf16.
   // qwen3-hd128, gemma3-hd256, phi3-hd128: the families' blocks (per-head norms, sandwich norms and windows,
-  // partial rotary) on each rank's shard.
-  for (const char* m :
-       {"llama3-hd64", "qwen2-hd128", "mistral-hd128-g3", "qwen3-hd128", "gemma3-hd256", "phi3-hd128"}) {
+  // partial rotary) on each rank's shard. gemma3-hd256 and phi3-hd128 from a margin of 0.25: rounding moves their
+  // bf16 logprobs more (transformers' own bf16 run by up to 0.12 and 0.14; split over ranks here by up to 0.19),
+  // and their tokens flipped at margins of 0.16-0.21 (measured on two H200s).
+  for (auto [m, near_tie] : std::initializer_list<std::pair<const char*, double>>{{"llama3-hd64", kNearTie},
+                                                                                  {"qwen2-hd128", kNearTie},
+                                                                                  {"mistral-hd128-g3", kNearTie},
+                                                                                  {"qwen3-hd128", kNearTie},
+                                                                                  {"gemma3-hd256", 0.25},
+                                                                                  {"phi3-hd128", 0.25}}) {
     const std::string dir = std::string(GpuModels()) + "/" + m;
     auto model = LoadModel(dir);
     ASSERT_TRUE(model.ok()) << model.status();
@@ -220,7 +226,7 @@ TEST(TensorParallelOnCuda, RanksSharingTheGpuPickTheWholeModelsTokensUpToNearTie
           for (size_t t = 0; t < whole[i]->tokens.size(); ++t) {
             // Up to a near-tie, where the extra rounding may flip the token (and everything after it differs).
             const auto& top = whole[i]->logprobs[t].top;
-            if (top.size() < 2 || top[0].logprob - top[1].logprob < kNearTie) break;
+            if (top.size() < 2 || top[0].logprob - top[1].logprob < near_tie) break;
             ++compared;
             const double diff = std::abs(split[i]->logprobs[t].logprob - whole[i]->logprobs[t].logprob);
             worst = std::max(worst, diff);
@@ -236,7 +242,7 @@ TEST(TensorParallelOnCuda, RanksSharingTheGpuPickTheWholeModelsTokensUpToNearTie
         std::printf(
             "[ parity   ] %s on %d ranks sharing the GPU: %zu of %zu positions compared up to near-ties "
             "(margin %.2f), worst chosen-logprob difference from the whole model %.4f\n",
-            m, n, compared, total, kNearTie, worst);
+            m, n, compared, total, near_tie, worst);
         EXPECT_GT(compared, total / 3) << "positions are compared, not all skipped as near-ties";
       }
     }

@@ -2,6 +2,7 @@
 inferd binary with engine.backend cuda, serving the GPU test models, driven by Python grpcio clients."""
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -195,6 +196,44 @@ def test_openai_http_answers_as_grpc_does_whole_and_streamed(server):
         events = [json.loads(line[6:]) for line in data.splitlines()
                   if line.startswith("data: ") and line != "data: [DONE]"]
         assert events[-1]["usage"]["completion_tokens"] == 12, events[-1]
+
+
+def test_constrained_outputs_satisfy_their_constraints_alone_and_in_a_batch(server):
+    """Structured output on the GPU: each row's mask applied by the device sampler, inside the decode graphs;
+    constrained and unconstrained streams together."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999},
+                                               "w": {"type": "string", "maxLength": 6}},
+              "required": ["n", "w"], "additionalProperties": False}
+
+    def ask(constraint, prompt="The scheduler batches tokens"):
+        return pb.GenerateRequest(text=prompt, sampling=pb.SamplingParams(temperature=0.7, seed=3),
+                                  stopping=pb.StoppingParams(max_tokens=64), constraint=constraint)
+    requests = [ask(pb.OutputConstraint(regex=r"[a-z]{3}-\d{3}")),
+                ask(pb.OutputConstraint(json_schema=json.dumps(schema))),
+                ask(pb.OutputConstraint(choice=pb.Choices(choices=["left", "right", "up"]))),
+                greedy(PROMPTS[1], max_tokens=32)] * 4
+    results = [None] * len(requests)
+
+    def run(i):
+        results[i] = server.stub.Generate(requests[i])
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, r in enumerate(results):
+        kind = i % 4
+        if kind == 3:
+            assert len(r.token_ids) == 32
+            continue
+        assert r.finish_reason == pb.EOS, (i, r.text)
+        if kind == 0:
+            assert re.fullmatch(r"[a-z]{3}-\d{3}", r.text), r.text
+        elif kind == 1:
+            out = json.loads(r.text)
+            assert set(out) == {"n", "w"} and 0 <= out["n"] <= 999 and len(out["w"]) <= 6, r.text
+        else:
+            assert r.text in ("left", "right", "up"), r.text
 
 
 def test_bad_input_is_invalid_argument(server):
