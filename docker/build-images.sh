@@ -20,6 +20,7 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 [[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ]] || bash scripts/fetch_model.sh
+bash scripts/fetch_xgrammar.sh  # structured output's grammar engine, built into inferd (checked by its SHA-256)
 
 cache=build/images
 mkdir -p "$cache"
