@@ -626,7 +626,9 @@ bool Engine::CollectInFlight() {
                      absl::InternalError(absl::StrCat("token ", token, " broke the request's output constraint")));
       continue;
     }
-    const FinishReason finish = TokenFinish(seq->request.stopping, model_->eos_token_ids, token, num_output);
+    FinishReason finish = TokenFinish(seq->request.stopping, model_->eos_token_ids, token, num_output);
+    // A complete constraint allows nothing more: its stop token ends the request even with ignore_eos.
+    if (finish == FinishReason::kNone && st.constraint && st.constraint->Terminated()) finish = FinishReason::kEos;
     RequestOutput out;
     out.token_ids = {token};
     if (seq->request.top_logprobs > 0) out.logprobs.push_back(std::move(output.logprobs[row]));

@@ -208,6 +208,10 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
   // Compiled here, on the request's thread: the engine's thread never waits for it.
   if (const OutputConstraint c = ConstraintOf(p.constraint()); c.active()) {
     if (!limits.constraints) return absl::InternalError("constraint: this server has no constraint compiler");
+    // Once a constraint is complete only the end-of-text tokens may follow, which min_tokens would forbid.
+    if (r.stopping.min_tokens > 0) {
+      return Bad("stopping.min_tokens", absl::StrCat(r.stopping.min_tokens), "0 with an output constraint");
+    }
     INFERD_ASSIGN_OR_RETURN(r.constraint, limits.constraints->Compile(c));
   }
   return built;

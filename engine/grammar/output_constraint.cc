@@ -130,10 +130,11 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Co
 struct ConstraintState::Impl {
   std::shared_ptr<const CompiledConstraint> compiled;  // outlives the matcher
   xgrammar::GrammarMatcher matcher;
+  bool broken = false;  // xgrammar failed: the next token is refused, which ends the request with an error
 };
 
 ConstraintState::ConstraintState(std::shared_ptr<const CompiledConstraint> compiled)
-    : impl_(new Impl{compiled, xgrammar::GrammarMatcher(compiled->grammar)}) {}
+    : impl_(new Impl{compiled, xgrammar::GrammarMatcher(compiled->grammar), false}) {}
 ConstraintState::~ConstraintState() = default;
 ConstraintState::ConstraintState(ConstraintState&&) noexcept = default;
 
@@ -149,11 +150,22 @@ void ConstraintState::FillAllowed(std::span<uint32_t> mask) {
   t.ndim = 1;
   t.dtype = xgrammar::GetBitmaskDLType();
   t.shape = shape;
-  impl_->matcher.FillNextTokenBitmask(&t);
+  try {
+    impl_->matcher.FillNextTokenBitmask(&t);
+  } catch (const std::exception&) {
+    // Never out of xgrammar onto the engine's thread: every token allowed, and Accept refuses what comes.
+    std::fill(mask.begin(), mask.end(), ~0u);
+    impl_->broken = true;
+  }
 }
 
 bool ConstraintState::Accept(int32_t token) {
-  return impl_->matcher.AcceptToken(token);
+  if (impl_->broken) return false;
+  try {
+    return impl_->matcher.AcceptToken(token);
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 bool ConstraintState::Terminated() const {

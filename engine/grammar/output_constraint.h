@@ -65,7 +65,8 @@ class ConstraintState {
   static int32_t MaskWords(int32_t vocab_size);
   // The tokens allowed next into mask (MaskWords words).
   void FillAllowed(std::span<uint32_t> mask);
-  // Moves past a sampled token; false when the constraint does not allow it (the sequence then must end).
+  // Moves past a sampled token; false when the constraint does not allow it, or xgrammar failed (the sequence
+  // then ends with an error).
   bool Accept(int32_t token);
   // The constraint is complete and has taken a stop token: nothing may follow.
   bool Terminated() const;

@@ -158,6 +158,16 @@ def test_bad_and_oversized_constraints_are_400s_naming_the_field(client, model):
         client.chat.completions.create(model=model, messages=ASK, response_format={"type": "xml"})
     with pytest.raises(openai.BadRequestError, match="structured_outputs"):
         client.completions.create(model=model, prompt="x", extra_body={"structured_outputs": {"json": 3}})
+    # A complete constraint allows only the end, which min_tokens would forbid.
+    with pytest.raises(openai.BadRequestError, match="min_tokens"):
+        client.completions.create(model=model, prompt="x", extra_body={"min_tokens": 3,
+                                                                      "structured_outputs": {"choice": ["a"]}})
+
+
+def test_ignore_eos_ends_where_the_constraint_does(client, model):
+    r = client.completions.create(model=model, prompt="Pick:", max_tokens=30, temperature=0,
+                                  extra_body={"ignore_eos": True, "structured_outputs": {"choice": ["left", "right"]}})
+    assert r.choices[0].text in ("left", "right") and r.choices[0].finish_reason == "stop"
 
 
 def test_grpc_takes_the_same_constraints(server):
