@@ -28,7 +28,9 @@
 #   Llama-3-70B shape at 2, 4 and 8 (TP70_QUANTIZATION), both from weights made on the GPUs (model.load_format dummy).
 # families: the Qwen3-8B shape beside the Llama-3-8B shape, both from weights made on the GPU (model.load_format
 #   dummy), bf16 and fp8, decode at 1, 64 and 128 rows and prefill (the model layer's per-head norms at full size);
-#   then Gemma 3 4B's shape decoding at 32k context with its sliding windows and with every layer global.
+#   then Gemma 3 4B's shape decoding at 32k context with its sliding windows and with every layer global; and
+#   `inferd plan` against the Qwen3 and Gemma runs' real plans. FAMILIES_SECTIONS, FAMILIES_QUANTIZATIONS,
+#   FAMILIES_GEMMA and FAMILIES_GEMMA_SECTIONS narrow it (e.g. latency, none, windows, latency: the plans alone).
 # frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
 #   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
 set -uo pipefail
@@ -320,10 +322,10 @@ fi
 if [[ "$what" == families ]]; then
   python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-config --config-only >/dev/null || status=1
   python3 tools/make_llama3_8b_random.py /tmp/qwen3-8b-config --config-only --qwen3-8b >/dev/null || status=1
-  for q in none fp8; do
+  for q in ${FAMILIES_QUANTIZATIONS:-none fp8}; do
     for m in llama3 qwen3; do
       "$BUNDLE/bin/inferd-bench" --model "/tmp/$m-8b-config" --load-format dummy --quantization "$q" \
-        --sections latency,prefill,decode --batches 1,64,128 --json "$OUT/families_${m}_$q.json" \
+        --sections "${FAMILIES_SECTIONS:-latency,prefill,decode}" --batches 1,64,128 --json "$OUT/families_${m}_$q.json" \
         > "$OUT/families_${m}_$q.txt" 2>&1 || status=1
       echo "-- $m-8b shape, quantization $q"
       grep -v "^\[20" "$OUT/families_${m}_$q.txt" | grep -E "decode|latency|prefill|ceiling" | head -n 12
@@ -331,11 +333,11 @@ if [[ "$what" == families ]]; then
   done
   # Gemma 3 4B's shape at 32k context: five 1024-token sliding-window layers to one global, against every layer
   # global (the same weights and KV pool).
-  for g in windows full; do
+  for g in ${FAMILIES_GEMMA:-windows full}; do
     flags=() && [[ $g == full ]] && flags=(--full-attention)
     python3 tools/make_llama3_8b_random.py "/tmp/gemma3-4b-$g" --config-only --gemma3-4b "${flags[@]}" >/dev/null ||
       status=1
-    "$BUNDLE/bin/inferd-bench" --model "/tmp/gemma3-4b-$g" --load-format dummy --sections decode --batches 1,8 \
+    "$BUNDLE/bin/inferd-bench" --model "/tmp/gemma3-4b-$g" --load-format dummy --sections "${FAMILIES_GEMMA_SECTIONS:-decode}" --batches 1,8 \
       --decode-context 32768 --json "$OUT/families_gemma3_$g.json" > "$OUT/families_gemma3_$g.txt" 2>&1 || status=1
     echo "-- gemma3-4b shape at 32k context, attention: $g"
     grep -v "^\[20" "$OUT/families_gemma3_$g.txt" | grep -E "decode" | head -n 4
