@@ -196,7 +196,8 @@ absl::Status Constraint(Fields& f, v1::OutputConstraint* out, std::string* field
     const json& so = f.At("structured_outputs");
     const char* allowed = "an object with one of json (a schema), regex, grammar or choice";
     if (!so.is_object() || so.size() != 1) return Bad("structured_outputs", so, allowed);
-    const auto& [key, value] = *so.items().begin();
+    const std::string key = so.begin().key();
+    const json& value = so.begin().value();
     if (key != "json" && key != "regex" && key != "grammar" && key != "choice") {
       return Bad("structured_outputs", so, allowed);
     }
