@@ -17,7 +17,8 @@
 
 namespace inferd {
 
-// Why this machine or model cannot run on cuda ("" when it can): no device, unsupported head_dim.
+// Why this machine or model cannot run on cuda ("" when it can): no device, an unsupported head_dim, soft caps, or
+// a layer program the cuda walk cannot fuse (LayerWalkProblem).
 std::string CudaUnsupportedReason(const ModelConfig& config);
 
 // Free memory of device 0 in bytes; 0 when no device is visible.
