@@ -23,9 +23,8 @@ absl::StatusOr<BuiltRequest> PrepareGenerate(const std::shared_ptr<Engine>& engi
     return absl::DeadlineExceededError("the request's deadline expired before it was tokenized");
   if (engine->draining()) return absl::UnavailableError("the server is draining and takes no new requests");
   const Model& m = engine->model();
-  auto request =
-      BuildRequest(proto, {m.tokenizer.get(), m.config.vocab_size, engine->max_model_len(), m.chat_template.get(),
-                           &engine->constraint_compiler()});
+  auto request = BuildRequest(proto, {m.tokenizer.get(), m.config.vocab_size, engine->max_model_len(),
+                                      m.chat_template.get(), &engine->constraint_compiler()});
   if (!request.ok()) return request.status();
   if (request->request.id.empty()) request->request.id = NewRequestId();
   if (deadline != absl::InfiniteFuture()) request->request.deadline = deadline;

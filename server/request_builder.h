@@ -16,7 +16,7 @@ struct ModelLimits {
   const Tokenizer* tokenizer = nullptr;
   int32_t vocab_size = 0;
   int32_t max_model_len = 0;
-  const ChatTemplate* chat_template = nullptr;  // null: the model has none and `messages` is refused
+  const ChatTemplate* chat_template = nullptr;      // null: the model has none and `messages` is refused
   const ConstraintCompiler* constraints = nullptr;  // structured output (the engine's)
 };
 

@@ -220,6 +220,20 @@ def base_config(arch, model_type, vocab, **kw):
     return cfg
 
 
+def gemma3_config(**kw):
+    """Gemma 3 (text) over base_config: 6 layers of which the 6th is global and the others see a 16-token window,
+    each kind with its own rotary base, GeGLU, no soft caps, bf16; kw sets the shape."""
+    cfg = base_config("Gemma3ForCausalLM", "gemma3_text", 704, num_hidden_layers=6, num_key_value_heads=1,
+                      rms_norm_eps=1e-6, sliding_window=16, layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                      rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                      hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
+                      attn_logit_softcapping=None, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                      torch_dtype="bfloat16", **kw)
+    del cfg["hidden_act"]
+    return cfg
+
+
 def smollm2_shaped(out_dir):
     """A random-weight model with SmolLM2-135M's shape (not committed): for CPU speed measurements."""
     tok = byte_level(LLAMA3_PATTERN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], nfc=False, template_bos=None,
@@ -280,16 +294,8 @@ def family_gpu_models(out_dir):
     write_model(out_dir, "qwen3-hd128", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=14, scale=0.3,
                 embed_std=0.15)
     tok = sentencepiece_like(metaspace=False, vocab_size=700)
-    cfg = base_config("Gemma3ForCausalLM", "gemma3_text", 704, hidden_size=512, intermediate_size=1024,
-                      num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
-                      rms_norm_eps=1e-6, sliding_window=16, query_pre_attn_scalar=256,
-                      layer_types=["sliding_attention"] * 5 + ["full_attention"],
-                      rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
-                      hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
-                      attn_logit_softcapping=None, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-                      pad_token_id=0, torch_dtype="bfloat16")
-    del cfg["hidden_act"]
+    cfg = gemma3_config(hidden_size=512, intermediate_size=1024, num_attention_heads=4, head_dim=256,
+                        query_pre_attn_scalar=256, tie_word_embeddings=False)
     write_model(out_dir, "gemma3-hd256", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
                 "BF16", seed=15, scale=0.3, embed_std=0.15)
     rng = np.random.default_rng(16)
@@ -402,15 +408,7 @@ def main():
     # 16-token window (shorter than the prompts), each kind with its own rotary base; sandwich norms stored as
     # w of 1 + w, q/k norms, GeGLU, embeddings scaled by √hidden, one KV head of head_dim 32, tied, bf16.
     tok = sentencepiece_like(metaspace=False, vocab_size=700)
-    cfg = base_config("Gemma3ForCausalLM", "gemma3_text", 704, num_hidden_layers=6, num_key_value_heads=1,
-                      head_dim=32, rms_norm_eps=1e-6, sliding_window=16, query_pre_attn_scalar=32,
-                      layer_types=["sliding_attention"] * 5 + ["full_attention"],
-                      rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
-                      hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
-                      attn_logit_softcapping=None, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
-                      pad_token_id=0, torch_dtype="bfloat16")
-    del cfg["hidden_act"]
+    cfg = gemma3_config(head_dim=32, query_pre_attn_scalar=32, tie_word_embeddings=True)
     write_model(out, "gemma3-tiny", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
                 "BF16", seed=6, embed_std=0.15)
     # Phi-3: fused qkv_proj and gate_up_proj, LongRoPE (short factors below 256 positions, long from there; cos

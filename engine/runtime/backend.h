@@ -30,7 +30,7 @@ struct SamplingRow {
   // Structured output: a bitmask over the vocabulary (bit t % 32 of word t / 32 allows token t; ⌈vocab / 32⌉
   // words), applied after penalties and bias, before temperature and the rest; empty: every token allowed.
   std::span<const uint32_t> allowed;
-  int32_t top_logprobs = 0;         // > 0: report the chosen token's logprob and this many alternatives
+  int32_t top_logprobs = 0;  // > 0: report the chosen token's logprob and this many alternatives
   // >= 0: a prompt row (prompt_logprobs). Nothing is sampled: its token is this id, whose raw logprob is reported
   // with top_logprobs alternatives; the other fields are ignored.
   int32_t target = -1;

@@ -18,6 +18,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 SOURCE_DIR = os.environ.get("INFERD_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 INFERD_BIN = os.environ.get("INFERD_BIN", os.path.join(SOURCE_DIR, "build", "server", "inferd"))
 MODELS = os.path.join(SOURCE_DIR, "tests", "fixtures", "models")
+SMOLLM2 = os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")  # the bundled model
+
+
+def openai_client(server, timeout):
+    """The official `openai` SDK against a server's HTTP API, and the id of the model it serves."""
+    import openai
+    client = openai.OpenAI(base_url=server.http_url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+    (m,) = client.models.list().data
+    return client, m.id
 
 
 def _generate_stubs():

@@ -7,9 +7,8 @@ import subprocess
 import grpc
 import pytest
 
-from conftest import INFERD_BIN, SOURCE_DIR, Server, inferd_pb2 as pb
+from conftest import INFERD_BIN, SMOLLM2, SOURCE_DIR, Server, inferd_pb2 as pb
 
-SMOLLM2 = os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 # scripts/gpu_run.sh asks for cuda to run the SmolLM2 chat tests on the GPU.
 SMOLLM2_BACKEND = os.environ.get("INFERD_SMOLLM2_BACKEND", "cpu")
 

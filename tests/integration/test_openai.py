@@ -10,9 +10,8 @@ import time
 import openai
 import pytest
 
-from conftest import SOURCE_DIR, Server, inferd_pb2 as pb, wait_until_idle
+from conftest import SMOLLM2, Server, openai_client, inferd_pb2 as pb, wait_until_idle
 
-SMOLLM2 = os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -25,14 +24,18 @@ def smollm2():
 
 
 @pytest.fixture(scope="module")
-def client(smollm2):
-    return openai.OpenAI(base_url=smollm2.http_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def sdk(smollm2):
+    return openai_client(smollm2, timeout=120)
 
 
 @pytest.fixture(scope="module")
-def model(client):
-    (m,) = client.models.list().data
-    return m.id
+def client(sdk):
+    return sdk[0]
+
+
+@pytest.fixture(scope="module")
+def model(sdk):
+    return sdk[1]
 
 
 def sse_events(raw):

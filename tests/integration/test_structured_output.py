@@ -13,9 +13,8 @@ import pytest
 
 import grpc
 
-from conftest import SOURCE_DIR, Server, inferd_pb2 as pb
+from conftest import SMOLLM2, Server, openai_client, inferd_pb2 as pb
 
-SMOLLM2 = os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 ASK = [{"role": "user", "content": "Describe a person as JSON."}]
 
 
@@ -29,14 +28,18 @@ def server():
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.http_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+def sdk(server):
+    return openai_client(server, timeout=300)
 
 
 @pytest.fixture(scope="module")
-def model(client):
-    (m,) = client.models.list().data
-    return m.id
+def client(sdk):
+    return sdk[0]
+
+
+@pytest.fixture(scope="module")
+def model(sdk):
+    return sdk[1]
 
 
 def bounded(schema):

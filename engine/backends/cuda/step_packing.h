@@ -1,6 +1,7 @@
 // Packs one step's inputs into the input arena the cuda backend copies to the device (pinned host memory laid
 // out by DeviceLayout::inputs): the StepInput's flat index arrays, each logits row's sampling parameters, the
-// penalty entries (one per distinct id a row penalizes or bans), and the structured-output masks. Host-only, so it is tested without a GPU.
+// penalty entries (one per distinct id a row penalizes or bans), and the structured-output masks. Host-only, so it is
+// tested without a GPU.
 #pragma once
 
 #include <cstdint>
