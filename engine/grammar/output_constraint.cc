@@ -34,6 +34,28 @@ std::string Short(std::string_view text) {
   return text.size() > 200 ? s + "..." : s;
 }
 
+// How deep a JSON text nests its objects and arrays (brackets inside strings not counted).
+int JsonDepth(std::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 // A regular expression matching exactly `literal`.
 std::string RegexLiteral(const std::string& literal) {
   std::string out;
@@ -94,6 +116,12 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Co
   if (bytes > impl_->limits.max_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(c.field, ": ", bytes, " bytes is too large; allowed: at most ",
                                                    impl_->limits.max_bytes, " (engine.structured_output_max_bytes)"));
+  }
+  // xgrammar's compile time grows steeply with nesting (a schema 2,000 arrays deep took 7.7 minutes), and a
+  // schema travels as text, past the request body's own depth bound: the same bound here.
+  if (c.kind == Kind::kJsonSchema && JsonDepth(c.text) > kMaxSchemaDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.field, ": nested deeper than ", kMaxSchemaDepth, " levels; allowed: at most ", kMaxSchemaDepth));
   }
   if (c.kind == Kind::kChoice && c.choices.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(c.field, ": an empty list; allowed: one or more strings"));

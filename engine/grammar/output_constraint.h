@@ -30,6 +30,9 @@ struct OutputConstraint {
 // The compiled form, shared by every request with the same constraint (opaque outside this library).
 class CompiledConstraint;
 
+// The deepest a JSON schema may nest (objects and arrays), as deep as a request body may (server/http/bounded_json.h).
+constexpr int kMaxSchemaDepth = 32;
+
 struct ConstraintLimits {
   int64_t max_bytes = 64 << 10;              // of a schema, pattern, grammar or the choices together
   int64_t cache_bytes = int64_t{256} << 20;  // compiled grammars kept for reuse

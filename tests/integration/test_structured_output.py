@@ -187,3 +187,30 @@ def test_grpc_takes_the_same_constraints(server):
     with pytest.raises(grpc.RpcError) as e:
         generate(pb.OutputConstraint(grammar="root ::= undefined_rule"))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "constraint.grammar" in e.value.details()
+
+
+def test_hostile_schemas_are_bounded_and_the_server_goes_on(client, model):
+    def nested(depth):
+        schema = {"type": "integer"}
+        for _ in range(depth):
+            schema = {"type": "array", "items": schema, "maxItems": 1}
+        return schema
+    # Deep nesting: in the body, past its bound of 32 levels, refused before anything is built; as the text of a
+    # schema (structured_outputs.json takes one), compiled or refused, never a crash or a hang.
+    with pytest.raises(openai.BadRequestError, match="nested deeper"):
+        client.chat.completions.create(model=model, messages=ASK, response_format={
+            "type": "json_schema", "json_schema": {"name": "deep", "schema": nested(40)}})
+    for depth in (20, 300):
+        try:
+            r = client.completions.create(model=model, prompt="[", max_tokens=120, temperature=0,
+                                          extra_body={"structured_outputs": {"json": json.dumps(nested(depth))}})
+            if r.choices[0].finish_reason == "stop":
+                jsonschema.validate(json.loads(r.choices[0].text), nested(depth))
+        except openai.BadRequestError as e:
+            assert "structured_outputs.json" in str(e)
+    # A huge enum: over engine.structured_output_max_bytes.
+    with pytest.raises(openai.BadRequestError, match="at most 4096"):
+        client.chat.completions.create(model=model, messages=ASK, response_format={
+            "type": "json_schema", "json_schema": {"name": "enum", "schema": {"enum": [f"v{i}" for i in range(2000)]}}})
+    r = client.chat.completions.create(model=model, messages=ASK, max_tokens=8, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
