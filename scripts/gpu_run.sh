@@ -22,7 +22,8 @@
 #   device idle share and the KV copy time hidden behind compute.
 # tp: tensor parallelism. On one GPU: the sharded loader and the NCCL path with one rank (gpu_tests
 #   TensorParallelOnCuda.*), and, where .bundle/base.tar.xz holds the bundle of the commit before, the 8B model at
-#   tensor_parallel_size 1 (and 2, with 2 GPUs) benchmarked by both bundles in turn (A/B). With 2 or more GPUs:
+#   tensor_parallel_size 1 (and 2, with 2 GPUs; TP_AB_SIZES narrows) benchmarked by both bundles in turn (A/B);
+#   TP_PARTS (parity, bench, either, both or none) picks what follows. With 2 or more GPUs:
 #   the test models and their references, the parity suite at tensor_parallel_size 2, 4 and 8 (as many as there
 #   are GPUs: it fails when it has nothing to compare), the 8B shape at 1 and 2 (TP_QUANTIZATIONS="none fp8"), and the
 #   Llama-3-70B shape at 2, 4 and 8 (TP70_QUANTIZATION), both from weights made on the GPUs (model.load_format dummy).
@@ -66,6 +67,12 @@ make_models_and_references() {
     "$INFERD_GPU_MODELS/reference" || status=1
   python3 tools/make_reference_fixtures.py --fp8-weights --fp8-activations --suffix=-fp8a8 "$INFERD_GPU_MODELS" \
     "$INFERD_GPU_MODELS/reference" || status=1
+  # At tensor_parallel_size N each rank quantizes its own slice of the row-parallel products' inputs.
+  local n
+  for n in ${1:-}; do
+    python3 tools/make_reference_fixtures.py --fp8-weights --fp8-activations --fp8-activation-shards "$n" \
+      --suffix="-fp8a8-tp$n" "$INFERD_GPU_MODELS" "$INFERD_GPU_MODELS/reference" || status=1
+  done
 }
 # `inferd plan` for the config a bench ran (its model section given; the bench's scheduler limits) on the free memory
 # the bench saw, against the bench's real memory plan: each part within 2%.
@@ -351,9 +358,13 @@ if [[ "$what" == tp ]]; then
   gpus=$(nvidia-smi -L | wc -l)
   echo "== tensor parallelism on $gpus GPU(s)"
   # The parity suite below needs the references as much as the models: made here, so that it compares, never skips.
-  [[ ${TP_PARTS:-parity} == *parity* ]] && make_models_and_references
-  "$BUNDLE/bin/gpu_tests" --gtest_filter='TensorParallelOnCuda.*:Peer*' --gtest_output="xml:$OUT/gpu_tp_tests.xml" \
-    > "$OUT/gpu_tp_tests.log" 2>&1 || status=1
+  if [[ ${TP_PARTS:-parity} == *parity* ]]; then
+    sizes="" && for n in 2 4 8; do (( n <= gpus )) && sizes="$sizes $n"; done
+    make_models_and_references "$sizes"
+  fi
+  # Collectives that wait on each other can hang rather than fail: bounded, so that a hang is a failure with a log.
+  timeout "${TP_TESTS_TIMEOUT:-300}" "$BUNDLE/bin/gpu_tests" --gtest_filter='TensorParallelOnCuda.*:Peer*' \
+    --gtest_output="xml:$OUT/gpu_tp_tests.xml" > "$OUT/gpu_tp_tests.log" 2>&1 || { status=1 && echo "gpu_tests failed or hung"; }
   summarize_gpu_tests "$OUT/gpu_tp_tests.log"
   # The benchmarks need no weights on disk: config.json and tokenizer.json, and weights made on each GPU for its
   # shard (model.load_format dummy), so the 70B shape starts in seconds on any disk.
@@ -370,7 +381,7 @@ if [[ "$what" == tp ]]; then
   if [[ -f .bundle/base.tar.xz ]]; then  # A/B against the commit before, in turn, twice: TP 1, and TP 2 on 2 GPUs
     BASE=/tmp/inferd-base && rm -rf "$BASE" && mkdir -p "$BASE" && tar -C "$BASE" -xJf .bundle/base.tar.xz
     for i in 1 2; do
-      for n in 1 2; do
+      for n in ${TP_AB_SIZES:-1 2}; do
         (( n <= gpus )) || continue
         LD_LIBRARY_PATH="$BASE/lib" bench_tp "$BASE" $n "8b_tp${n}_base_$i" --load-format dummy
         bench_tp "$BUNDLE" $n "8b_tp${n}_new_$i" --load-format dummy

@@ -15,7 +15,9 @@ turn rendered with the model's template):
 With --fp8-weights (suffix -fp8), each linear layer's weight is first replaced by its fp8 dequantization as
 `engine.quantization: fp8` makes it (bf16, then e4m3 with one fp32 scale per output row, bit for bit), so the
 reference is the fp8 model in fp32 arithmetic. --fp8-activations (suffix -fp8a8) also rounds each of those
-layers' inputs per token to e4m3 (scale = max |row| / 448), as the engine does for steps of more than a few rows.
+layers' inputs per token to e4m3 (scale = max |row| / 448), as the engine does for steps of more than a few rows;
+with --fp8-activation-shards N (suffix -fp8a8-tpN) the attention output and down products' inputs per 1/N of each
+row, as N tensor-parallel ranks quantize their own slices.
 
 Each file holds, per prompt: the prompt ids, 32 greedy tokens, and for every step the top-5 (id, logprob)
 and the margin between the two largest logits (tests skip positions where it is below 1e-2).
@@ -65,18 +67,32 @@ def dequantize_fp8_weights(model):
         module.weight.data = (q.to(torch.float32) * scale).to(module.weight.dtype)
 
 
-def quantize_fp8_inputs(model):
-    """Each layer's linear inputs rounded per token (row) through e4m3 with scale max |row| / 448."""
+def round_fp8_per_token(x):
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    q = (x / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q.to(x.dtype) * scale
+
+
+# The row-parallel products of a model split over ranks (engine/model/tensor_parallel.h): each rank holds a
+# contiguous 1/N of their inputs' columns and quantizes its own slice per token.
+ROW_PARALLEL = ("o_proj", "down_proj")
+
+
+def quantize_fp8_inputs(model, shards=1):
+    """Each layer's linear inputs rounded per token (row) through e4m3 with scale max |row| / 448; with shards > 1,
+    the row-parallel products' inputs per token and per 1/shards of the row, as tensor_parallel_size = shards runs."""
     def hook(module, args):
-        x = args[0]
-        amax = x.abs().amax(dim=-1, keepdim=True)
-        scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
-        q = (x / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-        return (q.to(x.dtype) * scale,) + tuple(args[1:])
+        return (round_fp8_per_token(args[0]),) + tuple(args[1:])
+
+    def sharded_hook(module, args):
+        parts = torch.chunk(args[0], shards, dim=-1)
+        return (torch.cat([round_fp8_per_token(p) for p in parts], dim=-1),) + tuple(args[1:])
 
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}":
-            module.register_forward_pre_hook(hook)
+            row_parallel = shards > 1 and name.endswith(ROW_PARALLEL)
+            module.register_forward_pre_hook(sharded_hook if row_parallel else hook)
 
 
 @torch.no_grad()
@@ -151,6 +167,9 @@ def main():
                         "models are left out)")
     p.add_argument("--fp8-activations", action="store_true",
                    help="with --fp8-weights: the linear layers' inputs rounded per token to e4m3 too")
+    p.add_argument("--fp8-activation-shards", type=int, default=1, metavar="N",
+                   help="with --fp8-activations: the attention output and down products' inputs rounded per token "
+                        "and per 1/N of the row, as engine.tensor_parallel_size N quantizes them")
     p.add_argument("--forced-on-fp32", action="store_true",
                    help="for the -sharp models, also record steps along the fp32 reference's tokens in out_dir")
     args = p.parse_args()
@@ -170,13 +189,14 @@ def main():
         if args.fp8_weights:
             dequantize_fp8_weights(model)
         if args.fp8_activations:
-            quantize_fp8_inputs(model)
+            quantize_fp8_inputs(model, args.fp8_activation_shards)
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
         command = "python3 tools/make_reference_fixtures.py tests/fixtures/models tests/fixtures/reference"
         if args.device != "cpu" or args.dtype != "float32" or args.fp8_weights:
             command = (f"python3 tools/make_reference_fixtures.py --device {args.device} --dtype {args.dtype} "
                        f"--suffix '{args.suffix}'{' --fp8-weights' if args.fp8_weights else ''}"
-                       f"{' --fp8-activations' if args.fp8_activations else ''} "
+                       f"{' --fp8-activations' if args.fp8_activations else ''}"
+                       f"{f' --fp8-activation-shards {args.fp8_activation_shards}' if args.fp8_activation_shards > 1 else ''} "
                        f"{args.models_dir} {args.out_dir}")
         prompts, cut = PROMPTS, None
         if name.endswith("-sharp"):
