@@ -16,20 +16,44 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Compile(const std::s
   return t;
 }
 
-absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
-                                                 bool add_generation_prompt) const {
+absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                                 const std::string& tools_json) const {
   using jinja::Value;
   jinja::List list;
   for (const ChatMessage& m : messages) {
-    list.push_back(Value::MakeDict({{"role", Value::Str(m.role)}, {"content", Value::Str(m.content)}}));
+    jinja::Dict message = {{"role", Value::Str(m.role)}, {"content", Value::Str(m.content)}};
+    if (!m.tool_calls.empty()) {
+      jinja::List calls;
+      for (const ChatToolCall& c : m.tool_calls) {
+        absl::StatusOr<Value> arguments = jinja::FromJson(c.arguments);
+        if (!arguments.ok() || arguments->kind != Value::Kind::kDict) arguments = Value::Str(c.arguments);
+        calls.push_back(Value::MakeDict(
+            {{"id", Value::Str(c.id)},
+             {"type", Value::Str("function")},
+             {"function", Value::MakeDict({{"name", Value::Str(c.name)}, {"arguments", *std::move(arguments)}})}}));
+      }
+      message.emplace_back("tool_calls", Value::MakeList(std::move(calls)));
+    }
+    if (!m.tool_call_id.empty()) message.emplace_back("tool_call_id", Value::Str(m.tool_call_id));
+    if (!m.name.empty()) message.emplace_back("name", Value::Str(m.name));
+    list.push_back(Value::MakeDict(std::move(message)));
   }
-  const jinja::Dict globals = {
+  jinja::Dict globals = {
       {"messages", Value::MakeList(std::move(list))},
       {"add_generation_prompt", Value::Bool(add_generation_prompt)},
       {"bos_token", Value::Str(bos_token_)},
       {"eos_token", Value::Str(eos_token_)},
   };
+  if (!tools_json.empty()) {
+    absl::StatusOr<Value> tools = jinja::FromJson(tools_json);
+    if (!tools.ok() || tools->kind != Value::Kind::kList) return absl::InvalidArgumentError("tools: not a JSON list");
+    globals.emplace_back("tools", *std::move(tools));
+  }
   return jinja::Render(body_, globals);
+}
+
+bool TakesTools(const std::string& source) {
+  return source.find("tools") != std::string::npos;
 }
 
 std::vector<std::string> EndOfTurnTokens(const std::string& source) {

@@ -11,9 +11,19 @@
 
 namespace inferd {
 
+// A call an assistant made to one of the request's tools.
+struct ChatToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text (an object), as the API carries it
+};
+
 struct ChatMessage {
   std::string role;
   std::string content;
+  std::vector<ChatToolCall> tool_calls;  // an assistant's calls
+  std::string tool_call_id;              // a tool's answer: the call it answers
+  std::string name;                      // a tool's answer: the function's name
 };
 
 class ChatTemplate {
@@ -22,8 +32,12 @@ class ChatTemplate {
   static absl::StatusOr<std::unique_ptr<ChatTemplate>> Compile(const std::string& source, std::string bos_token,
                                                                std::string eos_token);
   // The prompt text for these messages with the assistant's turn opened (add_generation_prompt). A
-  // template that refuses the messages (raise_exception) or fails is INVALID_ARGUMENT.
-  absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+  // template that refuses the messages (raise_exception) or fails is INVALID_ARGUMENT. tools_json: the request's
+  // tools as a JSON list in OpenAI's shape ({"type": "function", "function": {"name", "description",
+  // "parameters"}}), the template's `tools`; empty: none. A call's arguments reach the template as the object they
+  // encode (as Hugging Face's templates expect them), or as text where they are not a JSON object.
+  absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true,
+                                     const std::string& tools_json = "") const;
 
   const std::string& source() const { return source_; }
 
@@ -32,6 +46,9 @@ class ChatTemplate {
   std::string source_, bos_token_, eos_token_;
   jinja::Body body_;
 };
+
+// Whether the template reads the request's tools (names `tools`); one that does not is told of them another way.
+bool TakesTools(const std::string& template_source);
 
 // Special tokens that end an assistant's turn in the template (<|im_end|>, <|eot_id|>, ...): the ones from
 // a known list that the template source mentions.

@@ -66,6 +66,33 @@ std::string RegexLiteral(const std::string& literal) {
   return out;
 }
 
+// An EBNF string literal for `text` (xgrammar's dialect: C-style escapes).
+std::string EbnfLiteral(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out + "\"";
+}
+
 }  // namespace
 
 struct ConstraintCompiler::Impl {
@@ -111,7 +138,7 @@ absl::StatusOr<std::unique_ptr<ConstraintCompiler>> ConstraintCompiler::Create(c
 
 absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Compile(const OutputConstraint& c) const {
   using Kind = OutputConstraint::Kind;
-  int64_t bytes = static_cast<int64_t>(c.text.size());
+  int64_t bytes = static_cast<int64_t>(c.text.size() + c.prefix.size() + c.suffix.size());
   for (const std::string& choice : c.choices) bytes += static_cast<int64_t>(choice.size()) + 1;
   if (bytes > impl_->limits.max_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(c.field, ": ", bytes, " bytes is too large; allowed: at most ",
@@ -119,7 +146,7 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Co
   }
   // xgrammar's compile time grows steeply with nesting (a schema 2,000 arrays deep took 7.7 minutes), and a
   // schema travels as text, past the request body's own depth bound: the same bound here.
-  if (c.kind == Kind::kJsonSchema && JsonDepth(c.text) > kMaxSchemaDepth) {
+  if ((c.kind == Kind::kJsonSchema || c.kind == Kind::kToolCall) && JsonDepth(c.text) > kMaxSchemaDepth) {
     return absl::InvalidArgumentError(
         absl::StrCat(c.field, ": nested deeper than ", kMaxSchemaDepth, " levels; allowed: at most ", kMaxSchemaDepth));
   }
@@ -147,6 +174,14 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Co
           regex += "(" + RegexLiteral(choice) + ")";
         }
         return std::make_shared<const CompiledConstraint>(x.CompileRegex(regex));
+      }
+      case Kind::kToolCall: {
+        std::vector<xgrammar::Grammar> parts;
+        if (!c.prefix.empty()) parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + EbnfLiteral(c.prefix)));
+        parts.push_back(xgrammar::Grammar::FromJSONSchema(c.text, /*any_whitespace=*/false, std::nullopt,
+                                                          std::nullopt, /*strict_mode=*/true));
+        if (!c.suffix.empty()) parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + EbnfLiteral(c.suffix)));
+        return std::make_shared<const CompiledConstraint>(x.CompileGrammar(xgrammar::Grammar::Concat(parts)));
       }
     }
   } catch (const std::exception& e) {

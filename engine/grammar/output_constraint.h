@@ -17,12 +17,14 @@ namespace inferd {
 
 // A constraint as an API gives it.
 struct OutputConstraint {
-  enum class Kind { kNone, kJsonObject, kJsonSchema, kRegex, kGrammar, kChoice };
+  enum class Kind { kNone, kJsonObject, kJsonSchema, kRegex, kGrammar, kChoice, kToolCall };
   Kind kind = Kind::kNone;
-  std::string text;                  // kJsonSchema: the schema (JSON); kRegex: the pattern; kGrammar: EBNF
+  // kJsonSchema and kToolCall: the schema (JSON); kRegex: the pattern; kGrammar: EBNF
+  std::string text;
   std::vector<std::string> choices;  // kChoice: the output is exactly one of these
   // Where the API put it, for errors ("response_format.json_schema.schema").
   std::string field;
+  std::string prefix, suffix;  // kToolCall: the output is prefix, JSON that `text` admits, then suffix
 
   bool active() const { return kind != Kind::kNone; }
 };

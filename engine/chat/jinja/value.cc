@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -278,6 +279,45 @@ absl::StatusOr<std::string> ToJson(const Value& v, int indent) {
   auto s = Json(v, indent, 0, &out);
   if (!s.ok()) return s;
   return out;
+}
+
+namespace {
+
+Value FromParsed(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null:
+      return Value::None();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value::Bool(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      return Value::Int(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value::Float(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value::Str(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      List items;
+      for (const auto& e : j) items.push_back(FromParsed(e));
+      return Value::MakeList(std::move(items));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      Dict items;
+      for (const auto& [k, e] : j.items()) items.emplace_back(k, FromParsed(e));
+      return Value::MakeDict(std::move(items));
+    }
+    default:
+      return Value::None();
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Value> FromJson(const std::string& text) {
+  // The callers' JSON was bounded in depth and size where it entered (the request parsers).
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("not JSON");
+  return FromParsed(j);
 }
 
 }  // namespace inferd::jinja

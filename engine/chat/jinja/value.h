@@ -86,5 +86,8 @@ std::string ToOutput(const Value& v);
 std::string Repr(const Value& v);
 // json.dumps(v, ensure_ascii=False, indent=indent) with Python's separators; indent < 0 is one line.
 absl::StatusOr<std::string> ToJson(const Value& v, int indent);
+// JSON text as the value json.loads would give a template (objects keep their keys' order). Text that is not JSON
+// is INVALID_ARGUMENT.
+absl::StatusOr<Value> FromJson(const std::string& text);
 
 }  // namespace inferd::jinja

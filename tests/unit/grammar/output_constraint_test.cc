@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "absl/strings/escaping.h"
+#include "engine/chat/tool_calls.h"
 #include "tests/unit/fixtures.h"
 
 namespace inferd {
@@ -104,6 +105,35 @@ TEST(OutputConstraint, JsonObjectRegexAndChoiceHold) {
         s, {OutputConstraint::Kind::kGrammar, R"(root ::= "x" [0-9]+ ("," [0-9]+)*)", {}, "structured_outputs.grammar"},
         seed);
     EXPECT_TRUE(std::regex_match(ebnf, std::regex(R"(x[0-9]+(,[0-9]+)*)"))) << ebnf;
+  }
+}
+
+// A forced tool call (engine/chat/tool_calls.h's shape): the prefix, an object naming one of the tools with
+// arguments its schema admits, the suffix; a call the tool-call parser reads back.
+TEST(OutputConstraint, AForcedToolCallIsAlwaysACallOfAnOfferedTool) {
+  const Vocab s = Make();
+  const std::vector<ToolSpec> tools = {
+      {"get_weather", "", R"({"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}},
+                              "required": ["city"], "additionalProperties": false})"},
+      {"add", "", R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                      "additionalProperties": false})"}};
+  for (ToolCallFormat format : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral}) {
+    for (const std::string only : {"", "add"}) {
+      const ToolCallShape shape = ForcedToolCall(format, tools, only);
+      OutputConstraint c{OutputConstraint::Kind::kToolCall, shape.schema, {}, "tool_choice"};
+      c.prefix = shape.prefix;
+      c.suffix = shape.suffix;
+      for (uint32_t seed = 1; seed <= 10; ++seed) {
+        const std::string text = Walk(s, c, seed);
+        const ToolCallSplit split = SplitToolCalls(format, text);
+        ASSERT_EQ(split.calls.size(), 1u) << ToolCallFormatName(format) << ": " << text;
+        EXPECT_TRUE(split.content.empty()) << text;
+        const std::string& name = split.calls[0].name;
+        EXPECT_TRUE(only.empty() ? (name == "add" || name == "get_weather") : name == only) << text;
+        const nlohmann::json args = nlohmann::json::parse(split.calls[0].arguments);
+        EXPECT_TRUE(name == "add" ? args["a"].is_number_integer() : args["city"].is_string()) << text;
+      }
+    }
   }
 }
 
