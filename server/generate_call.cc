@@ -42,7 +42,7 @@ void GenerateCall::Run(const Prepare& prepare) {
   std::lock_guard<std::mutex> lock(mu_);
   if (cancelled_) return EndLocked(CallCancelledStatus("cancelled"));
   if (!request.ok()) return EndLocked(request.status());
-  if (emitter_) emitter_->Begin(request->request.id);
+  if (emitter_) emitter_->Begin(request->request.id, request->text);
   request->request.sink = shared_from_this();
   text_.emplace(s_.engine->model().tokenizer.get(), std::move(request->text));
   auto handle = s_.engine->Submit(std::move(request->request));

@@ -30,7 +30,8 @@ class GenerateCall final : public OutputSink, public std::enable_shared_from_thi
   class Emitter {
    public:
     virtual ~Emitter() = default;
-    virtual void Begin(const std::string& request_id) = 0;
+    // The request is made: its id and how its text is made.
+    virtual void Begin(const std::string& request_id, const TextOptions& text) = 0;
     // Adds one output and its text to what goes out next.
     virtual void Add(const RequestOutput& out, const std::string& text) = 0;
     // A send is out: outputs keep being added, and the call does not end, until SendDone.

@@ -41,7 +41,10 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, p
     call_->Start(std::move(prepare));
   }
 
-  void Begin(const std::string& request_id) override { id_ = request_id; }
+  void Begin(const std::string& request_id, const TextOptions& text) override {
+    id_ = request_id;
+    if (text.tool_calls) tools_.emplace(*text.tool_calls);
+  }
   void Add(const RequestOutput& out, const std::string& text) override {
     if (!chunk_ready_) {
       chunk_.Clear();
@@ -49,6 +52,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, p
       chunk_ready_ = true;
     }
     AppendOutput(out, text, &chunk_);
+    if (tools_) tools_->Add(text, out.finish != FinishReason::kNone, chunk_.mutable_tool_calls());
   }
   bool busy() const override { return writing_; }
   bool Send(bool last) override {
@@ -80,6 +84,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, p
   std::shared_ptr<GenerateCall> call_;
   std::shared_ptr<std::atomic<int64_t>> active_calls_;
   std::string id_;
+  std::optional<ToolCallText> tools_;
   v1::GenerateChunk chunk_;  // made, not yet written
   bool chunk_ready_ = false;
   bool writing_ = false;
@@ -99,8 +104,14 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor, public Gener
     call_->Start(std::move(prepare));
   }
 
-  void Begin(const std::string& request_id) override { result_.set_request_id(request_id); }
-  void Add(const RequestOutput& out, const std::string& text) override { AppendOutput(out, text, &result_); }
+  void Begin(const std::string& request_id, const TextOptions& text) override {
+    result_.set_request_id(request_id);
+    if (text.tool_calls) tools_.emplace(*text.tool_calls);
+  }
+  void Add(const RequestOutput& out, const std::string& text) override {
+    AppendOutput(out, text, &result_);
+    if (tools_) tools_->Add(text, out.finish != FinishReason::kNone, result_.mutable_tool_calls());
+  }
   bool busy() const override { return false; }
   bool Send(bool last) override {
     if (last) Serialize(result_, wire_);
@@ -120,6 +131,7 @@ class UnaryGenerateReactor final : public grpc::ServerUnaryReactor, public Gener
   std::shared_ptr<GenerateCall> call_;
   std::shared_ptr<std::atomic<int64_t>> active_calls_;
   grpc::ByteBuffer* wire_;
+  std::optional<ToolCallText> tools_;
   v1::GenerateResult result_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "server/status_mapping.h"
 
@@ -120,6 +121,25 @@ v1::ServerInfo ToServerInfo(const Engine* engine, const std::string& version) {
   mp->set_num_blocks(p.num_blocks);
   mp->set_kv_bytes(p.kv_bytes());
   return info;
+}
+
+std::string NewToolCallId() {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local absl::BitGen gen;
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kAlphabet[absl::Uniform<size_t>(gen, 0, sizeof(kAlphabet) - 1)];
+  return id;
+}
+
+void ToolCallText::Add(const std::string& text, bool last, google::protobuf::RepeatedPtrField<v1::ToolCall>* calls) {
+  text_ += text;
+  if (!last) return;
+  for (FoundToolCall& found : SplitToolCalls(format_, text_).calls) {
+    v1::ToolCall* call = calls->Add();
+    call->set_id(NewToolCallId());
+    call->set_name(std::move(found.name));
+    call->set_arguments(std::move(found.arguments));
+  }
 }
 
 }  // namespace inferd

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "engine/chat/tool_calls.h"
 #include "engine/engine.h"
 #include "inferd/v1/inferd.pb.h"
 
@@ -19,6 +20,20 @@ void Serialize(const google::protobuf::Message& message, grpc::ByteBuffer* out);
 // Appends one engine output (its tokens, text, logprobs; the finish, usage and timing when it ends the request).
 void AppendOutput(const RequestOutput& out, const std::string& text, v1::GenerateChunk* chunk);
 void AppendOutput(const RequestOutput& out, const std::string& text, v1::GenerateResult* result);
+
+// A new tool call's id, as OpenAI forms them ("call_" and 24 letters and digits).
+std::string NewToolCallId();
+
+// A request's text gathered for its tool calls (TextOptions::tool_calls), which the last output gets.
+class ToolCallText {
+ public:
+  explicit ToolCallText(ToolCallFormat format) : format_(format) {}
+  void Add(const std::string& text, bool last, google::protobuf::RepeatedPtrField<v1::ToolCall>* calls);
+
+ private:
+  ToolCallFormat format_;
+  std::string text_;
+};
 
 v1::ModelInfo ToModelInfo(const Engine& engine);
 // The server's state; `engine` null while the model loads (the version alone then).

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
+#include "engine/chat/tool_calls.h"
 #include "engine/status_macros.h"
 #include "engine/tokenizer/utf8.h"
 
@@ -42,6 +45,76 @@ OutputConstraint ConstraintOf(const v1::OutputConstraint& c) {
   return {Kind::kNone, "", {}, "constraint"};
 }
 
+// A request's tools, checked: names as OpenAI allows them, parameters a JSON object.
+absl::StatusOr<std::vector<ToolSpec>> ToolsOf(const v1::GenerateRequest& p) {
+  if (p.tools_size() > kMaxTools) {
+    return Bad("tools", absl::StrCat("(", p.tools_size(), " tools)"), absl::StrCat("at most ", kMaxTools));
+  }
+  std::vector<ToolSpec> tools;
+  for (int i = 0; i < p.tools_size(); ++i) {
+    const v1::Tool& t = p.tools(i);
+    const std::string field = absl::StrCat("tools[", i, "]");
+    const bool name_ok = !t.name().empty() && t.name().size() <= 64 &&
+                         std::all_of(t.name().begin(), t.name().end(), [](char c) {
+                           return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                                  c == '_' || c == '-';
+                         });
+    if (!name_ok) {
+      return Bad(field + ".name", absl::StrCat("\"", t.name().substr(0, 64), "\""),
+                 "1 to 64 letters, digits, underscores and dashes");
+    }
+    for (const ToolSpec& before : tools) {
+      if (before.name == t.name()) return Bad(field + ".name", absl::StrCat("\"", t.name(), "\""), "a name no other tool has");
+    }
+    if (!IsValidUtf8(t.description()) || !IsValidUtf8(t.parameters())) {
+      return Bad(field, "(invalid UTF-8)", "valid UTF-8");
+    }
+    if (!t.parameters().empty()) {
+      const nlohmann::json params = nlohmann::json::parse(t.parameters(), nullptr, /*allow_exceptions=*/false);
+      if (!params.is_object()) {
+        return Bad(field + ".parameters", absl::StrCat("(", t.parameters().size(), " bytes)"), "a JSON schema object");
+      }
+    }
+    tools.push_back({t.name(), t.description(), t.parameters()});
+  }
+  return tools;
+}
+
+// The conversation as the template reads it; with tools its template does not read, told of them in the system
+// message.
+absl::StatusOr<std::vector<ChatMessage>> ChatOf(const v1::GenerateRequest& p, const std::vector<ToolSpec>& tools,
+                                                bool template_takes_tools) {
+  const auto& ms = p.messages().messages();
+  if (ms.empty()) return Bad("messages", "(empty)", "at least one message");
+  std::vector<ChatMessage> chat;
+  for (int i = 0; i < ms.size(); ++i) {
+    const v1::ChatMessage& m = ms[i];
+    const std::string field = absl::StrCat("messages[", i, "]");
+    if (!IsValidUtf8(m.role()) || !IsValidUtf8(m.content()) || !IsValidUtf8(m.tool_call_id()) ||
+        !IsValidUtf8(m.name())) {
+      return Bad(field, "(invalid UTF-8)", "valid UTF-8");
+    }
+    if (m.role().empty()) return Bad(field + ".role", "\"\"", "a non-empty role");
+    ChatMessage& c = chat.emplace_back(ChatMessage{m.role(), m.content(), {}, m.tool_call_id(), m.name()});
+    for (int k = 0; k < m.tool_calls_size(); ++k) {
+      const v1::ToolCall& call = m.tool_calls(k);
+      if (!IsValidUtf8(call.id()) || !IsValidUtf8(call.name()) || !IsValidUtf8(call.arguments())) {
+        return Bad(absl::StrCat(field, ".tool_calls[", k, "]"), "(invalid UTF-8)", "valid UTF-8");
+      }
+      c.tool_calls.push_back({call.id(), call.name(), call.arguments()});
+    }
+  }
+  if (!tools.empty() && !template_takes_tools) {
+    const std::string prompt = ToolsSystemPrompt(tools);
+    if (chat[0].role == "system") {
+      chat[0].content += "\n\n" + prompt;
+    } else {
+      chat.insert(chat.begin(), ChatMessage{"system", prompt});
+    }
+  }
+  return chat;
+}
+
 }  // namespace
 
 absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const ModelLimits& limits) {
@@ -53,6 +126,14 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
   if (r.id.size() > 256) return Bad("request_id", absl::StrCat("(", r.id.size(), " bytes)"), "at most 256 bytes");
 
   const bool add_special = !p.output().has_add_special_tokens() || p.output().add_special_tokens();
+  INFERD_ASSIGN_OR_RETURN(const std::vector<ToolSpec> tools, ToolsOf(p));
+  if (!tools.empty() && p.prompt_case() != v1::GenerateRequest::kMessages) {
+    return Bad("tools", absl::StrCat("(", tools.size(), " tools)"), "none unless the prompt is messages");
+  }
+  const v1::ToolChoice& choice = p.tool_choice();
+  if (tools.empty() && p.has_tool_choice() && choice.mode() != v1::ToolChoice::NONE) {
+    return Bad("tool_choice", v1::ToolChoice::Mode_Name(choice.mode()), "NONE, or tools to choose from");
+  }
   switch (p.prompt_case()) {
     case v1::GenerateRequest::kText:
       if (!IsValidUtf8(p.text())) return Bad("text", "(invalid UTF-8)", "valid UTF-8");
@@ -72,17 +153,10 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
       if (!limits.chat_template) {
         return absl::InvalidArgumentError("messages: this model has no chat template; send text or token_ids");
       }
-      const auto& ms = p.messages().messages();
-      if (ms.empty()) return Bad("messages", "(empty)", "at least one message");
-      std::vector<ChatMessage> chat;
-      for (int i = 0; i < ms.size(); ++i) {
-        if (!IsValidUtf8(ms[i].role()) || !IsValidUtf8(ms[i].content())) {
-          return Bad(absl::StrCat("messages[", i, "]"), "(invalid UTF-8)", "valid UTF-8");
-        }
-        if (ms[i].role().empty()) return Bad(absl::StrCat("messages[", i, "].role"), "\"\"", "a non-empty role");
-        chat.push_back({ms[i].role(), ms[i].content()});
-      }
-      auto text = limits.chat_template->Render(chat);
+      const bool takes_tools = TakesTools(limits.chat_template->source());
+      INFERD_ASSIGN_OR_RETURN(std::vector<ChatMessage> chat, ChatOf(p, tools, takes_tools));
+      auto text = limits.chat_template->Render(chat, /*add_generation_prompt=*/true,
+                                               takes_tools && !tools.empty() ? ToolsJson(tools) : "");
       if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("messages: ", text.status().message()));
       r.prompt = limits.tokenizer->Encode(*text, /*add_special_tokens=*/false);
       break;
@@ -205,8 +279,27 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
   }
   text.skip_special_tokens = !p.output().has_skip_special_tokens() || p.output().skip_special_tokens();
   r.priority = p.priority();
+  // Tools: the calls are found in the text unless the request forbids them; a required call is a constraint.
+  OutputConstraint c = ConstraintOf(p.constraint());
+  if (!tools.empty() && choice.mode() != v1::ToolChoice::NONE) {
+    const ToolCallFormat format = TakesTools(limits.chat_template->source())
+                                      ? ToolCallFormatOf(limits.chat_template->source())
+                                      : ToolCallFormat::kHermes;  // ToolsSystemPrompt's words
+    text.tool_calls = format;
+    if (choice.mode() == v1::ToolChoice::FUNCTION &&
+        std::none_of(tools.begin(), tools.end(), [&](const ToolSpec& t) { return t.name == choice.function(); })) {
+      return Bad("tool_choice.function", absl::StrCat("\"", choice.function().substr(0, 64), "\""),
+                 "the name of one of the request's tools");
+    }
+    if (choice.mode() == v1::ToolChoice::REQUIRED || choice.mode() == v1::ToolChoice::FUNCTION) {
+      if (c.active()) return Bad("constraint", "(set)", "unset when tool_choice requires a call");
+      const ToolCallShape shape =
+          ForcedToolCall(format, tools, choice.mode() == v1::ToolChoice::FUNCTION ? choice.function() : "");
+      c = {OutputConstraint::Kind::kToolCall, shape.schema, {}, "tool_choice", shape.prefix, shape.suffix};
+    }
+  }
   // Compiled here, on the request's thread: the engine's thread never waits for it.
-  if (const OutputConstraint c = ConstraintOf(p.constraint()); c.active()) {
+  if (c.active()) {
     if (!limits.constraints) return absl::InternalError("constraint: this server has no constraint compiler");
     // Once a constraint is complete only the end-of-text tokens may follow, which min_tokens would forbid.
     if (r.stopping.min_tokens > 0) {

@@ -20,6 +20,9 @@ struct ModelLimits {
   const ConstraintCompiler* constraints = nullptr;  // structured output (the engine's)
 };
 
+// Tools a request may offer.
+constexpr int kMaxTools = 128;
+
 struct BuiltRequest {
   Request request;   // what the engine runs
   TextOptions text;  // how the server makes its text (server/text_output.h)

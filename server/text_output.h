@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/chat/tool_calls.h"
 #include "engine/request.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -23,6 +24,9 @@ struct TextOptions {
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
   int32_t min_tokens = 0;  // stop strings count from this many generated tokens on
+  // The request offers tools the model may call: the front end finds the calls, written in this format, in the
+  // text (engine/chat/tool_calls.h).
+  std::optional<ToolCallFormat> tool_calls;
 };
 
 class TextOutput {

@@ -17,6 +17,7 @@
 #include "server/http/bounded_json.h"
 #include "server/http/openai_request.h"
 #include "server/http/openai_response.h"
+#include "server/proto_conversion.h"
 #include "server/status_mapping.h"
 
 namespace inferd {
@@ -68,10 +69,21 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
   struct Choice final : GenerateCall::Emitter {
     Choice(ChoiceSet* set, int index, int prompt) : set(set), index(index), prompt(prompt) {}
 
-    void Begin(const std::string&) override { set->Begun(); }
+    void Begin(const std::string&, const TextOptions& options) override {
+      if (options.tool_calls) tools.emplace(*options.tool_calls);
+      set->Begun();
+    }
     void Add(const RequestOutput& out, const std::string& text) override {
       if (!had_output && set->request_.echo) set->Echo(prompt, out, &pending);
-      pending.text += text;
+      pending.text += tools ? tools->Feed(text) : text;
+      if (tools && out.finish != FinishReason::kNone) {  // what was held back: text, or the calls
+        ToolCallSplit split = tools->Finish();
+        pending.text += split.content;
+        for (FoundToolCall& c : split.calls) {
+          if (!pending.tool_calls.empty() && !set->request_.parallel_tool_calls) break;
+          pending.tool_calls.push_back({NewToolCallId(), std::move(c.name), std::move(c.arguments)});
+        }
+      }
       pending.logprobs.insert(pending.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
       if (out.finish != FinishReason::kNone) {
         pending.finish = out.finish;
@@ -90,6 +102,7 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
           whole.text += pending.text;
           whole.logprobs.insert(whole.logprobs.end(), pending.logprobs.begin(), pending.logprobs.end());
           whole.finish = pending.finish;
+          whole.tool_calls = std::move(pending.tool_calls);
           pending = {};
         }
         return last;
@@ -118,7 +131,8 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
     const int index;
     const int prompt;
     std::shared_ptr<GenerateCall> call;
-    ChoicePiece pending;  // since the last send
+    std::optional<ToolCallStream> tools;  // the request's tools: calls held back from the text, found at the end
+    ChoicePiece pending;                  // since the last send
     ChoicePiece whole;    // unary: everything sent
     Usage usage;
     bool has_pending = false;

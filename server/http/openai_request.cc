@@ -129,6 +129,32 @@ absl::StatusOr<std::string> Content(const json& content, const std::string& fiel
   return text;
 }
 
+// An assistant's tool_calls: [{"id", "type": "function", "function": {"name", "arguments": JSON text}}].
+absl::Status ToolCalls(const json& calls, const std::string& field, v1::ChatMessage* out) {
+  if (!calls.is_array()) return Bad(field, calls, "a list of tool calls");
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const json& c = calls[k];
+    const std::string cf = absl::StrCat(field, "[", k, "]");
+    const char* allowed = R"({"id": STRING, "type": "function", "function": {"name": STRING, "arguments": STRING}})";
+    if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) return Bad(cf, c, allowed);
+    const json& f = c["function"];
+    if (!f.contains("name") || !f["name"].is_string()) return Bad(cf + ".function.name", f.value("name", json()), "a string");
+    v1::ToolCall* call = out->add_tool_calls();
+    call->set_name(f["name"].get<std::string>());
+    if (c.contains("id") && c["id"].is_string()) call->set_id(c["id"].get<std::string>());
+    if (f.contains("arguments")) {
+      if (f["arguments"].is_string()) {
+        call->set_arguments(f["arguments"].get<std::string>());
+      } else if (f["arguments"].is_object()) {
+        call->set_arguments(f["arguments"].dump());
+      } else {
+        return Bad(cf + ".function.arguments", f["arguments"], "a JSON object as a string");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Messages(const json& messages, v1::GenerateRequest* r) {
   if (!messages.is_array() || messages.empty()) return Bad("messages", messages, "a non-empty list of messages");
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -136,20 +162,100 @@ absl::Status Messages(const json& messages, v1::GenerateRequest* r) {
     const std::string field = absl::StrCat("messages[", i, "]");
     if (!m.is_object()) return Bad(field, m, "an object with role and content");
     for (const auto& [key, value] : m.items()) {
-      if (key != "role" && key != "content") return Unsupported(absl::StrCat(field, ".", ClientKey(key)));
+      if (key != "role" && key != "content" && key != "tool_calls" && key != "tool_call_id" && key != "name" &&
+          key != "refusal") {
+        return Unsupported(absl::StrCat(field, ".", ClientKey(key)));
+      }
     }
     if (!m.contains("role") || !m["role"].is_string()) return Bad(field + ".role", m.value("role", json()), "a string");
     const std::string role = m["role"].get<std::string>();
-    if (role != "system" && role != "developer" && role != "user" && role != "assistant") {
-      return Bad(field + ".role", m["role"], "system, developer, user or assistant");
+    if (role != "system" && role != "developer" && role != "user" && role != "assistant" && role != "tool") {
+      return Bad(field + ".role", m["role"], "system, developer, user, assistant or tool");
     }
-    if (!m.contains("content")) return Bad(field + ".content", json(), "a string or a list of text parts");
-    auto content = Content(m["content"], field + ".content");
-    if (!content.ok()) return content.status();
     v1::ChatMessage* out = r->mutable_messages()->add_messages();
     out->set_role(role == "developer" ? "system" : role);
-    out->set_content(*std::move(content));
+    // An assistant that called tools may have no content (null, or none at all).
+    const bool calls = role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null();
+    const bool content = m.contains("content") && !m["content"].is_null();
+    if (!content && !calls) return Bad(field + ".content", m.value("content", json()), "a string or a list of text parts");
+    if (content) {
+      auto content = Content(m["content"], field + ".content");
+      if (!content.ok()) return content.status();
+      out->set_content(*std::move(content));
+    }
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      if (role != "assistant") return Bad(field + ".tool_calls", m["tool_calls"], "only in an assistant's message");
+      if (absl::Status st = ToolCalls(m["tool_calls"], field + ".tool_calls", out); !st.ok()) return st;
+    }
+    for (const char* key : {"tool_call_id", "name"}) {
+      if (!m.contains(key) || m[key].is_null()) continue;
+      if (!m[key].is_string()) return Bad(absl::StrCat(field, ".", key), m[key], "a string");
+      key == std::string("name") ? out->set_name(m[key].get<std::string>())
+                                 : out->set_tool_call_id(m[key].get<std::string>());
+    }
   }
+  return absl::OkStatus();
+}
+
+// tools ([{"type": "function", "function": {"name", "description", "parameters", "strict"}}]), tool_choice
+// ("auto", "none", "required" or {"type": "function", "function": {"name"}}) and parallel_tool_calls.
+absl::Status Tools(Fields& f, v1::GenerateRequest* r, bool* parallel_tool_calls) {
+  if (f.Has("tools")) {
+    const json& tools = f.At("tools");
+    if (!tools.is_array()) return Bad("tools", tools, "a list of function tools");
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const json& t = tools[i];
+      const std::string field = absl::StrCat("tools[", i, "]");
+      const char* allowed = R"({"type": "function", "function": {"name": ..., "description": ..., "parameters": {...}}})";
+      if (!t.is_object() || t.value("type", json()) != "function" || !t.contains("function") ||
+          !t["function"].is_object()) {
+        return Bad(field, t, allowed);
+      }
+      const json& fn = t["function"];
+      for (const auto& [key, value] : fn.items()) {
+        if (key != "name" && key != "description" && key != "parameters" && key != "strict") {
+          return Bad(absl::StrCat(field, ".function.", ClientKey(key)), value, "name, description, parameters, strict");
+        }
+      }
+      if (!fn.contains("name") || !fn["name"].is_string()) {
+        return Bad(field + ".function.name", fn.value("name", json()), "a string");
+      }
+      v1::Tool* tool = r->add_tools();
+      tool->set_name(fn["name"].get<std::string>());
+      if (fn.contains("description") && !fn["description"].is_null()) {
+        if (!fn["description"].is_string()) return Bad(field + ".function.description", fn["description"], "a string");
+        tool->set_description(fn["description"].get<std::string>());
+      }
+      if (fn.contains("parameters") && !fn["parameters"].is_null()) {
+        if (!fn["parameters"].is_object()) return Bad(field + ".function.parameters", fn["parameters"], "a JSON schema object");
+        tool->set_parameters(fn["parameters"].dump());
+      }
+    }
+  }
+  f.Done("tools");
+  if (f.Has("tool_choice")) {
+    const json& c = f.At("tool_choice");
+    v1::ToolChoice* choice = r->mutable_tool_choice();
+    const char* allowed = R"("auto", "none", "required" or {"type": "function", "function": {"name": ...}})";
+    if (c == "auto") {
+      choice->set_mode(v1::ToolChoice::AUTO);
+    } else if (c == "none") {
+      choice->set_mode(v1::ToolChoice::NONE);
+    } else if (c == "required") {
+      choice->set_mode(v1::ToolChoice::REQUIRED);
+    } else if (c.is_object() && c.value("type", json()) == "function" && c.contains("function") &&
+               c["function"].is_object() && c["function"].contains("name") && c["function"]["name"].is_string()) {
+      choice->set_mode(v1::ToolChoice::FUNCTION);
+      choice->set_function(c["function"]["name"].get<std::string>());
+    } else {
+      return Bad("tool_choice", c, allowed);
+    }
+  }
+  f.Done("tool_choice");
+  // Calls may come several to an answer; one forced by tool_choice comes alone.
+  auto parallel = f.Bool("parallel_tool_calls");
+  if (!parallel.ok()) return parallel.status();
+  *parallel_tool_calls = parallel->value_or(true);
   return absl::OkStatus();
 }
 
@@ -240,7 +346,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
   const bool chat = route == OpenAiRoute::kChat;
 
   // What inferd does not serve, by name.
-  for (const char* key : {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio",
+  for (const char* key : {"functions", "function_call", "audio",
                           "modalities", "prediction", "web_search_options", "suffix", "guided_json", "guided_regex",
                           "guided_choice", "guided_grammar", "reasoning_effort"}) {  // guided_*: structured_outputs
     if (f.Has(key)) return Unsupported(key);
@@ -261,6 +367,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
     if (!f.Has("messages")) return Bad("messages", json(), "a non-empty list of messages");
     if (absl::Status st = Messages(f.At("messages"), &base); !st.ok()) return st;
     f.Done("messages");
+    if (absl::Status st = Tools(f, &base, &out.parallel_tool_calls); !st.ok()) return st;
   } else {
     if (!f.Has("prompt")) return Bad("prompt", json(), "a string, a list of strings or token ids");
     if (absl::Status st = Prompts(f.At("prompt"), &out.prompts); !st.ok()) return st;

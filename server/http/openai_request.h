@@ -1,6 +1,6 @@
 // OpenAI's /v1/chat/completions and /v1/completions request bodies, turned into inferd's own GenerateRequests:
 // one per prompt, each run n times. Everything is checked here or by the shared request builder; a field
-// inferd does not serve (tools, response_format with a schema, ...) is refused with its name, never ignored.
+// inferd does not serve (audio, the legacy functions, ...) is refused with its name, never ignored.
 #pragma once
 
 #include <string>
@@ -29,6 +29,8 @@ struct OpenAiRequest {
   // Where the request stated its output constraint ("response_format.json_schema.schema", "structured_outputs.regex"),
   // for errors the constraint's compilation reports under the gRPC field it travels in ("constraint.json_schema").
   std::string constraint_field;
+  // With tools: whether an answer may hold several calls (false: the first only).
+  bool parallel_tool_calls = true;
 };
 
 // Choices a request may ask for (prompts × n).

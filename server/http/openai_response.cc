@@ -66,9 +66,25 @@ json Logprobs(const OpenAiResponseContext& ctx, const std::vector<TokenLogprob>&
   return ctx.route == OpenAiRoute::kChat ? ChatLogprobs(ctx, lps) : CompletionLogprobs(ctx, lps);
 }
 
-json Finish(FinishReason reason) {
-  const char* name = OpenAiFinishReason(reason);
+json Finish(const ChoicePiece& c) {
+  if (!c.tool_calls.empty() && c.finish != FinishReason::kNone && c.finish != FinishReason::kLength &&
+      c.finish != FinishReason::kAborted) {
+    return "tool_calls";
+  }
+  const char* name = OpenAiFinishReason(c.finish);
   return name ? json(name) : json(nullptr);
+}
+
+json ToolCallsJson(const std::vector<ChatToolCall>& calls, bool delta) {
+  json list = json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    json call = {{"id", calls[k].id},
+                 {"type", "function"},
+                 {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+    if (delta) call["index"] = k;
+    list.push_back(std::move(call));
+  }
+  return list;
 }
 
 json UsageJson(const UsageTotals& u) {
@@ -130,9 +146,13 @@ std::string OpenAiResponse(const OpenAiResponseContext& ctx, const std::vector<C
   json out = Head(ctx, false);
   json list = json::array();
   for (const ChoicePiece& c : choices) {
-    json choice = {{"index", c.index}, {"logprobs", Logprobs(ctx, c.logprobs)}, {"finish_reason", Finish(c.finish)}};
+    json choice = {{"index", c.index}, {"logprobs", Logprobs(ctx, c.logprobs)}, {"finish_reason", Finish(c)}};
     if (ctx.route == OpenAiRoute::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (!c.tool_calls.empty()) {
+        if (c.text.empty()) choice["message"]["content"] = nullptr;  // as OpenAI answers a call without text
+        choice["message"]["tool_calls"] = ToolCallsJson(c.tool_calls, false);
+      }
     } else {
       choice["text"] = c.text;
     }
@@ -146,10 +166,11 @@ std::string OpenAiResponse(const OpenAiResponseContext& ctx, const std::vector<C
 std::string OpenAiChunkEvent(const OpenAiResponseContext& ctx, const ChoicePiece& piece) {
   json out = Head(ctx, true);
   json choice = {
-      {"index", piece.index}, {"logprobs", Logprobs(ctx, piece.logprobs)}, {"finish_reason", Finish(piece.finish)}};
+      {"index", piece.index}, {"logprobs", Logprobs(ctx, piece.logprobs)}, {"finish_reason", Finish(piece)}};
   if (ctx.route == OpenAiRoute::kChat) {
     json delta = {{"content", piece.text}};
     if (piece.first) delta["role"] = "assistant";
+    if (!piece.tool_calls.empty()) delta["tool_calls"] = ToolCallsJson(piece.tool_calls, true);
     choice["delta"] = std::move(delta);
   } else {
     choice["text"] = piece.text;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/chat/chat_template.h"
 #include "engine/request.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "server/http/openai_request.h"
@@ -31,6 +32,9 @@ struct ChoicePiece {
   std::vector<TokenLogprob> logprobs;
   FinishReason finish = FinishReason::kNone;
   bool first = false;  // a stream's first chunk of this choice (chat: it names the role)
+  // The tools the model called (chat): finish_reason "tool_calls"; in a stream, on the last chunk, each call
+  // whole in one delta (index, id, name, arguments).
+  std::vector<ChatToolCall> tool_calls;
 };
 
 struct UsageTotals {

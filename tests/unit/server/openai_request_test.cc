@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
 namespace inferd {
 namespace {
 
@@ -82,9 +85,39 @@ TEST(OpenAiRequest, EchoWithLogprobsScoresThePrompt) {
   EXPECT_FALSE(text.prompts[0].output().has_prompt_logprobs());
 }
 
+TEST(OpenAiRequest, ToolsChoicesCallsAndAnswersTravelInTheRequest) {
+  const OpenAiRequest r = Parse(R"({"messages": [
+      {"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+               "parameters": {"type": "object"}}}],
+    "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": false})");
+  const v1::GenerateRequest& p = r.prompts[0];
+  ASSERT_EQ(p.tools_size(), 1);
+  EXPECT_EQ(p.tools(0).name(), "get_weather");
+  EXPECT_EQ(p.tools(0).parameters(), R"({"type":"object"})");
+  EXPECT_EQ(p.tool_choice().mode(), v1::ToolChoice::FUNCTION);
+  EXPECT_EQ(p.tool_choice().function(), "get_weather");
+  EXPECT_FALSE(r.parallel_tool_calls);
+  const auto& ms = p.messages().messages();
+  ASSERT_EQ(ms.size(), 3);
+  ASSERT_EQ(ms[1].tool_calls_size(), 1);
+  EXPECT_EQ(ms[1].tool_calls(0).arguments(), R"({"city": "Paris"})");
+  EXPECT_EQ(ms[2].role(), "tool");
+  EXPECT_EQ(ms[2].tool_call_id(), "call_1");
+  for (const char* mode : {"auto", "none", "required"}) {
+    const OpenAiRequest m = Parse(absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": ")",
+                                               mode, R"(", "tools": [{"type": "function", "function": {"name": "f"}}]})"));
+    EXPECT_EQ(v1::ToolChoice::Mode_Name(m.prompts[0].tool_choice().mode()), absl::AsciiStrToUpper(mode));
+  }
+}
+
 TEST(OpenAiRequest, RefusalsNameTheField) {
-  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "tools": []})").find("tools"),
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "tools": "all"})").find("tools"),
             std::string::npos);
+  EXPECT_NE(Refusal(R"({"prompt": "x", "tools": []})", OpenAiRoute::kCompletion).find("tools"), std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"five": 1}})")
                 .find("logit_bias[\"five\"]"),
             std::string::npos);
@@ -95,8 +128,13 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
             std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {}})").find("stream_options"),
             std::string::npos);
-  EXPECT_NE(Refusal(R"({"messages": [{"role": "tool", "content": "x"}]})").find("messages[0].role"), std::string::npos);
-  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x", "name": "bob"}]})").find("messages[0].name"),
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "robot", "content": "x"}]})").find("messages[0].role"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x", "audio": {}}]})").find("messages[0].audio"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})")
+                .find("messages[0].tool_calls"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": null}]})").find("messages[0].content"),
             std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
       "max_completion_tokens": 6})")
