@@ -59,6 +59,7 @@ struct ServerSection {
   std::string api_keys_file;            // one key per line, reloaded on SIGHUP; "" = no keys asked
   bool api_keys_exempt_health = true;   // health (HTTP /health; gRPC health is always open) without a key
   bool api_keys_exempt_metrics = true;  // /metrics on http_listen without a key
+  std::string http_unknown_fields = "ignore";  // request body fields inferd does not know: "ignore" or "refuse"
 };
 
 struct Config {

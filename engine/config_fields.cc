@@ -328,6 +328,12 @@ std::vector<ConfigField> MakeFields() {
   f.push_back(Flag(
       "server", "api_keys_exempt_metrics", [](Config& c) -> bool& { return c.server.api_keys_exempt_metrics; },
       "/metrics on http_listen answers without a key (metrics_listen never asks for one: keep it internal)"));
+  f.push_back(Text(
+      "server", "http_unknown_fields", [](Config& c) -> std::string& { return c.server.http_unknown_fields; },
+      {"ignore", "refuse"}, "ignore, refuse",
+      "OpenAI-API request fields inferd does not know (routers and SDKs add their own): ignore them, named in "
+      "the log, the X-Inferd-Ignored-Fields response header and inferd_http_ignored_fields_total; or refuse the "
+      "request with a 400 naming the first. Fields inferd knows but cannot honour are always refused"));
   return f;
 }
 

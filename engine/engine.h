@@ -133,6 +133,7 @@ class Engine {
   // Compiles requests' output constraints for this model (thread-safe; request threads call it).
   const ConstraintCompiler& constraint_compiler() const { return *constraint_compiler_; }
   int32_t block_size() const { return config_.engine.block_size; }
+  const Config& config() const { return config_; }
 
  private:
   Engine() = default;

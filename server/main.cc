@@ -216,7 +216,8 @@ int Run(int argc, char** argv) {
                                       .metrics = metrics.get(),
                                       .keys = keys.get(),
                                       .keys_exempt_health = config->server.api_keys_exempt_health,
-                                      .keys_exempt_metrics = config->server.api_keys_exempt_metrics});
+                                      .keys_exempt_metrics = config->server.api_keys_exempt_metrics,
+                                      .refuse_unknown_fields = config->server.http_unknown_fields == "refuse"});
     const inferd::TlsFiles tls{config->server.tls_cert_file, config->server.tls_key_file,
                                config->server.tls_client_ca_file};
     auto started = inferd::HttpServer::Start(

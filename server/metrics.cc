@@ -70,12 +70,34 @@ prometheus::MetricFamily Gauge(const std::string& name, const std::string& help,
   }
   return f;
 }
-prometheus::MetricFamily Counter(const std::string& name, const std::string& help, double v) {
+prometheus::MetricFamily Counter(const std::string& name, const std::string& help, double v,
+                                 std::vector<prometheus::ClientMetric::Label> labels = {}) {
   prometheus::MetricFamily f{name, help, prometheus::MetricType::Counter, {}};
   prometheus::ClientMetric m;
+  m.label = std::move(labels);
   m.counter.value = v;
   f.metric.push_back(m);
   return f;
+}
+
+// The same state under vLLM's names (with its model_name label), which the Gateway API Inference Extension's
+// endpoint picker and the community dashboards read.
+std::vector<prometheus::MetricFamily> VllmAliases(const EngineStats& s, const std::string& model) {
+  const std::vector<prometheus::ClientMetric::Label> label = {{"model_name", model}};
+  const double usage = s.total_blocks > 0 ? double(s.total_blocks - s.free_blocks) / s.total_blocks : 0.0;
+  return {
+      Gauge("vllm:num_requests_running", "Requests in the running batch (inferd_num_requests_running).",
+            {{label, double(s.running)}}),
+      Gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled (inferd_num_requests_waiting).",
+            {{label, double(s.waiting)}}),
+      Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = all of it (inferd_kv_cache_usage_ratio).",
+            {{label, usage}}),
+      Gauge("vllm:gpu_cache_usage_perc", "KV-cache usage, 1 = all of it (vLLM's older name).", {{label, usage}}),
+      Counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+              double(s.prefix_query_tokens), label),
+      Counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", double(s.prefix_hit_tokens),
+              label),
+  };
 }
 
 // The engine's state, read at scrape time.
@@ -85,7 +107,8 @@ class EngineCollector final : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     const EngineStats s = engine_->Stats();
     const double used = s.total_blocks - s.free_blocks;
-    return {
+    std::vector<prometheus::MetricFamily> families = VllmAliases(s, engine_->model().name);
+    std::vector<prometheus::MetricFamily> own = {
         Gauge("inferd_num_requests_running", "Requests in the running batch.", {{{}, double(s.running)}}),
         Gauge("inferd_num_requests_waiting", "Requests waiting to be scheduled.", {{{}, double(s.waiting)}}),
         Gauge("inferd_kv_blocks", "KV cache blocks by state (cached blocks are free and hold a reusable prefix).",
@@ -122,6 +145,8 @@ class EngineCollector final : public prometheus::Collectable {
         Counter("inferd_steps_total", "Steps the engine ran.", double(s.engine_steps)),
         Counter("inferd_device_busy_seconds_total", "Device time of the steps (cuda: CUDA events).", s.device_busy_s),
     };
+    families.insert(families.end(), std::make_move_iterator(own.begin()), std::make_move_iterator(own.end()));
+    return families;
   }
 
  private:
@@ -151,6 +176,7 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>* finished = nullptr;
   prometheus::Family<prometheus::Counter>* calls = nullptr;
   prometheus::Family<prometheus::Counter>* auth_failures = nullptr;
+  prometheus::Counter* ignored_fields = nullptr;
   Histogram *ttft = nullptr, *tpot = nullptr, *itl = nullptr, *e2e = nullptr, *queue = nullptr;
   Histogram *prompt = nullptr, *generated = nullptr, *batch = nullptr, *step_tokens = nullptr, *step_s = nullptr;
 
@@ -247,6 +273,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
   impl->flops =
       AddCounter(r, "inferd_model_flops_total", "Model FLOPs of the steps (over device busy seconds: FLOP/s).");
   impl->generated_tokens = AddCounter(r, "inferd_generation_tokens_total", "Tokens generated.");
+  impl->ignored_fields = AddCounter(r, "inferd_http_ignored_fields_total",
+                                    "Fields of OpenAI-API request bodies inferd does not know, ignored "
+                                    "(server.http_unknown_fields: ignore).");
   impl->auth_failures = &BuildCounter()
                              .Name("inferd_auth_failures_total")
                              .Help("Requests refused for a missing or wrong API key, by front end.")
@@ -290,6 +319,10 @@ std::string Metrics::Render() const {
     for (prometheus::MetricFamily& f : engine->Collect()) families.push_back(std::move(f));
   }
   return prometheus::TextSerializer().Serialize(families);
+}
+
+void Metrics::CountIgnoredFields(int64_t fields) {
+  impl_->ignored_fields->Increment(static_cast<double>(fields));
 }
 
 void Metrics::CountAuthFailure(const char* front_end) {

@@ -31,6 +31,8 @@ class Metrics {
   void CountCall(grpc::StatusCode code);
   // A request refused for its API key ("grpc" or "http").
   void CountAuthFailure(const char* front_end);
+  // An HTTP request carried `fields` fields inferd does not know and ignored (server.http_unknown_fields).
+  void CountIgnoredFields(int64_t fields);
   // The exposition text of every metric, read now.
   std::string Render() const;
 

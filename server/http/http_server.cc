@@ -115,11 +115,12 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     writes_.push_back(std::move(p));
     Pump();
   }
-  void StartStream(int status, const std::string& content_type) {
+  void StartStream(int status, const std::string& content_type,
+                   const std::vector<std::pair<std::string, std::string>>& headers) {
     if (closed_ || answered_) return;
     answered_ = true;
     Pending p{.kind = Pending::kHead};
-    SetHead(p.head, status, content_type, {});
+    SetHead(p.head, status, content_type, headers);
     p.head.set(http::field::cache_control, "no-cache");
     p.head.set("X-Accel-Buffering", "no");  // proxies pass each event on at once
     p.head.chunked(true);
@@ -403,8 +404,11 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
                    s->Respond(status, content_type, std::move(body), std::move(headers));
                  });
     }
-    void StartStream(int status, const std::string& content_type) override {
-      asio::post(session_->executor(), [s = session_, status, content_type] { s->StartStream(status, content_type); });
+    void StartStream(int status, const std::string& content_type,
+                     std::vector<std::pair<std::string, std::string>> headers) override {
+      asio::post(session_->executor(), [s = session_, status, content_type, headers = std::move(headers)] {
+        s->StartStream(status, content_type, headers);
+      });
     }
     void Write(std::string data, std::function<void(bool)> done) override {
       asio::post(session_->executor(), [s = session_, data = std::move(data), done = std::move(done)]() mutable {

@@ -33,7 +33,8 @@ class HttpExchange {
                        std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
   // A chunked response instead: the head now, then each Write in order (done(ok) once it is written; false: the
   // client is gone), then End.
-  virtual void StartStream(int status, const std::string& content_type) = 0;
+  virtual void StartStream(int status, const std::string& content_type,
+                           std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
   virtual void Write(std::string data, std::function<void(bool ok)> done) = 0;
   virtual void End() = 0;
   // Called once, from the connection's thread, when the client goes away before the response is complete.

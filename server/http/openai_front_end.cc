@@ -4,16 +4,20 @@
 #include <ctime>
 #include <limits>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "spdlog/spdlog.h"
 #include "server/http/bounded_json.h"
 #include "server/http/openai_request.h"
 #include "server/http/openai_response.h"
@@ -27,6 +31,31 @@ constexpr const char* kJson = "application/json";
 
 void Fail(HttpExchange& exchange, const absl::Status& status) {
   exchange.Respond(OpenAiHttpStatus(status), kJson, OpenAiErrorBody(status));
+}
+
+// The fields a request carried that inferd ignored, as a response header (names reduced to letters, digits and
+// "_.-", so that no client's bytes shape the header).
+std::vector<std::pair<std::string, std::string>> IgnoredFieldsHeader(const OpenAiRequest& request) {
+  if (request.ignored_fields.empty()) return {};
+  std::string value;
+  for (const std::string& name : request.ignored_fields) {
+    if (!value.empty()) value += ", ";
+    for (char c : name) value += absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-' ? c : '?';
+  }
+  return {{"X-Inferd-Ignored-Fields", value}};
+}
+
+// Logs each ignored field's name the first time it is seen (at most 256 names; later ones are counted only).
+void LogIgnoredFields(const OpenAiRequest& request) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const std::string& name : request.ignored_fields) {
+    if (seen.size() >= 256 || !seen.insert(name).second) continue;
+    spdlog::warn("http: request field '{}' is not one inferd knows: ignored (server.http_unknown_fields: refuse "
+                 "refuses such requests); later requests with it are counted in inferd_http_ignored_fields_total",
+                 absl::CHexEscape(name));
+  }
 }
 
 std::string NewId(const char* prefix) {
@@ -207,7 +236,7 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
     std::lock_guard<std::mutex> lock(mu_);
     if (!request_.stream || head_sent_) return;
     head_sent_ = true;
-    exchange_->StartStream(200, "text/event-stream");
+    exchange_->StartStream(200, "text/event-stream", IgnoredFieldsHeader(request_));
   }
 
   void ChoiceDone(int index, const absl::Status& status) {
@@ -261,7 +290,7 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
           c->whole.index = c->index;
           pieces.push_back(std::move(c->whole));
         }
-        exchange_->Respond(200, kJson, OpenAiResponse(ctx_, pieces, usage));
+        exchange_->Respond(200, kJson, OpenAiResponse(ctx_, pieces, usage), IgnoredFieldsHeader(request_));
       }
     } else if (!head_sent) {
       Fail(*exchange_, error.ok() ? absl::InternalError("no choice began") : error);
@@ -362,6 +391,20 @@ void OpenAiFrontEnd::Handle(std::shared_ptr<HttpExchange> exchange) {
     Generate(std::move(exchange), path == "/v1/chat/completions");
   } else if (path == "/v1/models") {
     if (method_is("GET")) Models(*exchange);
+  } else if (path == "/get_load" || path == "/v1/loads" || path == "/server_info" || path == "/get_server_info" ||
+             path == "/model_info" || path == "/get_model_info") {
+    if (method_is("GET")) RouterRoute(std::move(exchange), path);
+  } else if (path == "/tokenize" || path == "/detokenize" || path == "/v1/chat/completions/render" ||
+             path == "/v1/completions/render") {
+    if (!method_is("POST")) return;
+    if (!IsJsonContentType(req.headers)) {
+      return exchange->Respond(
+          415, kJson,
+          OpenAiErrorBody(absl::InvalidArgumentError("the request body's Content-Type is not allowed; allowed: "
+                                                     "application/json (charset utf-8)"),
+                          415));
+    }
+    RouterRoute(std::move(exchange), path);
   } else if (health) {
     if (!method_is("GET")) return;
     if (hooks_.serving()) return exchange->Respond(200, kJson, "{}");
@@ -393,9 +436,15 @@ void OpenAiFrontEnd::Generate(std::shared_ptr<HttpExchange> exchange, bool chat)
   GenerateCall::Services s = hooks_.services();
   RequestWorkers* workers = s.workers;
   // The body is parsed on a request worker, not on the HTTP threads.
-  auto job = [exchange, chat, s = std::move(s), active = hooks_.active_calls]() mutable {
-    auto request = ParseOpenAiRequest(exchange->request().body, chat ? OpenAiRoute::kChat : OpenAiRoute::kCompletion);
+  auto job = [exchange, chat, s = std::move(s), active = hooks_.active_calls,
+              refuse_unknown = hooks_.refuse_unknown_fields]() mutable {
+    auto request = ParseOpenAiRequest(exchange->request().body, chat ? OpenAiRoute::kChat : OpenAiRoute::kCompletion,
+                                      refuse_unknown);
     if (!request.ok()) return Fail(*exchange, request.status());
+    if (!request->ignored_fields.empty()) {
+      LogIgnoredFields(*request);
+      if (s.metrics) s.metrics->CountIgnoredFields(static_cast<int64_t>(request->ignored_fields.size()));
+    }
     if (!s.engine) return Fail(*exchange, ModelLoadingStatus());
     const std::string& served = s.engine->model().name;
     if (!request->model.empty() && request->model != served) {

@@ -336,7 +336,45 @@ absl::Status Constraint(Fields& f, v1::OutputConstraint* out, std::string* field
 
 }  // namespace
 
-absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRoute route) {
+// Fields of vLLM's and SGLang's APIs that their routers and clients send (SGLang's router adds some to every
+// request): honoured, ignored at the values that change nothing inferd does, or refused where the value asks for
+// what inferd does not do.
+absl::Status ExtensionFields(Fields& f, v1::GenerateRequest* base, OpenAiRequest* out) {
+  auto no_trim = f.Bool("no_stop_trim");  // SGLang: keep the stop string in the output
+  if (!no_trim.ok()) return no_trim.status();
+  if (no_trim->value_or(false)) base->mutable_stopping()->set_include_stop_str_in_output(true);
+  if (f.Has("rid")) {  // SGLang's request id
+    if (!f.At("rid").is_string()) return Bad("rid", f.At("rid"), "a string");
+    base->set_request_id(f.At("rid").get<std::string>());
+  }
+  f.Done("rid");
+  // Booleans whose other value inferd cannot honour.
+  for (auto [key, serves, why] : std::initializer_list<std::tuple<const char*, bool, const char*>>{
+           {"continue_final_message", false, "false (inferd opens a new assistant turn)"},
+           {"add_generation_prompt", true, "true (inferd opens the assistant's turn)"},
+           {"return_hidden_states", false, "false (inferd does not return hidden states)"},
+           {"return_tokens_as_token_ids", false, "false"},
+           {"echo", false, "false (chat does not echo)"}}) {
+    if (std::string(key) == "echo" && out->route != OpenAiRoute::kChat) continue;
+    auto v = f.Bool(key);
+    if (!v.ok()) return v.status();
+    if (v->has_value() && **v != serves) return Bad(key, **v, why);
+  }
+  // SGLang's reasoning switches: inferd does not split reasoning from the answer yet, whatever they say.
+  for (const char* key : {"separate_reasoning", "stream_reasoning", "include_reasoning"}) {
+    if (f.Has(key)) out->ignored_fields.push_back(key);
+    f.Done(key);
+  }
+  // Objects and strings that ask for what inferd does not do: refused unless empty.
+  for (const char* key : {"chat_template", "chat_template_kwargs", "documents", "lora_path", "lora_request",
+                          "mm_processor_kwargs", "prompt_embeds"}) {
+    if (f.Has(key) && !f.At(key).empty()) return Unsupported(key);
+    f.Done(key);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRoute route, bool refuse_unknown) {
   absl::StatusOr<json> parsed = ParseBoundedJson(body, "the request body");
   if (!parsed.ok()) return parsed.status();
   if (!parsed->is_object()) return Bad("the request body", *parsed, "one JSON object");
@@ -511,7 +549,12 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
   }
   f.Done("stream_options");
 
-  if (!f.Rest().empty()) return Unsupported(ClientKey(f.Rest().begin().key()));
+  if (absl::Status st = ExtensionFields(f, &base, &out); !st.ok()) return st;
+  if (refuse_unknown && !f.Rest().empty()) return Unsupported(ClientKey(f.Rest().begin().key()));
+  for (const auto& [key, value] : f.Rest().items()) {
+    if (static_cast<int>(out.ignored_fields.size()) == kMaxListedFields) break;
+    out.ignored_fields.push_back(ClientKey(key));
+  }
 
   if (chat)
     out.prompts.push_back(std::move(base));

@@ -31,12 +31,19 @@ struct OpenAiRequest {
   std::string constraint_field;
   // With tools: whether an answer may hold several calls (false: the first only).
   bool parallel_tool_calls = true;
+  // Fields inferd does not know (at most kMaxListedFields of them, each name cut to 64 bytes), and the known
+  // extension fields it ignores at their values (SGLang's reasoning switches).
+  std::vector<std::string> ignored_fields;
 };
+
+constexpr int kMaxListedFields = 16;
 
 // Choices a request may ask for (prompts × n).
 constexpr int kMaxOpenAiChoices = 128;
 
 // INVALID_ARGUMENT naming the field, its value and what is allowed.
-absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRoute route);
+// refuse_unknown: a field inferd does not know is refused (server.http_unknown_fields: refuse) rather than ignored.
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRoute route,
+                                                 bool refuse_unknown = false);
 
 }  // namespace inferd

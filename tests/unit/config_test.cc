@@ -92,7 +92,7 @@ scheduler: {max_num_seqs: 12, max_num_batched_tokens: 640, prefix_caching: false
 server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000, metrics_listen: '',
          liveness_timeout_s: 0, http_listen: '127.0.0.1:7001', http_request_timeout_s: 7.5, tls_cert_file: /c.pem,
          tls_key_file: /k.pem, tls_client_ca_file: /ca.pem, api_keys_file: /keys, api_keys_exempt_health: false,
-         api_keys_exempt_metrics: false})";
+         api_keys_exempt_metrics: false, http_unknown_fields: refuse})";
   auto c = ParseConfig(yaml);
   ASSERT_TRUE(c.ok()) << c.status();
   auto again = ParseConfig(ConfigToYaml(*c));

@@ -16,8 +16,8 @@ OpenAiRequest Parse(const std::string& body, OpenAiRoute route = OpenAiRoute::kC
   return r.ok() ? *r : OpenAiRequest{};
 }
 
-std::string Refusal(const std::string& body, OpenAiRoute route = OpenAiRoute::kChat) {
-  auto r = ParseOpenAiRequest(body, route);
+std::string Refusal(const std::string& body, OpenAiRoute route = OpenAiRoute::kChat, bool refuse_unknown = false) {
+  auto r = ParseOpenAiRequest(body, route, refuse_unknown);
   EXPECT_FALSE(r.ok()) << body;
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   return std::string(r.status().message());
@@ -117,7 +117,7 @@ TEST(OpenAiRequest, ToolsChoicesCallsAndAnswersTravelInTheRequest) {
 TEST(OpenAiRequest, RefusalsNameTheField) {
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "tools": "all"})").find("tools"),
             std::string::npos);
-  EXPECT_NE(Refusal(R"({"prompt": "x", "tools": []})", OpenAiRoute::kCompletion).find("tools"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"prompt": "x", "tools": []})", OpenAiRoute::kCompletion, true).find("tools"), std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"five": 1}})")
                 .find("logit_bias[\"five\"]"),
             std::string::npos);
@@ -146,9 +146,32 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
             std::string::npos);
   EXPECT_NE(Refusal(R"({"prompt": ["a", "b"], "n": 100})", OpenAiRoute::kCompletion).find("at most 128"),
             std::string::npos);
-  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "whatever": 1})").find("whatever"),
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "whatever": 1})", OpenAiRoute::kChat, true)
+                .find("whatever"),
             std::string::npos);
   EXPECT_NE(Refusal("{").find("not valid JSON"), std::string::npos);
+}
+
+// Fields inferd does not know are ignored and listed (at most kMaxListedFields of them); the routers' own fields
+// are honoured, ignored at values that change nothing, or refused where they ask for what inferd does not do.
+TEST(OpenAiRequest, UnknownFieldsAreListedAndRouterFieldsHandled) {
+  OpenAiRequest r = Parse(R"({"messages": [{"role": "user", "content": "x"}], "whatever": 1, "z": null,
+                              "no_stop_trim": true, "rid": "r-1", "separate_reasoning": true,
+                              "continue_final_message": false, "return_hidden_states": false})");
+  EXPECT_EQ(r.ignored_fields, (std::vector<std::string>{"separate_reasoning", "whatever", "z"}));
+  EXPECT_TRUE(r.prompts[0].stopping().include_stop_str_in_output());
+  EXPECT_EQ(r.prompts[0].request_id(), "r-1");
+  std::string many = R"({"prompt": "x")";
+  for (int i = 0; i < 40; ++i) many += absl::StrCat(R"(, "f)", i, R"(": 0)");
+  r = Parse(many + "}", OpenAiRoute::kCompletion);
+  EXPECT_EQ(static_cast<int>(r.ignored_fields.size()), kMaxListedFields);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true})")
+                .find("continue_final_message"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "rid": 5})").find("rid"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"prompt": "x", "lora_path": "adapter"})", OpenAiRoute::kCompletion).find("lora_path"),
+            std::string::npos);
+  EXPECT_TRUE(ParseOpenAiRequest(R"({"prompt": "x", "chat_template_kwargs": {}})", OpenAiRoute::kCompletion).ok());
 }
 
 }  // namespace
