@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "engine/chat/reasoning.h"
 #include "engine/chat/tool_calls.h"
 #include "engine/status_macros.h"
 #include "engine/tokenizer/utf8.h"
@@ -159,6 +160,7 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
                                                takes_tools && !tools.empty() ? ToolsJson(tools) : "");
       if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("messages: ", text.status().message()));
       r.prompt = limits.tokenizer->Encode(*text, /*add_special_tokens=*/false);
+      if (TemplateThinks(limits.chat_template->source())) built.text.reasoning = PromptOpensReasoning(*text);
       break;
     }
     default:

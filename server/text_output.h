@@ -27,6 +27,9 @@ struct TextOptions {
   // The request offers tools the model may call: the front end finds the calls, written in this format, in the
   // text (engine/chat/tool_calls.h).
   std::optional<ToolCallFormat> tool_calls;
+  // The model thinks in <think>…</think> (engine/chat/reasoning.h): the front end may split the reasoning from the
+  // answer. The value: whether the prompt already opened it.
+  std::optional<bool> reasoning;
 };
 
 class TextOutput {

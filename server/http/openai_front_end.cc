@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "engine/chat/reasoning.h"
 #include "spdlog/spdlog.h"
 #include "server/http/bounded_json.h"
 #include "server/http/openai_request.h"
@@ -100,12 +101,29 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
 
     void Begin(const std::string&, const TextOptions& options) override {
       if (options.tool_calls) tools.emplace(*options.tool_calls);
+      if (options.reasoning && set->request_.separate_reasoning) reasoning.emplace(*options.reasoning);
       set->Begun();
     }
     void Add(const RequestOutput& out, const std::string& text) override {
       if (!had_output && set->request_.echo) set->Echo(prompt, out, &pending);
-      pending.text += tools ? tools->Feed(text) : text;
-      if (tools && out.finish != FinishReason::kNone) {  // what was held back: text, or the calls
+      const bool last = out.finish != FinishReason::kNone;
+      std::string answer = text;
+      if (reasoning) {  // the reasoning first; the answer after it is where calls are looked for
+        ReasoningPiece piece = reasoning->Feed(text);
+        if (last) {
+          ReasoningPiece rest = reasoning->Finish();
+          piece.reasoning += rest.reasoning;
+          piece.content += rest.content;
+        }
+        if (set->request_.include_reasoning) held_reasoning += piece.reasoning;
+        answer = std::move(piece.content);
+        if (set->request_.stream_reasoning || last) {
+          pending.reasoning += held_reasoning;
+          held_reasoning.clear();
+        }
+      }
+      pending.text += tools ? tools->Feed(answer) : answer;
+      if (tools && last) {  // what was held back: text, or the calls
         ToolCallSplit split = tools->Finish();
         pending.text += split.content;
         for (FoundToolCall& c : split.calls) {
@@ -132,6 +150,7 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
           whole.logprobs.insert(whole.logprobs.end(), pending.logprobs.begin(), pending.logprobs.end());
           whole.finish = pending.finish;
           whole.tool_calls = std::move(pending.tool_calls);
+          whole.reasoning += pending.reasoning;
           pending = {};
         }
         return last;
@@ -161,6 +180,8 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
     const int prompt;
     std::shared_ptr<GenerateCall> call;
     std::optional<ToolCallStream> tools;  // the request's tools: calls held back from the text, found at the end
+    std::optional<ReasoningStream> reasoning;  // a thinking model's reasoning, split from the answer
+    std::string held_reasoning;                // not yet sent (stream_reasoning: false holds it to the end)
     ChoicePiece pending;                  // since the last send
     ChoicePiece whole;    // unary: everything sent
     Usage usage;
@@ -378,17 +399,19 @@ void OpenAiFrontEnd::Handle(std::shared_ptr<HttpExchange> exchange) {
                       {{"Allow", allowed}});
     return false;
   };
+  // POST with a JSON body. Only JSON: a form or plain-text body is what a web page can send to a loopback server
+  // without a preflight.
+  const auto json_post = [&] {
+    if (!method_is("POST")) return false;
+    if (IsJsonContentType(req.headers)) return true;
+    exchange->Respond(415, kJson,
+                      OpenAiErrorBody(absl::InvalidArgumentError("the request body's Content-Type is not allowed; "
+                                                                 "allowed: application/json (charset utf-8)"),
+                                      415));
+    return false;
+  };
   if (path == "/v1/chat/completions" || path == "/v1/completions") {
-    if (!method_is("POST")) return;
-    // Only JSON: a form or plain-text body is what a web page can send to a loopback server without a preflight.
-    if (!IsJsonContentType(req.headers)) {
-      return exchange->Respond(
-          415, kJson,
-          OpenAiErrorBody(absl::InvalidArgumentError("the request body's Content-Type is not allowed; allowed: "
-                                                     "application/json (charset utf-8)"),
-                          415));
-    }
-    Generate(std::move(exchange), path == "/v1/chat/completions");
+    if (json_post()) Generate(std::move(exchange), path == "/v1/chat/completions");
   } else if (path == "/v1/models") {
     if (method_is("GET")) Models(*exchange);
   } else if (path == "/get_load" || path == "/v1/loads" || path == "/server_info" || path == "/get_server_info" ||
@@ -396,15 +419,7 @@ void OpenAiFrontEnd::Handle(std::shared_ptr<HttpExchange> exchange) {
     if (method_is("GET")) RouterRoute(std::move(exchange), path);
   } else if (path == "/tokenize" || path == "/detokenize" || path == "/v1/chat/completions/render" ||
              path == "/v1/completions/render") {
-    if (!method_is("POST")) return;
-    if (!IsJsonContentType(req.headers)) {
-      return exchange->Respond(
-          415, kJson,
-          OpenAiErrorBody(absl::InvalidArgumentError("the request body's Content-Type is not allowed; allowed: "
-                                                     "application/json (charset utf-8)"),
-                          415));
-    }
-    RouterRoute(std::move(exchange), path);
+    if (json_post()) RouterRoute(std::move(exchange), path);
   } else if (health) {
     if (!method_is("GET")) return;
     if (hooks_.serving()) return exchange->Respond(200, kJson, "{}");

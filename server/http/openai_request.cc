@@ -360,10 +360,14 @@ absl::Status ExtensionFields(Fields& f, v1::GenerateRequest* base, OpenAiRequest
     if (!v.ok()) return v.status();
     if (v->has_value() && **v != serves) return Bad(key, **v, why);
   }
-  // SGLang's reasoning switches: inferd does not split reasoning from the answer yet, whatever they say.
-  for (const char* key : {"separate_reasoning", "stream_reasoning", "include_reasoning"}) {
-    if (f.Has(key)) out->ignored_fields.push_back(key);
-    f.Done(key);
+  // The reasoning switches of SGLang (separate_reasoning, stream_reasoning) and vLLM (include_reasoning).
+  for (auto [key, member] : std::initializer_list<std::pair<const char*, bool OpenAiRequest::*>>{
+           {"separate_reasoning", &OpenAiRequest::separate_reasoning},
+           {"stream_reasoning", &OpenAiRequest::stream_reasoning},
+           {"include_reasoning", &OpenAiRequest::include_reasoning}}) {
+    auto v = f.Bool(key);
+    if (!v.ok()) return v.status();
+    out->*member = v->value_or(true);
   }
   // Objects and strings that ask for what inferd does not do: refused unless empty.
   for (const char* key : {"chat_template", "chat_template_kwargs", "documents", "lora_path", "lora_request",

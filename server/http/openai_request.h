@@ -34,6 +34,11 @@ struct OpenAiRequest {
   // Fields inferd does not know (at most kMaxListedFields of them, each name cut to 64 bytes), and the known
   // extension fields it ignores at their values (SGLang's reasoning switches).
   std::vector<std::string> ignored_fields;
+  // A thinking model's reasoning (SGLang's and vLLM's switches): split from the answer into reasoning_content;
+  // included at all; streamed as it comes (else in the last chunk).
+  bool separate_reasoning = true;
+  bool include_reasoning = true;
+  bool stream_reasoning = true;
 };
 
 constexpr int kMaxListedFields = 16;

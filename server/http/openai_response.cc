@@ -149,6 +149,7 @@ std::string OpenAiResponse(const OpenAiResponseContext& ctx, const std::vector<C
     json choice = {{"index", c.index}, {"logprobs", Logprobs(ctx, c.logprobs)}, {"finish_reason", Finish(c)}};
     if (ctx.route == OpenAiRoute::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (!c.reasoning.empty()) choice["message"]["reasoning_content"] = c.reasoning;
       if (!c.tool_calls.empty()) {
         if (c.text.empty()) choice["message"]["content"] = nullptr;  // as OpenAI answers a call without text
         choice["message"]["tool_calls"] = ToolCallsJson(c.tool_calls, false);
@@ -169,6 +170,10 @@ std::string OpenAiChunkEvent(const OpenAiResponseContext& ctx, const ChoicePiece
       {"index", piece.index}, {"logprobs", Logprobs(ctx, piece.logprobs)}, {"finish_reason", Finish(piece)}};
   if (ctx.route == OpenAiRoute::kChat) {
     json delta = {{"content", piece.text}};
+    if (!piece.reasoning.empty()) {
+      delta["reasoning_content"] = piece.reasoning;
+      if (piece.text.empty()) delta.erase("content");
+    }
     if (piece.first) delta["role"] = "assistant";
     if (!piece.tool_calls.empty()) delta["tool_calls"] = ToolCallsJson(piece.tool_calls, true);
     choice["delta"] = std::move(delta);

@@ -35,6 +35,7 @@ struct ChoicePiece {
   // The tools the model called (chat): finish_reason "tool_calls"; in a stream, on the last chunk, each call
   // whole in one delta (index, id, name, arguments).
   std::vector<ChatToolCall> tool_calls;
+  std::string reasoning;  // a thinking model's reasoning (chat): reasoning_content
 };
 
 struct UsageTotals {

@@ -175,12 +175,15 @@ def test_json_nested_a_hundred_thousand_deep_is_a_400_not_a_crash(server, where)
 
 def test_error_messages_quote_only_a_short_prefix_of_a_value(server):
     for body, status in [(json.dumps({"model": "m" * 500_000, "prompt": "a"}), 404),
-                         (json.dumps({"prompt": "a", "x" * 300_000: 1}), 400),
+                         (json.dumps({"prompt": "a", "x" * 300_000: 1, "max_tokens": "m" * 300_000}), 400),
                          (json.dumps({"prompt": "a", "temperature": "t" * 300_000}), 400),
                          (json.dumps({"prompt": "a", "logit_bias": {"k" * 300_000: 1}}), 400)]:
         got, _, answer = one(server, post("/v1/completions", body))
         assert got == status and len(answer) < 1024, (got, len(answer), answer[:200])
         assert json.loads(answer)["error"]["code"] == status
+    # An unknown field is ignored, and the header naming it holds a short prefix of its name.
+    got, head, _ = one(server, post("/v1/completions", json.dumps({"prompt": "a", "max_tokens": 1, "x" * 300_000: 1})))
+    assert got == 200 and 0 < len(head["x-inferd-ignored-fields"]) < 100, head
     got, _, answer = one(server, get("/" + "p" * 10_000))
     assert got == 404 and len(answer) < 1024
 

@@ -21,6 +21,13 @@ MODELS = os.path.join(SOURCE_DIR, "tests", "fixtures", "models")
 SMOLLM2 = os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")  # the bundled model
 
 
+def smollm2_server(**engine):
+    """The bundled SmolLM2 served on the cpu backend with the OpenAI HTTP API (engine keys added or replaced)."""
+    assert os.path.exists(SMOLLM2), "bash scripts/setup.sh fetches the bundled model"
+    return Server(model=SMOLLM2, http=True, engine={"backend": "cpu", "block_size": 16, "cpu_kv_cache_gib": 0.25,
+                                                    **engine})
+
+
 def openai_client(server, timeout):
     """The official `openai` SDK against a server's HTTP API, and the id of the model it serves."""
     import openai

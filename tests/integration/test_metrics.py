@@ -2,6 +2,7 @@
 on loopback) and checked by `promtool`; health that flips to NOT_SERVING when the engine makes no progress."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -76,7 +77,12 @@ def test_metrics_are_exposed_valid_and_scraped_by_a_real_prometheus():
         assert sample(text, "inferd_inter_token_latency_seconds_count") == 6 * 7
         assert sample(text, "inferd_kv_blocks", state="free") > 0
         promtool = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
-        assert promtool.returncode == 0, promtool.stdout + promtool.stderr
+        # vLLM's names (vllm:…, kept for the tools that read them) are the only lint promtool may raise: a colon
+        # is reserved for recording rules by convention, not invalid in the exposition format.
+        problems = [line for line in (promtool.stdout + promtool.stderr).splitlines()
+                    if line.strip() and not re.match(r"^vllm:\w+ metric names should not contain ':'$", line)]
+        assert not problems, promtool.stdout + promtool.stderr
+        assert sample(text, "vllm:num_requests_waiting", model_name="llama3-tiny") == 0
 
         # A real Prometheus scrapes it every 0.5 s; its HTTP API must then answer for the families.
         data = tempfile.mkdtemp(prefix="inferd-prom-")

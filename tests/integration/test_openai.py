@@ -2,7 +2,6 @@
 SmolLM2 answers questions; greedy answers equal the gRPC API's for the same request."""
 import http.client
 import json
-import os
 import socket
 import subprocess
 import time
@@ -10,15 +9,14 @@ import time
 import openai
 import pytest
 
-from conftest import SMOLLM2, Server, openai_client, inferd_pb2 as pb, wait_until_idle
+from conftest import openai_client, smollm2_server, inferd_pb2 as pb, wait_until_idle
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    assert os.path.exists(SMOLLM2), "bash scripts/setup.sh fetches the bundled model"
-    s = Server(model=SMOLLM2, http=True, engine={"backend": "cpu", "block_size": 16, "cpu_kv_cache_gib": 0.25})
+    s = smollm2_server()
     yield s
     assert s.stop() == 0, s.logs()
 
@@ -158,9 +156,10 @@ def test_stop_strings_end_the_answer_before_them(client, model):
 
 
 def test_errors_are_the_sdks_own_exceptions_naming_the_field(client, model):
-    with pytest.raises(openai.BadRequestError, match="tools is not supported"):
-        client.chat.completions.create(model=model, messages=QUESTION, tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+    with pytest.raises(openai.BadRequestError, match="tools"):
+        client.chat.completions.create(model=model, messages=QUESTION, tools=[{"type": "retrieval"}])
+    with pytest.raises(openai.BadRequestError, match="suffix is not supported"):
+        client.completions.create(model=model, prompt="a", suffix="b")
     with pytest.raises(openai.BadRequestError, match="response_format"):
         client.chat.completions.create(model=model, messages=QUESTION, response_format={"type": "yaml"})
     with pytest.raises(openai.BadRequestError, match="temperature"):
@@ -188,7 +187,7 @@ def test_bad_bodies_and_routes_get_openai_errors(smollm2):
             ("{not json", 400, "not valid JSON"),
             ("[1, 2]", 400, "one JSON object"),
             ('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "12"}', 400, "max_tokens"),
-            ('{"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}', 400, "frobnicate"),
+            ('{"messages": [{"role": "user", "content": "hi"}], "echo": true}', 400, "echo"),
             ('{"messages": []}', 400, "messages")]:
         got, text = post(url, "/v1/chat/completions", body)
         assert got == status and words in json.loads(text)["error"]["message"], (body, got, text)

@@ -5,7 +5,6 @@ routers call answer in the shapes they read, with the tokens the engine itself w
 also exported under vLLM's metric names; server.http_unknown_fields: refuse restores strict refusal."""
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -77,7 +76,7 @@ def test_unknown_fields_are_ignored_and_named_known_ones_honoured_or_refused(rep
     r = requests.post(url, json={"messages": CHAT, "max_tokens": 2, "separate_reasoning": True, "frobnicate": 1,
                                  "rid": "router-7"})
     assert r.status_code == 200, r.text
-    assert r.headers["X-Inferd-Ignored-Fields"] == "separate_reasoning, frobnicate", r.headers
+    assert r.headers["X-Inferd-Ignored-Fields"] == "frobnicate", r.headers
     assert r.json()["id"]
     # A name that would shape the header is reduced to safe characters.
     r = requests.post(url, json={"messages": CHAT, "max_tokens": 1, "a\r\nSet-Cookie: x": 1})
@@ -91,7 +90,7 @@ def test_unknown_fields_are_ignored_and_named_known_ones_honoured_or_refused(rep
                                  "return_hidden_states": False})
     assert r.status_code == 200 and "X-Inferd-Ignored-Fields" not in r.headers
     metrics = requests.get(replicas[0].http_url + "/metrics").text
-    assert float(re.search(r"^inferd_http_ignored_fields_total (\S+)", metrics, re.M).group(1)) >= 3
+    assert float(re.search(r"^inferd_http_ignored_fields_total (\S+)", metrics, re.M).group(1)) == 2
 
 
 def test_strict_mode_refuses_unknown_fields():

@@ -3,7 +3,6 @@ schemas (response_format, and the SDK's parse() with a Pydantic model), any JSON
 structured_outputs (regex, choice, EBNF grammar). Every answer that finishes must satisfy its constraint (checked
 with the jsonschema package); constraints that cannot be compiled, or are too large, are 400s naming the field."""
 import json
-import os
 import re
 
 import jsonschema
@@ -13,16 +12,14 @@ import pytest
 
 import grpc
 
-from conftest import SMOLLM2, Server, openai_client, inferd_pb2 as pb
+from conftest import openai_client, smollm2_server, inferd_pb2 as pb
 
 ASK = [{"role": "user", "content": "Describe a person as JSON."}]
 
 
 @pytest.fixture(scope="module")
 def server():
-    assert os.path.exists(SMOLLM2), "bash scripts/setup.sh fetches the bundled model"
-    s = Server(model=SMOLLM2, http=True, engine={"backend": "cpu", "block_size": 16, "cpu_kv_cache_gib": 0.25,
-                                                 "structured_output_max_bytes": 4096})
+    s = smollm2_server(structured_output_max_bytes=4096)
     yield s
     assert s.stop() == 0, s.logs()
 

@@ -6,13 +6,12 @@ validate against that tool's schema; history with calls and their answers render
 field."""
 import asyncio
 import json
-import os
 
 import jsonschema
 import openai
 import pytest
 
-from conftest import SMOLLM2, Server, openai_client, inferd_pb2 as pb
+from conftest import openai_client, smollm2_server, inferd_pb2 as pb
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -31,8 +30,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server():
-    assert os.path.exists(SMOLLM2), "bash scripts/setup.sh fetches the bundled model"
-    s = Server(model=SMOLLM2, http=True, engine={"backend": "cpu", "block_size": 16, "cpu_kv_cache_gib": 0.25})
+    s = smollm2_server()
     yield s
     assert s.stop() == 0, s.logs()
 

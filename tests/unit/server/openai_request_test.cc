@@ -156,9 +156,10 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
 // are honoured, ignored at values that change nothing, or refused where they ask for what inferd does not do.
 TEST(OpenAiRequest, UnknownFieldsAreListedAndRouterFieldsHandled) {
   OpenAiRequest r = Parse(R"({"messages": [{"role": "user", "content": "x"}], "whatever": 1, "z": null,
-                              "no_stop_trim": true, "rid": "r-1", "separate_reasoning": true,
+                              "no_stop_trim": true, "rid": "r-1", "separate_reasoning": true, "stream_reasoning": false,
                               "continue_final_message": false, "return_hidden_states": false})");
-  EXPECT_EQ(r.ignored_fields, (std::vector<std::string>{"separate_reasoning", "whatever", "z"}));
+  EXPECT_EQ(r.ignored_fields, (std::vector<std::string>{"whatever", "z"}));
+  EXPECT_FALSE(r.stream_reasoning || !r.separate_reasoning);
   EXPECT_TRUE(r.prompts[0].stopping().include_stop_str_in_output());
   EXPECT_EQ(r.prompts[0].request_id(), "r-1");
   std::string many = R"({"prompt": "x")";
