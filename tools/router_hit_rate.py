@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The fleet's prefix-cache hit rate behind vllm-router, by policy: three inferd replicas on the cpu backend (the
-llama3-tiny fixture), 20 conversations of 6 turns over a shared system prompt sent through the router, turn by turn
+bundled SmolLM2), 20 conversations of 6 turns over a shared system prompt sent through the router, turn by turn
 (each conversation's next turn sends its whole history), under round_robin and cache_aware. Prints, per policy, the
 prompt tokens the replicas looked up in their prefix caches, those found, the hit rate and the mean time to first
 token; --json writes them.
@@ -20,7 +20,7 @@ import openai
 import requests
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "integration"))
-from conftest import Server, free_port  # noqa: E402
+from conftest import SMOLLM2, Server, free_port  # noqa: E402
 
 SYSTEM = "You are a helpful assistant for the paged cache team."
 WORDS = "the scheduler batches tokens over a paged cache of blocks and the engine runs each step".split()
@@ -33,7 +33,7 @@ def counters(url):
 
 
 def run(policy, conversations, turns, seed):
-    replicas = [Server(model="llama3-tiny", http=True,
+    replicas = [Server(model=SMOLLM2, http=True,
                        engine={"backend": "cpu", "block_size": 16, "cpu_kv_cache_gib": 0.25}) for _ in range(3)]
     port = free_port()
     router = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "vllm-router"), "--host", "127.0.0.1",
@@ -48,15 +48,16 @@ def run(policy, conversations, turns, seed):
             except requests.RequestException:
                 time.sleep(0.25)
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        model = client.models.list().data[0].id
         rng = random.Random(seed)
         histories = [[{"role": "system", "content": SYSTEM}] for _ in range(conversations)]
         before = [counters(r.http_url) for r in replicas]
         ttfts = []
         for _ in range(turns):
             for h in histories:
-                h.append({"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(24))})
+                h.append({"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(10))})
                 start = time.perf_counter()
-                stream = client.chat.completions.create(model="llama3-tiny", messages=h, max_tokens=8, stream=True,
+                stream = client.chat.completions.create(messages=h, model=model, max_tokens=8, stream=True,
                                                         temperature=0)
                 answer, first = "", None
                 for chunk in stream:
