@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/chat/reasoning.h"
 #include "engine/chat/tool_calls.h"
+#include "engine/json_depth.h"
 #include "engine/status_macros.h"
 #include "engine/tokenizer/utf8.h"
 
@@ -69,6 +70,10 @@ absl::StatusOr<std::vector<ToolSpec>> ToolsOf(const v1::GenerateRequest& p) {
     }
     if (!IsValidUtf8(t.description()) || !IsValidUtf8(t.parameters())) {
       return Bad(field, "(invalid UTF-8)", "valid UTF-8");
+    }
+    if (JsonDepth(t.parameters()) > kMaxSchemaDepth) {
+      return Bad(field + ".parameters", absl::StrCat("(nested ", JsonDepth(t.parameters()), " levels deep)"),
+                 absl::StrCat("at most ", kMaxSchemaDepth, " levels"));
     }
     if (!t.parameters().empty()) {
       const nlohmann::json params = nlohmann::json::parse(t.parameters(), nullptr, /*allow_exceptions=*/false);

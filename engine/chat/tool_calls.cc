@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
+#include "engine/json_depth.h"
 
 namespace inferd {
 namespace {
@@ -60,6 +61,7 @@ bool CallOf(const ojson& j, FoundToolCall* out) {
   const char* key = j.contains("arguments") ? "arguments" : "parameters";
   ojson args = j.contains(key) ? j[key] : ojson::object();
   if (args.is_string()) {
+    if (JsonDepth(args.get<std::string>()) > kMaxJsonTextDepth) return false;
     args = ojson::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
     if (args.is_discarded()) return false;
   }
@@ -72,7 +74,9 @@ bool CallOf(const ojson& j, FoundToolCall* out) {
 // The JSON value at s[i] (an object or array); discarded when there is none or it does not parse.
 ojson ValueAt(std::string_view s, size_t i, size_t* end) {
   *end = i < s.size() && (s[i] == '{' || s[i] == '[') ? JsonValueEnd(s, i) : std::string_view::npos;
-  if (*end == std::string_view::npos) return ojson(ojson::value_t::discarded);
+  if (*end == std::string_view::npos || JsonDepth(s.substr(i, *end - i)) > kMaxJsonTextDepth) {
+    return ojson(ojson::value_t::discarded);
+  }
   return ojson::parse(s.substr(i, *end - i), nullptr, /*allow_exceptions=*/false);
 }
 

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/json_depth.h"
 
 namespace inferd {
 
@@ -32,28 +33,6 @@ std::string Short(std::string_view text) {
   std::string s(text.substr(0, 200));
   std::replace(s.begin(), s.end(), '\n', ' ');
   return text.size() > 200 ? s + "..." : s;
-}
-
-// How deep a JSON text nests its objects and arrays (brackets inside strings not counted).
-int JsonDepth(std::string_view text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return deepest;
 }
 
 // A regular expression matching exactly `literal`.

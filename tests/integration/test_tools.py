@@ -198,3 +198,27 @@ def test_an_openai_agents_loop_runs_its_tools(server, sdk):
         else:
             assert all(isinstance(v, int) for v in c[1:])
     assert final is None or isinstance(final, str)
+
+
+def test_hostile_tools_over_grpc_are_refused_and_the_server_lives(server):
+    import grpc
+    deep = "[" * 100_000 + "]" * 100_000
+    msgs = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi")])
+    cases = [
+        (pb.GenerateRequest(messages=msgs, tools=[pb.Tool(name="f", parameters='{"a": ' + deep + "}")]),
+         "tools[0].parameters"),
+        (pb.GenerateRequest(messages=msgs, tools=[pb.Tool(name="f", parameters="not json")]), "tools[0].parameters"),
+        (pb.GenerateRequest(text="hi", tools=[pb.Tool(name="f")]), "tools"),
+        (pb.GenerateRequest(messages=msgs, tool_choice=pb.ToolChoice(mode=pb.ToolChoice.REQUIRED)), "tool_choice"),
+    ]
+    for req, field in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            server.stub.Generate(req, timeout=60)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details(), e.value.details()
+    # Arguments nested 100,000 deep in a history's call reach the template as text, and the request is served.
+    call = pb.ChatMessage(role="assistant", tool_calls=[pb.ToolCall(id="call_1", name="f", arguments=deep)])
+    history = pb.ChatMessages(messages=[msgs.messages[0], call, pb.ChatMessage(role="tool", content="1",
+                                                                               tool_call_id="call_1")])
+    r = server.stub.Generate(pb.GenerateRequest(messages=history, tools=[pb.Tool(name="f")],
+                                                stopping=pb.StoppingParams(max_tokens=2)), timeout=60)
+    assert r.usage.completion_tokens >= 1

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/json_depth.h"
 
 namespace inferd::jinja {
 namespace {
@@ -314,7 +315,9 @@ Value FromParsed(const nlohmann::ordered_json& j) {
 }  // namespace
 
 absl::StatusOr<Value> FromJson(const std::string& text) {
-  // The callers' JSON was bounded in depth and size where it entered (the request parsers).
+  if (JsonDepth(text) > kMaxJsonTextDepth) {
+    return absl::InvalidArgumentError(absl::StrCat("nested deeper than ", kMaxJsonTextDepth, " levels"));
+  }
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("not JSON");
   return FromParsed(j);

@@ -52,6 +52,25 @@ TEST(ToolCalls, HermesCallsAreFoundAndTheRestIsContent) {
   }
 }
 
+// JSON nested 100,000 deep where no request body's bound saw it (a model's output, a call's arguments sent as
+// text) is never built into values: it stays text.
+TEST(ToolCalls, DeepJsonStaysText) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string call = "<tool_call>{\"name\": \"add\", \"arguments\": {\"a\": " + deep + "}}</tool_call>";
+  const ToolCallSplit split = SplitToolCalls(ToolCallFormat::kHermes, call);
+  EXPECT_TRUE(split.calls.empty());
+  EXPECT_EQ(split.content.size(), call.size());
+  EXPECT_TRUE(SplitToolCalls(ToolCallFormat::kLlama3Json, deep).calls.empty());
+
+  auto qwen3 = LoadModel(testing::SourcePath("tests/fixtures/models/qwen3-tiny"));
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  ChatMessage assistant{"assistant", ""};
+  assistant.tool_calls.push_back({"call_1", "add", "{\"a\": " + deep + "}"});
+  auto text = (*qwen3)->chat_template->Render({{"user", "x"}, assistant}, true, ToolsJson(kTools));
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_NE(text->find(deep), std::string::npos) << "the arguments go to the template as their text";
+}
+
 TEST(ToolCalls, Llama3AndMistralCallsAreFound) {
   ToolCallSplit s = SplitToolCalls(ToolCallFormat::kLlama3Json,
                                    " {\"name\": \"add\", \"parameters\": {\"a\": 1}}; {\"name\": \"get_weather\", "
