@@ -38,7 +38,8 @@ def run(policy, conversations, turns, seed):
     port = free_port()
     router = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "vllm-router"), "--host", "127.0.0.1",
                                "--port", str(port), "--worker-urls", *[r.http_url for r in replicas], "--policy",
-                               policy], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               policy, "--prometheus-port", str(free_port())],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(240):

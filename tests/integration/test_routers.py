@@ -35,8 +35,12 @@ def start_router(kind, urls, policy="round_robin"):
     assert os.path.exists(ROUTERS[kind][0]), "scripts/setup.sh installs the routers (tools/requirements.txt)"
     port = free_port()
     log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"inferd-{kind}-router-{port}.log"), "w")
+    # Each router also serves its own Prometheus metrics, on 29000 unless told: a free port, so that routers of
+    # runs side by side do not collide.
     proc = subprocess.Popen(ROUTERS[kind] + ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
-                                             "--policy", policy], stdout=log, stderr=subprocess.STDOUT)
+                                             "--policy", policy, "--prometheus-host", "127.0.0.1",
+                                             "--prometheus-port", str(free_port())],
+                            stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(240):
         assert proc.poll() is None, f"the {kind} router exited: see {log.name}"
