@@ -211,3 +211,26 @@ def test_hostile_schemas_are_bounded_and_the_server_goes_on(client, model):
             "type": "json_schema", "json_schema": {"name": "enum", "schema": {"enum": [f"v{i}" for i in range(2000)]}}})
     r = client.chat.completions.create(model=model, messages=ASK, max_tokens=8, temperature=0)
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_constrained_streams_cancelled_mid_way_free_everything(server, client, model):
+    """Constrained streams (a schema, a forced tool call) closed by their clients after two chunks: the engine
+    drops them and every KV block comes back, and the server answers the next constrained request."""
+    from conftest import wait_until_idle
+    schema = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
+    tool = {"type": "function", "function": {"name": "tell", "parameters": schema}}
+    for extra in ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}},
+                  {"tools": [tool], "tool_choice": "required"}):
+        streams = [client.chat.completions.create(model=model, messages=ASK, max_tokens=2000, stream=True, **extra)
+                   for _ in range(4)]
+        for s in streams:
+            for i, _ in enumerate(s):
+                if i == 1:
+                    break
+            s.close()
+        info = wait_until_idle(server.stub, timeout=60)
+        assert info.running_requests == 0 and info.free_kv_blocks == info.total_kv_blocks, info
+    r = client.chat.completions.create(model=model, messages=ASK, max_tokens=40, response_format={
+        "type": "json_schema", "json_schema": {"name": "p", "schema": bounded(schema)}})
+    if r.choices[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(r.choices[0].message.content), bounded(schema))
