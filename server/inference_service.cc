@@ -6,11 +6,11 @@
 #include "server/generate_call.h"
 #include "server/proto_conversion.h"
 #include "server/status_mapping.h"
+#include "server/version.h"
 
 namespace inferd {
 namespace {
 
-constexpr const char* kVersion = "0.1.0";
 
 // A Generate or GenerateStream request from its bytes: bounded, parsed, then prepared as every front end's.
 GenerateCall::Prepare FromWire(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire, int64_t max_bytes) {

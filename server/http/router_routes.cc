@@ -13,13 +13,13 @@
 #include "server/http/openai_front_end.h"
 #include "server/http/openai_request.h"
 #include "server/http/openai_response.h"
+#include "server/version.h"
 
 namespace inferd {
 namespace {
 
 using json = nlohmann::json;
 constexpr const char* kJson = "application/json";
-constexpr const char* kVersion = "0.1.0";
 
 std::string Dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
