@@ -9,11 +9,13 @@
 
 namespace inferd {
 
-// Brackets inside strings are not counted; text that is not JSON is counted all the same.
-inline int JsonDepth(std::string_view text) {
-  int depth = 0, deepest = 0;
+// Walks text from `start` as JSON, calling at(i, depth) after each bracket outside strings (depth: how deep the
+// text nests after it) until at returns true; returns that bracket's index, or npos.
+template <typename At>
+size_t JsonBrackets(std::string_view text, size_t start, At at) {
+  int depth = 0;
   bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
+  for (size_t i = start; i < text.size(); ++i) {
     const char c = text[i];
     if (in_string) {
       if (c == '\\') {
@@ -23,13 +25,27 @@ inline int JsonDepth(std::string_view text) {
       }
     } else if (c == '"') {
       in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == '}' || c == ']') {
-      --depth;
+    } else if ((c == '{' || c == '[') ? at(i, ++depth) : (c == '}' || c == ']') && at(i, --depth)) {
+      return i;
     }
   }
+  return std::string_view::npos;
+}
+
+// Brackets inside strings are not counted; text that is not JSON is counted all the same.
+inline int JsonDepth(std::string_view text) {
+  int deepest = 0;
+  JsonBrackets(text, 0, [&](size_t, int depth) {
+    deepest = std::max(deepest, depth);
+    return false;
+  });
   return deepest;
+}
+
+// The end (one past) of the JSON object or array that starts at text[start], or npos when it does not close.
+inline size_t JsonValueEnd(std::string_view text, size_t start) {
+  const size_t close = JsonBrackets(text, start, [](size_t, int depth) { return depth == 0; });
+  return close == std::string_view::npos ? close : close + 1;
 }
 
 // The deepest JSON text built into values here: as deep as a request body may nest (server/http/bounded_json.h).

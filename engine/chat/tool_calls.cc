@@ -27,29 +27,6 @@ std::string_view Marker(ToolCallFormat format) {
   return kHermesOpen;
 }
 
-// The end (one past) of the JSON object or array that starts at s[start], or npos when it does not close in s.
-size_t JsonValueEnd(std::string_view s, size_t start) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = start; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
-    }
-  }
-  return std::string_view::npos;
-}
-
 size_t SkipSpace(std::string_view s, size_t i) {
   while (i < s.size() && absl::ascii_isspace(static_cast<unsigned char>(s[i]))) ++i;
   return i;
