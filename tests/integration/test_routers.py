@@ -137,3 +137,53 @@ def test_the_routes_routers_call_answer_in_their_shapes(replicas):
     metrics = requests.get(u + "/metrics").text
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert re.search(rf'^{name}\{{model_name="llama3-tiny"\}} \S+$', metrics, re.M), name
+
+
+@pytest.mark.parametrize("how", ["drain", "kill"])
+def test_a_replica_drained_or_killed_mid_run_loses_no_request_silently(how):
+    """Streams through vllm-router to two replicas, one of which is drained (SIGTERM) or killed (SIGKILL) while
+    they run: every stream either ends with a finish_reason or its client gets an error (none is cut short
+    silently, none hangs), and requests after it are still served, by the replica that is left."""
+    import concurrent.futures
+    import signal
+    servers = [Server(model="llama3-tiny", http=True, engine=CPU, server={"drain_timeout_s": 30}) for _ in range(2)]
+    proc, url = start_router("vllm", [s.http_url for s in servers])
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def one(i):
+        try:
+            finish, text = None, ""
+            for chunk in client.chat.completions.create(model="llama3-tiny", messages=CHAT, max_tokens=380,
+                                                        stream=True, extra_body={"ignore_eos": True}, seed=i):
+                if chunk.choices:
+                    text += chunk.choices[0].delta.content or ""
+                    finish = chunk.choices[0].finish_reason or finish
+            return ("finished", finish) if finish else ("cut short", text)
+        except Exception as e:  # an error the client sees
+            return ("error", type(e).__name__)
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(one, i) for i in range(16)]
+            time.sleep(0.3)
+            victim = servers[1].proc
+            victim.send_signal(signal.SIGTERM if how == "drain" else signal.SIGKILL)
+            results = [f.result(timeout=120) for f in futures]
+        assert all(r[0] in ("finished", "error") for r in results), results
+        if how == "drain":  # a drained replica finishes what it accepted
+            assert all(r == ("finished", "length") for r in results), results
+        assert victim.wait(timeout=60) is not None
+        served = 0
+        for i in range(6):  # the router may still try the gone replica: an error, never a wrong answer
+            try:
+                r = client.chat.completions.create(model="llama3-tiny", messages=CHAT, max_tokens=2, seed=i)
+                served += r.choices[0].finish_reason in ("stop", "length")
+            except openai.APIError:
+                pass
+        assert served >= 3, "the replica that is left serves"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        assert servers[0].stop() == 0, servers[0].logs()
+        if servers[1].proc.poll() is None:
+            servers[1].stop()
