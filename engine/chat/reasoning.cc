@@ -45,8 +45,8 @@ ReasoningPiece ReasoningStream::Feed(std::string_view text) {
   }
   if (state_ == kReasoning) {
     if (!reasoning_started_) {  // "<think>\n": the reasoning starts after the newline
-      const size_t lead = std::find_if_not(held_.begin(), held_.end(), [](char c) { return c == '\n'; }) -
-                          held_.begin();
+      const size_t lead =
+          std::find_if_not(held_.begin(), held_.end(), [](char c) { return c == '\n'; }) - held_.begin();
       held_.erase(0, lead);
       if (held_.empty()) return out;
       reasoning_started_ = true;

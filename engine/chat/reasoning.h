@@ -30,7 +30,7 @@ class ReasoningStream {
  private:
   enum State { kStart, kReasoning, kContent };
   State state_;
-  bool skip_blank_lines_ = false;  // right after </think>
+  bool skip_blank_lines_ = false;   // right after </think>
   bool reasoning_started_ = false;  // the reasoning's first text went out (its leading newline is dropped)
   std::string held_;
 };

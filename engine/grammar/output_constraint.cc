@@ -157,8 +157,8 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Co
       case Kind::kToolCall: {
         std::vector<xgrammar::Grammar> parts;
         if (!c.prefix.empty()) parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + EbnfLiteral(c.prefix)));
-        parts.push_back(xgrammar::Grammar::FromJSONSchema(c.text, /*any_whitespace=*/false, std::nullopt,
-                                                          std::nullopt, /*strict_mode=*/true));
+        parts.push_back(xgrammar::Grammar::FromJSONSchema(c.text, /*any_whitespace=*/false, std::nullopt, std::nullopt,
+                                                          /*strict_mode=*/true));
         if (!c.suffix.empty()) parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + EbnfLiteral(c.suffix)));
         return std::make_shared<const CompiledConstraint>(x.CompileGrammar(xgrammar::Grammar::Concat(parts)));
       }

@@ -4,8 +4,8 @@
 #include <ctime>
 #include <limits>
 #include <mutex>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -18,12 +18,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "engine/chat/reasoning.h"
-#include "spdlog/spdlog.h"
 #include "server/http/bounded_json.h"
 #include "server/http/openai_request.h"
 #include "server/http/openai_response.h"
 #include "server/proto_conversion.h"
 #include "server/status_mapping.h"
+#include "spdlog/spdlog.h"
 
 namespace inferd {
 namespace {
@@ -41,7 +41,8 @@ std::vector<std::pair<std::string, std::string>> IgnoredFieldsHeader(const OpenA
   std::string value;
   for (const std::string& name : request.ignored_fields) {
     if (!value.empty()) value += ", ";
-    for (char c : name) value += absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-' ? c : '?';
+    for (char c : name)
+      value += absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-' ? c : '?';
   }
   return {{"X-Inferd-Ignored-Fields", value}};
 }
@@ -53,9 +54,10 @@ void LogIgnoredFields(const OpenAiRequest& request) {
   std::lock_guard<std::mutex> lock(mu);
   for (const std::string& name : request.ignored_fields) {
     if (seen.size() >= 256 || !seen.insert(name).second) continue;
-    spdlog::warn("http: request field '{}' is not one inferd knows: ignored (server.http_unknown_fields: refuse "
-                 "refuses such requests); later requests with it are counted in inferd_http_ignored_fields_total",
-                 absl::CHexEscape(name));
+    spdlog::warn(
+        "http: request field '{}' is not one inferd knows: ignored (server.http_unknown_fields: refuse "
+        "refuses such requests); later requests with it are counted in inferd_http_ignored_fields_total",
+        absl::CHexEscape(name));
   }
 }
 
@@ -179,11 +181,11 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
     const int index;
     const int prompt;
     std::shared_ptr<GenerateCall> call;
-    std::optional<ToolCallStream> tools;  // the request's tools: calls held back from the text, found at the end
+    std::optional<ToolCallStream> tools;       // the request's tools: calls held back from the text, found at the end
     std::optional<ReasoningStream> reasoning;  // a thinking model's reasoning, split from the answer
     std::string held_reasoning;                // not yet sent (stream_reasoning: false holds it to the end)
-    ChoicePiece pending;                  // since the last send
-    ChoicePiece whole;    // unary: everything sent
+    ChoicePiece pending;                       // since the last send
+    ChoicePiece whole;                         // unary: everything sent
     Usage usage;
     bool has_pending = false;
     bool had_output = false;

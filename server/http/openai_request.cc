@@ -138,7 +138,8 @@ absl::Status ToolCalls(const json& calls, const std::string& field, v1::ChatMess
     const char* allowed = R"({"id": STRING, "type": "function", "function": {"name": STRING, "arguments": STRING}})";
     if (!c.is_object() || !c.contains("function") || !c["function"].is_object()) return Bad(cf, c, allowed);
     const json& f = c["function"];
-    if (!f.contains("name") || !f["name"].is_string()) return Bad(cf + ".function.name", f.value("name", json()), "a string");
+    if (!f.contains("name") || !f["name"].is_string())
+      return Bad(cf + ".function.name", f.value("name", json()), "a string");
     v1::ToolCall* call = out->add_tool_calls();
     call->set_name(f["name"].get<std::string>());
     if (c.contains("id") && c["id"].is_string()) call->set_id(c["id"].get<std::string>());
@@ -177,7 +178,8 @@ absl::Status Messages(const json& messages, v1::GenerateRequest* r) {
     // An assistant that called tools may have no content (null, or none at all).
     const bool calls = role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null();
     const bool content = m.contains("content") && !m["content"].is_null();
-    if (!content && !calls) return Bad(field + ".content", m.value("content", json()), "a string or a list of text parts");
+    if (!content && !calls)
+      return Bad(field + ".content", m.value("content", json()), "a string or a list of text parts");
     if (content) {
       auto content = Content(m["content"], field + ".content");
       if (!content.ok()) return content.status();
@@ -206,7 +208,8 @@ absl::Status Tools(Fields& f, v1::GenerateRequest* r, bool* parallel_tool_calls)
     for (size_t i = 0; i < tools.size(); ++i) {
       const json& t = tools[i];
       const std::string field = absl::StrCat("tools[", i, "]");
-      const char* allowed = R"({"type": "function", "function": {"name": ..., "description": ..., "parameters": {...}}})";
+      const char* allowed =
+          R"({"type": "function", "function": {"name": ..., "description": ..., "parameters": {...}}})";
       if (!t.is_object() || t.value("type", json()) != "function" || !t.contains("function") ||
           !t["function"].is_object()) {
         return Bad(field, t, allowed);
@@ -227,7 +230,8 @@ absl::Status Tools(Fields& f, v1::GenerateRequest* r, bool* parallel_tool_calls)
         tool->set_description(fn["description"].get<std::string>());
       }
       if (fn.contains("parameters") && !fn["parameters"].is_null()) {
-        if (!fn["parameters"].is_object()) return Bad(field + ".function.parameters", fn["parameters"], "a JSON schema object");
+        if (!fn["parameters"].is_object())
+          return Bad(field + ".function.parameters", fn["parameters"], "a JSON schema object");
         tool->set_parameters(fn["parameters"].dump());
       }
     }
@@ -388,9 +392,9 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
   const bool chat = route == OpenAiRoute::kChat;
 
   // What inferd does not serve, by name.
-  for (const char* key : {"functions", "function_call", "audio",
-                          "modalities", "prediction", "web_search_options", "suffix", "guided_json", "guided_regex",
-                          "guided_choice", "guided_grammar", "reasoning_effort"}) {  // guided_*: structured_outputs
+  for (const char* key : {"functions", "function_call", "audio", "modalities", "prediction", "web_search_options",
+                          "suffix", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                          "reasoning_effort"}) {  // guided_*: structured_outputs
     if (f.Has(key)) return Unsupported(key);
     f.Done(key);
   }
