@@ -11,7 +11,6 @@
 namespace inferd {
 namespace {
 
-
 // A Generate or GenerateStream request from its bytes: bounded, parsed, then prepared as every front end's.
 GenerateCall::Prepare FromWire(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire, int64_t max_bytes) {
   return [ctx, wire, max_bytes](const std::shared_ptr<Engine>& engine) -> absl::StatusOr<BuiltRequest> {

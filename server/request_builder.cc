@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -56,17 +55,17 @@ absl::StatusOr<std::vector<ToolSpec>> ToolsOf(const v1::GenerateRequest& p) {
   for (int i = 0; i < p.tools_size(); ++i) {
     const v1::Tool& t = p.tools(i);
     const std::string field = absl::StrCat("tools[", i, "]");
-    const bool name_ok = !t.name().empty() && t.name().size() <= 64 &&
-                         std::all_of(t.name().begin(), t.name().end(), [](char c) {
-                           return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                                  c == '_' || c == '-';
-                         });
+    const bool name_ok =
+        !t.name().empty() && t.name().size() <= 64 && std::all_of(t.name().begin(), t.name().end(), [](char c) {
+          return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+        });
     if (!name_ok) {
       return Bad(field + ".name", absl::StrCat("\"", t.name().substr(0, 64), "\""),
                  "1 to 64 letters, digits, underscores and dashes");
     }
     for (const ToolSpec& before : tools) {
-      if (before.name == t.name()) return Bad(field + ".name", absl::StrCat("\"", t.name(), "\""), "a name no other tool has");
+      if (before.name == t.name())
+        return Bad(field + ".name", absl::StrCat("\"", t.name(), "\""), "a name no other tool has");
     }
     if (!IsValidUtf8(t.description()) || !IsValidUtf8(t.parameters())) {
       return Bad(field, "(invalid UTF-8)", "valid UTF-8");

@@ -48,7 +48,6 @@ constexpr int kMaxOpenAiChoices = 128;
 
 // INVALID_ARGUMENT naming the field, its value and what is allowed.
 // refuse_unknown: a field inferd does not know is refused (server.http_unknown_fields: refuse) rather than ignored.
-absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRoute route,
-                                                 bool refuse_unknown = false);
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRoute route, bool refuse_unknown = false);
 
 }  // namespace inferd

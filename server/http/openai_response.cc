@@ -166,8 +166,7 @@ std::string OpenAiResponse(const OpenAiResponseContext& ctx, const std::vector<C
 
 std::string OpenAiChunkEvent(const OpenAiResponseContext& ctx, const ChoicePiece& piece) {
   json out = Head(ctx, true);
-  json choice = {
-      {"index", piece.index}, {"logprobs", Logprobs(ctx, piece.logprobs)}, {"finish_reason", Finish(piece)}};
+  json choice = {{"index", piece.index}, {"logprobs", Logprobs(ctx, piece.logprobs)}, {"finish_reason", Finish(piece)}};
   if (ctx.route == OpenAiRoute::kChat) {
     json delta = {{"content", piece.text}};
     if (!piece.reasoning.empty()) {

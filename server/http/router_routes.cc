@@ -70,8 +70,7 @@ void OpenAiFrontEnd::RouterRoute(std::shared_ptr<HttpExchange> exchange, const s
         {"max_total_num_tokens", total_tokens},
         {"max_running_requests", s.engine->config().scheduler.max_num_seqs},
         {"token_usage", total_tokens > 0 ? double(used_tokens) / total_tokens : 0.0},
-        {"cache_hit_rate",
-         st.prefix_query_tokens > 0 ? double(st.prefix_hit_tokens) / st.prefix_query_tokens : 0.0}};
+        {"cache_hit_rate", st.prefix_query_tokens > 0 ? double(st.prefix_hit_tokens) / st.prefix_query_tokens : 0.0}};
     return exchange->Respond(200, kJson,
                              Dump({{"version", kVersion}, {"dp_rank_count", 1}, {"loads", json::array({load})}}));
   }
@@ -114,8 +113,9 @@ void OpenAiFrontEnd::RouterRoute(std::shared_ptr<HttpExchange> exchange, const s
       for (size_t i = 0; i < tokens.size(); ++i) {
         if (!tokens[i].is_number_integer() || tokens[i].get<int64_t>() < 0 ||
             tokens[i].get<int64_t>() >= tokenizer.vocab_size()) {
-          return Fail(*exchange, absl::InvalidArgumentError(absl::StrCat(
-                                     "tokens[", i, "] is not allowed; allowed: ids in [0, ", tokenizer.vocab_size(), ")")));
+          return Fail(*exchange,
+                      absl::InvalidArgumentError(absl::StrCat("tokens[", i, "] is not allowed; allowed: ids in [0, ",
+                                                              tokenizer.vocab_size(), ")")));
         }
         ids.push_back(tokens[i].get<int32_t>());
       }
@@ -133,8 +133,8 @@ void OpenAiFrontEnd::RouterRoute(std::shared_ptr<HttpExchange> exchange, const s
       j->erase("return_token_strs");  // tokens are returned without their text pieces
       generate_body = Dump(*j);
     }
-    auto request = ParseOpenAiRequest(generate_body, chat ? OpenAiRoute::kChat : OpenAiRoute::kCompletion,
-                                      refuse_unknown);
+    auto request =
+        ParseOpenAiRequest(generate_body, chat ? OpenAiRoute::kChat : OpenAiRoute::kCompletion, refuse_unknown);
     if (!request.ok()) return Fail(*exchange, request.status());
     auto tokens = RenderTokens(engine, *request);
     if (!tokens.ok()) return Fail(*exchange, tokens.status());

@@ -44,8 +44,9 @@ TEST(ToolCalls, HermesCallsAreFoundAndTheRestIsContent) {
 
   // Not calls: no object, a broken one, one without a name, arguments that are not an object.
   for (const char* text : {"<tool_call>oops</tool_call>", "<tool_call>\n{\"name\": \"add\", \"arguments\": {",
-                           "<tool_call>{\"arguments\": {}}</tool_call>", "<tool_call>{\"name\": \"add\", "
-                                                                         "\"arguments\": [1]}</tool_call>"}) {
+                           "<tool_call>{\"arguments\": {}}</tool_call>",
+                           "<tool_call>{\"name\": \"add\", "
+                           "\"arguments\": [1]}</tool_call>"}) {
     const ToolCallSplit bad = SplitToolCalls(ToolCallFormat::kHermes, text);
     EXPECT_TRUE(bad.calls.empty()) << text;
     EXPECT_EQ(bad.content, text);
@@ -94,8 +95,9 @@ TEST(ToolCalls, Llama3AndMistralCallsAreFound) {
 // what is found at the end equals the whole answer's split.
 TEST(ToolCalls, AStreamReleasesContentButNeverTheStartOfACall) {
   const std::vector<std::pair<ToolCallFormat, std::string>> answers = {
-      {ToolCallFormat::kHermes, "Sure <tool_ca and more.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n"
-                                "</tool_call>"},
+      {ToolCallFormat::kHermes,
+       "Sure <tool_ca and more.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n"
+       "</tool_call>"},
       {ToolCallFormat::kHermes, "No call here, only < and <tool_"},
       {ToolCallFormat::kLlama3Json, "  {\"name\": \"add\", \"parameters\": {\"a\": 3}}"},
       {ToolCallFormat::kLlama3Json, "Plain text with a {brace} later."},
@@ -159,8 +161,7 @@ TEST(ToolCalls, TemplatesReceiveToolsCallsAndAnswers) {
   messages.push_back(answer);
   auto text = (*qwen3)->chat_template->Render(messages, true, ToolsJson(kTools));
   ASSERT_TRUE(text.ok()) << text.status();
-  EXPECT_NE(text->find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""),
-            std::string::npos)
+  EXPECT_NE(text->find("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""), std::string::npos)
       << *text;
   EXPECT_NE(text->find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"),
             std::string::npos)

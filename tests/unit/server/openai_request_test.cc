@@ -108,8 +108,9 @@ TEST(OpenAiRequest, ToolsChoicesCallsAndAnswersTravelInTheRequest) {
   EXPECT_EQ(ms[2].role(), "tool");
   EXPECT_EQ(ms[2].tool_call_id(), "call_1");
   for (const char* mode : {"auto", "none", "required"}) {
-    const OpenAiRequest m = Parse(absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": ")",
-                                               mode, R"(", "tools": [{"type": "function", "function": {"name": "f"}}]})"));
+    const OpenAiRequest m =
+        Parse(absl::StrCat(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": ")", mode,
+                           R"(", "tools": [{"type": "function", "function": {"name": "f"}}]})"));
     EXPECT_EQ(v1::ToolChoice::Mode_Name(m.prompts[0].tool_choice().mode()), absl::AsciiStrToUpper(mode));
   }
 }
@@ -117,7 +118,8 @@ TEST(OpenAiRequest, ToolsChoicesCallsAndAnswersTravelInTheRequest) {
 TEST(OpenAiRequest, RefusalsNameTheField) {
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "tools": "all"})").find("tools"),
             std::string::npos);
-  EXPECT_NE(Refusal(R"({"prompt": "x", "tools": []})", OpenAiRoute::kCompletion, true).find("tools"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"prompt": "x", "tools": []})", OpenAiRoute::kCompletion, true).find("tools"),
+            std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"five": 1}})")
                 .find("logit_bias[\"five\"]"),
             std::string::npos);
@@ -128,12 +130,13 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
             std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {}})").find("stream_options"),
             std::string::npos);
-  EXPECT_NE(Refusal(R"({"messages": [{"role": "robot", "content": "x"}]})").find("messages[0].role"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"messages": [{"role": "robot", "content": "x"}]})").find("messages[0].role"),
+            std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x", "audio": {}}]})").find("messages[0].audio"),
             std::string::npos);
-  EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})")
-                .find("messages[0].tool_calls"),
-            std::string::npos);
+  EXPECT_NE(
+      Refusal(R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})").find("messages[0].tool_calls"),
+      std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": null}]})").find("messages[0].content"),
             std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
