@@ -173,6 +173,29 @@ def test_json_nested_a_hundred_thousand_deep_is_a_400_not_a_crash(server, where)
     assert one(server, post("/v1/completions", COMPLETION))[0] == 200
 
 
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize", "/v1/chat/completions/render", "/v1/completions/render"])
+def test_the_routers_routes_refuse_hostile_bodies(server, path):
+    """The routes the scale-out routers call take the generate routes' bounds: nesting, a form body, the wrong
+    method, token ids out of range, a deep tool-call history; the server answers the next request."""
+    deep = "[" * DEPTH + "]" * DEPTH
+    status, _, answer = one(server, post(path, '{"prompt": ' + deep + ', "tokens": ' + deep + "}"))
+    assert status == 400 and b"nested deeper than" in answer and len(answer) < 1024, answer[:200]
+    assert one(server, post(path, "prompt=a", head="Content-Type: application/x-www-form-urlencoded\r\n"))[0] == 415
+    status, head, _ = one(server, get(path))
+    assert status == 405 and head["allow"] == "POST"
+    bad = {"/detokenize": '{"tokens": [1, 99999999999]}'}.get(path, '{"prompt": "a", "max_tokens": -1}')
+    status, _, answer = one(server, post(path, bad))
+    assert status == 400 and len(answer) < 1024, answer[:200]
+    if path != "/detokenize":
+        history = json.dumps({"messages": [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
+                "name": "f", "arguments": deep}}]}, {"role": "tool", "tool_call_id": "c", "content": "1"},
+            {"role": "user", "content": "hi"}]})
+        assert one(server, post(path, history))[0] in (200, 400)
+    assert server.proc.poll() is None
+    assert one(server, post("/v1/completions", COMPLETION))[0] == 200
+
+
 def test_error_messages_quote_only_a_short_prefix_of_a_value(server):
     for body, status in [(json.dumps({"model": "m" * 500_000, "prompt": "a"}), 404),
                          (json.dumps({"prompt": "a", "x" * 300_000: 1, "max_tokens": "m" * 300_000}), 400),
