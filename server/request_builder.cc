@@ -70,8 +70,8 @@ absl::StatusOr<std::vector<ToolSpec>> ToolsOf(const v1::GenerateRequest& p) {
     if (!IsValidUtf8(t.description()) || !IsValidUtf8(t.parameters())) {
       return Bad(field, "(invalid UTF-8)", "valid UTF-8");
     }
-    if (JsonDepth(t.parameters()) > kMaxSchemaDepth) {
-      return Bad(field + ".parameters", absl::StrCat("(nested ", JsonDepth(t.parameters()), " levels deep)"),
+    if (const int depth = JsonDepth(t.parameters()); depth > kMaxSchemaDepth) {
+      return Bad(field + ".parameters", absl::StrCat("(nested ", depth, " levels deep)"),
                  absl::StrCat("at most ", kMaxSchemaDepth, " levels"));
     }
     if (!t.parameters().empty()) {
@@ -158,13 +158,13 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
       if (!limits.chat_template) {
         return absl::InvalidArgumentError("messages: this model has no chat template; send text or token_ids");
       }
-      const bool takes_tools = TakesTools(limits.chat_template->source());
+      const bool takes_tools = limits.chat_template->takes_tools();
       INFERD_ASSIGN_OR_RETURN(std::vector<ChatMessage> chat, ChatOf(p, tools, takes_tools));
       auto text = limits.chat_template->Render(chat, /*add_generation_prompt=*/true,
                                                takes_tools && !tools.empty() ? ToolsJson(tools) : "");
       if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("messages: ", text.status().message()));
       r.prompt = limits.tokenizer->Encode(*text, /*add_special_tokens=*/false);
-      if (TemplateThinks(limits.chat_template->source())) built.text.reasoning = PromptOpensReasoning(*text);
+      if (limits.chat_template->thinks()) built.text.reasoning = PromptOpensReasoning(*text);
       break;
     }
     default:
@@ -288,9 +288,7 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
   // Tools: the calls are found in the text unless the request forbids them; a required call is a constraint.
   OutputConstraint c = ConstraintOf(p.constraint());
   if (!tools.empty() && choice.mode() != v1::ToolChoice::NONE) {
-    const ToolCallFormat format = TakesTools(limits.chat_template->source())
-                                      ? ToolCallFormatOf(limits.chat_template->source())
-                                      : ToolCallFormat::kHermes;  // ToolsSystemPrompt's words
+    const ToolCallFormat format = limits.chat_template->tool_call_format();
     text.tool_calls = format;
     if (choice.mode() == v1::ToolChoice::FUNCTION &&
         std::none_of(tools.begin(), tools.end(), [&](const ToolSpec& t) { return t.name == choice.function(); })) {

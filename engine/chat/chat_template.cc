@@ -2,6 +2,7 @@
 
 #include "engine/chat/jinja/parser.h"
 #include "engine/chat/jinja/render.h"
+#include "engine/chat/reasoning.h"
 #include "engine/status_macros.h"
 
 namespace inferd {
@@ -11,6 +12,9 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Compile(const std::s
   std::unique_ptr<ChatTemplate> t(new ChatTemplate());
   INFERD_ASSIGN_OR_RETURN(t->body_, jinja::ParseTemplate(source));
   t->source_ = source;
+  t->takes_tools_ = TakesTools(source);
+  t->tool_call_format_ = t->takes_tools_ ? ToolCallFormatOf(source) : ToolCallFormat::kHermes;
+  t->thinks_ = TemplateThinks(source);
   t->bos_token_ = std::move(bos_token);
   t->eos_token_ = std::move(eos_token);
   return t;

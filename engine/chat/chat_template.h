@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/chat/jinja/ast.h"
+#include "engine/chat/tool_calls.h"
 
 namespace inferd {
 
@@ -40,10 +41,18 @@ class ChatTemplate {
                                      const std::string& tools_json = "") const;
 
   const std::string& source() const { return source_; }
+  // Read from the source once, at Compile: whether it reads the request's tools (TakesTools); the format its
+  // model writes calls in (engine/chat/tool_calls.h; Hermes where it reads no tools: ToolsSystemPrompt's words);
+  // whether its model thinks in <think>…</think> (engine/chat/reasoning.h).
+  bool takes_tools() const { return takes_tools_; }
+  ToolCallFormat tool_call_format() const { return tool_call_format_; }
+  bool thinks() const { return thinks_; }
 
  private:
   ChatTemplate() = default;
   std::string source_, bos_token_, eos_token_;
+  bool takes_tools_ = false, thinks_ = false;
+  ToolCallFormat tool_call_format_ = ToolCallFormat::kHermes;
   jinja::Body body_;
 };
 

@@ -24,6 +24,8 @@ TEST(ToolCalls, TheFormatIsReadFromTheTemplate) {
   ASSERT_TRUE(qwen3.ok()) << qwen3.status();
   EXPECT_EQ(ToolCallFormatOf((*qwen3)->chat_template->source()), ToolCallFormat::kHermes);
   EXPECT_TRUE(TakesTools((*qwen3)->chat_template->source()));
+  EXPECT_TRUE((*qwen3)->chat_template->takes_tools() && (*qwen3)->chat_template->thinks());
+  EXPECT_EQ((*qwen3)->chat_template->tool_call_format(), ToolCallFormat::kHermes);
   EXPECT_EQ(ToolCallFormatOf("{{ '[TOOL_CALLS]' }}{{ tools }}"), ToolCallFormat::kMistral);
   EXPECT_EQ(ToolCallFormatOf("{{- '<|python_tag|>' }}"), ToolCallFormat::kLlama3Json);
   EXPECT_EQ(ToolCallFormatOf("{% for m in messages %}{{ m.content }}{% endfor %}"), ToolCallFormat::kHermes);
