@@ -171,6 +171,22 @@ __global__ void __launch_bounds__(kThreads) BroadcastKernel(PeerGroup g, uint32_
   EndCall(g);
 }
 
+__global__ void JoinKernel(PeerGroup g) {
+  if (g.rank != 0) {  // everything this rank wrote before is visible at system scope before the count moves
+    __threadfence_system();
+    atomicAdd_system(g.joins + g.rank, 1u);
+    return;
+  }
+  const uint32_t call = g.joins[0] + 1;  // only rank 0 writes its own count
+  for (int r = 1; r < g.size; ++r) {
+    uint32_t seen;
+    do {
+      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(seen) : "l"(g.joins + r) : "memory");
+    } while (static_cast<int32_t>(seen - call) < 0);
+  }
+  g.joins[0] = call;
+}
+
 unsigned Blocks(int64_t units) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(kMaxBlocks, (units + kThreads - 1) / kThreads)));
 }
@@ -189,6 +205,12 @@ cudaError_t PeerAllReduceSum(const PeerGroup& group, T* data, int64_t count, cud
 cudaError_t PeerBroadcast(const PeerGroup& group, uint32_t* data, int64_t words, cudaStream_t stream) {
   if (words * 4 > group.capacity_bytes || group.size > kPeerMaxRanks) return cudaErrorInvalidValue;
   return LaunchDependent(BroadcastKernel, Blocks(words), kThreads, stream, group, data, words);
+}
+
+cudaError_t PeerJoinRank0(const PeerGroup& group, cudaStream_t stream) {
+  if (group.size > kPeerMaxRanks || !group.joins) return cudaErrorInvalidValue;
+  JoinKernel<<<1, 1, 0, stream>>>(group);
+  return cudaGetLastError();
 }
 
 template cudaError_t PeerAllReduceSum<__nv_bfloat16>(const PeerGroup&, __nv_bfloat16*, int64_t, cudaStream_t);

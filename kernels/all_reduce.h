@@ -21,14 +21,13 @@
 
 namespace inferd::kernels {
 
-constexpr int kPeerMaxRanks = 8;
-
 // One rank's view of the group: device addresses, each usable from this rank's GPU.
 struct PeerGroup {
   int rank = 0, size = 1;
   int64_t capacity_bytes = 0;         // of one inbox: the largest message
   char* inboxes[kPeerMaxRanks] = {};  // per rank: [2 slots][size senders][capacity_bytes], all ones at start
   uint32_t* calls = nullptr;          // this rank's: [0] calls ended, [1] blocks of the current call ended; zeroed
+  uint32_t* joins = nullptr;          // rank 0's (every rank's view of it): [0] its joins, [r] rank r's; zeroed
 };
 // Their sizes: PeerInboxBytes and kPeerCallBytes (sizes.h).
 
@@ -42,5 +41,12 @@ cudaError_t PeerAllReduceSum(const PeerGroup& group, T* data, int64_t count, cud
 // while a peer still reads an earlier one: a sum (which waits for every peer) must come between two broadcasts,
 // as it does in a step (a broadcast after the last layer's sums), or the streams must be synchronised.
 cudaError_t PeerBroadcast(const PeerGroup& group, uint32_t* data, int64_t words, cudaStream_t stream);
+
+// Rank 0's stream goes on only once every peer's stream has reached its call of the same number: what a peer
+// wrote into rank 0's memory before its call (its part of a product, written straight into rank 0's buffer) is
+// then there for what rank 0 runs after. A peer's call waits for nothing: it must not write that memory again
+// before a later collective that waits for rank 0 (a sum; a broadcast from rank 0). Launched as an ordinary
+// kernel, so that it starts only once everything before it on the stream has ended.
+cudaError_t PeerJoinRank0(const PeerGroup& group, cudaStream_t stream);
 
 }  // namespace inferd::kernels

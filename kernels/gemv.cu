@@ -63,8 +63,10 @@ __device__ __forceinline__ void Accumulate(const uint4 (&wv)[R], const T* __rest
 }
 
 // Where a warp's R output columns lie and what becomes of them. Plain products: R adjacent columns, written to Y
-// rounded once, the stores spread over the lanes.
+// (rows ldy apart) rounded once, the stores spread over the lanes.
 struct PlainColumns {
+  int64_t ldy;
+
   template <int R>
   __device__ int64_t Col(int64_t warp, int j) const {
     return warp * R + j;
@@ -78,7 +80,7 @@ struct PlainColumns {
       const float b = bias ? ToFloat(bias[col]) : 0.f;
 #pragma unroll
       for (int r = 0; r < M; ++r) {
-        if (lane == (j * M + r) % 32) y[r * n + col] = Cast(acc[j][r] + b, static_cast<Out*>(nullptr));
+        if (lane == (j * M + r) % 32) y[r * ldy + col] = Cast(acc[j][r] + b, static_cast<Out*>(nullptr));
       }
     }
   }
@@ -207,9 +209,9 @@ constexpr int RowsPerWarp() {
   return M <= 2 ? 2 : 4;
 }
 
-template <typename T, typename Out, int M, typename Columns = PlainColumns>
+template <typename T, typename Out, int M, typename Columns>
 cudaError_t LaunchRows(const T* x, const T* w, const T* bias, Out* y, int64_t n, int64_t k, cudaStream_t stream,
-                       Columns columns = {}) {
+                       Columns columns) {
   constexpr int R = RowsPerWarp<M>();
   const int64_t blocks = (n + kWarps * R - 1) / (kWarps * R);
   return LaunchDependent(GemvKernel<T, Out, M, R, Columns>, static_cast<unsigned>(blocks), kWarps * 32, stream, x, w,
@@ -217,10 +219,11 @@ cudaError_t LaunchRows(const T* x, const T* w, const T* bias, Out* y, int64_t n,
 }
 
 template <typename T, typename Out, int... Ms>
-cudaError_t Dispatch(int64_t m, const T* x, const T* w, const T* bias, Out* y, int64_t n, int64_t k,
+cudaError_t Dispatch(int64_t m, const T* x, const T* w, const T* bias, Out* y, int64_t n, int64_t k, int64_t ldy,
                      cudaStream_t stream, std::integer_sequence<int, Ms...>) {
   cudaError_t result = cudaErrorInvalidValue;
-  ((m == Ms + 1 ? (result = LaunchRows<T, Out, Ms + 1>(x, w, bias, y, n, k, stream), true) : false) || ...);
+  const PlainColumns columns{ldy};
+  ((m == Ms + 1 ? (result = LaunchRows<T, Out, Ms + 1>(x, w, bias, y, n, k, stream, columns), true) : false) || ...);
   return result;
 }
 
@@ -232,9 +235,13 @@ bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k) {
 }
 
 template <typename T, typename Out>
-cudaError_t Gemv(const T* x, const T* w, const T* bias, Out* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
-  if (!GemvSupports(x, w, m, k) || n <= 0 || (n + kWarps - 1) / kWarps > 0x7fffffff) return cudaErrorInvalidValue;
-  return Dispatch(m, x, w, bias, y, n, k, stream, std::make_integer_sequence<int, kGemvMaxRows>{});
+cudaError_t Gemv(const T* x, const T* w, const T* bias, Out* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                 int64_t ldy) {
+  if (ldy == 0) ldy = n;
+  if (!GemvSupports(x, w, m, k) || n <= 0 || ldy < n || (n + kWarps - 1) / kWarps > 0x7fffffff) {
+    return cudaErrorInvalidValue;
+  }
+  return Dispatch(m, x, w, bias, y, n, k, ldy, stream, std::make_integer_sequence<int, kGemvMaxRows>{});
 }
 
 template <typename T>
@@ -257,11 +264,12 @@ template cudaError_t GemvQkvRope(const __half*, const __half*, const __half*, __
                                  const int32_t*, const float*, __half*, __half*, int32_t, int32_t, int32_t,
                                  cudaStream_t);
 template cudaError_t Gemv(const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int64_t,
-                          int64_t, int64_t, cudaStream_t);
+                          int64_t, int64_t, cudaStream_t, int64_t);
 template cudaError_t Gemv(const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, float*, int64_t, int64_t,
-                          int64_t, cudaStream_t);
-template cudaError_t Gemv(const __half*, const __half*, const __half*, __half*, int64_t, int64_t, int64_t,
-                          cudaStream_t);
-template cudaError_t Gemv(const __half*, const __half*, const __half*, float*, int64_t, int64_t, int64_t, cudaStream_t);
+                          int64_t, cudaStream_t, int64_t);
+template cudaError_t Gemv(const __half*, const __half*, const __half*, __half*, int64_t, int64_t, int64_t, cudaStream_t,
+                          int64_t);
+template cudaError_t Gemv(const __half*, const __half*, const __half*, float*, int64_t, int64_t, int64_t, cudaStream_t,
+                          int64_t);
 
 }  // namespace inferd::kernels

@@ -19,9 +19,11 @@ inline constexpr int kGemvMaxRows = 8;
 // True when Gemv can run this shape: 1 ≤ m ≤ kGemvMaxRows, k a multiple of 8 and x, w 16-byte aligned.
 bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k);
 
-// x: [m, k], w: [n, k], bias: [n] or null, y: [m, n]. Returns cudaErrorInvalidValue where GemvSupports is false.
+// x: [m, k], w: [n, k], bias: [n] or null, y: [m, n] with rows ldy ≥ n elements apart (0: n). Returns
+// cudaErrorInvalidValue where GemvSupports is false.
 template <typename T, typename Out>
-cudaError_t Gemv(const T* x, const T* w, const T* bias, Out* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+cudaError_t Gemv(const T* x, const T* w, const T* bias, Out* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                 int64_t ldy = 0);
 
 // The q/k/v product of a decode step of m ≤ 2 tokens with RoPE and the K/V cache write fused into it: qkv =
 // x · wᵀ (+ bias), q and k heads rotated, K and V written to each token's slot — the same values, bit for bit,

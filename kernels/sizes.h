@@ -13,11 +13,12 @@ constexpr size_t kAttentionFloatWorkspaceBytes = size_t{128} << 20;  // device: 
 constexpr size_t kAttentionIntWorkspaceBytes = size_t{8} << 20;      // device and pinned host: schedule
 
 // The one-shot peer collectives (all_reduce.h): each rank's inboxes, two slots of one message from every rank,
-// and its two call counters.
+// and its counters (two of its calls, one per rank of joins with rank 0).
+constexpr int kPeerMaxRanks = 8;
 constexpr int64_t PeerInboxBytes(int64_t capacity_bytes, int ranks) {
   return 2 * int64_t{ranks} * capacity_bytes;
 }
-constexpr int64_t kPeerCallBytes = 2 * sizeof(uint32_t);
+constexpr int64_t kPeerCallBytes = (2 + kPeerMaxRanks) * sizeof(uint32_t);
 // What NCCL took on each GPU for two ranks with NVLink multicast off (NCCL 2.28, two H200s joined by NVLink,
 // 2026-11-26: 867 MiB beyond everything else start-up allocates), counted once per peer.
 constexpr int64_t kNcclBytesPerPeer = int64_t{867} << 20;

@@ -1,5 +1,6 @@
 #include "engine/model/tensor_parallel.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -47,7 +48,9 @@ absl::Status CheckTensorParallel(const ModelConfig& c, int32_t size) {
 }
 
 TensorParallelShard ShardOf(const ModelConfig& c, int32_t size, int32_t rank) {
-  TensorParallelShard s{.rank = rank, .size = size};
+  TensorParallelShard s;
+  s.rank = rank;
+  s.size = size;
   const int64_t heads = c.num_heads / size, cols = c.intermediate_size / size;
   s.q_heads = {rank * heads, (rank + 1) * heads};
   s.intermediate = {rank * cols, (rank + 1) * cols};
@@ -58,6 +61,10 @@ TensorParallelShard ShardOf(const ModelConfig& c, int32_t size, int32_t rank) {
     const int64_t group = c.num_heads / c.num_kv_heads;
     s.kv_heads = {s.q_heads.begin / group, s.q_heads.begin / group + 1};
   }
+  // Equal runs of the vocabulary (the last one shorter), each starting on a multiple of 64 ids so that every
+  // rank's logits start 256-byte aligned in a row of fp32 logits.
+  const int64_t per = (c.vocab_size + int64_t{size} * 64 - 1) / (int64_t{size} * 64) * 64;
+  s.vocab = {std::min<int64_t>(rank * per, c.vocab_size), std::min<int64_t>((rank + 1) * per, c.vocab_size)};
   return s;
 }
 

@@ -3,8 +3,10 @@
 // products are split by output rows (column-parallel), the attention output and down products by input columns
 // (row-parallel), so each layer needs one sum over the ranks after each of those two. A KV head is never split:
 // with fewer KV heads than ranks, each is held by N / num_kv_heads ranks (the ones whose query heads read it).
-// Embeddings, norms and the LM head are whole on every rank. Pure arithmetic on the model's shape: the cpu
-// backend's shards and the planner's per-device sizes both come from here.
+// Embeddings and norms are whole on every rank; the LM head's rows (the vocabulary) split into runs, one per rank,
+// each rank writing its run of every logits row (the cuda backend, where the GPUs reach each other's memory; rank
+// 0 holds the whole LM head for when they do not). Pure arithmetic on the model's shape: the cpu backend's shards
+// and the planner's per-device sizes both come from here.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,7 @@ struct IndexRange {
 struct TensorParallelShard {
   int32_t rank = 0, size = 1;
   IndexRange q_heads, kv_heads, intermediate;
+  IndexRange vocab;  // the LM head's rows (token ids) whose logits this rank computes
 
   // Output rows of the fused q/k/v weight ([q; k; v], q_width + 2 kv_width rows) this rank holds, in order: its
   // query heads' rows, then its KV heads' K rows, then their V rows.

@@ -17,7 +17,8 @@ Region ArenaBuilder::Add(int64_t bytes) {
 namespace {
 
 // One device's weight bytes: the layers' products sharded (output rows of q/k/v and gate/up, input columns of o and
-// down), everything else whole. fp8: one byte an element and a fp32 scale per output row of each product.
+// down), everything else whole (rank 0's, the largest: the other ranks hold only their vocabulary run of the LM
+// head). fp8: one byte an element and a fp32 scale per output row of each product.
 int64_t WeightBytes(const Model& model, int64_t e, bool fp8, const TensorParallelShard& shard) {
   const ModelConfig& c = model.config;
   const ModelTensors& t = model.tensors;

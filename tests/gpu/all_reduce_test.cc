@@ -69,6 +69,7 @@ class Group {
       g.capacity_bytes = capacity;
       for (int q = 0; q < n; ++q) g.inboxes[q] = inboxes[q];
       g.calls = calls[r];
+      g.joins = calls[0] + 2;
     }
     Use(0);
   }
@@ -275,6 +276,58 @@ TEST(PeerAllReduce, AMessageLargerThanTheInboxIsRefused) {
   EXPECT_EQ(k::PeerAllReduceSum(group.groups[1], static_cast<__nv_bfloat16*>(p), 512, group.streams[1]), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaFree(p);
+}
+
+// Each peer writes its part of rank 0's buffer on its own stream, after a long memset that keeps it busy, then
+// joins; rank 0 joins and copies the buffer out. Rank 0 must see every peer's part of that round, never an earlier
+// one. A broadcast from rank 0 separates the rounds, as it does a step's LM head from the next one's.
+TEST(PeerJoinRank0, RankZeroSeesWhatEveryPeerWroteBeforeItsJoin) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  for (int n : {2, 4, 8}) {
+    Group group(n, 4096);
+    constexpr int64_t kPart = 1 << 16, kBusy = int64_t{64} << 20, kRounds = 6;
+    char *buffer = nullptr, *busy = nullptr;
+    unsigned char* seen = nullptr;
+    ASSERT_EQ(cudaMalloc(&buffer, n * kPart), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&busy, (n - 1) * kBusy), cudaSuccess);
+    ASSERT_EQ(cudaMallocHost(&seen, kRounds * n * kPart), cudaSuccess);
+    std::vector<uint32_t*> words(n);
+    for (auto& w : words) ASSERT_EQ(cudaMalloc(&w, 64), cudaSuccess);
+    const auto mark = [n](int round, int r) { return static_cast<unsigned char>(1 + (round * n + r) % 250); };
+    for (int round = 0; round < kRounds; ++round) {
+      for (int r = 1; r < n; ++r) {
+        cudaStream_t s = group.streams[r];
+        ASSERT_EQ(cudaMemsetAsync(busy + (r - 1) * kBusy, round, kBusy, s), cudaSuccess);
+        ASSERT_EQ(cudaMemsetAsync(buffer + r * kPart, mark(round, r), kPart, s), cudaSuccess);
+        ASSERT_EQ(k::PeerJoinRank0(group.groups[r], s), cudaSuccess);
+      }
+      cudaStream_t s0 = group.streams[0];
+      ASSERT_EQ(cudaMemsetAsync(buffer, mark(round, 0), kPart, s0), cudaSuccess);
+      ASSERT_EQ(k::PeerJoinRank0(group.groups[0], s0), cudaSuccess);
+      ASSERT_EQ(cudaMemcpyAsync(seen + round * n * kPart, buffer, n * kPart, cudaMemcpyDeviceToHost, s0), cudaSuccess);
+      for (int r = 0; r < n; ++r)
+        ASSERT_EQ(k::PeerBroadcast(group.groups[r], words[r], 16, group.streams[r]), cudaSuccess);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int round = 0; round < kRounds; ++round) {
+      for (int r = 0; r < n; ++r) {
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < kPart; ++i) wrong += seen[(round * n + r) * kPart + i] != mark(round, r);
+        EXPECT_EQ(wrong, 0) << n << " ranks, round " << round << ": rank " << r << "'s part";
+      }
+    }
+    for (auto* w : words) cudaFree(w);
+    cudaFree(buffer);
+    cudaFree(busy);
+    cudaFreeHost(seen);
+  }
+}
+
+TEST(PeerJoinRank0, AGroupWithoutJoinCountersIsRefused) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  k::PeerGroup g;
+  g.size = 2;
+  EXPECT_EQ(k::PeerJoinRank0(g, nullptr), cudaErrorInvalidValue);
 }
 
 // An input element of all ones (a NaN, the inbox's empty mark) must arrive as a NaN, not be waited for forever.

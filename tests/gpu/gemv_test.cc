@@ -46,19 +46,30 @@ std::vector<T> Round(const std::vector<float>& v) {
 // (m, n, k, bias)
 using Shape = std::tuple<int, int, int, bool>;
 
+// pad > 0: y's rows are n + pad elements apart (a slice of wider rows, as a rank's run of the logits is), and the
+// pad between them must keep what it held.
 template <typename T, typename Out>
-void CheckShape(const Shape& shape, uint32_t seed) {
+void CheckShape(const Shape& shape, uint32_t seed, int pad = 0) {
   const auto [m, n, k, with_bias] = shape;
   std::mt19937 rng(seed);
   const std::vector<T> x = Round<T>(Random(size_t(m) * k, rng));
   const std::vector<T> w = Round<T>(Random(size_t(n) * k, rng, 0.05f));
   const std::vector<T> bias = Round<T>(Random(n, rng));
   Dev<T> dx(x), dw(w), db(bias);
-  Dev<Out> dy(size_t(m) * n);
+  const int64_t ldy = n + pad;
+  Dev<Out> dy(size_t(m) * ldy);
+  CUDA_OK(cudaMemset(dy.get(), 0x5A, size_t(m) * ldy * sizeof(Out)));
   ASSERT_TRUE(kernels::GemvSupports(dx.get(), dw.get(), m, k));
-  CUDA_OK((kernels::Gemv<T, Out>(dx.get(), dw.get(), with_bias ? db.get() : nullptr, dy.get(), m, n, k, nullptr)));
+  CUDA_OK((kernels::Gemv<T, Out>(dx.get(), dw.get(), with_bias ? db.get() : nullptr, dy.get(), m, n, k, nullptr,
+                                 pad ? ldy : 0)));
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<Out> y = dy.Host();
+  for (int r = 0; r < m; ++r) {
+    for (int c = n; c < ldy; ++c) {
+      const auto* bytes = reinterpret_cast<const unsigned char*>(&y[size_t(r) * ldy + c]);
+      for (size_t b = 0; b < sizeof(Out); ++b) ASSERT_EQ(bytes[b], 0x5A) << "pad of row " << r << " written";
+    }
+  }
   const double out_eps = std::is_same_v<Out, float> ? 1e-7 : (std::is_same_v<Out, __half> ? 1e-3 : 8e-3);
   int bad = 0;
   for (int r = 0; r < m; ++r) {
@@ -69,7 +80,7 @@ void CheckShape(const Shape& shape, uint32_t seed) {
         ref += p;
         mag += std::abs(p);
       }
-      const double got = ToF(y[size_t(r) * n + c]);
+      const double got = ToF(y[size_t(r) * ldy + c]);
       const double tol = 1e-5 * mag + out_eps * std::abs(ref) + 1e-30;
       if (!(std::abs(got - ref) <= tol) && ++bad <= 5) {
         ADD_FAILURE() << "y[" << r << ", " << c << "] = " << got << ", reference " << ref << " (tolerance " << tol
@@ -89,6 +100,10 @@ TEST_P(GemvTest, Bf16MatchesReference) {
 TEST_P(GemvTest, Bf16WithFp32OutputMatchesReference) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
   CheckShape<__nv_bfloat16, float>(GetParam(), 2);
+}
+TEST_P(GemvTest, Bf16WithFp32OutputIntoWiderRowsMatchesReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  CheckShape<__nv_bfloat16, float>(GetParam(), 5, /*pad=*/13);
 }
 TEST_P(GemvTest, Fp16MatchesReference) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";

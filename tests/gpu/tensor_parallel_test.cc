@@ -91,9 +91,15 @@ TEST(TensorParallelOnCuda, EachRanksWeightsAreItsSliceOfTheWholeModel) {
         auto part = cuda::UploadWeights((*model)->tensors, k.dtype, k.fp8, s, c);
         ASSERT_TRUE(part.ok()) << part.status();
         EXPECT_EQ(ToHost(part->embed), ToHost(whole->embed));
-        EXPECT_EQ(part->lm_head_own.bytes(), rank == 0 ? whole->lm_head_own.bytes() : 0u);
+        // Rank 0 holds the whole LM head, the others their vocabulary runs (nothing of their own when tied).
+        EXPECT_EQ(part->vocab.begin, s.vocab.begin);
+        EXPECT_EQ(part->vocab.end, s.vocab.end);
         if (rank == 0) {
           EXPECT_EQ(ToHost(part->lm_head_own), ToHost(whole->lm_head_own));
+        } else if (whole->lm_head_own.bytes()) {
+          EXPECT_EQ(ToHost(part->lm_head_own), RowsOf(ToHost(whole->lm_head_own), H, {s.vocab}, 2));
+        } else {
+          EXPECT_EQ(part->lm_head_own.bytes(), 0u);
         }
         for (int l = 0; l < c.num_layers; ++l) {
           const cuda::CudaLayerWeights& w = whole->layers[l];

@@ -171,6 +171,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Collectives>>> Collectives::Create(co
       c.peer_ = group;
       c.peer_.rank = r;
       c.peer_.calls = c.peer_calls_.get<uint32_t>();
+      c.peer_.joins = out[0]->peer_calls_.get<uint32_t>() + 2;
       // Until measured, the peer kernels take what NCCL cannot (ranks sharing a GPU) or nothing.
       c.peer_limit_ = shared ? peer_capacity_bytes : 0;
     }
@@ -230,6 +231,12 @@ absl::Status Collectives::Broadcast(void* data, int64_t bytes, cudaStream_t stre
   return api_->Check(api_->broadcast(data, data, static_cast<size_t>(bytes), kNcclInt8, /*root=*/0,
                                      static_cast<ncclComm_t>(comm_), stream),
                      "ncclBroadcast");
+}
+
+absl::Status Collectives::JoinRank0(cudaStream_t stream) const {
+  if (!has_peer()) return absl::InternalError("a join with rank 0 without the peer kernels' buffers");
+  if (sync_) return AwaitPeers(stream);  // ranks sharing a GPU: rank 0's stream waits for every rank's events
+  return FromCuda(kernels::PeerJoinRank0(peer_, stream), "kernels::PeerJoinRank0");
 }
 
 absl::StatusOr<std::pair<double, double>> Collectives::TimeAllReduce(void* data, int64_t count, bool bf16,

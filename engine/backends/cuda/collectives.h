@@ -52,6 +52,14 @@ class Collectives {
   absl::Status AllReduceSum(void* data, int64_t count, bool bf16, cudaStream_t stream) const;
   // Rank 0's `bytes` (a multiple of 4) at `data` land at every other rank's `data`.
   absl::Status Broadcast(void* data, int64_t bytes, cudaStream_t stream) const;
+  // Whether every rank may write straight into rank 0's device memory (the GPUs reach each other's, or are one):
+  // each rank then writes its part of a product (its vocabulary run of the logits) into rank 0's buffer and calls
+  // JoinRank0.
+  bool writes_to_rank0() const { return has_peer(); }
+  // Every rank calls it after writing into rank 0's memory; rank 0's stream goes on once every peer's writes
+  // before its call are there (kernels::PeerJoinRank0). A peer must not write there again before a later sum or
+  // broadcast from rank 0.
+  absl::Status JoinRank0(cudaStream_t stream) const;
   // Times a sum of `count` elements `iterations` times through NCCL and through the peer kernels on this rank's
   // stream (every rank must call it at once, with the same arguments); returns microseconds per call of each.
   absl::StatusOr<std::pair<double, double>> TimeAllReduce(void* data, int64_t count, bool bf16, int iterations,

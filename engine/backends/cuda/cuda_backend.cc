@@ -191,6 +191,7 @@ cuda::ForwardBuffers CudaBackend::Buffers(const Rank& r) const {
   b.inputs = r.inputs_dev.get<char>();
   b.kv = r.kv.data();
   b.layer_kv_bytes = r.kv.layer_bytes();
+  b.rank0_logits = ranks_[0]->activations.get<char>() + layout_.activations.logits.offset;
   return b;
 }
 

@@ -263,9 +263,13 @@ absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& t, cudaDataType_t 
   int64_t* b = &w.bytes;
   INFERD_RETURN_IF_ERROR(Stack({&t.embed}, &w.embed, b, &pieces));
   INFERD_RETURN_IF_ERROR(Stack({&t.final_norm}, &w.final_norm, b, &pieces));
-  // Only rank 0 computes logits: the others need no LM head of their own.
+  // Rank 0 holds the whole LM head (it computes every logit where the GPUs cannot write each other's memory);
+  // the others their vocabulary runs.
+  w.vocab = shard.vocab;
   if (t.lm_head.present() && shard.rank == 0) {
     INFERD_RETURN_IF_ERROR(Stack({&t.lm_head}, &w.lm_head_own, b, &pieces));
+  } else if (t.lm_head.present() && shard.vocab.size() > 0) {
+    INFERD_RETURN_IF_ERROR(Stack({{&t.lm_head, shard.vocab, {0, c.hidden_size}}}, &w.lm_head_own, b, &pieces));
   }
   // The rank's rows of the column-parallel products, its columns of the row-parallel ones.
   const int64_t D = c.head_dim;

@@ -47,12 +47,19 @@ struct CudaLayerWeights {
 struct CudaWeights {
   DeviceBuffer embed;        // [vocab, hidden]
   DeviceBuffer final_norm;   // [hidden]
-  DeviceBuffer lm_head_own;  // [vocab, hidden]; empty when tied
+  DeviceBuffer lm_head_own;  // rank 0: [vocab, hidden]; another rank: its vocabulary run's rows; empty when tied
+  IndexRange vocab;          // the LM head's rows this rank computes logits for (TensorParallelShard::vocab)
   std::vector<CudaLayerWeights> layers;
   bool fp8 = false;  // the layers' linear weights are fp8
   int64_t bytes = 0;
 
+  // The whole LM head (rank 0 only).
   const void* lm_head() const { return lm_head_own.bytes() ? lm_head_own.get() : embed.get(); }
+  // This rank's vocabulary run of it: `vocab.size()` rows of `hidden` elements of `element_bytes`.
+  const void* lm_head_part(int64_t hidden, int64_t element_bytes) const {
+    if (lm_head_own.bytes() && vocab.begin > 0) return lm_head_own.get();  // a rank past 0 holds only its run
+    return static_cast<const char*>(lm_head()) + vocab.begin * hidden * element_bytes;
+  }
 };
 
 // dtype: CUDA_R_16BF or CUDA_R_16F. fp8: quantize the layers' linear weights. Onto the current device, the

@@ -225,15 +225,28 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
       }
     }
   }
-  // Every rank holds the same residual stream now; rank 0 samples and hands the tokens to the others.
+  // Every rank holds the same residual stream now. The LM head, on the rows that sample: where the ranks can write
+  // rank 0's memory, each writes its vocabulary run of every row's logits straight into rank 0's (each GPU reads
+  // its share of the LM head, not rank 0 all of it) and rank 0 waits for the others'; else rank 0 computes them
+  // all. Rank 0 samples and hands the tokens to the others.
   int32_t* tokens_out = reinterpret_cast<int32_t*>(out + o.tokens.offset);
-  if (comm && comm->rank() > 0) return comm->Broadcast(tokens_out, R * sizeof(int32_t), s);
-  // Only the rows that sample go through the LM head.
+  const bool split = comm && comm->writes_to_rank0();
+  if (comm && comm->rank() > 0 && !split) return comm->Broadcast(tokens_out, R * sizeof(int32_t), s);
   TraceRange sampling("LM head and sampling");
   T* last_n = b.act<T>(a.last_n);
   float* logits = b.act<float>(a.logits);
   INFERD_KERNEL(k::GatherRows(xn, b.in<int32_t>(ir.logits_indices), last_n, R, H, s));
-  INFERD_RETURN_IF_ERROR(gemm.Run(last_n, w.lm_head(), logits, R, cfg.vocab_size, H, nullptr, true, s));
+  if (split) {
+    if (w.vocab.size() > 0) {
+      INFERD_RETURN_IF_ERROR(gemm.Run(last_n, w.lm_head_part(H, sizeof(T)),
+                                      reinterpret_cast<float*>(b.rank0_logits) + w.vocab.begin, R, w.vocab.size(), H,
+                                      nullptr, true, s, cfg.vocab_size));
+    }
+    INFERD_RETURN_IF_ERROR(comm->JoinRank0(s));
+    if (comm->rank() > 0) return comm->Broadcast(tokens_out, R * sizeof(int32_t), s);
+  } else {
+    INFERD_RETURN_IF_ERROR(gemm.Run(last_n, w.lm_head(), logits, R, cfg.vocab_size, H, nullptr, true, s));
+  }
   INFERD_KERNEL(k::SampleRows(
       logits, static_cast<int32_t>(R), cfg.vocab_size, b.in<k::SamplingRowParams>(ir.params),
       b.in<int32_t>(ir.penalty_indptr), b.in<int32_t>(ir.penalty_tokens), b.in<int32_t>(ir.penalty_counts),
@@ -278,13 +291,23 @@ absl::Status TuneProducts(const ModelConfig& cfg, const CudaWeights& w, Gemm& ge
     int64_t n, k;
     const void* bias;
     bool out_fp32;
+    int64_t ldy = 0;
   };
   std::vector<Product> products = {
       {"qkv", {}, input(a.xn), b.act<void>(a.qkv), cfg.qkv_width(), H, nullptr, false},
       {"o", {}, input(a.attn), b.act<void>(a.tmp), H, cfg.q_width(), nullptr, false},
       {"gate_up", {}, input(a.xn), b.act<void>(a.gate_up), 2 * I, H, nullptr, false},
       {"down", {}, input(a.act), b.act<void>(a.tmp), H, I, nullptr, false},
-      {"lm_head", {w.lm_head()}, b.act<void>(a.last_n), b.act<void>(a.logits), cfg.vocab_size, H, nullptr, true}};
+      // the rank's vocabulary run of the logits (all of them on one GPU), as RunForward writes it
+      {"lm_head",
+       {w.lm_head_part(H, e)},
+       b.act<void>(a.last_n),
+       b.act<float>(a.logits) + w.vocab.begin,
+       w.vocab.size(),
+       H,
+       nullptr,
+       true,
+       cfg.vocab_size}};
   for (const CudaLayerWeights& L : w.layers) {
     products[0].weights.push_back(L.qkv.operand());
     products[0].bias = L.qkv_bias.bytes() ? L.qkv_bias.get() : nullptr;
@@ -295,9 +318,9 @@ absl::Status TuneProducts(const ModelConfig& cfg, const CudaWeights& w, Gemm& ge
   std::vector<std::string> gains;
   for (int32_t m : rows) {
     for (const Product& p : products) {
-      if (m <= gemm.streaming_rows(p.weights[0].fp8())) continue;  // the streaming kernel's
+      if (m <= gemm.streaming_rows(p.weights[0].fp8()) || p.n == 0) continue;  // the streaming kernel's
       INFERD_ASSIGN_OR_RETURN(const double gain,
-                              gemm.Tune(p.x, p.weights, p.y, m, p.n, p.k, p.bias, p.out_fp32, stream));
+                              gemm.Tune(p.x, p.weights, p.y, m, p.n, p.k, p.bias, p.out_fp32, stream, p.ldy));
       if (gain > 1.02) gains.push_back(absl::StrFormat("%s at %d rows %.2fx", p.name, m, gain));
     }
   }

@@ -3,8 +3,9 @@
 // LM head on the rows that sample, and sampling on the device. The only code templated on the dtype.
 // On a rank of a tensor-parallel model the layers run on the rank's heads and MLP columns (its ModelConfig shard,
 // ShardConfig): the attention output and down products give partial sums, summed over the ranks in place
-// (Collectives); rank 0 alone runs the LM head and samples, then broadcasts the sampled tokens, which the next
-// step's embedding reads on every rank.
+// (Collectives); each rank computes its vocabulary run of the logits into rank 0's (where the GPUs reach each
+// other's memory; else rank 0 computes them all), rank 0 samples, then broadcasts the sampled tokens, which the
+// next step's embedding reads on every rank.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,10 +27,11 @@ namespace inferd::cuda {
 // Where a step's forward pass reads and writes: the device arenas laid out by DeviceLayout, and the KV pool.
 struct ForwardBuffers {
   const DeviceLayout* layout = nullptr;
-  char* activations = nullptr;  // the activation arena (layout->activations)
-  char* inputs = nullptr;       // the device copy of the input arena (layout->inputs)
-  char* kv = nullptr;           // per layer K then V, each [num_blocks, block_size, num_kv_heads, head_dim]
-  int64_t layer_kv_bytes = 0;   // one layer's K (or V): num_blocks * layout->kv_block_bytes
+  char* activations = nullptr;   // the activation arena (layout->activations)
+  char* inputs = nullptr;        // the device copy of the input arena (layout->inputs)
+  char* kv = nullptr;            // per layer K then V, each [num_blocks, block_size, num_kv_heads, head_dim]
+  int64_t layer_kv_bytes = 0;    // one layer's K (or V): num_blocks * layout->kv_block_bytes
+  char* rank0_logits = nullptr;  // rank 0's logits (layout->activations.logits), as this rank addresses them
 
   template <typename U>
   U* act(const Region& r) const {

@@ -22,13 +22,13 @@ constexpr int64_t kStreamingMaxRows = 2;
 constexpr int64_t kFp8StreamingMaxRows = 4;
 
 template <typename T>
-cudaError_t RunGemv(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, const void* bias,
-                    bool out_fp32, cudaStream_t stream) {
+cudaError_t RunGemv(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, int64_t ldy,
+                    const void* bias, bool out_fp32, cudaStream_t stream) {
   const T* xt = static_cast<const T*>(x);
   const T* wt = static_cast<const T*>(w);
   const T* bt = static_cast<const T*>(bias);
-  return out_fp32 ? kernels::Gemv<T, float>(xt, wt, bt, static_cast<float*>(y), m, n, k, stream)
-                  : kernels::Gemv<T, T>(xt, wt, bt, static_cast<T*>(y), m, n, k, stream);
+  return out_fp32 ? kernels::Gemv<T, float>(xt, wt, bt, static_cast<float*>(y), m, n, k, stream, ldy)
+                  : kernels::Gemv<T, T>(xt, wt, bt, static_cast<T*>(y), m, n, k, stream, ldy);
 }
 
 template <typename T>
@@ -78,9 +78,10 @@ absl::StatusOr<Gemm::Scales> Gemm::ScalesOf(Operand x, Operand w) {
 }
 
 absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32, Scales scales,
-                                          std::vector<cublasLtMatmulAlgo_t>* candidates) {
+                                          Output out, std::vector<cublasLtMatmulAlgo_t>* candidates) {
   const bool fp8 = scales != kNone;
-  const auto key = std::make_tuple(m, n, k, bias, out_fp32, scales);
+  const int64_t ldy = out.ldy > 0 ? out.ldy : n;
+  const auto key = std::make_tuple(m, n, k, bias, out_fp32, scales, ldy, out.align);
   if (auto it = plans_.find(key); it != plans_.end() && !candidates) return &it->second;
   if (auto it = plans_.find(key); it != plans_.end()) {  // asked again for candidates: plan afresh
     Destroy(it->second.desc, it->second.a, it->second.b, it->second.c);
@@ -114,11 +115,17 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(int64_t m, int64_t n, int64_t k, bool 
   const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : dtype_;
   INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, in_type, k, n, k));
   INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, in_type, k, m, k));
-  INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, out_fp32 ? CUDA_R_32F : dtype_, n, m, n));
+  INFERD_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, out_fp32 ? CUDA_R_32F : dtype_, n, m, ldy));
   cublasLtMatmulPreference_t pref;
   INFERD_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = workspace_.bytes();
   INFERD_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  if (out.align < 256) {  // cuBLASLt assumes 256-byte aligned outputs unless told
+    const uint32_t align = static_cast<uint32_t>(out.align);
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      INFERD_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+    }
+  }
   // Split-K partial sums are reduced in fp32 only: a reduction in the output type rounds every partial sum to
   // bf16, which flips tokens of models with large activations (kernels/NOTES.md, "bf16 parity").
   const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
@@ -159,11 +166,12 @@ absl::Status Gemm::Bind(Plan* p, Operand x, Operand w, const void* bias) {
 }
 
 absl::StatusOr<double> Gemm::Tune(Operand x, std::span<const Operand> weights, void* y, int64_t m, int64_t n, int64_t k,
-                                  const void* bias, bool out_fp32, cudaStream_t stream) {
+                                  const void* bias, bool out_fp32, cudaStream_t stream, int64_t ldy) {
   if (weights.empty()) return absl::InvalidArgumentError("Gemm::Tune: no weights");
   INFERD_ASSIGN_OR_RETURN(const Scales scales, ScalesOf(x, weights[0]));
   std::vector<cublasLtMatmulAlgo_t> candidates;
-  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, scales, &candidates));
+  INFERD_ASSIGN_OR_RETURN(Plan * p,
+                          PlanFor(m, n, k, bias != nullptr, out_fp32, scales, OutputOf(y, ldy, out_fp32), &candidates));
   const float alpha = 1.f, beta = 0.f;
   size_t next = 0;
   absl::Status bound;
@@ -191,10 +199,18 @@ absl::StatusOr<double> Gemm::Tune(Operand x, std::span<const Operand> weights, v
   return median[0] > 0 ? median[0] / median[best] : 1.0;
 }
 
+Gemm::Output Gemm::OutputOf(const void* y, int64_t ldy, bool out_fp32) const {
+  const int64_t e = out_fp32 ? 4 : 2;
+  uint64_t bits = reinterpret_cast<uintptr_t>(y) | 256;
+  if (ldy > 0) bits |= static_cast<uint64_t>(ldy * e);
+  return {ldy, static_cast<int64_t>(bits & -bits)};  // the largest power of two every row start is aligned to
+}
+
 absl::Status Gemm::Run(Operand x, Operand w, void* y, int64_t m, int64_t n, int64_t k, const void* bias, bool out_fp32,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int64_t ldy) {
   if (m == 0) return absl::OkStatus();
   const bool bf16 = dtype_ == CUDA_R_16BF;
+  if (ldy != 0 && ldy != n && w.fp8()) return absl::InternalError("Gemm::Run: an fp8 product with a row pitch");
   if (w.fp8() && !x.fp8() && !w.per_tensor) {  // inputs in the compute dtype: the streaming kernel's shapes only
     if (m > fp8_gemv_max_rows_ || !kernels::GemvFp8Supports(x.data, w.data, m, k)) {
       return absl::InternalError(absl::StrCat("Gemm::Run: fp8 weights with an unquantized input of ", m, " rows (k=", k,
@@ -206,11 +222,11 @@ absl::Status Gemm::Run(Operand x, Operand w, void* y, int64_t m, int64_t n, int6
   }
   INFERD_ASSIGN_OR_RETURN(const Scales scales, ScalesOf(x, w));
   if (!w.fp8() && m <= gemv_max_rows_ && kernels::GemvSupports(x.data, w.data, m, k)) {
-    const cudaError_t e = bf16 ? RunGemv<__nv_bfloat16>(x.data, w.data, y, m, n, k, bias, out_fp32, stream)
-                               : RunGemv<__half>(x.data, w.data, y, m, n, k, bias, out_fp32, stream);
+    const cudaError_t e = bf16 ? RunGemv<__nv_bfloat16>(x.data, w.data, y, m, n, k, ldy, bias, out_fp32, stream)
+                               : RunGemv<__half>(x.data, w.data, y, m, n, k, ldy, bias, out_fp32, stream);
     return FromCuda(e, "kernels::Gemv");
   }
-  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, scales));
+  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, scales, OutputOf(y, ldy, out_fp32)));
   INFERD_RETURN_IF_ERROR(Bind(p, x, w, bias));
   const float alpha = 1.f, beta = 0.f;
   INFERD_CUBLAS(cublasLtMatmul(handle_, p->desc, &alpha, w.data, p->a, x.data, p->b, &beta, y, p->c, y, p->c, &p->algo,

@@ -36,15 +36,16 @@ class Gemm {
   // dtype: CUDA_R_16BF or CUDA_R_16F. workspace_bytes: cuBLASLt's (DeviceLayout::gemm_workspace_bytes).
   static absl::StatusOr<std::unique_ptr<Gemm>> Create(cudaDataType_t dtype, int64_t workspace_bytes,
                                                       int64_t* device_bytes);
-  // y: [m, n] of the compute dtype, or fp32 when out_fp32. bias: [n] of the compute dtype, or null. x and w
-  // are both fp8 (cuBLASLt, m > streaming_rows(true)), both not, or w fp8 and x not (the streaming kernel).
+  // y: [m, n] of the compute dtype, or fp32 when out_fp32, its rows ldy ≥ n elements apart (0: n; bf16/fp16
+  // weights only). bias: [n] of the compute dtype, or null. x and w are both fp8 (cuBLASLt, m >
+  // streaming_rows(true)), both not, or w fp8 and x not (the streaming kernel).
   absl::Status Run(Operand x, Operand w, void* y, int64_t m, int64_t n, int64_t k, const void* bias, bool out_fp32,
-                   cudaStream_t stream);
+                   cudaStream_t stream, int64_t ldy = 0);
   // Times up to kTuneCandidates of cuBLASLt's heuristic algorithms for this shape (weights cycled through
   // `weights` so that none is served from L2) and keeps the fastest for every later Run of the shape. Returns
   // the heuristic's first algorithm's time over the chosen one's (1 when it was already the fastest).
   absl::StatusOr<double> Tune(Operand x, std::span<const Operand> weights, void* y, int64_t m, int64_t n, int64_t k,
-                              const void* bias, bool out_fp32, cudaStream_t stream);
+                              const void* bias, bool out_fp32, cudaStream_t stream, int64_t ldy = 0);
   static constexpr int kTuneCandidates = 8;
   // Products of at most this many rows use the streaming kernel (0: cuBLASLt for every product), for bf16/fp16
   // weights and for fp8 ones.
@@ -64,7 +65,12 @@ class Gemm {
   // scales: kNone (bf16/fp16 operands), kPerRow (fp8, outer-vector scales) or kPerTensor (fp8, scalar scales).
   enum Scales { kNone, kPerRow, kPerTensor };
   static absl::StatusOr<Scales> ScalesOf(Operand x, Operand w);
-  absl::StatusOr<Plan*> PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32, Scales scales,
+  // The output's row pitch (0: n) and the alignment in bytes (at most 256) of every row's start.
+  struct Output {
+    int64_t ldy = 0, align = 256;
+  };
+  Output OutputOf(const void* y, int64_t ldy, bool out_fp32) const;
+  absl::StatusOr<Plan*> PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32, Scales scales, Output out,
                                 std::vector<cublasLtMatmulAlgo_t>* candidates = nullptr);
   // Points the plan at this call's bias and fp8 scales.
   absl::Status Bind(Plan* p, Operand x, Operand w, const void* bias);
@@ -75,7 +81,7 @@ class Gemm {
   int64_t gemv_max_rows_ = 0;
   int64_t fp8_gemv_max_rows_ = 0;
   DeviceBuffer workspace_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, Scales>, Plan> plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, Scales, int64_t, int64_t>, Plan> plans_;
 };
 
 }  // namespace inferd::cuda

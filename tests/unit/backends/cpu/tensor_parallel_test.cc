@@ -133,6 +133,28 @@ TEST(TensorParallelConfig, ASizeThatDoesNotSplitTheModelIsRefusedNamingTheSizesT
 
 // The shards cover every head, KV head and column once (KV heads: at least once), and each query head reads the KV
 // head the unsharded model gives it.
+TEST(TensorParallelConfig, VocabularyRunsCoverTheVocabularyInOrderEachStartingOnA64IdBoundary) {
+  for (int32_t vocab : {1, 63, 64, 100, 1000, 32000, 128256, 151936}) {
+    ModelConfig c;
+    c.vocab_size = vocab;
+    c.num_heads = c.num_kv_heads = 8;
+    c.intermediate_size = 64;
+    for (int32_t n : {1, 2, 4, 8}) {
+      int64_t next = 0;
+      for (int32_t r = 0; r < n; ++r) {
+        const IndexRange v = ShardOf(c, n, r).vocab;
+        SCOPED_TRACE(std::to_string(vocab) + " ids, rank " + std::to_string(r) + " of " + std::to_string(n));
+        EXPECT_EQ(v.begin, next);
+        EXPECT_GE(v.size(), 0);
+        if (v.size() > 0) EXPECT_EQ(v.begin % 64, 0);        // an empty run lies at the end
+        EXPECT_LE(v.size(), ShardOf(c, n, 0).vocab.size());  // rank 0's run is the longest
+        next = v.end;
+      }
+      EXPECT_EQ(next, vocab);
+    }
+  }
+}
+
 TEST(TensorParallelConfig, ShardsCoverTheModelAndMapQueryHeadsToTheirKvHeads) {
   for (int32_t kv : {8, 4, 2, 1}) {
     ModelConfig c;
