@@ -16,7 +16,7 @@
 namespace inferd {
 namespace {
 
-constexpr const char* kSections[] = {"model", "engine", "scheduler", "server"};
+constexpr const char* kSections[] = {"model", "engine", "scheduler", "server", "kv_events"};
 
 // Cross-field rules; each key's own type and range were checked as it was read.
 absl::Status Validate(const Config& c) {

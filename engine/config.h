@@ -62,11 +62,22 @@ struct ServerSection {
   std::string http_unknown_fields = "ignore";  // request body fields inferd does not know: "ignore" or "refuse"
 };
 
+// KV-cache events for routers (vLLM's schema: ZeroMQ PUB, msgpack batches of BlockStored / BlockRemoved /
+// AllBlocksCleared from the prefix cache's hash chain, both tiers).
+struct KvEventsSection {
+  bool enabled = false;
+  std::string endpoint = "tcp://*:5557";  // the PUB socket's bind address
+  std::string replay_endpoint;   // a ROUTER socket that resends buffered batches from a sequence number; "" = off
+  std::string topic;             // the first frame of every message
+  int32_t buffer_steps = 10000;  // batches kept for replay: 1..10^6
+};
+
 struct Config {
   ModelSection model;
   EngineSection engine;
   SchedulerSection scheduler;
   ServerSection server;
+  KvEventsSection kv_events;
 };
 
 // Parses YAML text; unknown keys and out-of-range values are errors that name the key.

@@ -334,6 +334,26 @@ std::vector<ConfigField> MakeFields() {
       "OpenAI-API request fields inferd does not know (routers and SDKs add their own): ignore them, named in "
       "the log, the X-Inferd-Ignored-Fields response header and inferd_http_ignored_fields_total; or refuse the "
       "request with a 400 naming the first. Fields inferd knows but cannot honour are always refused"));
+  // kv_events
+  f.push_back(Flag(
+      "kv_events", "enabled", [](Config& c) -> bool& { return c.kv_events.enabled; },
+      "publish KV-cache events for KV-aware routers: every prefix block the cache starts or stops holding (device "
+      "tier medium GPU, host tier CPU), in vLLM's schema (ZeroMQ PUB of [topic, sequence number, msgpack batch])"));
+  f.push_back(Text(
+      "kv_events", "endpoint", [](Config& c) -> std::string& { return c.kv_events.endpoint; }, {}, "a ZeroMQ address",
+      "where the PUB socket binds"));
+  f.push_back(Text(
+      "kv_events", "replay_endpoint", [](Config& c) -> std::string& { return c.kv_events.replay_endpoint; }, {},
+      "a ZeroMQ address, or empty",
+      "a ROUTER socket: a subscriber that missed batches sends the first sequence number it wants and gets every "
+      "buffered batch from there, then an end marker (sequence -1, empty payload)",
+      "(off)"));
+  f.push_back(Text(
+      "kv_events", "topic", [](Config& c) -> std::string& { return c.kv_events.topic; }, {}, "text",
+      "the first frame of every published message (subscribers filter on its prefix)", "(empty)"));
+  f.push_back(Int<int32_t>(
+      "kv_events", "buffer_steps", [](Config& c) -> int32_t& { return c.kv_events.buffer_steps; }, 1, 1000000,
+      "1..10^6", "published batches kept for replay"));
   return f;
 }
 

@@ -145,6 +145,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
                  plan.num_host_blocks(), plan.num_host_blocks() * mib, plan.num_swap_blocks,
                  plan.num_host_cache_blocks > 0 ? "in the rest" : "off");
   }
+  if (config.kv_events.enabled) {
+    e->pool_->RecordEvents(&e->kv_events_, /*host=*/false);
+    if (e->host_pool_) e->host_pool_->RecordEvents(&e->kv_events_, /*host=*/true);
+  }
   e->scheduler_ = std::make_unique<Scheduler>(
       SchedulerLimits{.max_num_seqs = config.scheduler.max_num_seqs,
                       .max_num_batched_tokens = config.scheduler.max_num_batched_tokens,
@@ -288,6 +292,11 @@ EngineStats Engine::Stats() const {
 }
 
 void Engine::PublishStats() {
+  if (!kv_events_.empty()) {
+    std::lock_guard<std::mutex> lock(kv_events_mu_);
+    if (on_kv_events_) on_kv_events_(std::move(kv_events_));
+    kv_events_.clear();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   stats_.running = scheduler_ ? static_cast<int32_t>(scheduler_->running().size()) : 0;
   stats_.waiting = scheduler_ ? static_cast<int32_t>(scheduler_->waiting().size()) : 0;
@@ -496,6 +505,15 @@ void Engine::Loop() {
       // Nothing could be scheduled (cannot happen while one request fits the pool); avoid spinning.
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(5));
+    } else if (!in_flight_ && active_.empty() && scheduler_->copies_in_flight() > 0) {
+      // Going idle with the last steps' write-backs still out: once they are done, the host blocks they held are
+      // free, and an idle server's counts (and its KV events' subscribers) see every cached block as free.
+      if (absl::Status st = backend_->WaitForCopies(scheduler_->copies_in_flight()); st.ok()) {
+        scheduler_->CopiesCompleted(backend_->CompletedCopies());
+        PublishStats();
+      } else {
+        spdlog::error("waiting for KV block copies failed: {}", st.ToString());
+      }
     }
   }
   if (in_flight_) CollectInFlight();  // the backend is idle before Stop() ends the requests left

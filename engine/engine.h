@@ -121,6 +121,12 @@ class Engine {
     on_request_ = std::move(on_request);
     on_step_ = std::move(on_step);
   }
+  // Called on the engine thread after each step with the prefix cache's changes since the last call (only with
+  // kv_events.enabled); must not block. Events made while no observer is set are dropped.
+  void SetKvEventObserver(std::function<void(std::vector<KvCacheEvent>)> on_events) {
+    std::lock_guard<std::mutex> lock(kv_events_mu_);
+    on_kv_events_ = std::move(on_events);
+  }
   const Model& model() const { return *model_; }
   const MemoryPlan& memory_plan() const { return memory_plan_; }
   // Measured at start-up on the device: what bandwidth and FLOPs utilisation are relative to.
@@ -174,6 +180,9 @@ class Engine {
   std::unordered_map<RequestHandle, std::unique_ptr<SequenceState>> active_;
   std::function<void(const FinishedRequest&)> on_request_;
   std::function<void(const StepRecord&)> on_step_;
+  std::vector<KvCacheEvent> kv_events_;  // the pools' changes since the last PublishStats (engine thread)
+  std::mutex kv_events_mu_;
+  std::function<void(std::vector<KvCacheEvent>)> on_kv_events_;
   int64_t engine_steps_ = 0;
   absl::Time iteration_start_;           // when the loop's current iteration began
   bool plan_ahead_ = false;              // engine.plan_ahead, resolved for the backend

@@ -8,7 +8,7 @@ APT_PACKAGES=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libopenblas-dev libpcre2-dev libutf8proc-dev
-  prometheus-cpp-dev libcpp-httplib-dev prometheus libboost1.81-dev libssl-dev
+  prometheus-cpp-dev libcpp-httplib-dev prometheus libboost1.81-dev libssl-dev libzmq3-dev cppzmq-dev libmsgpuck-dev
   python3-venv clang libclang-rt-14-dev bible-kjv
 )
 

@@ -25,6 +25,7 @@
 #include "server/http/http_server.h"
 #include "server/http/openai_front_end.h"
 #include "server/inference_service.h"
+#include "server/kv_event_publisher.h"
 #include "server/liveness.h"
 #include "server/metrics.h"
 #include "server/plan.h"
@@ -236,6 +237,16 @@ int Run(int argc, char** argv) {
     spdlog::info("OpenAI-compatible HTTP{} on {} (port {})", config->server.tls_cert_file.empty() ? "" : "S",
                  config->server.http_listen, http->port());
   }
+  std::unique_ptr<inferd::KvEventPublisher> kv_events;
+  if (config->kv_events.enabled) {  // bound before the model loads, as the listeners are: a taken port fails fast
+    auto started = inferd::KvEventPublisher::Start(config->kv_events, config->engine.block_size);
+    if (!started.ok()) {
+      std::cerr << "inferd: " << started.status().message() << "\n";
+      server->Shutdown(std::chrono::system_clock::now());
+      return 2;
+    }
+    kv_events = *std::move(started);
+  }
   spdlog::info("listening on {} (port {}); loading the model", config->server.listen, port);
 
   auto engine = inferd::Engine::Create(*config);
@@ -246,6 +257,11 @@ int Run(int argc, char** argv) {
   }
   std::shared_ptr<inferd::Engine> live = std::move(*engine);
   if (metrics) metrics->Attach(live);
+  if (kv_events) {
+    live->SetKvEventObserver([publisher = kv_events.get()](std::vector<inferd::KvCacheEvent> events) {
+      publisher->Publish(std::move(events));
+    });
+  }
   service.SetEngine(live);
   set_serving(true);  // after the engine's warm-up step
   inferd::Liveness liveness(live, config->server.liveness_timeout_s, set_serving);
@@ -281,6 +297,7 @@ int Run(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now());
   if (http) http->Stop();
   service.SetEngine(nullptr);
+  live->SetKvEventObserver(nullptr);  // the publisher goes before the engine's last reference may
   live.reset();
   server->Wait();
   spdlog::info("stopped");

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """The fleet's prefix-cache hit rate behind vllm-router, by policy: three inferd replicas on the cpu backend (the
 bundled SmolLM2), 20 conversations of 6 turns over a shared system prompt sent through the router, turn by turn
-(each conversation's next turn sends its whole history), under round_robin and cache_aware. Prints, per policy, the
-prompt tokens the replicas looked up in their prefix caches, those found, the hit rate and the mean time to first
+(each conversation's next turn sends its whole history), under round_robin, cache_aware and kv_aware (fed by the
+replicas' KV-cache events). Prints, per policy, the prompt tokens the replicas looked up in their prefix caches, those found, the hit rate and the mean time to first
 token; --json writes them.
 
-    .venv/bin/python tools/router_hit_rate.py [--policies round_robin cache_aware] [--json out.json]
+    .venv/bin/python tools/router_hit_rate.py [--policies round_robin cache_aware kv_aware] [--json out.json]
 """
 import argparse
 import json
@@ -33,12 +33,25 @@ def counters(url):
 
 
 def run(policy, conversations, turns, seed):
+    # kv_aware: each replica publishes its KV-cache events (kv_events) and the router subscribes to them.
+    events = [(free_port(), free_port()) for _ in range(3)] if policy == "kv_aware" else [None] * 3
     replicas = [Server(model=SMOLLM2, http=True,
-                       engine={"backend": "cpu", "block_size": 16, "cpu_kv_cache_gib": 0.25}) for _ in range(3)]
+                       engine={"backend": "cpu", "block_size": 16, "cpu_kv_cache_gib": 0.25},
+                       **({"kv_events": {"enabled": "true", "endpoint": f"tcp://127.0.0.1:{e[0]}",
+                                         "replay_endpoint": f"tcp://127.0.0.1:{e[1]}"}} if e else {}))
+                for e in events]
     port = free_port()
+    extra = []
+    for r, e in zip(replicas, events):
+        if e:
+            extra += ["--kv-event-source", f"{r.http_url}=tcp://127.0.0.1:{e[0]}",
+                      "--kv-event-replay-source", f"{r.http_url}=tcp://127.0.0.1:{e[1]}"]
+    if extra:  # the router matches events to requests by the model they name
+        served = requests.get(replicas[0].http_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        extra += ["--kv-event-block-size", "16", "--kv-event-model", served]
     router = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "vllm-router"), "--host", "127.0.0.1",
                                "--port", str(port), "--worker-urls", *[r.http_url for r in replicas], "--policy",
-                               policy, "--prometheus-port", str(free_port())],
+                               policy, "--prometheus-port", str(free_port()), *extra],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

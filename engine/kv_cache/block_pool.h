@@ -14,8 +14,19 @@ namespace inferd {
 // A cached block that Allocate handed out again: the prefix it held (a host tier may keep a copy).
 struct EvictedBlock {
   int32_t block = 0;
-  uint64_t key = 0;
+  uint64_t key = 0, parent = 0;
   std::vector<int32_t> tokens;
+};
+
+// A change to what a pool's prefix cache can find (vLLM's KV-cache events, which routers subscribe to): a full
+// block became findable by its key (the chained hash of its parent's key and its tokens), stopped being, or
+// every block was forgotten.
+struct KvCacheEvent {
+  enum class Kind : uint8_t { kStored, kRemoved, kAllCleared };
+  Kind kind = Kind::kStored;
+  uint64_t key = 0, parent = 0;  // parent: 0 for a sequence's first block
+  std::vector<int32_t> tokens;   // kStored: the block's tokens
+  bool host = false;             // the host tier's pool (medium "CPU"), else the device's ("GPU")
 };
 
 class BlockPool {
@@ -41,8 +52,9 @@ class BlockPool {
   // Prefix caching. A full block is keyed by a chained hash of (the previous block's key, its token ids); the
   // tokens are kept too, so a hash collision can never hand out a wrong block.
   static uint64_t BlockKey(uint64_t parent_key, std::span<const int32_t> tokens);
-  // Marks a full, computed block as holding these tokens after `parent_key`; the first block with a key wins.
-  void Remember(int32_t block, uint64_t key, std::span<const int32_t> tokens);
+  // Marks a full, computed block as holding these tokens after `parent_key` (key = BlockKey(parent_key,
+  // tokens)); the first block with a key wins.
+  void Remember(int32_t block, uint64_t key, uint64_t parent_key, std::span<const int32_t> tokens);
   // A block holding exactly these tokens under this key, with one more reference taken; nullopt if none.
   std::optional<int32_t> Reuse(uint64_t key, std::span<const int32_t> tokens);
   // Whether a block holds this key (whatever its tokens: a collision is not stored twice).
@@ -50,6 +62,13 @@ class BlockPool {
   // Up to n cached free blocks, the next to be evicted first, among the `scan` least recently freed.
   std::vector<int32_t> NextEvicted(int32_t n, int32_t scan) const;
   uint64_t KeyOf(int32_t block) const { return key_[block]; }
+  uint64_t ParentOf(int32_t block) const { return parent_[block]; }
+  // From now on every key this pool starts or stops holding is appended to *events (null: none), marked as
+  // the host tier's when `host`. The caller drains *events.
+  void RecordEvents(std::vector<KvCacheEvent>* events, bool host) {
+    events_ = events;
+    host_ = host;
+  }
   std::span<const int32_t> TokensOf(int32_t block) const { return tokens_[block]; }
 
   // Aborts naming the broken invariant: free list and ref counts disagree, duplicates, bad ids.
@@ -66,8 +85,10 @@ class BlockPool {
   std::vector<char> on_free_list_;
   int32_t head_ = -1, tail_ = -1, num_free_ = 0, num_cached_free_ = 0;
   // Cached prefixes: key of each block (0 = none), its tokens, and the block of each key.
-  std::vector<uint64_t> key_;
+  std::vector<uint64_t> key_, parent_;
   std::vector<std::vector<int32_t>> tokens_;
+  std::vector<KvCacheEvent>* events_ = nullptr;
+  bool host_ = false;
   std::unordered_map<uint64_t, int32_t> by_key_;
 };
 

@@ -9,14 +9,15 @@ std::vector<int32_t> Capacity::AllocateDevice(int32_t n, CopyBatch* batch) {
   if (!shares_.cache) return pool_->Allocate(n);
   std::vector<EvictedBlock> evicted;
   std::vector<int32_t> blocks = pool_->Allocate(n, &evicted);
-  for (const EvictedBlock& e : evicted) WriteBack(e.block, e.key, e.tokens, batch);
+  for (const EvictedBlock& e : evicted) WriteBack(e.block, e.key, e.parent, e.tokens, batch);
   return blocks;
 }
 
-bool Capacity::WriteBack(int32_t block, uint64_t key, std::span<const int32_t> tokens, CopyBatch* batch) {
+bool Capacity::WriteBack(int32_t block, uint64_t key, uint64_t parent, std::span<const int32_t> tokens,
+                         CopyBatch* batch) {
   if (host_pool_->Knows(key) || !host_pool_->CanAllocate(1)) return false;
   const int32_t host = host_pool_->Allocate(1)[0];  // the least recently used host block, cached or not
-  host_pool_->Remember(host, key, tokens);          // a restore copies after this batch's outs wrote it
+  host_pool_->Remember(host, key, parent, tokens);  // a restore copies after this batch's outs wrote it
   batch->out.push_back({block, host});
   HoldUntilDone(*batch, std::span<const int32_t>(&host, 1));
   counters_.offloaded_blocks++;
@@ -29,7 +30,7 @@ void Capacity::WriteAhead(int32_t max_blocks, CopyBatch* batch) {
   // The scan is bounded: blocks already on the host are passed over, at most a few times max_blocks of them.
   for (int32_t block : pool_->NextEvicted(8 * max_blocks, 8 * max_blocks)) {
     if (written == max_blocks) break;
-    written += WriteBack(block, pool_->KeyOf(block), pool_->TokensOf(block), batch);
+    written += WriteBack(block, pool_->KeyOf(block), pool_->ParentOf(block), pool_->TokensOf(block), batch);
   }
 }
 
@@ -102,8 +103,9 @@ void Capacity::RememberFullBlocks(Sequence* seq) {
   const int32_t full = seq->num_computed / block_size_;
   for (int32_t i = static_cast<int32_t>(seq->block_keys.size()); i < full; ++i) {
     const std::span<const int32_t> tokens(seq->tokens.data() + int64_t{i} * block_size_, block_size_);
-    const uint64_t key = BlockPool::BlockKey(i == 0 ? 0 : seq->block_keys[i - 1], tokens);
-    pool_->Remember(seq->block_table[i], key, tokens);
+    const uint64_t parent = i == 0 ? 0 : seq->block_keys[i - 1];
+    const uint64_t key = BlockPool::BlockKey(parent, tokens);
+    pool_->Remember(seq->block_table[i], key, parent, tokens);
     seq->block_keys.push_back(key);
   }
 }

@@ -94,7 +94,7 @@ class Capacity {
   std::vector<int32_t> AllocateDevice(int32_t n, CopyBatch* batch);
   // Copies a cached device block's contents to a host block that then holds its prefix (if the host tier does not
   // know the key and has a block to give); returns whether it did.
-  bool WriteBack(int32_t block, uint64_t key, std::span<const int32_t> tokens, CopyBatch* batch);
+  bool WriteBack(int32_t block, uint64_t key, uint64_t parent, std::span<const int32_t> tokens, CopyBatch* batch);
   // Host blocks a batch reads or writes stay held until it completes.
   void HoldUntilDone(const CopyBatch& batch, std::span<const int32_t> host_blocks);
 

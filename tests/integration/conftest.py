@@ -75,7 +75,7 @@ class Server:
         if http:
             cfg["server"]["http_listen"] = f"127.0.0.1:{self.http_port}"
         for section, values in sections.items():
-            cfg[section].update(values)
+            cfg.setdefault(section, {}).update(values)
         fd, self.config_path = tempfile.mkstemp(suffix=".yaml")
         with os.fdopen(fd, "w") as f:
             for section, values in cfg.items():

@@ -152,3 +152,63 @@ def test_compose_publishes_what_the_server_listens_on(tmp_path):
     # The real binary accepts the GPU config: it stops at the missing model (exit 1), not at the config (exit 2).
     r = subprocess.run([INFERD_BIN, "--config", gpu_config_file], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "/models/model" in r.stderr, (r.returncode, r.stderr)
+
+
+SCALE_OUT = os.path.join(SOURCE_DIR, "docker", "k8s", "scale-out.yaml")
+SCALE_OUT_KINDS = {**KINDS, ("v1", "ServiceAccount"): "V1ServiceAccount",
+                   ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
+                   ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding"}
+# The Inference Extension's InferencePool (a CRD: no model in the kubernetes package), its v1 fields.
+INFERENCE_POOL_SPEC = {"selector": {"matchLabels"}, "targetPorts": {"number"}, "appProtocol": None,
+                       "endpointPickerRef": {"group", "kind", "name", "port", "failureMode"}}
+
+
+def test_the_scale_out_example_routes_to_the_replicas_it_deploys(tmp_path):
+    with open(SCALE_OUT) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    named = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    for d in docs:  # every core object valid; the pool's spec only of its known fields
+        if d["kind"] == "InferencePool":
+            assert d["apiVersion"] == "inference.networking.k8s.io/v1"
+            for key, value in d["spec"].items():
+                assert key in INFERENCE_POOL_SPEC, f"InferencePool.spec.{key}"
+                fields = INFERENCE_POOL_SPEC[key]
+                for item in (value if isinstance(value, list) else [value] if isinstance(value, dict) else []):
+                    assert set(item) <= fields, (key, item)
+            continue
+        errors = []
+        check(d, SCALE_OUT_KINDS[(d["apiVersion"], d["kind"])], d["kind"], errors)
+        assert not errors, errors
+    fleet = named[("Deployment", "inferd-fleet")]["spec"]
+    labels = fleet["template"]["metadata"]["labels"]
+    (c,) = fleet["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    config_text = named[("ConfigMap", "inferd-fleet-config")]["data"]["config.yaml"]
+    config = yaml.safe_load(config_text)
+    assert ports["http"] == port(config["server"]["http_listen"])
+    assert config["kv_events"]["enabled"] is True
+    assert ports["kv-events"] == port(config["kv_events"]["endpoint"])
+    assert ports["kv-replay"] == port(config["kv_events"]["replay_endpoint"])
+    # The router discovers exactly these pods, on the OpenAI API's port, with the RBAC to list them.
+    router = named[("Deployment", "vllm-router")]["spec"]["template"]["spec"]
+    args = router["containers"][0]["args"]
+    assert args[args.index("--selector") + 1] == ",".join(f"{k}={v}" for k, v in labels.items())
+    assert int(args[args.index("--service-discovery-port") + 1]) == ports["http"]
+    assert router["serviceAccountName"] == "vllm-router"
+    binding = named[("RoleBinding", "vllm-router")]
+    assert binding["roleRef"]["name"] == "vllm-router" and binding["subjects"][0]["name"] == "vllm-router"
+    assert {"list", "watch"} <= set(named[("Role", "vllm-router")]["rules"][0]["verbs"])
+    # The InferencePool selects the same pods on the same port, and names its endpoint picker's Service and port.
+    pool = named[("InferencePool", "inferd-fleet")]["spec"]
+    assert pool["selector"]["matchLabels"] == labels
+    assert [p["number"] for p in pool["targetPorts"]] == [ports["http"]]
+    epp_service = named[("Service", pool["endpointPickerRef"]["name"])]["spec"]
+    assert pool["endpointPickerRef"]["port"]["number"] in {p["port"] for p in epp_service["ports"]}
+    epp = named[("Deployment", "inferd-fleet-epp")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert epp[epp.index("--pool-name") + 1] == "inferd-fleet"
+    # The real binary accepts the fleet's config: it stops at the missing model (exit 1), not at the config (2).
+    path = tmp_path / "config.yaml"
+    path.write_text(config_text.replace("tcp://*:5557", "tcp://127.0.0.1:0").replace("tcp://*:5558", "tcp://127.0.0.1:0"))
+    r = subprocess.run([INFERD_BIN, "--config", str(path), "--listen", "127.0.0.1:0"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "/models/llama-3-8b-instruct" in r.stderr, (r.returncode, r.stderr)

@@ -31,16 +31,18 @@ def replicas():
         assert s.stop() == 0, s.logs()
 
 
-def start_router(kind, urls, policy="round_robin"):
+def start_router(kind, urls, policy="round_robin", extra=()):
     assert os.path.exists(ROUTERS[kind][0]), "scripts/setup.sh installs the routers (tools/requirements.txt)"
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"inferd-{kind}-router-{port}.log"), "w")
     # Each router also serves its own Prometheus metrics, on 29000 unless told: a free port, so that routers of
     # runs side by side do not collide.
     proc = subprocess.Popen(ROUTERS[kind] + ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
                                              "--policy", policy, "--prometheus-host", "127.0.0.1",
-                                             "--prometheus-port", str(free_port())],
+                                             "--prometheus-port", str(metrics_port), *extra],
                             stdout=log, stderr=subprocess.STDOUT)
+    proc.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    proc.log_path = log.name
     url = f"http://127.0.0.1:{port}"
     for _ in range(240):
         assert proc.poll() is None, f"the {kind} router exited: see {log.name}"
@@ -187,3 +189,36 @@ def test_a_replica_drained_or_killed_mid_run_loses_no_request_silently(how):
         assert servers[0].stop() == 0, servers[0].logs()
         if servers[1].proc.poll() is None:
             servers[1].stop()
+
+
+def test_vllm_routers_kv_aware_policy_indexes_the_replicas_kv_events():
+    """vllm-router's kv_aware policy subscribes to each replica's KV-cache events (kv_events) and finds a repeated
+    conversation's prefix in its index of them: its lookups hit, and it reads every batch without a decode error."""
+    ports = [(free_port(), free_port()) for _ in range(2)]
+    servers = [Server(model="llama3-tiny", http=True, engine=CPU,
+                      kv_events={"enabled": "true", "endpoint": f"tcp://127.0.0.1:{pub}",
+                                 "replay_endpoint": f"tcp://127.0.0.1:{rep}"}) for pub, rep in ports]
+    extra = ["--kv-event-block-size", "16", "--kv-event-model", "llama3-tiny"]
+    for s, (pub, rep) in zip(servers, ports):
+        extra += ["--kv-event-source", f"{s.http_url}=tcp://127.0.0.1:{pub}",
+                  "--kv-event-replay-source", f"{s.http_url}=tcp://127.0.0.1:{rep}"]
+    proc, url = start_router("vllm", [s.http_url for s in servers], policy="kv_aware", extra=extra)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        system = {"role": "system", "content": " ".join(f"rule {i}: be brief." for i in range(8))}
+        for i in range(6):
+            r = client.chat.completions.create(model="llama3-tiny", max_tokens=4,
+                                               messages=[system, {"role": "user", "content": f"question {i}"}])
+            assert r.choices[0].finish_reason in ("stop", "length")
+            time.sleep(0.2)  # the replica's events reach the router between requests
+        metrics = requests.get(proc.metrics_url, timeout=10).text
+        hits = re.search(r'^vllm_router_kv_placement_lookups_total\{result="hit"\} (\S+)$', metrics, re.M)
+        assert hits and float(hits.group(1)) >= 3, metrics
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        for s in servers:
+            assert s.stop() == 0, s.logs()
+    with open(proc.log_path) as f:
+        log = f.read()
+    assert "decode batch" not in log, log[-2000:]

@@ -92,7 +92,9 @@ scheduler: {max_num_seqs: 12, max_num_batched_tokens: 640, prefix_caching: false
 server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000, metrics_listen: '',
          liveness_timeout_s: 0, http_listen: '127.0.0.1:7001', http_request_timeout_s: 7.5, tls_cert_file: /c.pem,
          tls_key_file: /k.pem, tls_client_ca_file: /ca.pem, api_keys_file: /keys, api_keys_exempt_health: false,
-         api_keys_exempt_metrics: false, http_unknown_fields: refuse})";
+         api_keys_exempt_metrics: false, http_unknown_fields: refuse}
+kv_events: {enabled: true, endpoint: 'tcp://127.0.0.1:6000', replay_endpoint: 'tcp://127.0.0.1:6001', topic: kv,
+            buffer_steps: 50})";
   auto c = ParseConfig(yaml);
   ASSERT_TRUE(c.ok()) << c.status();
   auto again = ParseConfig(ConfigToYaml(*c));
@@ -139,6 +141,11 @@ server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000
     EXPECT_EQ(x->server.api_keys_file, "/keys");
     EXPECT_FALSE(x->server.api_keys_exempt_health);
     EXPECT_FALSE(x->server.api_keys_exempt_metrics);
+    EXPECT_TRUE(x->kv_events.enabled);
+    EXPECT_EQ(x->kv_events.endpoint, "tcp://127.0.0.1:6000");
+    EXPECT_EQ(x->kv_events.replay_endpoint, "tcp://127.0.0.1:6001");
+    EXPECT_EQ(x->kv_events.topic, "kv");
+    EXPECT_EQ(x->kv_events.buffer_steps, 50);
   }
   // Each key's line differs from the defaults' dump: none was dropped or written as its default.
   auto defaults = ParseConfig("model: {path: /m}\n");

@@ -176,7 +176,8 @@ TEST(DeviceLayout, CollectiveBuffersGrowWithTheRanksAndTheLargestDecodeBatch) {
   for (int32_t tp : {2, 4}) {
     const DeviceLayout l = PlanDeviceLayout(m, limits, 2, false, 0, tp);
     EXPECT_EQ(l.peer_message_bytes, message);
-    EXPECT_EQ(l.collective_bytes(), 2 * tp * message + 8 + (tp - 1) * kernels::kNcclBytesPerPeer) << tp;
+    // Two inbox slots per rank, the counters (two calls, one join count per rank), NCCL's share per peer.
+    EXPECT_EQ(l.collective_bytes(), 2 * tp * message + (2 + 8) * 4 + (tp - 1) * kernels::kNcclBytesPerPeer) << tp;
   }
 }
 

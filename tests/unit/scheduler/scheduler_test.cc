@@ -481,14 +481,46 @@ TEST(Scheduler, PrefixCachingReusesFullBlocksOfAKnownPrefix) {
   h.pool_.CheckInvariants();
 }
 
+// The events a pool records are what a subscriber needs to know which keys it holds: one kStored per key it starts
+// holding (with the parent key and tokens), none for a key already held, one kRemoved per key it evicts.
+TEST(BlockPool, RecordsAStoredEventPerNewKeyAndARemovedEventPerEviction) {
+  BlockPool pool(2);
+  std::vector<KvCacheEvent> events;
+  pool.RecordEvents(&events, /*host=*/true);
+  const std::vector<int32_t> blocks = pool.Allocate(2);
+  const std::vector<int32_t> t0 = {1, 2}, t1 = {3, 4};
+  const uint64_t k0 = BlockPool::BlockKey(0, t0), k1 = BlockPool::BlockKey(k0, t1);
+  pool.Remember(blocks[0], k0, 0, t0);
+  pool.Remember(blocks[1], k0, 0, t0);   // a second block with a known key: not findable, no event
+  pool.Remember(blocks[0], k1, k0, t1);  // a block that already holds a key keeps it
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, KvCacheEvent::Kind::kStored);
+  EXPECT_EQ(events[0].key, k0);
+  EXPECT_EQ(events[0].parent, 0u);
+  EXPECT_EQ(events[0].tokens, t0);
+  EXPECT_TRUE(events[0].host);
+  pool.Remember(blocks[1], k1, k0, t1);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1].parent, k0);
+  pool.Free(blocks);
+  events.clear();
+  const std::vector<int32_t> again = pool.Allocate(2);  // evicts both, oldest first
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kind, KvCacheEvent::Kind::kRemoved);
+  EXPECT_EQ(events[0].key, k0);
+  EXPECT_EQ(events[1].key, k1);
+  pool.Free(again);
+  pool.CheckInvariants();
+}
+
 TEST(BlockPool, EvictsTheLeastRecentlyFreedCachedBlockFirstAndNeverAWrongOne) {
   BlockPool pool(3);
   const std::vector<int32_t> blocks = pool.Allocate(3);
   const std::vector<int32_t> t0 = {1, 2}, t1 = {3, 4}, t2 = {5, 6};
   const uint64_t k0 = BlockPool::BlockKey(0, t0), k1 = BlockPool::BlockKey(k0, t1), k2 = BlockPool::BlockKey(0, t2);
-  pool.Remember(blocks[0], k0, t0);
-  pool.Remember(blocks[1], k1, t1);
-  pool.Remember(blocks[2], k2, t2);
+  pool.Remember(blocks[0], k0, 0, t0);
+  pool.Remember(blocks[1], k1, k0, t1);
+  pool.Remember(blocks[2], k2, 0, t2);
   pool.Free(std::vector<int32_t>{blocks[2]});
   pool.Free(std::vector<int32_t>{blocks[0]});
   pool.Free(std::vector<int32_t>{blocks[1]});
