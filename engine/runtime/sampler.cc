@@ -63,9 +63,78 @@ void ApplyPenalties(std::span<float> logits, const SamplingRow& ctx) {
 
 }  // namespace
 
+void ShapeLogits(std::span<float> logits, const SamplingRow& ctx) {
+  ApplyPenalties(logits, ctx);
+  for (int32_t b : ctx.banned) {
+    if (b >= 0 && b < static_cast<int32_t>(logits.size())) logits[b] = -INFINITY;
+  }
+  if (!ctx.allowed.empty()) {  // structured output: the constraint's mask
+    for (size_t t = 0; t < logits.size(); ++t) {
+      if (t / 32 >= ctx.allowed.size() || !(ctx.allowed[t / 32] >> (t % 32) & 1u)) logits[t] = -INFINITY;
+    }
+  }
+}
+
+Candidates CandidatesOf(std::span<const float> logits, const SamplingParams& p) {
+  INFERD_CHECK(!logits.empty(), "logits are not empty");
+  Candidates c;
+  if (p.temperature == 0.0f) {
+    c.ids = {static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
+    c.probs = {1.0};
+    return c;
+  }
+  // Candidates sorted by logit, cut by top-k, then softmax at the temperature, then top-p and min-p.
+  std::vector<int32_t> idx(logits.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  const int32_t k =
+      p.top_k > 0 ? std::min<int32_t>(p.top_k, static_cast<int32_t>(idx.size())) : static_cast<int32_t>(idx.size());
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  idx.resize(k);
+  std::vector<double> probs(k);
+  const double mx = logits[idx[0]];
+  double sum = 0;
+  for (int32_t i = 0; i < k; ++i) sum += probs[i] = std::exp((logits[idx[i]] - mx) / p.temperature);
+  for (double& v : probs) v /= sum;
+  int32_t keep = k;
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    for (int32_t i = 0; i < k; ++i) {
+      cum += probs[i];
+      if (cum >= p.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  if (p.min_p > 0.0f) {
+    const double floor = p.min_p * probs[0];
+    int32_t n = 0;
+    while (n < keep && probs[n] >= floor) ++n;
+    keep = std::max(n, 1);
+  }
+  idx.resize(keep);
+  probs.resize(keep);
+  c.total = 0;
+  for (double v : probs) c.total += v;
+  c.ids = std::move(idx);
+  c.probs = std::move(probs);
+  return c;
+}
+
+int32_t Draw(const Candidates& c, double uniform) {
+  INFERD_CHECK(!c.ids.empty() && c.ids.size() == c.probs.size(), "a draw has candidates");
+  const double u = uniform * c.total;
+  double cum = 0;
+  for (size_t i = 0; i < c.ids.size(); ++i) {
+    cum += c.probs[i];
+    if (u < cum) return c.ids[i];
+  }
+  return c.ids.back();
+}
+
 SampleResult Sample(std::span<float> logits, const SamplingRow& ctx) {
   INFERD_CHECK(!logits.empty(), "logits are not empty");
-  const SamplingParams& p = ctx.params;
   SampleResult result;
   float log_z = 0;
   if (ctx.target >= 0) {  // a prompt row: the raw logprob of the token that follows, nothing sampled
@@ -83,64 +152,9 @@ SampleResult Sample(std::span<float> logits, const SamplingRow& ctx) {
   }
   const std::vector<float> raw =
       ctx.top_logprobs > 0 ? std::vector<float>(logits.begin(), logits.end()) : std::vector<float>();
-
-  ApplyPenalties(logits, ctx);
-  for (int32_t b : ctx.banned) {
-    if (b >= 0 && b < static_cast<int32_t>(logits.size())) logits[b] = -INFINITY;
-  }
-  if (!ctx.allowed.empty()) {  // structured output: the constraint's mask
-    for (size_t t = 0; t < logits.size(); ++t) {
-      if (t / 32 >= ctx.allowed.size() || !(ctx.allowed[t / 32] >> (t % 32) & 1u)) logits[t] = -INFINITY;
-    }
-  }
-
-  int32_t token = 0;
-  if (p.temperature == 0.0f) {
-    token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  } else {
-    // Candidates sorted by logit, cut by top-k, then softmax at the temperature, then top-p and min-p.
-    std::vector<int32_t> idx(logits.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    const int32_t k =
-        p.top_k > 0 ? std::min<int32_t>(p.top_k, static_cast<int32_t>(idx.size())) : static_cast<int32_t>(idx.size());
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-    idx.resize(k);
-    std::vector<double> probs(k);
-    const double mx = logits[idx[0]];
-    double sum = 0;
-    for (int32_t i = 0; i < k; ++i) sum += probs[i] = std::exp((logits[idx[i]] - mx) / p.temperature);
-    for (double& v : probs) v /= sum;
-    int32_t keep = k;
-    if (p.top_p < 1.0f) {
-      double cum = 0;
-      for (int32_t i = 0; i < k; ++i) {
-        cum += probs[i];
-        if (cum >= p.top_p) {
-          keep = i + 1;
-          break;
-        }
-      }
-    }
-    if (p.min_p > 0.0f) {
-      const double floor = p.min_p * probs[0];
-      int32_t n = 0;
-      while (n < keep && probs[n] >= floor) ++n;
-      keep = std::max(n, 1);
-    }
-    double total = 0;
-    for (int32_t i = 0; i < keep; ++i) total += probs[i];
-    const double u = ctx.uniform * total;
-    double cum = 0;
-    token = idx[keep - 1];
-    for (int32_t i = 0; i < keep; ++i) {
-      cum += probs[i];
-      if (u < cum) {
-        token = idx[i];
-        break;
-      }
-    }
-  }
+  ShapeLogits(logits, ctx);
+  const Candidates candidates = CandidatesOf(logits, ctx.params);
+  const int32_t token = ctx.params.temperature == 0.0f ? candidates.ids[0] : Draw(candidates, ctx.uniform);
   result.token = token;
   if (result.has_logprob) {
     result.logprob.token_id = token;

@@ -68,6 +68,55 @@ TEST(Sampler, TopKTopPAndMinPKeepTheHeadInItsProportions) {
   }
 }
 
+// The chain's steps one by one: the candidates each cut keeps, their weights the softmax's, and a draw at every
+// uniform number the token Sample gives for it.
+TEST(SamplerChain, CandidatesAreWhatEachCutKeepsAndDrawsAreSamplesTokens) {
+  const std::vector<float> logits = {0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};  // p = 0.1 .. 0.4
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  Candidates c = CandidatesOf(logits, greedy);
+  EXPECT_EQ(c.ids, std::vector<int32_t>{3});
+  EXPECT_EQ(Draw(c, 0.999), 3);
+  SamplingParams all;
+  c = CandidatesOf(logits, all);
+  EXPECT_EQ(c.ids, (std::vector<int32_t>{3, 2, 1, 0}));
+  for (size_t i = 0; i < c.ids.size(); ++i) EXPECT_NEAR(c.probs[i], (c.ids[i] + 1) / 10.0, 1e-7);  // float logits
+  EXPECT_NEAR(c.total, 1.0, 1e-12);
+  SamplingParams top_p;
+  top_p.top_p = 0.65f;
+  c = CandidatesOf(logits, top_p);
+  EXPECT_EQ(c.ids, (std::vector<int32_t>{3, 2}));
+  EXPECT_NEAR(c.total, 0.7, 1e-7);
+  EXPECT_EQ(Draw(c, 0.0), 3);
+  EXPECT_EQ(Draw(c, 4.0 / 7.0 - 1e-6), 3);
+  EXPECT_EQ(Draw(c, 4.0 / 7.0 + 1e-6), 2);
+  for (const SamplingParams& p : {all, top_p}) {
+    for (int i = 0; i < 200; ++i) {
+      const double u = SamplingUniform(11, i);
+      std::vector<float> shaped = logits;
+      SamplingRow row{.params = p, .uniform = u};
+      EXPECT_EQ(Draw(CandidatesOf(logits, p), u), Sample(shaped, row).token) << i;
+    }
+  }
+}
+
+TEST(SamplerChain, ShapeLogitsAppliesTheBansAndTheMaskBeforeTheCandidates) {
+  std::vector<float> logits = {5.0f, 4.0f, 3.0f, 2.0f, 1.0f};
+  const std::vector<int32_t> banned = {0};
+  const std::vector<uint32_t> allowed = {0b11010};  // ids 1, 3, 4
+  SamplingRow row{.banned = banned, .allowed = allowed};
+  ShapeLogits(logits, row);
+  EXPECT_EQ(logits[0], -INFINITY);
+  EXPECT_EQ(logits[2], -INFINITY);
+  EXPECT_EQ(logits[1], 4.0f);
+  SamplingParams all;
+  const Candidates c = CandidatesOf(logits, all);
+  EXPECT_EQ(c.ids, (std::vector<int32_t>{1, 3, 4, 0, 2}));
+  EXPECT_EQ(c.probs[3], 0.0);  // masked ids weigh nothing: they are never drawn
+  EXPECT_EQ(c.probs[4], 0.0);
+  EXPECT_EQ(Draw(c, 0.999999), 4);
+}
+
 TEST(Sampler, SeedReproducesAndDifferentSeedsDiffer) {
   SamplingParams p;
   std::vector<float> logits(50);
