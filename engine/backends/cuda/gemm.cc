@@ -171,7 +171,7 @@ absl::StatusOr<double> Gemm::Tune(Operand x, std::span<const Operand> weights, v
   INFERD_ASSIGN_OR_RETURN(const Scales scales, ScalesOf(x, weights[0]));
   std::vector<cublasLtMatmulAlgo_t> candidates;
   INFERD_ASSIGN_OR_RETURN(Plan * p,
-                          PlanFor(m, n, k, bias != nullptr, out_fp32, scales, OutputOf(y, ldy, out_fp32), &candidates));
+                          PlanFor(m, n, k, bias != nullptr, out_fp32, scales, OutputOf(y, ldy, n, out_fp32), &candidates));
   const float alpha = 1.f, beta = 0.f;
   size_t next = 0;
   absl::Status bound;
@@ -199,7 +199,8 @@ absl::StatusOr<double> Gemm::Tune(Operand x, std::span<const Operand> weights, v
   return median[0] > 0 ? median[0] / median[best] : 1.0;
 }
 
-Gemm::Output Gemm::OutputOf(const void* y, int64_t ldy, bool out_fp32) const {
+Gemm::Output Gemm::OutputOf(const void* y, int64_t ldy, int64_t n, bool out_fp32) const {
+  if (ldy == n) ldy = 0;  // contiguous rows: one plan whichever way the caller says it
   const int64_t e = out_fp32 ? 4 : 2;
   uint64_t bits = reinterpret_cast<uintptr_t>(y) | 256;
   if (ldy > 0) bits |= static_cast<uint64_t>(ldy * e);
@@ -226,7 +227,7 @@ absl::Status Gemm::Run(Operand x, Operand w, void* y, int64_t m, int64_t n, int6
                                : RunGemv<__half>(x.data, w.data, y, m, n, k, ldy, bias, out_fp32, stream);
     return FromCuda(e, "kernels::Gemv");
   }
-  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, scales, OutputOf(y, ldy, out_fp32)));
+  INFERD_ASSIGN_OR_RETURN(Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, scales, OutputOf(y, ldy, n, out_fp32)));
   INFERD_RETURN_IF_ERROR(Bind(p, x, w, bias));
   const float alpha = 1.f, beta = 0.f;
   INFERD_CUBLAS(cublasLtMatmul(handle_, p->desc, &alpha, w.data, p->a, x.data, p->b, &beta, y, p->c, y, p->c, &p->algo,

@@ -69,7 +69,7 @@ class Gemm {
   struct Output {
     int64_t ldy = 0, align = 256;
   };
-  Output OutputOf(const void* y, int64_t ldy, bool out_fp32) const;
+  Output OutputOf(const void* y, int64_t ldy, int64_t n, bool out_fp32) const;
   absl::StatusOr<Plan*> PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32, Scales scales, Output out,
                                 std::vector<cublasLtMatmulAlgo_t>* candidates = nullptr);
   // Points the plan at this call's bias and fp8 scales.
