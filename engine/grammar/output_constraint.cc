@@ -10,7 +10,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/grammar/schema_support.h"
 #include "engine/json_depth.h"
+#include "engine/status_macros.h"
 
 namespace inferd {
 
@@ -128,6 +130,9 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Co
   if ((c.kind == Kind::kJsonSchema || c.kind == Kind::kToolCall) && JsonDepth(c.text) > kMaxSchemaDepth) {
     return absl::InvalidArgumentError(
         absl::StrCat(c.field, ": nested deeper than ", kMaxSchemaDepth, " levels; allowed: at most ", kMaxSchemaDepth));
+  }
+  if (c.kind == Kind::kJsonSchema || c.kind == Kind::kToolCall) {
+    INFERD_RETURN_IF_ERROR(CheckEnforceable(c.text, c.field));
   }
   if (c.kind == Kind::kChoice && c.choices.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(c.field, ": an empty list; allowed: one or more strings"));
