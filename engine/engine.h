@@ -50,6 +50,8 @@ struct EngineStats {
   int64_t copied_to_device_bytes = 0;  // and read back (swap-ins, host-tier restores)
   double copy_s = 0;                   // device time of those copies (cuda: their own stream)
   double copy_waited_s = 0;            // of it, what a step waited for
+  double constraint_mask_s = 0;        // host time filling structured output's masks (the engine thread's)
+  int64_t constraint_masked_rows = 0;  // rows sampled under a mask
   int64_t steps = 0;                   // steps the backend ran (0 for a backend that does not count them)
   int64_t engine_steps = 0;            // steps the engine ran: liveness reads progress from it
   uint64_t step_progress = 0;          // Backend::Progress(), read live: progress inside a long step
@@ -168,6 +170,9 @@ class Engine {
   Config config_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<ConstraintCompiler> constraint_compiler_;
+  std::unique_ptr<ConstraintBatch> constraint_batch_;  // fills a step's masks together (engine thread)
+  double constraint_mask_s_ = 0;                       // engine thread; copied into stats_
+  int64_t constraint_masked_rows_ = 0;
   std::unique_ptr<Backend> backend_;
   MemoryPlan memory_plan_;  // as allocated
   DeviceCeilings ceilings_;

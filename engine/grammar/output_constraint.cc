@@ -219,4 +219,51 @@ bool ConstraintState::Terminated() const {
   return impl_->matcher.IsTerminated();
 }
 
+struct ConstraintBatch::Impl {
+  xgrammar::BatchGrammarMatcher batch{std::string("auto")};
+  int32_t words = 0;
+  std::vector<uint32_t> scratch;  // [rows][words]
+};
+
+ConstraintBatch::ConstraintBatch(int32_t vocab_size) : impl_(new Impl) {
+  impl_->words = ConstraintState::MaskWords(vocab_size);
+}
+ConstraintBatch::~ConstraintBatch() = default;
+
+void ConstraintBatch::FillAllowed(std::span<ConstraintState* const> states,
+                                  std::span<const std::span<uint32_t>> masks) {
+  std::vector<xgrammar::GrammarMatcher> matchers;
+  std::vector<size_t> rows;  // which state each matcher is
+  for (size_t i = 0; i < states.size(); ++i) {
+    if (states[i]->impl_->broken || masks[i].size() != static_cast<size_t>(impl_->words)) {
+      states[i]->FillAllowed(masks[i]);  // its own way (every token, or a size the batch does not take)
+      continue;
+    }
+    matchers.push_back(states[i]->impl_->matcher);  // a handle: the same matcher
+    rows.push_back(i);
+  }
+  if (matchers.size() <= 1) {
+    for (size_t i : rows) states[i]->FillAllowed(masks[i]);
+    return;
+  }
+  const int64_t n = static_cast<int64_t>(matchers.size()), words = impl_->words;
+  impl_->scratch.resize(static_cast<size_t>(n * words));
+  int64_t shape[2] = {n, words};
+  DLTensor t{};
+  t.data = impl_->scratch.data();
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 2;
+  t.dtype = xgrammar::GetBitmaskDLType();
+  t.shape = shape;
+  try {
+    impl_->batch.BatchFillNextTokenBitmask(&matchers, &t);
+  } catch (const std::exception&) {  // one row failed: each on its own, so that only that one is marked broken
+    for (size_t i : rows) states[i]->FillAllowed(masks[i]);
+    return;
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    std::copy_n(impl_->scratch.data() + r * words, words, masks[rows[r]].data());
+  }
+}
+
 }  // namespace inferd

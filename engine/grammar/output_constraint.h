@@ -62,6 +62,7 @@ class ConstraintCompiler {
 // One sequence's place in its constraint.
 class ConstraintState {
  public:
+  friend class ConstraintBatch;
   explicit ConstraintState(std::shared_ptr<const CompiledConstraint> compiled);
   ~ConstraintState();
   ConstraintState(ConstraintState&&) noexcept;
@@ -75,6 +76,20 @@ class ConstraintState {
   bool Accept(int32_t token);
   // The constraint is complete and has taken a stop token: nothing may follow.
   bool Terminated() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Fills the masks of many sequences at once on xgrammar's thread pool (its BatchGrammarMatcher): the rows are
+// independent, so a step of many constrained rows takes about as long as its slowest row, not their sum.
+class ConstraintBatch {
+ public:
+  explicit ConstraintBatch(int32_t vocab_size);
+  ~ConstraintBatch();
+  // masks[i] (MaskWords words) gets states[i]'s allowed tokens, as states[i]->FillAllowed would.
+  void FillAllowed(std::span<ConstraintState* const> states, std::span<const std::span<uint32_t>> masks);
 
  private:
   struct Impl;

@@ -180,3 +180,47 @@ TEST(OutputConstraint, DeepAndWideSchemasCompileOrAreRefused) {
 
 }  // namespace
 }  // namespace inferd
+
+namespace inferd {
+namespace {
+
+// A step's masks filled together on xgrammar's threads are each row's own: states of two constraints, advanced to
+// different places, give the masks FillAllowed gives them one at a time.
+TEST(ConstraintBatch, FillsEachRowsOwnMask) {
+  const Vocab s = Make();
+  auto schema = s.compiler->Compile({OutputConstraint::Kind::kJsonSchema,
+                                     R"({"type": "object", "properties": {"n": {"type": "integer"}},
+                                         "required": ["n"], "additionalProperties": false})",
+                                     {},
+                                     "f"});
+  auto choice = s.compiler->Compile({OutputConstraint::Kind::kChoice, "", {"yes", "no"}, "f"});
+  ASSERT_TRUE(schema.ok() && choice.ok());
+  std::vector<ConstraintState> states;
+  for (int i = 0; i < 6; ++i) states.emplace_back(i % 2 ? *choice : *schema);
+  std::mt19937 rng(4);
+  std::vector<uint32_t> mask(ConstraintState::MaskWords(kVocab));
+  for (int i = 0; i < 6; ++i) {  // state i advanced by i allowed tokens
+    for (int k = 0; k < i / 2; ++k) {
+      states[i].FillAllowed(mask);
+      std::vector<int32_t> allowed;
+      for (int32_t t = 0; t < kVocab; ++t) {
+        if (t != s.eos && (mask[t / 32] >> (t % 32) & 1u)) allowed.push_back(t);
+      }
+      if (!allowed.empty()) ASSERT_TRUE(states[i].Accept(allowed[rng() % allowed.size()]));
+    }
+  }
+  std::vector<std::vector<uint32_t>> one(6, mask), together(6, std::vector<uint32_t>(mask.size(), 0x5A5A5A5Au));
+  std::vector<ConstraintState*> rows;
+  std::vector<std::span<uint32_t>> spans;
+  for (int i = 0; i < 6; ++i) {
+    states[i].FillAllowed(one[i]);
+    rows.push_back(&states[i]);
+    spans.push_back(together[i]);
+  }
+  ConstraintBatch batch(kVocab);
+  batch.FillAllowed(rows, spans);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(together[i], one[i]) << "row " << i;
+}
+
+}  // namespace
+}  // namespace inferd
