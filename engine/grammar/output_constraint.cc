@@ -4,6 +4,7 @@
 #include <xgrammar/xgrammar.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <optional>
 #include <thread>
@@ -223,6 +224,11 @@ struct ConstraintBatch::Impl {
   xgrammar::BatchGrammarMatcher batch{std::string("auto")};
   int32_t words = 0;
   std::vector<uint32_t> scratch;  // [rows][words]
+  // Which way is faster depends on the grammars: a cheap mask (~2 us) costs less than handing rows to the pool.
+  // Seconds per row of each way (moving averages, -1 until measured); every kRetry-th call takes the other way.
+  double serial_s = -1, pooled_s = -1;
+  int64_t calls = 0;
+  static constexpr int64_t kRetry = 64;
 };
 
 ConstraintBatch::ConstraintBatch(int32_t vocab_size) : impl_(new Impl) {
@@ -242,8 +248,21 @@ void ConstraintBatch::FillAllowed(std::span<ConstraintState* const> states,
     matchers.push_back(states[i]->impl_->matcher);  // a handle: the same matcher
     rows.push_back(i);
   }
-  if (matchers.size() <= 1) {
+  Impl& m = *impl_;
+  const auto update = [](double* average, double seconds) {
+    *average = *average < 0 ? seconds : 0.8 * *average + 0.2 * seconds;
+  };
+  const bool measure = m.serial_s < 0 || m.pooled_s < 0 || ++m.calls % Impl::kRetry == 0;
+  bool pooled = matchers.size() > 1 && (m.pooled_s < 0 || m.pooled_s < m.serial_s);
+  if (measure && matchers.size() > 1 && m.serial_s >= 0 && m.pooled_s >= 0) pooled = !pooled;  // the other way
+  const auto start = std::chrono::steady_clock::now();
+  const auto per_row = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+           static_cast<double>(matchers.size());
+  };
+  if (!pooled) {
     for (size_t i : rows) states[i]->FillAllowed(masks[i]);
+    if (!matchers.empty()) update(&m.serial_s, per_row());
     return;
   }
   const int64_t n = static_cast<int64_t>(matchers.size()), words = impl_->words;
@@ -264,6 +283,7 @@ void ConstraintBatch::FillAllowed(std::span<ConstraintState* const> states,
   for (int64_t r = 0; r < n; ++r) {
     std::copy_n(impl_->scratch.data() + r * words, words, masks[rows[r]].data());
   }
+  update(&m.pooled_s, per_row());
 }
 
 }  // namespace inferd

@@ -82,8 +82,9 @@ class ConstraintState {
   std::unique_ptr<Impl> impl_;
 };
 
-// Fills the masks of many sequences at once on xgrammar's thread pool (its BatchGrammarMatcher): the rows are
-// independent, so a step of many constrained rows takes about as long as its slowest row, not their sum.
+// Fills the masks of a step's constrained sequences: one after another, or all at once on xgrammar's thread pool
+// (its BatchGrammarMatcher), whichever has measured faster per row lately (a cheap mask costs less than handing it
+// to the pool; an expensive one gains from the threads). The rows are independent.
 class ConstraintBatch {
  public:
   explicit ConstraintBatch(int32_t vocab_size);
