@@ -170,6 +170,7 @@ void KvEventPublisher::Publish(std::vector<KvCacheEvent> events) {
     std::lock_guard<std::mutex> lock(mu_);
     if (queue_.size() >= kMaxQueued) {
       queue_.pop_front();
+      ++unsent_drops_;
       if (dropped_++ == 0) spdlog::warn("KV-cache events: the publisher fell behind; batches are dropped");
     }
     queue_.push_back({Now(), std::move(events)});
@@ -188,6 +189,8 @@ void KvEventPublisher::Run() {
       // Wakes for new batches, and at least every 10 ms to answer replay requests.
       wake_.wait_for(lock, std::chrono::milliseconds(10), [&] { return stop_ || !queue_.empty(); });
       batches.swap(queue_);
+      seq += unsent_drops_;  // dropped batches keep their numbers: a subscriber sees the gap
+      unsent_drops_ = 0;
       stopping = stop_;
     }
     try {

@@ -46,7 +46,8 @@ class KvEventPublisher {
   KvEventPublisher& operator=(const KvEventPublisher&) = delete;
 
   // Queues one batch of events (from the engine thread). Past kMaxQueued batches not yet sent the oldest are
-  // dropped (a subscriber sees the gap in the sequence numbers) and counted.
+  // dropped and counted; their sequence numbers are skipped, so a subscriber sees the gap (and a replay cannot
+  // fill it: its index is stale, as with vLLM's publisher).
   void Publish(std::vector<KvCacheEvent> events);
   static constexpr size_t kMaxQueued = 100000;
   uint64_t dropped() const { return dropped_; }
@@ -63,6 +64,7 @@ class KvEventPublisher {
   std::condition_variable wake_;
   std::deque<std::pair<double, std::vector<KvCacheEvent>>> queue_;  // under mu_
   bool stop_ = false;                                               // under mu_
+  int64_t unsent_drops_ = 0;  // under mu_: batches dropped since the thread last took the queue
   std::atomic<uint64_t> dropped_{0};
   std::thread thread_;
 };
