@@ -10,6 +10,8 @@
 #include "engine/model/model.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/runtime/device_layout.h"
+#include "engine/runtime/gpu_specs.h"
+#include "engine/runtime/step_cost.h"
 #include "nlohmann/json.hpp"
 
 namespace inferd {
@@ -19,6 +21,11 @@ constexpr double kMiB = 1048576.0;
 // What the CUDA context and libraries take beyond the step inputs and the reserved block (the H100's start-up
 // measured 4.8 MiB of it for the Llama-3-8B shape).
 constexpr int64_t kContextBytes = int64_t{5} << 20;
+// A GPU planned by name (--device): what is free at start-up is its memory less what the driver and a CUDA context
+// hold before inferd allocates (~0.5 GiB on an H100).
+constexpr int64_t kDriverBytes = int64_t{512} << 20;
+constexpr const char* kUsage =
+    "usage: inferd plan --config FILE [--gpu-memory-gib N | --device NAME] [--tensor-parallel N] [--json]\n";
 
 }  // namespace
 
@@ -27,6 +34,7 @@ int RunPlan(int argc, char** argv) {
   double gib = 0;
   bool json = false;
   int32_t tp = 0;  // 0: the config's engine.tensor_parallel_size
+  const GpuSpec* device = nullptr;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--config" && i + 1 < argc) {
@@ -45,15 +53,24 @@ int RunPlan(int argc, char** argv) {
         std::cerr << "inferd plan: --gpu-memory-gib must be a positive number of GiB\n";
         return 2;
       }
+    } else if (a == "--device" && i + 1 < argc) {
+      const std::string name = argv[++i];
+      device = FindGpu(name);
+      if (!device) {
+        std::cerr << "inferd plan: --device '" << name.substr(0, 40) << "' is not known; allowed: " << KnownGpuNames()
+                  << "\n";
+        return 2;
+      }
     } else {
-      std::cerr << "usage: inferd plan --config FILE [--gpu-memory-gib N] [--tensor-parallel N] [--json]\n";
+      std::cerr << kUsage;
       return 2;
     }
   }
-  if (config_path.empty()) {
-    std::cerr << "usage: inferd plan --config FILE [--gpu-memory-gib N]\n";
+  if (config_path.empty() || (device && gib > 0)) {
+    std::cerr << kUsage;
     return 2;
   }
+  if (device) gib = (device->memory_gib * (int64_t{1} << 30) - kDriverBytes) / double(int64_t{1} << 30);
   auto config = LoadConfigFile(config_path);
   if (!config.ok()) {
     std::cerr << "inferd plan: " << config.status().message() << "\n";
@@ -90,7 +107,12 @@ int RunPlan(int argc, char** argv) {
     std::printf(
         "device memory free %.0f MiB (%s) x gpu_memory_utilization %g = budget %.1f MiB; largest step %d tokens, "
         "%d sequences; block_size %d%s\n",
-        free / kMiB, gib > 0 ? "--gpu-memory-gib" : "measured on the visible GPU",
+        free / kMiB,
+        device ? absl::StrFormat("%s: %.1f GiB less %lld MiB for the driver", device->full_name, device->memory_gib,
+                                 static_cast<long long>(kDriverBytes >> 20))
+                     .c_str()
+        : gib > 0 ? "--gpu-memory-gib"
+                  : "measured on the visible GPU",
         config->engine.gpu_memory_utilization, budget / kMiB, limits.max_num_batched_tokens, limits.max_num_seqs,
         limits.block_size,
         tp > 1 ? absl::StrFormat("; each of %d GPUs (tensor parallelism: the sizes below are per GPU)", tp).c_str()
@@ -119,6 +141,12 @@ int RunPlan(int argc, char** argv) {
     const char* dtype = row.name;
     if ((*model)->tensors.fp8_checkpoint && !row.fp8_weights) continue;
     if (row.fp8_kv && !kv8) continue;
+    if (device && device->fp8_tflops == 0 && row.fp8_weights) {  // no fp8 tensor cores: the backend refuses fp8
+      if (!json)
+        std::printf("%-9s %s (compute capability %d.%d) has no fp8 tensor cores\n", dtype, device->name,
+                    device->compute_capability / 10, device->compute_capability % 10);
+      continue;
+    }
     const DeviceLayout layout = PlanDeviceLayout(**model, limits, 2, row.fp8_weights, row.fp8_kv ? 1 : 2, tp);
     const int64_t weights = layout.weight_bytes;
     const int64_t act = layout.activation_bytes();
@@ -173,6 +201,29 @@ int RunPlan(int argc, char** argv) {
                 fits ? "fits"
                      : (used > budget ? "does not fit (weights and workspace exceed the budget)"
                                       : "does not fit (too few KV blocks for one sequence)"));
+  }
+  if (device) {  // what the datasheet allows this model on that GPU, before any kernel's efficiency
+    MemoryPlan plan;
+    const DeviceLayout bf16 = PlanDeviceLayout(**model, limits, 2, fp8, 2, tp);
+    plan.weight_bytes = bf16.weight_bytes;
+    plan.kv_bytes_per_block = bf16.kv_bytes_per_block;
+    const StepCostModel cost(c, plan, limits.block_size, tp);
+    const double decode_s = cost.OfUniform(1, 1, 1024, 1).bytes / (device->bandwidth_gb_s * 1e9);
+    const double prefill_s = cost.OfUniform(1, 4096, 4096, 1).flops / (device->bf16_tflops * 1e12);
+    out["device"] = {{"name", device->name},
+                     {"bandwidth_bytes_per_s", device->bandwidth_gb_s * 1e9},
+                     {"bf16_flops_per_s", device->bf16_tflops * 1e12},
+                     {"fp8_flops_per_s", device->fp8_tflops * 1e12},
+                     {"decode_batch1_tokens_per_s_ceiling", 1 / decode_s},
+                     {"prefill_4096_tokens_per_s_ceiling", 4096 / prefill_s}};
+    if (!json) {
+      std::printf(
+          "\n%s, datasheet ceilings for this model (%s weights, each GPU its share): decode at batch 1 "
+          "(context 1024) at most %.0f tokens/s (%.2f GB read a token at %.0f GB/s); a 4096-token prefill at "
+          "most %.0f tokens/s (%.0f TFLOP/s bf16). inferd reaches ~80%% and ~60%% of an H100 SXM's.\n",
+          device->full_name, fp8 ? "fp8" : "bf16", 1 / decode_s, cost.OfUniform(1, 1, 1024, 1).bytes / 1e9,
+          device->bandwidth_gb_s, 4096 / prefill_s, device->bf16_tflops);
+    }
   }
   if (json) std::cout << out.dump(1) << "\n";
   return 0;

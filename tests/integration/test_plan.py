@@ -115,3 +115,27 @@ def test_tensor_parallel_sizes_that_fit_llama3_70b_on_80_gb_gpus(tmp_path):
     assert "each of 4 GPUs" in text and "1: weights 131.4 GiB a GPU" in text and "does not fit" in text
     bad = run("--tensor-parallel", "3")
     assert bad.returncode == 2 and "1, 2, 4 or 8" in bad.stderr
+
+
+def test_a_named_gpu_is_planned_with_its_datasheet_memory_and_ceilings(tmp_path):
+    """--device NAME: the plan of a GPU one does not have, from the table of known ones: its memory less the driver's
+    share, no fp8 plan where it has no fp8 tensor cores, and the datasheet's decode and prefill ceilings."""
+    h100 = plan(tmp_path, "--device", "h100-sxm", "--json")
+    assert h100.returncode == 0, h100.stderr
+    out = json.loads(h100.stdout)
+    assert out["device_free_bytes"] == int(79.6 * 2**30) - 512 * 2**20
+    d = out["device"]
+    assert d["name"] == "H100-SXM" and d["bandwidth_bytes_per_s"] == 3350e9
+    # Batch-1 decode reads every weight but the embedding table once (the LM head included), and the context's K/V:
+    # 15.1 GB at 3.35 TB/s is ~221 tokens/s at most.
+    weights = next(p["weight_bytes"] for p in out["plans"] if p["dtype"] == "bfloat16")
+    read = weights - V * H * 2 + 1024 * 2 * L * NKV * D * 2
+    assert 0.99 < d["decode_batch1_tokens_per_s_ceiling"] * read / 3350e9 < 1.01
+    assert 50_000 < d["prefill_4096_tokens_per_s_ceiling"] < 80_000  # ~15 GFLOP a token and attention at 989 TFLOP/s
+    a10 = json.loads(plan(tmp_path, "--device", "A10", "--json").stdout)
+    assert {p["dtype"] for p in a10["plans"]} == {"bfloat16", "float16", "bf16+kv8"}  # no fp8 tensor cores
+    assert a10["plans"][0]["num_blocks"] < out["plans"][0]["num_blocks"]
+    bad = plan(tmp_path, "--device", "H900")
+    assert bad.returncode == 2 and "'H900' is not known" in bad.stderr and "H100-SXM" in bad.stderr
+    both = plan(tmp_path, "--device", "A10", "--gpu-memory-gib", "20")
+    assert both.returncode == 2 and "usage" in both.stderr
