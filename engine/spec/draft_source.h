@@ -1,0 +1,35 @@
+// Where speculative decoding's drafts come from. A draft source proposes up to k tokens to follow a sequence; the
+// engine then checks them in one step (1 + k query rows of the sequence, each sampled through the sampler's chain:
+// runtime/sampler.h's CandidatesOf gives the distribution a drafted token is accepted against) and keeps the
+// longest accepted prefix plus the token sampled after it. Sources are per sequence and hold no device state, so
+// a draft model (its own KV) can be one more implementation of the same interface.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace inferd {
+
+class DraftSource {
+ public:
+  virtual ~DraftSource() = default;
+  // Up to max_tokens tokens proposed to follow `tokens` (the sequence's prompt, then its output so far); empty:
+  // nothing worth proposing.
+  virtual std::vector<int32_t> Propose(std::span<const int32_t> tokens, int32_t max_tokens) const = 0;
+};
+
+// Prompt lookup (vLLM's "ngram" method): for the longest n in [min_n, max_n] such that the sequence's last n tokens
+// occurred earlier in it, the tokens that followed their latest earlier occurrence. Agent loops, code edits and
+// summaries repeat spans of their prompt and of earlier answers, which this finds without a draft model. Looks back
+// at most `lookback` tokens (the search is linear in it for each n).
+class NgramDrafts : public DraftSource {
+ public:
+  NgramDrafts(int32_t min_n, int32_t max_n, int32_t lookback = 1 << 16);
+  std::vector<int32_t> Propose(std::span<const int32_t> tokens, int32_t max_tokens) const override;
+
+ private:
+  int32_t min_n_, max_n_, lookback_;
+};
+
+}  // namespace inferd
