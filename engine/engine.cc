@@ -561,7 +561,7 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
       masks.push_back(st.allowed);
     }
   }
-  if (!constrained.empty()) {  // every row's mask at once, on xgrammar's threads
+  if (!constrained.empty()) {  // the rows' masks together (one by one, or on xgrammar's pool: ConstraintBatch)
     const absl::Time start = absl::Now();
     if (!constraint_batch_) constraint_batch_ = std::make_unique<ConstraintBatch>(model_->config.vocab_size);
     constraint_batch_->FillAllowed(constrained, masks);
