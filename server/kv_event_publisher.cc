@@ -148,7 +148,9 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Start(const 
     if (absl::Status st = bind(s.replay, "replay_endpoint", config.replay_endpoint); !st.ok()) return st;
     s.has_replay = true;
   }
-  p->queue_.push_back({Now(), {KvCacheEvent{.kind = KvCacheEvent::Kind::kAllCleared}}});
+  KvCacheEvent cleared;
+  cleared.kind = KvCacheEvent::Kind::kAllCleared;
+  p->queue_.push_back({Now(), {cleared}});
   p->thread_ = std::thread([raw = p.get()] { raw->Run(); });
   spdlog::info("KV-cache events on {} (topic '{}'){}", config.endpoint, config.topic,
                s.has_replay ? absl::StrCat(", replays on ", config.replay_endpoint) : "");
