@@ -6,6 +6,7 @@ placed in hand-written shapes (the root, a required or optional property, arrays
 $defs and $ref, nested objects), plus a few whole schemas written out. Strings and arrays carry small maxima so that
 a 135M model's answers end (the bound is part of the schema, so the check is strict)."""
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -136,8 +137,11 @@ def test_every_answer_finishes_and_validates(served):
             return f"schema {i} {json.dumps(schema)[:200]}: {str(e)[:200]} in {choice.message.content[:200]!r}"
         return None
 
+    # Under the sanitizers (scripts/test_sanitizers.sh sets ASAN_OPTIONS) a quarter of them: the same paths, in CI's
+    # time; the plain build answers all.
+    chosen = range(0, len(SCHEMAS), 4 if "ASAN_OPTIONS" in os.environ else 1)
     with ThreadPoolExecutor(16) as pool:
-        failures = [f for f in pool.map(ask, range(len(SCHEMAS))) if f]
+        failures = [f for f in pool.map(ask, chosen) if f]
     assert not failures, "\n".join(failures)
 
 
