@@ -210,7 +210,7 @@ def test_vllm_routers_kv_aware_policy_indexes_the_replicas_kv_events():
             r = client.chat.completions.create(model="llama3-tiny", max_tokens=4,
                                                messages=[system, {"role": "user", "content": f"question {i}"}])
             assert r.choices[0].finish_reason in ("stop", "length")
-            time.sleep(0.2)  # the replica's events reach the router between requests
+            time.sleep(0.5)  # the replica's events reach the router between requests
         metrics = requests.get(proc.metrics_url, timeout=10).text
         hits = re.search(r'^vllm_router_kv_placement_lookups_total\{result="hit"\} (\S+)$', metrics, re.M)
         assert hits and float(hits.group(1)) >= 3, metrics
