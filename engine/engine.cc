@@ -497,6 +497,15 @@ void Engine::Loop() {
       in_flight_.reset();
     }
     if (launched) in_flight_ = std::move(launched);
+    if (!in_flight_ && active_.empty() && scheduler_->copies_in_flight() > 0) {
+      // Going idle with the last steps' write-backs still out: once they are done, the host blocks they held are
+      // free, so that the stats an idle server publishes (and its KV events' subscribers) see every cached block.
+      if (absl::Status st = backend_->WaitForCopies(scheduler_->copies_in_flight()); st.ok()) {
+        scheduler_->CopiesCompleted(backend_->CompletedCopies());
+      } else {
+        spdlog::error("waiting for KV block copies failed: {}", st.ToString());
+      }
+    }
     PublishStats();
     if (!in_flight_ && !active_.empty() && scheduler_->copies_in_flight() > 0) {
       // Nothing could run but what waits for KV coming in: wait for those copies.
@@ -507,15 +516,6 @@ void Engine::Loop() {
       // Nothing could be scheduled (cannot happen while one request fits the pool); avoid spinning.
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(5));
-    } else if (!in_flight_ && active_.empty() && scheduler_->copies_in_flight() > 0) {
-      // Going idle with the last steps' write-backs still out: once they are done, the host blocks they held are
-      // free, and an idle server's counts (and its KV events' subscribers) see every cached block as free.
-      if (absl::Status st = backend_->WaitForCopies(scheduler_->copies_in_flight()); st.ok()) {
-        scheduler_->CopiesCompleted(backend_->CompletedCopies());
-        PublishStats();
-      } else {
-        spdlog::error("waiting for KV block copies failed: {}", st.ToString());
-      }
     }
   }
   if (in_flight_) CollectInFlight();  // the backend is idle before Stop() ends the requests left
