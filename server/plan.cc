@@ -208,7 +208,8 @@ int RunPlan(int argc, char** argv) {
     plan.weight_bytes = bf16.weight_bytes;
     plan.kv_bytes_per_block = bf16.kv_bytes_per_block;
     const StepCostModel cost(c, plan, limits.block_size, tp);
-    const double decode_s = cost.OfUniform(1, 1, 1024, 1).bytes / (device->bandwidth_gb_s * 1e9);
+    const double decode_bytes = cost.OfUniform(1, 1, 1024, 1).bytes;
+    const double decode_s = decode_bytes / (device->bandwidth_gb_s * 1e9);
     const double prefill_s = cost.OfUniform(1, 4096, 4096, 1).flops / (device->bf16_tflops * 1e12);
     out["device"] = {{"name", device->name},
                      {"bandwidth_bytes_per_s", device->bandwidth_gb_s * 1e9},
@@ -221,8 +222,8 @@ int RunPlan(int argc, char** argv) {
           "\n%s, datasheet ceilings for this model (%s weights, each GPU its share): decode at batch 1 "
           "(context 1024) at most %.0f tokens/s (%.2f GB read a token at %.0f GB/s); a 4096-token prefill at "
           "most %.0f tokens/s (%.0f TFLOP/s bf16). inferd reaches ~80%% and ~60%% of an H100 SXM's.\n",
-          device->full_name, fp8 ? "fp8" : "bf16", 1 / decode_s, cost.OfUniform(1, 1, 1024, 1).bytes / 1e9,
-          device->bandwidth_gb_s, 4096 / prefill_s, device->bf16_tflops);
+          device->full_name, fp8 ? "fp8" : "bf16", 1 / decode_s, decode_bytes / 1e9, device->bandwidth_gb_s,
+          4096 / prefill_s, device->bf16_tflops);
     }
   }
   if (json) std::cout << out.dump(1) << "\n";

@@ -154,7 +154,7 @@ SampleResult Sample(std::span<float> logits, const SamplingRow& ctx) {
       ctx.top_logprobs > 0 ? std::vector<float>(logits.begin(), logits.end()) : std::vector<float>();
   ShapeLogits(logits, ctx);
   const Candidates candidates = CandidatesOf(logits, ctx.params);
-  const int32_t token = ctx.params.temperature == 0.0f ? candidates.ids[0] : Draw(candidates, ctx.uniform);
+  const int32_t token = Draw(candidates, ctx.uniform);  // greedy: the argmax alone, whatever the uniform
   result.token = token;
   if (result.has_logprob) {
     result.logprob.token_id = token;

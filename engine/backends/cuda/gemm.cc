@@ -170,8 +170,8 @@ absl::StatusOr<double> Gemm::Tune(Operand x, std::span<const Operand> weights, v
   if (weights.empty()) return absl::InvalidArgumentError("Gemm::Tune: no weights");
   INFERD_ASSIGN_OR_RETURN(const Scales scales, ScalesOf(x, weights[0]));
   std::vector<cublasLtMatmulAlgo_t> candidates;
-  INFERD_ASSIGN_OR_RETURN(Plan * p,
-                          PlanFor(m, n, k, bias != nullptr, out_fp32, scales, OutputOf(y, ldy, n, out_fp32), &candidates));
+  INFERD_ASSIGN_OR_RETURN(
+      Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, scales, OutputOf(y, ldy, n, out_fp32), &candidates));
   const float alpha = 1.f, beta = 0.f;
   size_t next = 0;
   absl::Status bound;
