@@ -20,14 +20,7 @@
 
 namespace inferd::kernels {
 
-// Head dims with compiled kernels.
-inline bool AttentionHeadDimSupported(int32_t head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
-}
-// With an fp8 e4m3 KV cache (bf16 queries): FlashInfer's one-byte KV loads do not serve head_dim 64.
-inline bool AttentionFp8KvHeadDimSupported(int32_t head_dim) {
-  return head_dim == 128 || head_dim == 256;
-}
+// Head dims with compiled kernels: AttentionHeadDimSupported, AttentionFp8KvHeadDimSupported (kernels/sizes.h).
 
 // Workspace sizes (kAttentionFloatWorkspaceBytes, kAttentionIntWorkspaceBytes): kernels/sizes.h.
 

@@ -29,9 +29,10 @@
 #   Llama-3-70B shape at 2, 4 and 8 (TP70_QUANTIZATION), both from weights made on the GPUs (model.load_format dummy).
 # families: the Qwen3-8B shape beside the Llama-3-8B shape, both from weights made on the GPU (model.load_format
 #   dummy), bf16 and fp8, decode at 1, 64 and 128 rows and prefill (the model layer's per-head norms at full size);
-#   then Gemma 3 4B's shape decoding at 32k context with its sliding windows and with every layer global; and
-#   `inferd plan` against the Qwen3 and Gemma runs' real plans. FAMILIES_SECTIONS, FAMILIES_QUANTIZATIONS,
-#   FAMILIES_GEMMA and FAMILIES_GEMMA_SECTIONS narrow it (e.g. latency, none, windows, latency: the plans alone).
+#   Phi-3.5-mini's shape (heads of 96, run padded to 128; FAMILIES_PHI3=0 leaves it out); then Gemma 3 4B's shape
+#   decoding at 32k context with its sliding windows and with every layer global; and `inferd plan` against the
+#   Phi-3, Qwen3 and Gemma runs' real plans. FAMILIES_SECTIONS, FAMILIES_QUANTIZATIONS, FAMILIES_GEMMA and
+#   FAMILIES_GEMMA_SECTIONS narrow it (e.g. latency, none, windows, latency: the plans alone).
 # frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
 #   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
 set -uo pipefail
@@ -349,6 +350,18 @@ if [[ "$what" == families ]]; then
     echo "-- gemma3-4b shape at 32k context, attention: $g"
     grep -v "^\[20" "$OUT/families_gemma3_$g.txt" | grep -E "decode" | head -n 4
   done
+  # Phi-3.5-mini's shape: heads of 96, run padded to 128.
+  if [[ ${FAMILIES_PHI3:-1} == 1 ]]; then
+    python3 tools/make_llama3_8b_random.py /tmp/phi3-mini-config --config-only --phi3-mini >/dev/null || status=1
+    for q in ${FAMILIES_QUANTIZATIONS:-none fp8}; do
+      "$BUNDLE/bin/inferd-bench" --model /tmp/phi3-mini-config --load-format dummy --quantization "$q" \
+        --sections "${FAMILIES_SECTIONS:-latency,prefill,decode}" --batches 1,64,128 --json "$OUT/families_phi3_$q.json" \
+        > "$OUT/families_phi3_$q.txt" 2>&1 || status=1
+      echo "-- phi3-mini shape (heads of 96 padded to 128), quantization $q"
+      grep -v "^\[20" "$OUT/families_phi3_$q.txt" | grep -E "decode|latency|prefill|ceiling|padded" | head -n 12
+    done
+    compare_plan "model: {path: /tmp/phi3-mini-config, load_format: dummy}" "$OUT/families_phi3_none.json" phi3_mini
+  fi
   echo "-- inferd plan against the real plans of the Qwen3 and Gemma 3 runs"
   compare_plan "model: {path: /tmp/qwen3-8b-config, load_format: dummy}" "$OUT/families_qwen3_none.json" qwen3_8b
   compare_plan "model: {path: /tmp/gemma3-4b-windows, load_format: dummy}" "$OUT/families_gemma3_windows.json" \

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "engine/model/head_padding.h"
 #include "engine/model/model.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/runtime/device_layout.h"
@@ -86,7 +87,14 @@ int RunPlan(int argc, char** argv) {
     std::cerr << "inferd plan: " << model.status().message() << "\n";
     return 1;
   }
-  const ModelConfig& c = (*model)->config;
+  // The model as the cuda backend runs it: heads padded where the attention kernels need it.
+  auto padded = PaddedForAttentionKernels(**model);
+  if (!padded.ok()) {
+    std::cerr << "inferd plan: " << padded.status().message() << "\n";
+    return 1;
+  }
+  const Model& m = *padded ? **padded : **model;
+  const ModelConfig& c = m.config;
   if (tp == 0) tp = config->engine.tensor_parallel_size;
   if (absl::Status s = CheckTensorParallel(c, tp); !s.ok()) {
     std::cerr << "inferd plan: " << s.message() << "\n";
@@ -100,9 +108,12 @@ int RunPlan(int argc, char** argv) {
                         {"tensor_parallel_size", tp},
                         {"plans", nlohmann::json::array()}};
   if (!json)
-    std::printf("model %s: %s, %d layers, hidden %d, heads %d/%d, head_dim %d, vocab %d, max_position_embeddings %d\n",
-                (*model)->name.c_str(), c.architecture.c_str(), c.num_layers, c.hidden_size, c.num_heads,
-                c.num_kv_heads, c.head_dim, c.vocab_size, c.max_position_embeddings);
+    std::printf(
+        "model %s: %s, %d layers, hidden %d, heads %d/%d, head_dim %d%s, vocab %d, max_position_embeddings %d\n",
+        m.name.c_str(), c.architecture.c_str(), c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
+        (*model)->config.head_dim,
+        *padded ? absl::StrFormat(" (run padded to %d: the attention kernels' head dims)", c.head_dim).c_str() : "",
+        c.vocab_size, c.max_position_embeddings);
   if (!json)
     std::printf(
         "device memory free %.0f MiB (%s) x gpu_memory_utilization %g = budget %.1f MiB; largest step %d tokens, "
@@ -139,7 +150,7 @@ int RunPlan(int argc, char** argv) {
   for (const Row& row : {Row{"bfloat16", false, false}, Row{"float16", false, false}, Row{"fp8", true, false},
                          Row{"bf16+kv8", false, true}, Row{"fp8+kv8", true, true}}) {
     const char* dtype = row.name;
-    if ((*model)->tensors.fp8_checkpoint && !row.fp8_weights) continue;
+    if (m.tensors.fp8_checkpoint && !row.fp8_weights) continue;
     if (row.fp8_kv && !kv8) continue;
     if (device && device->fp8_tflops == 0 && row.fp8_weights) {  // no fp8 tensor cores: the backend refuses fp8
       if (!json)
@@ -147,7 +158,7 @@ int RunPlan(int argc, char** argv) {
                     device->compute_capability / 10, device->compute_capability % 10);
       continue;
     }
-    const DeviceLayout layout = PlanDeviceLayout(**model, limits, 2, row.fp8_weights, row.fp8_kv ? 1 : 2, tp);
+    const DeviceLayout layout = PlanDeviceLayout(m, limits, 2, row.fp8_weights, row.fp8_kv ? 1 : 2, tp);
     const int64_t weights = layout.weight_bytes;
     const int64_t act = layout.activation_bytes();
     const int64_t other = layout.step_input_bytes() + layout.collective_bytes() + kContextBytes;
@@ -179,7 +190,7 @@ int RunPlan(int argc, char** argv) {
   // Which tensor-parallel sizes fit the model on GPUs like this one: bf16 (or the checkpoint's fp8) weights, and a
   // KV pool per GPU that holds at least one sequence at the longest context.
   const int64_t context = config->model.max_model_len > 0 ? config->model.max_model_len : c.max_position_embeddings;
-  const bool fp8 = (*model)->tensors.fp8_checkpoint;
+  const bool fp8 = m.tensors.fp8_checkpoint;
   if (!json)
     std::printf("\ntensor_parallel_size (%s, one sequence of %lld tokens at least):\n", fp8 ? "fp8" : "bfloat16",
                 static_cast<long long>(context));
@@ -189,7 +200,7 @@ int RunPlan(int argc, char** argv) {
       if (!json) std::printf("  %d: does not split this model\n", n);
       continue;
     }
-    const DeviceLayout layout = PlanDeviceLayout(**model, limits, 2, fp8, 2, n);
+    const DeviceLayout layout = PlanDeviceLayout(m, limits, 2, fp8, 2, n);
     const int64_t used = used_bytes(layout);
     const int64_t blocks = blocks_in_budget(layout);
     const bool fits = blocks * limits.block_size >= context;
@@ -204,10 +215,10 @@ int RunPlan(int argc, char** argv) {
   }
   if (device) {  // what the datasheet allows this model on that GPU, before any kernel's efficiency
     MemoryPlan plan;
-    const DeviceLayout bf16 = PlanDeviceLayout(**model, limits, 2, fp8, 2, tp);
+    const DeviceLayout bf16 = PlanDeviceLayout(m, limits, 2, fp8, 2, tp);
     plan.weight_bytes = bf16.weight_bytes;
     plan.kv_bytes_per_block = bf16.kv_bytes_per_block;
-    const StepCostModel cost(c, plan, limits.block_size, tp);
+    const StepCostModel cost((*model)->config, plan, limits.block_size, tp);  // useful FLOPs, bytes moved
     const double decode_bytes = cost.OfUniform(1, 1, 1024, 1).bytes;
     const double decode_s = decode_bytes / (device->bandwidth_gb_s * 1e9);
     const double prefill_s = cost.OfUniform(1, 4096, 4096, 1).flops / (device->bf16_tflops * 1e12);

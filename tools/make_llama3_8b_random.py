@@ -4,7 +4,7 @@ intermediate 14336, vocab 128256, llama3 rope) in Hugging Face layout, for bench
 16 GB cannot travel. Weights are drawn on the GPU with torch and written as 4 safetensors shards.
 
     python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-random [--config-only | --sparse]
-        [--70b | --qwen3-8b | --gemma3-4b [--full-attention]]
+        [--70b | --qwen3-8b | --gemma3-4b [--full-attention] | --phi3-mini]
 
 --config-only writes config.json alone (enough for `inferd-bench --sections products`); --sparse writes one
 model.safetensors whose header lists every tensor and whose data is a sparse file of zeros (instant, no disk
@@ -14,7 +14,9 @@ the Qwen3-8B shape (hidden 4096, 36 layers, 32 heads, 8 KV heads of 128, interme
 per-head q/k norms), for benchmarks from weights made on the GPU (model.load_format dummy). --gemma3-4b (with
 --config-only): Gemma 3 4B's text model (hidden 2560, 34 layers, 8 heads, 4 KV heads of 256, intermediate 10240,
 vocabulary 262,208, five 1024-token sliding-window layers to one global), or with --full-attention the same with
-every layer global.
+every layer global. --phi3-mini (with --config-only): Phi-3.5-mini's shape (hidden 3072, 32 layers, 32 heads and
+32 KV heads of 96, intermediate 8192, vocabulary 32,064, LongRoPE from 4,096 of 131,072 positions), whose heads the
+cuda backend runs padded to 128.
 """
 import json
 import os
@@ -23,10 +25,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_test_models import LLAMA3_PATTERN, byte_level  # noqa: E402
 
-QWEN3, GEMMA3 = "--qwen3-8b" in sys.argv, "--gemma3-4b" in sys.argv
+QWEN3, GEMMA3, PHI3 = "--qwen3-8b" in sys.argv, "--gemma3-4b" in sys.argv, "--phi3-mini" in sys.argv
 H, I, L, NH, NKV, V, D = (8192, 28672, 80, 64, 8, 128256, 128) if "--70b" in sys.argv else \
     (4096, 12288, 36, 32, 8, 151936, 128) if QWEN3 else (2560, 10240, 34, 8, 4, 262208, 256) if GEMMA3 else \
-    (4096, 14336, 32, 32, 8, 128256, 128)
+    (3072, 8192, 32, 32, 32, 32064, 96) if PHI3 else (4096, 14336, 32, 32, 8, 128256, 128)
 
 
 def main():
@@ -57,6 +59,12 @@ def main():
                    rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
         del cfg["rope_theta"]
+    if PHI3:
+        del cfg["rope_scaling"]
+        cfg.update(architectures=["Phi3ForCausalLM"], model_type="phi3", rope_theta=10000.0,
+                   max_position_embeddings=131072, original_max_position_embeddings=4096, sliding_window=None,
+                   rope_scaling={"type": "longrope", "short_factor": [1.0 + i / 96 for i in range(D // 2)],
+                                 "long_factor": [1.0 + i / 2 for i in range(D // 2)]})
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     if "--config-only" in sys.argv[2:]:

@@ -281,7 +281,7 @@ def family_gpu_models(out_dir):
     """The newer families at head dims the cuda backend serves: Qwen3 with Qwen3-8B's grouping (4 query heads per
     KV head of 128, wider than hidden / heads), Gemma 3 with Gemma 3 270M's one KV head of 256 and 5 sliding-window
     layers (a 16-token window, shorter than the prompts) to one global, and Phi-4-mini's partial rotary (96 of 128)
-    with LongRoPE's short factors and its multiplier. Gemma's embeddings are untied here: tied, the √hidden-scaled
+    with LongRoPE's short factors and its multiplier, and Phi-3-mini's heads of 96. Gemma's embeddings are untied here: tied, the √hidden-scaled
     input embedding dominates the residual and the model repeats its input with logit margins of ~40, which
     compares nothing."""
     tok = byte_level(QWEN2_PATTERN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], nfc=True, template_bos=None,
@@ -309,6 +309,17 @@ def family_gpu_models(out_dir):
                       torch_dtype="bfloat16")
     write_model(out_dir, "phi3-hd128", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
                 "BF16", seed=17, scale=0.3)
+    # Phi-3-mini's heads: 96 wide, as many KV heads as query heads, rotary over the whole head with LongRoPE. The
+    # cuda backend runs them padded to 128 (engine/model/head_padding.h).
+    short = [round(float(x), 4) for x in 1.0 + rng.uniform(0, 0.5, 48)]
+    long = [round(float(x), 4) for x in 1.0 + rng.uniform(0, 8, 48)]
+    cfg = base_config("Phi3ForCausalLM", "phi3", 704, hidden_size=384, intermediate_size=1024, num_attention_heads=4,
+                      num_key_value_heads=4, rope_theta=10000.0, max_position_embeddings=16384,
+                      original_max_position_embeddings=4096, sliding_window=None, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0, rope_scaling={"type": "longrope", "short_factor": short, "long_factor": long},
+                      torch_dtype="bfloat16")
+    write_model(out_dir, "phi3-hd96", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+                "BF16", seed=18, scale=0.3)
 
 
 def sharp_models(out_dir):

@@ -1,5 +1,6 @@
 #include "engine/model/model_tensors.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -115,7 +116,7 @@ absl::Status DecodeRowsAsStored(const TensorDesc& t, int64_t first, int64_t coun
 }  // namespace
 
 absl::StatusOr<TensorDesc> RowsOf(const TensorDesc& t, int64_t first, int64_t count, std::string name) {
-  if (first < 0 || count <= 0 || first + count > t.rows || t.rotary_heads > 0) {
+  if (first < 0 || count <= 0 || first + count > t.rows || t.rotary_heads > 0 || t.padded()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': rows [", first, ", ", first + count,
                                                    ") cannot be split from its ", t.rows, " rows"));
   }
@@ -140,8 +141,47 @@ absl::StatusOr<TensorDesc> RowsOf(const TensorDesc& t, int64_t first, int64_t co
   return part;
 }
 
+namespace {
+
+// The tensor as stored, without its head padding.
+TensorDesc Unpadded(const TensorDesc& t) {
+  TensorDesc s = t;
+  int64_t& padded_dim = t.pad_columns ? s.cols : s.rows;
+  padded_dim = padded_dim / t.head_padded * t.head_stored;
+  s.head_stored = s.head_padded = 0;
+  return s;
+}
+
+// Rows of a padded tensor: the stored rows (or each row's stored columns) in their places, zeros between.
+absl::Status DecodePaddedRows(const TensorDesc& t, int64_t first, int64_t count, float* out) {
+  const TensorDesc stored = Unpadded(t);
+  if (first < 0 || count < 0 || first + count > t.rows) {
+    return absl::OutOfRangeError(
+        absl::StrCat("tensor '", t.name, "': rows [", first, ", ", first + count, ") outside [0, ", t.rows, ")"));
+  }
+  std::fill(out, out + count * t.cols, 0.f);
+  if (t.pad_columns) {
+    std::vector<float> row(stored.cols);
+    for (int64_t r = 0; r < count; ++r) {
+      INFERD_RETURN_IF_ERROR(DecodeRowsAsStored(stored, first + r, 1, row.data()));
+      for (int64_t c = 0; c < stored.cols; ++c) {
+        out[r * t.cols + c / t.head_stored * t.head_padded + c % t.head_stored] = row[c];
+      }
+    }
+    return absl::OkStatus();
+  }
+  for (int64_t r = first; r < first + count; ++r) {
+    const int64_t head = r / t.head_padded, within = r % t.head_padded;
+    if (within >= t.head_stored) continue;
+    INFERD_RETURN_IF_ERROR(DecodeRowsAsStored(stored, head * t.head_stored + within, 1, out + (r - first) * t.cols));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status DecodeRows(const TensorDesc& t, int64_t first, int64_t count, float* out) {
-  absl::Status s = DecodeRowsAsStored(t, first, count, out);
+  absl::Status s = t.padded() ? DecodePaddedRows(t, first, count, out) : DecodeRowsAsStored(t, first, count, out);
   if (s.ok() && t.add != 0) {
     for (int64_t i = 0; i < count * t.cols; ++i) out[i] += t.add;
   }

@@ -36,8 +36,15 @@ struct TensorDesc {
   // Added to every element as it is decoded: 1 for a norm a checkpoint stores as w when the family multiplies by
   // 1 + w (Architecture::norms_add_one), so that every backend holds the multiplier.
   float add = 0;
+  // > 0: the heads of this tensor are padded with zeros for attention kernels that do not run its head dim
+  // (engine/model/head_padding.h): every head_stored rows (columns, with pad_columns) of the stored tensor are
+  // followed by head_padded − head_stored zero rows (columns). rows and cols are the padded shape; DecodeRows
+  // returns it.
+  int32_t head_stored = 0, head_padded = 0;
+  bool pad_columns = false;
 
   bool present() const { return rows > 0; }
+  bool padded() const { return head_padded > 0; }
   bool random() const { return random_seed != 0; }
   int64_t numel() const { return rows * cols; }
 };

@@ -74,6 +74,13 @@ def test_without_a_gpu_it_asks_for_the_memory(tmp_path):
     assert "no GPU is visible; give its free memory with --gpu-memory-gib N" in r.stderr
 
 
+def plan_table(cfg):
+    r = subprocess.run([INFERD_BIN, "plan", "--config", str(cfg), "--gpu-memory-gib", "1"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def test_an_fp8_checkpoint_is_planned_as_fp8_only(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"model: {{path: {os.path.join(SOURCE_DIR, 'tests/fixtures/models/llama3-tiny-fp8')}}}\n")
@@ -84,9 +91,11 @@ def test_an_fp8_checkpoint_is_planned_as_fp8_only(tmp_path):
     assert [p["dtype"] for p in plans] == ["fp8"]
     # llama3-tiny: 2 layers of q 64x64, k and v 32x64, o 64x64, gate and up 160x64, down 64x160 at one byte
     # and a fp32 scale per row; the embedding and LM head (640x64, untied), two norms of 64 a layer and the final
-    # one in bf16.
-    linear = 2 * (64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 160 * 64)
-    rows = 2 * (64 + 2 * 32 + 64 + 2 * 160 + 64)
+    # one in bf16. Its heads of 16 run padded to 64 on cuda (engine/model/head_padding.h): q, k and v have 4 times
+    # the rows, o 4 times the columns.
+    assert "head_dim 16 (run padded to 64" in plan_table(cfg)
+    linear = 2 * (4 * 64 * 64 + 4 * 2 * 32 * 64 + 4 * 64 * 64 + 3 * 160 * 64)
+    rows = 2 * (4 * 64 + 4 * 2 * 32 + 64 + 2 * 160 + 64)
     other = 2 * (2 * 640 * 64 + 64 + 2 * 2 * 64)
     assert plans[0]["weight_bytes"] == linear + 4 * rows + other
 

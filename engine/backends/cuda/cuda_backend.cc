@@ -26,6 +26,7 @@
 #include "engine/backends/cuda/rank_threads.h"
 #include "engine/backends/cuda/step_packing.h"
 #include "engine/check.h"
+#include "engine/model/head_padding.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/runtime/device_layout.h"
 #include "engine/runtime/step_input.h"
@@ -79,12 +80,15 @@ struct Rank {
 // pass (forward.h); rank 0's sampled tokens come back.
 class CudaBackend : public Backend {
  public:
-  CudaBackend(const Model& model, std::vector<std::unique_ptr<Rank>> ranks, std::unique_ptr<cuda::RankThreads> threads,
-              cudaDataType_t dtype, bool fp8_kv, std::string device, bool cuda_graphs, CudaRankOptions options)
+  // padded: the model with its heads padded for the attention kernels (PaddedForAttentionKernels), or null.
+  CudaBackend(const Model& model, std::unique_ptr<Model> padded, std::vector<std::unique_ptr<Rank>> ranks,
+              std::unique_ptr<cuda::RankThreads> threads, cudaDataType_t dtype, bool fp8_kv, std::string device,
+              bool cuda_graphs, CudaRankOptions options)
       : use_graphs_(cuda_graphs),
         options_(options),
         fp8_kv_(fp8_kv),
-        model_(model),
+        padded_(std::move(padded)),
+        model_(padded_ ? *padded_ : model),
         cfg_(model.config),
         ranks_(std::move(ranks)),
         threads_(std::move(threads)),
@@ -155,7 +159,8 @@ class CudaBackend : public Backend {
   const bool use_graphs_;
   const CudaRankOptions options_;
   const bool fp8_kv_;  // engine.kv_cache_dtype = fp8_e4m3
-  const Model& model_;
+  const std::unique_ptr<Model> padded_;
+  const Model& model_;  // the model as the kernels run it: *padded_, or the engine's
   const ModelConfig& cfg_;
   std::vector<std::unique_ptr<Rank>> ranks_;  // rank r on GPU ranks_[r]->device
   std::unique_ptr<cuda::RankThreads> threads_;
@@ -613,9 +618,15 @@ absl::Status CudaBackend::Collect(StepOutput* out) {
 std::string CudaUnsupportedReason(const ModelConfig& config) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return "no CUDA device is visible";
-  if (!k::AttentionHeadDimSupported(config.head_dim)) {
+  const int32_t run_head_dim = k::AttentionRunHeadDim(config.head_dim);
+  if (run_head_dim == 0) {
     return absl::StrCat("head_dim = ", config.head_dim,
-                        " is not supported by the cuda backend; supported: 64, 128, 256");
+                        " is not supported by the cuda backend; supported: even head dims up to 256");
+  }
+  if (run_head_dim != config.head_dim && config.arch->qk_norm) {
+    return absl::StrCat(config.architecture, "'s per-head q/k norms over heads of ", config.head_dim,
+                        " (run padded to ", run_head_dim,
+                        ") are not run by the cuda backend; engine.backend: cpu runs them");
   }
   if (config.attn_logit_softcap > 0 || config.final_logit_softcap > 0) {
     return absl::StrCat(config.architecture, "'s soft caps (attn_logit_softcapping ", config.attn_logit_softcap,
@@ -635,10 +646,19 @@ int64_t CudaVisibleFreeBytes() {
   return static_cast<int64_t>(free);
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, const EngineSection& engine,
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& given, const EngineSection& engine,
                                                            CudaRankOptions options) {
-  if (std::string why = CudaUnsupportedReason(model.config); !why.empty()) {
+  if (std::string why = CudaUnsupportedReason(given.config); !why.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("engine.backend = cuda: ", why));
+  }
+  INFERD_ASSIGN_OR_RETURN(std::unique_ptr<Model> padded, PaddedForAttentionKernels(given));
+  const Model& model = padded ? *padded : given;
+  if (padded) {
+    spdlog::info(
+        "cuda: heads of {} run padded with zeros to {} (FlashInfer's attention runs head dims 64, 128 and "
+        "256): the q/k/v and output products and the KV cache hold {:.0f}% more",
+        given.config.head_dim, model.config.head_dim,
+        100.0 * (model.config.head_dim - given.config.head_dim) / given.config.head_dim);
   }
   const int num_ranks = engine.tensor_parallel_size;
   INFERD_RETURN_IF_ERROR(CheckTensorParallel(model.config, num_ranks));
@@ -708,6 +728,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, c
     INFERD_ASSIGN_OR_RETURN(ranks[r]->w, cuda::UploadWeights(model.tensors, dtype, fp8, ShardOf(c, num_ranks, r), c));
     return absl::OkStatus();
   }));
+  // The padded copy's tensors hold the checkpoint's mapped files too: they go once the weights are up.
+  if (padded) ReleaseTensorBytes(&padded->tensors).clear();
   spdlog::info("cuda: {} weights{} on {}{} ({:.1f} MiB{}) in {:.2f} s", fp16 ? "float16" : "bfloat16",
                fp8 ? " with fp8 e4m3 linear layers (per-channel scales)" : "", prop.name,
                num_ranks > 1 ? absl::StrCat(" x", num_ranks, ", tensor parallel") : "", ranks[0]->w.bytes / 1048576.0,
@@ -724,8 +746,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& model, c
       num_ranks > 1 ? absl::StrCat(prop.name, " x", num_ranks, " (tensor parallel; memory per GPU)") : prop.name;
   // Ranks sharing a GPU wait for each other on the host before each sum: no graphs (collectives.h).
   const bool graphs = engine.cuda_graphs && !(options.ranks_share_gpu && num_ranks > 1);
-  return std::make_unique<CudaBackend>(model, std::move(ranks), std::move(threads), dtype, fp8_kv, device, graphs,
-                                       options);
+  return std::make_unique<CudaBackend>(given, std::move(padded), std::move(ranks), std::move(threads), dtype, fp8_kv,
+                                       device, graphs, options);
 }
 
 }  // namespace inferd

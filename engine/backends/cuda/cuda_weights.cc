@@ -80,10 +80,10 @@ class Worker {
 
   absl::Status Copy(const Piece& p) {
     const TensorDesc& t = *p.src;
-    if (t.random()) return FillRandom(p);
+    if (t.random() && !t.padded()) return FillRandom(p);
     const size_t bytes = static_cast<size_t>(p.count * p.cols * 2);
     INFERD_ASSIGN_OR_RETURN(char* stage, NextStaging());
-    if (p.scale && t.dtype == DType::kF8E4M3 && !t.ggml) return CopyFp8(p, stage);
+    if (p.scale && t.dtype == DType::kF8E4M3 && !t.ggml && !t.padded()) return CopyFp8(p, stage);
     if (SameDtype(t)) {
       if (t.bytes.size() != static_cast<size_t>(t.numel() * 2)) {
         return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, " holds ", t.bytes.size(),
@@ -160,7 +160,7 @@ class Worker {
 
  private:
   bool SameDtype(const TensorDesc& t) const {
-    return !t.ggml && t.rotary_heads == 0 && t.add == 0 &&
+    return !t.ggml && t.rotary_heads == 0 && t.add == 0 && !t.padded() && !t.random() &&
            ((t.dtype == DType::kBF16 && dtype_ == CUDA_R_16BF) || (t.dtype == DType::kF16 && dtype_ == CUDA_R_16F));
   }
 

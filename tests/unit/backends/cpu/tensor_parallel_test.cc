@@ -10,22 +10,18 @@
 #include <cmath>
 
 #include "engine/engine.h"
-#include "tests/unit/collecting_sink.h"
 #include "tests/unit/fixtures.h"
+#include "tests/unit/greedy_runs.h"
 
 namespace inferd {
 namespace {
 
-using testing::CollectingSink;
+using testing::CompareGreedy;
+using testing::GreedyRun;
+using testing::RunGreedy;
 
-struct Outputs {
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<std::vector<TokenLogprob>> logprobs;
-  MemoryPlan plan;
-};
-
-Outputs Generate(const std::string& model, int32_t tensor_parallel_size,
-                 const std::vector<std::vector<int32_t>>& prompts) {
+GreedyRun Generate(const std::string& model, int32_t tensor_parallel_size,
+                   const std::vector<std::vector<int32_t>>& prompts) {
   Config config;
   config.model.path = model;
   config.engine.backend = "cpu";
@@ -35,33 +31,7 @@ Outputs Generate(const std::string& model, int32_t tensor_parallel_size,
   config.engine.tensor_parallel_size = tensor_parallel_size;
   config.scheduler.max_num_seqs = 8;
   config.scheduler.max_num_batched_tokens = 24;  // long prompts are prefilled in chunks beside decodes
-  auto engine = Engine::Create(config);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  Outputs run;
-  if (!engine.ok()) return run;
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    Request r;
-    r.id = "tp-" + std::to_string(i);
-    r.prompt = prompts[i];
-    r.sampling.temperature = 0;
-    r.stopping.max_tokens = 12;
-    r.stopping.ignore_eos = true;
-    r.top_logprobs = 2;
-    sinks.push_back(std::make_shared<CollectingSink>());
-    r.sink = sinks.back();
-    EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
-  }
-  for (auto& s : sinks) {
-    s->Wait();
-    EXPECT_EQ(s->finish, FinishReason::kLength) << s->error;
-    run.tokens.push_back(s->tokens);
-    run.logprobs.push_back(s->logprobs);
-  }
-  run.plan = (*engine)->memory_plan();
-  const EngineStats stats = (*engine)->Stats();
-  EXPECT_EQ(stats.free_blocks, stats.total_blocks) << "every block is back";
-  return run;
+  return RunGreedy(config, prompts, 12);
 }
 
 class TensorParallel : public ::testing::TestWithParam<const char*> {};
@@ -70,36 +40,13 @@ TEST_P(TensorParallel, ShardsOnThreadsGiveTheUnshardedGreedyTokensAndLogprobs) {
   const std::string model = GetParam();
   const std::string path =
       model.ends_with(".gguf") ? testing::SourcePath("tests/fixtures/models/" + model) : testing::ModelDir(model);
-  std::vector<std::vector<int32_t>> prompts;
-  uint32_t state = 7;
-  for (int i = 0; i < 6; ++i) {
-    std::vector<int32_t> p;
-    for (int t = 0; t < 5 + 9 * i; ++t)
-      p.push_back(static_cast<int32_t>((state = state * 1664525u + 1013904223u) % 200) + 3);
-    prompts.push_back(p);
-  }
-  const Outputs whole = Generate(path, 1, prompts);
+  const auto prompts = testing::LcgPrompts(6, 7, 5, 9);
+  const GreedyRun whole = Generate(path, 1, prompts);
   ASSERT_EQ(whole.tokens.size(), prompts.size());
   for (int32_t n : {2, 4}) {
-    const Outputs split = Generate(path, n, prompts);
-    ASSERT_EQ(split.tokens.size(), prompts.size()) << n;
-    int compared = 0;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      ASSERT_EQ(split.tokens[i].size(), whole.tokens[i].size());
-      for (size_t s = 0; s < whole.tokens[i].size(); ++s) {
-        const TokenLogprob& w = whole.logprobs[i][s];
-        const double margin = w.top.size() > 1 ? w.top[0].logprob - w.top[1].logprob : 1.0;
-        if (split.tokens[i][s] != whole.tokens[i][s]) {
-          // Sums over shards round differently from one product: only a near-tie may flip, and after it the
-          // sequences differ legitimately.
-          ASSERT_LT(margin, 1e-4) << model << " at " << n << " shards, prompt " << i << " step " << s;
-          break;
-        }
-        EXPECT_NEAR(split.logprobs[i][s].logprob, w.logprob, 1e-4) << model << " at " << n << " shards";
-        ++compared;
-      }
-    }
-    EXPECT_GT(compared, 60) << "most tokens are compared, not skipped";
+    const GreedyRun split = Generate(path, n, prompts);
+    EXPECT_GT(CompareGreedy(whole, split, 1e-4, model + " at " + std::to_string(n) + " shards"), 60)
+        << "most tokens are compared, not skipped";
     // The KV pool holds each rank's KV heads: more bytes per block where 4 shards replicate 2 or 1 KV heads.
     EXPECT_GE(split.plan.kv_bytes_per_block, whole.plan.kv_bytes_per_block);
   }

@@ -1,0 +1,90 @@
+// Greedy runs of a set of prompts through the real engine, and their comparison with a run of the same model
+// another way (split over shards, heads padded): tokens equal up to a near-tie, logprobs within a tolerance.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "tests/unit/collecting_sink.h"
+
+namespace inferd::testing {
+
+// n prompts of ids in [3, 203) from a linear congruential sequence seeded by `seed`, prompt i of first + step * i
+// tokens (several pages long, some ending mid-page).
+inline std::vector<std::vector<int32_t>> LcgPrompts(int n, uint32_t seed, int first, int step) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p;
+    for (int t = 0; t < first + step * i; ++t)
+      p.push_back(static_cast<int32_t>((seed = seed * 1664525u + 1013904223u) % 200) + 3);
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+struct GreedyRun {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<TokenLogprob>> logprobs;  // the chosen token's and the top 2
+  MemoryPlan plan;
+};
+
+// Each prompt's greedy continuation of max_tokens (eos ignored), all submitted at once, on the backend `factory`
+// makes (the config's without one); every block is back after.
+inline GreedyRun RunGreedy(const Config& config, const std::vector<std::vector<int32_t>>& prompts, int32_t max_tokens,
+                           const Engine::BackendFactory& factory = nullptr) {
+  GreedyRun run;
+  auto engine = factory ? Engine::Create(config, factory) : Engine::Create(config);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return run;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.id = "greedy-" + std::to_string(i);
+    r.prompt = prompts[i];
+    r.sampling.temperature = 0;
+    r.stopping.max_tokens = max_tokens;
+    r.stopping.ignore_eos = true;
+    r.top_logprobs = 2;
+    sinks.push_back(std::make_shared<CollectingSink>());
+    r.sink = sinks.back();
+    EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
+  }
+  for (auto& s : sinks) {
+    s->Wait();
+    EXPECT_EQ(s->finish, FinishReason::kLength) << s->error;
+    run.tokens.push_back(s->tokens);
+    run.logprobs.push_back(s->logprobs);
+  }
+  run.plan = (*engine)->memory_plan();
+  const EngineStats stats = (*engine)->Stats();
+  EXPECT_EQ(stats.free_blocks, stats.total_blocks) << "every block is back";
+  return run;
+}
+
+// Compares `got` with `want` prompt by prompt: equal tokens until one differs, which only a near-tie of `want`
+// (top-2 margin under 1e-4) may do, and chosen logprobs within `tolerance`. Returns the positions compared.
+inline int CompareGreedy(const GreedyRun& want, const GreedyRun& got, double tolerance, const std::string& what) {
+  int compared = 0;
+  EXPECT_EQ(got.tokens.size(), want.tokens.size()) << what;
+  for (size_t i = 0; i < std::min(got.tokens.size(), want.tokens.size()); ++i) {
+    EXPECT_EQ(got.tokens[i].size(), want.tokens[i].size()) << what;
+    for (size_t s = 0; s < std::min(got.tokens[i].size(), want.tokens[i].size()); ++s) {
+      const TokenLogprob& w = want.logprobs[i][s];
+      const double margin = w.top.size() > 1 ? w.top[0].logprob - w.top[1].logprob : 1.0;
+      if (got.tokens[i][s] != want.tokens[i][s]) {
+        // Another order of sums rounds differently: only a near-tie may flip, and after it the sequences differ.
+        EXPECT_LT(margin, 1e-4) << what << ", prompt " << i << " step " << s;
+        break;
+      }
+      EXPECT_NEAR(got.logprobs[i][s].logprob, w.logprob, tolerance) << what << ", prompt " << i << " step " << s;
+      ++compared;
+    }
+  }
+  return compared;
+}
+
+}  // namespace inferd::testing
