@@ -36,10 +36,10 @@ struct AttentionPlan {
 // to a fixed size and splits every sequence's KV into chunks merged afterwards, writing each step's split into
 // the workspace the graph reads; or, with unsplit_kv, gives each (sequence, KV head) its whole KV in one CTA
 // and runs no merge. unsplit_kv applies to decode_graph plans only.
-// windowed: the plan serves runs with a sliding window (RunPagedAttention's window_left ≥ 0) as well as runs
-// without: no sequence's KV is split. FlashInfer sizes a windowed run's KV chunks by the window and a plan's by the
-// whole context, so a split plan serves only the kind of run it was made for (a model mixing sliding-window and
-// global layers would need two plans a step; unsplit, one serves both).
+// windowed: the plan serves runs with a sliding window (RunPagedAttention's window_left ≥ 0): no sequence's KV is
+// split. FlashInfer sizes a windowed run's KV chunks by the window and a plan's by the whole context, so a split
+// plan serves only runs without a window: a model mixing sliding-window and global layers plans each step twice,
+// its global layers as any model's and its window layers windowed, each schedule in its own int workspace.
 cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void* int_workspace_pinned,
                                const int32_t* qo_indptr_host, const int32_t* kv_indptr_host, int32_t num_tokens,
                                int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,

@@ -69,6 +69,53 @@ const char* LayerOpName(LayerOp op) {
   return "?";
 }
 
+const char* LayerRoleName(LayerRole role) {
+  static constexpr const char* kNames[] = {
+      "input_norm", "q_proj", "k_proj",        "v_proj",    "q_bias",    "k_bias",  "v_bias",    "q_norm",
+      "k_norm",     "o_proj", "attn_out_norm", "post_norm", "gate_proj", "up_proj", "down_proj", "mlp_out_norm"};
+  const auto i = static_cast<size_t>(role);
+  return i < std::size(kNames) ? kNames[i] : "?";
+}
+
+bool Architecture::has(LayerRole role) const {
+  return std::any_of(tensors.begin(), tensors.end(), [&](const TensorSpec& t) { return t.role == role; });
+}
+
+std::vector<TensorSpec> LlamaTensors() {
+  using enum Dim;
+  using enum LayerRole;
+  return {{"input_layernorm.weight", "attn_norm.weight", kOne, kHidden, kInputNorm},
+          {"self_attn.q_proj.weight", "attn_q.weight", kQ, kHidden, kQProj},
+          {"self_attn.k_proj.weight", "attn_k.weight", kKv, kHidden, kKProj},
+          {"self_attn.v_proj.weight", "attn_v.weight", kKv, kHidden, kVProj},
+          {"self_attn.o_proj.weight", "attn_output.weight", kHidden, kQ, kOProj},
+          {"post_attention_layernorm.weight", "ffn_norm.weight", kOne, kHidden, kPostNorm},
+          {"mlp.gate_proj.weight", "ffn_gate.weight", kFf, kHidden, kGateProj},
+          {"mlp.up_proj.weight", "ffn_up.weight", kFf, kHidden, kUpProj},
+          {"mlp.down_proj.weight", "ffn_down.weight", kHidden, kFf, kDownProj}};
+}
+
+std::vector<TensorSpec> QkNormTensors() {
+  using enum Dim;
+  using enum LayerRole;
+  return {{"self_attn.q_norm.weight", "attn_q_norm.weight", kOne, kHeadDim, kQNorm},
+          {"self_attn.k_norm.weight", "attn_k_norm.weight", kOne, kHeadDim, kKNorm}};
+}
+
+std::vector<TensorSpec> InsertAfter(std::vector<TensorSpec> specs, LayerRole after, std::vector<TensorSpec> added) {
+  auto at = std::find_if(specs.begin(), specs.end(), [&](const TensorSpec& t) { return t.role == after; });
+  specs.insert(at == specs.end() ? at : at + 1, added.begin(), added.end());
+  return specs;
+}
+
+std::vector<TensorSpec> Rename(std::vector<TensorSpec> specs, LayerRole role, std::string_view hf,
+                               std::string_view gguf) {
+  for (TensorSpec& t : specs) {
+    if (t.role == role) t.hf = hf, t.gguf = gguf;
+  }
+  return specs;
+}
+
 const Architecture* FindArchitecture(std::string_view hf_architecture) {
   return Find(hf_architecture, &Architecture::hf_architectures);
 }

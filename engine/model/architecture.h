@@ -4,6 +4,7 @@
 // reference, does; see docs/DESIGN.md for the cuda backend's part). One file per family in engine/model/arch/.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,30 +36,78 @@ enum class LayerOp {
 // The op's name as logs and errors show it ("qk_norm").
 const char* LayerOpName(LayerOp op);
 
+// The tensors a decoder layer may have (LayerTensors' members, engine/model/model_tensors.h).
+enum class LayerRole : uint8_t {
+  kInputNorm,
+  kQProj,
+  kKProj,
+  kVProj,
+  kQBias,
+  kKBias,
+  kVBias,
+  kQNorm,
+  kKNorm,
+  kOProj,
+  kAttnOutNorm,
+  kPostNorm,
+  kGateProj,
+  kUpProj,
+  kDownProj,
+  kMlpOutNorm,
+};
+
+// The role's name as errors and tensor names show it ("q_proj").
+const char* LayerRoleName(LayerRole role);
+
+// A size a tensor's shape is made of, read from the model's config (ModelConfig): 1, hidden, the q and the k (or
+// v) widths (heads × head dim), intermediate, head dim.
+enum class Dim : uint8_t { kOne, kHidden, kQ, kKv, kFf, kHeadDim };
+
+// One tensor of a family's decoder layer: its name in a Hugging Face checkpoint (after "model.layers.N.") and in a
+// GGUF file (after "blk.N."), its [rows, cols] as Hugging Face orders them (rows kOne: a vector), and the role it
+// fills. Consecutive specs with the same names are the parts of one stored tensor, its rows in the order listed
+// (Phi-3's qkv_proj: q, k and v), cut from it over the same bytes.
+struct TensorSpec {
+  std::string_view hf, gguf;
+  Dim rows, cols;
+  LayerRole role;
+};
+
 struct Architecture {
   std::string_view name;                             // "llama", "qwen3"
   std::vector<std::string_view> hf_architectures;    // config.json "architectures"[0] values it serves
   std::vector<std::string_view> gguf_architectures;  // GGUF general.architecture values it serves
-  bool qkv_bias = false;                             // q_proj, k_proj and v_proj have biases (Qwen2)
-  bool qk_norm = false;                              // per-head q_norm and k_norm weights, [head_dim] (Qwen3)
   // GGUF files store q and k rows in llama.cpp's interleaved rotary order (its llama-family converter permutes
   // them); the loader turns them back into the rotate-half order.
   bool gguf_interleaved_rotary = false;
   // Norms multiply by 1 + weight (Gemma): Hugging Face checkpoints store the weight, GGUF files 1 + weight; the
   // loader hands every backend the multiplier.
   bool norms_add_one = false;
-  // Norms around both halves of the layer (Gemma): attn_out_norm and mlp_out_norm on the halves' outputs, and
-  // post_norm is the checkpoint's pre-feed-forward norm.
-  bool sandwich_norms = false;
   bool scaled_embeddings = false;  // the embedding rows are multiplied by √hidden (Gemma)
-  // Checkpoints store q/k/v as one self_attn.qkv_proj and gate/up as one mlp.gate_up_proj (Phi-3).
-  bool fused_projections = false;
   // > 0: sliding-window layers interleaved with global ones (config.json's layer_types, else every
   // sliding_window_pattern-th layer global, this its default), with a rotary base of their own (this default).
   int32_t sliding_window_pattern = 0;
   double sliding_rope_theta = 0;
-  std::vector<LayerOp> layer;  // one decoder layer, in order
+  std::vector<TensorSpec> tensors;  // one decoder layer's, where the files keep them
+  std::vector<LayerOp> layer;       // one decoder layer, in order
+
+  // Whether the layer has a tensor of this role: q/k/v biases (Qwen2), per-head q/k norms (Qwen3, Gemma), norms on
+  // the halves' outputs (Gemma's sandwich norms; its post_norm is then the checkpoint's pre-feed-forward norm).
+  bool has(LayerRole role) const;
+  bool qkv_bias() const { return has(LayerRole::kQBias); }
+  bool qk_norm() const { return has(LayerRole::kQNorm); }
+  bool sandwich_norms() const { return has(LayerRole::kAttnOutNorm); }
 };
+
+// Llama's layer tensors (q, k, v and o; gate, up and down; the two norms), which the other families edit.
+std::vector<TensorSpec> LlamaTensors();
+// Per-head q and k norms over head_dim (Qwen3, Gemma 3).
+std::vector<TensorSpec> QkNormTensors();
+// `specs` with `added` after the spec of role `after`.
+std::vector<TensorSpec> InsertAfter(std::vector<TensorSpec> specs, LayerRole after, std::vector<TensorSpec> added);
+// `specs` with the spec of `role` found under other names.
+std::vector<TensorSpec> Rename(std::vector<TensorSpec> specs, LayerRole role, std::string_view hf,
+                               std::string_view gguf);
 
 // The family that serves a config.json architecture, or a GGUF general.architecture; null for none.
 const Architecture* FindArchitecture(std::string_view hf_architecture);

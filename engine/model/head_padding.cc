@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<Model>> WithPaddedHeads(const Model& model, int32
     return absl::InvalidArgumentError(
         absl::StrCat("heads of ", c.head_dim, " cannot be padded to ", head_dim, "; allowed: a wider head dim"));
   }
-  if (c.arch->qk_norm) {
+  if (c.arch->qk_norm()) {
     return absl::FailedPreconditionError(absl::StrCat(c.architecture, "'s per-head q/k norms over heads of ",
                                                       c.head_dim, " padded to ", head_dim, " are not run"));
   }

@@ -180,6 +180,92 @@ absl::Status DecodePaddedRows(const TensorDesc& t, int64_t first, int64_t count,
 
 }  // namespace
 
+TensorDesc& RoleOf(LayerTensors& L, LayerRole role) {
+  switch (role) {
+    case LayerRole::kInputNorm:
+      return L.input_norm;
+    case LayerRole::kQProj:
+      return L.q_proj;
+    case LayerRole::kKProj:
+      return L.k_proj;
+    case LayerRole::kVProj:
+      return L.v_proj;
+    case LayerRole::kQBias:
+      return L.q_bias;
+    case LayerRole::kKBias:
+      return L.k_bias;
+    case LayerRole::kVBias:
+      return L.v_bias;
+    case LayerRole::kQNorm:
+      return L.q_norm;
+    case LayerRole::kKNorm:
+      return L.k_norm;
+    case LayerRole::kOProj:
+      return L.o_proj;
+    case LayerRole::kAttnOutNorm:
+      return L.attn_out_norm;
+    case LayerRole::kPostNorm:
+      return L.post_norm;
+    case LayerRole::kGateProj:
+      return L.gate_proj;
+    case LayerRole::kUpProj:
+      return L.up_proj;
+    case LayerRole::kDownProj:
+      return L.down_proj;
+    case LayerRole::kMlpOutNorm:
+      return L.mlp_out_norm;
+  }
+  return L.input_norm;  // unreachable: every role is listed
+}
+
+const TensorDesc& RoleOf(const LayerTensors& L, LayerRole role) {
+  return RoleOf(const_cast<LayerTensors&>(L), role);
+}
+
+int64_t DimOf(const ModelConfig& c, Dim dim) {
+  switch (dim) {
+    case Dim::kOne:
+      return 1;
+    case Dim::kHidden:
+      return c.hidden_size;
+    case Dim::kQ:
+      return c.q_width();
+    case Dim::kKv:
+      return c.kv_width();
+    case Dim::kFf:
+      return c.intermediate_size;
+    case Dim::kHeadDim:
+      return c.head_dim;
+  }
+  return 0;
+}
+
+absl::Status DescribeLayer(const ModelConfig& c, bool gguf, const std::string& prefix, const DescribeTensor& describe,
+                           LayerTensors* L) {
+  const std::vector<TensorSpec>& specs = c.arch->tensors;
+  const auto name_of = [&](const TensorSpec& t) { return gguf ? t.gguf : t.hf; };
+  for (size_t i = 0; i < specs.size();) {
+    size_t end = i + 1;  // the parts of one stored tensor: the specs after it with its name
+    int64_t rows = DimOf(c, specs[i].rows);
+    while (end < specs.size() && name_of(specs[end]) == name_of(specs[i])) rows += DimOf(c, specs[end++].rows);
+    const std::string name = prefix + std::string(name_of(specs[i]));
+    if (end == i + 1) {
+      INFERD_RETURN_IF_ERROR(describe(name, rows, DimOf(c, specs[i].cols), &RoleOf(*L, specs[i].role)));
+      i = end;
+      continue;
+    }
+    TensorDesc stored;
+    INFERD_RETURN_IF_ERROR(describe(name, rows, DimOf(c, specs[i].cols), &stored));
+    for (int64_t first = 0; i < end; first += DimOf(c, specs[i++].rows)) {
+      const TensorSpec& part = specs[i];
+      INFERD_ASSIGN_OR_RETURN(
+          RoleOf(*L, part.role),
+          RowsOf(stored, first, DimOf(c, part.rows), absl::StrCat(stored.name, "[", LayerRoleName(part.role), "]")));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DecodeRows(const TensorDesc& t, int64_t first, int64_t count, float* out) {
   absl::Status s = t.padded() ? DecodePaddedRows(t, first, count, out) : DecodeRowsAsStored(t, first, count, out);
   if (s.ok() && t.add != 0) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -91,6 +92,22 @@ absl::Status DecodeRows(const TensorDesc& tensor, int64_t first, int64_t count, 
 // Rows [first, first + count) of a tensor as a tensor of their own, over the same bytes: the parts of a
 // checkpoint's fused projection (Phi-3's qkv_proj, gate_up_proj). Not for GGUF rows in llama.cpp's rotary order.
 absl::StatusOr<TensorDesc> RowsOf(const TensorDesc& tensor, int64_t first, int64_t count, std::string name);
+
+// The member of `layer` that holds tensors of this role.
+TensorDesc& RoleOf(LayerTensors& layer, LayerRole role);
+const TensorDesc& RoleOf(const LayerTensors& layer, LayerRole role);
+
+// The size a tensor spec's Dim names in this config.
+int64_t DimOf(const ModelConfig& config, Dim dim);
+
+// Reads one stored tensor: its full name and its [rows, cols] as Hugging Face orders them (rows 1: a vector).
+using DescribeTensor = std::function<absl::Status(const std::string& name, int64_t rows, int64_t cols, TensorDesc*)>;
+
+// Describes one decoder layer's tensors by its family's specs (Architecture::tensors), each stored tensor read once
+// through `describe` under `prefix` ("model.layers.3." or "blk.3."), by its Hugging Face names or (gguf) its GGUF
+// names; the parts of a fused stored tensor are cut from it over the same bytes.
+absl::Status DescribeLayer(const ModelConfig& config, bool gguf, const std::string& prefix,
+                           const DescribeTensor& describe, LayerTensors* layer);
 
 // Describes model.safetensors or the shards listed in model.safetensors.index.json, checking every tensor's
 // presence and shape against the config. `random`: no weight files are read; every tensor the config implies is

@@ -104,7 +104,7 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   a.x = act.Add(T * H * e);
   a.xn = act.Add(T * H * e);
   a.tmp = act.Add(T * H * e);
-  a.tmp_normed = act.Add(c.arch->sandwich_norms ? T * H * e : 0);
+  a.tmp_normed = act.Add(c.arch->sandwich_norms() ? T * H * e : 0);
   a.qkv = act.Add(T * (q_width + 2 * kv_width) * e);
   a.attn = act.Add(T * q_width * e);
   a.gate_up = act.Add(T * 2 * I * e);
@@ -117,6 +117,8 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   a.inv_freq = act.Add(3 * int64_t{c.head_dim} / 2 * 4);
   a.attn_float_ws = act.Add(static_cast<int64_t>(kernels::kAttentionFloatWorkspaceBytes));
   a.attn_int_ws = act.Add(static_cast<int64_t>(kernels::kAttentionIntWorkspaceBytes));
+  a.attn_int_ws_window =
+      act.Add(c.layer_window.empty() ? 0 : static_cast<int64_t>(kernels::kAttentionIntWorkspaceBytes));
   a.outputs = act.Add(l.output_arena_bytes);
   a.penalty_raw = act.Add(in.max_penalties * 4);
   l.activation_arena_bytes = act.size();

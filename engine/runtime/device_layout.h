@@ -44,8 +44,11 @@ struct ActivationRegions {
   Region inv_freq;       // [3, head_dim / 2] fp32 rotary inverse frequencies: global, sliding-window, LongRoPE's long
   Region attn_float_ws;  // FlashInfer's float workspace (split-KV partial outputs)
   Region attn_int_ws;    // FlashInfer's schedule (mirrored in pinned host memory)
-  Region outputs;        // the OutputRegions arena
-  Region penalty_raw;    // [max penalty entries] fp32: raw logits of penalized ids
+  // The sliding-window layers' own schedule (models with windows only): they are planned apart from the global
+  // layers, whose KV may then be split (kernels/paged_attention.h).
+  Region attn_int_ws_window;
+  Region outputs;      // the OutputRegions arena
+  Region penalty_raw;  // [max penalty entries] fp32: raw logits of penalized ids
 };
 
 // What a step samples, one arena copied back to pinned host memory.

@@ -23,8 +23,8 @@ StepCostModel::StepCostModel(const ModelConfig& c, const MemoryPlan& plan, int32
   const double H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, L = c.num_layers;
   const double q = static_cast<double>(c.q_width()), kv = static_cast<double>(c.kv_width());
   layer_params_ = L * (H * (q + 2 * kv) + q * H + 3 * H * I);
-  const double norms = (c.arch->sandwich_norms ? 4 : 2) * H + (c.arch->qk_norm ? 2 * D : 0);
-  other_params_ = L * (norms + (c.arch->qkv_bias ? q + 2 * kv : 0)) + H;
+  const double norms = (c.arch->sandwich_norms() ? 4 : 2) * H + (c.arch->qk_norm() ? 2 * D : 0);
+  other_params_ = L * (norms + (c.arch->qkv_bias() ? q + 2 * kv : 0)) + H;
   lm_head_params_ = double(c.vocab_size) * H;
   const double total = layer_params_ + other_params_ + lm_head_params_ * (c.tie_word_embeddings ? 1 : 2);
   element_bytes_ = total > 0 ? plan.weight_bytes / total : 0;

@@ -61,6 +61,7 @@ struct Rank {
   cudaEvent_t inputs_consumed = nullptr;  // the last launch's copies from the pinned inputs have run
   DeviceBuffer activations;               // layout.activations
   PinnedBuffer attn_int_ws_host;          // FlashInfer's schedule, staged here before its copy
+  PinnedBuffer attn_int_ws_window_host;   // the window layers' (a model with sliding windows)
   DeviceBuffer inputs_dev;                // layout.inputs, the device copy
   cuda::KvPool kv;
   int64_t free_at_start = 0;  // the device's free memory before the weights
@@ -147,8 +148,8 @@ class CudaBackend : public Backend {
   absl::Status Allocate(Rank& r);
   // Copies the packed inputs (what this step uses) to the rank's device and plans its attention there.
   absl::Status Stage(Rank& r, const StepInput& in, const cuda::PackedStep& packed, bool decode_graph, bool unsplit_kv,
-                     k::AttentionPlan* plan);
-  absl::Status Forward(Rank& r, const StepInput& in, const k::AttentionPlan& plan);
+                     cuda::AttentionPlans* plans);
+  absl::Status Forward(Rank& r, const StepInput& in, const cuda::AttentionPlans& plans);
   absl::Status CaptureDecodeGraphs();
   // With several ranks: their collectives, the peer kernels' buffers sized for this layout's messages.
   absl::Status CreateCollectives();
@@ -214,6 +215,9 @@ absl::Status CudaBackend::Allocate(Rank& r) {
   }
   INFERD_RETURN_IF_ERROR(r.activations.Allocate(layout_.activation_arena_bytes));
   INFERD_RETURN_IF_ERROR(r.attn_int_ws_host.Allocate(layout_.activations.attn_int_ws.bytes));
+  if (layout_.activations.attn_int_ws_window.bytes > 0) {
+    INFERD_RETURN_IF_ERROR(r.attn_int_ws_window_host.Allocate(layout_.activations.attn_int_ws_window.bytes));
+  }
   // The rotary tables, each [head_dim / 2]: global, the sliding-window layers', LongRoPE's long positions.
   const int64_t table = cfg_.head_dim / 2;
   std::vector<float> inv_freq(3 * table, 0.f);
@@ -394,7 +398,7 @@ uint64_t CudaBackend::CompletedCopies() {
 }
 
 absl::Status CudaBackend::Stage(Rank& r, const StepInput& in, const cuda::PackedStep& packed, bool decode_graph,
-                                bool unsplit_kv, k::AttentionPlan* plan) {
+                                bool unsplit_kv, cuda::AttentionPlans* plans) {
   const InputRegions& ir = layout_.inputs;
   // Only what this step uses goes up: the fixed-size sections and the used page table in one copy, penalty
   // entries (sized for the worst case, megabytes) only when a row has any.
@@ -415,20 +419,27 @@ absl::Status CudaBackend::Stage(Rank& r, const StepInput& in, const cuda::Packed
   }
   const ActivationRegions& a = layout_.activations;
   char* act = r.activations.get<char>();
-  INFERD_KERNEL(k::PlanPagedAttention(act + a.attn_float_ws.offset, act + a.attn_int_ws.offset,
-                                      r.attn_int_ws_host.get(), inputs_host_.get<int32_t>() + ir.qo_indptr.offset / 4,
-                                      inputs_host_.get<int32_t>() + ir.kv_indptr.offset / 4, in.num_tokens(),
-                                      in.num_seqs(), r.cfg.num_heads, r.cfg.num_kv_heads, r.cfg.head_dim, in.block_size,
-                                      decode_graph, unsplit_kv, plan, r.compute,
-                                      /*windowed=*/!r.cfg.layer_window.empty()));
+  const auto plan = [&](const Region& int_ws, PinnedBuffer& int_ws_host, bool windowed, k::AttentionPlan* out) {
+    return cuda::FromCuda(k::PlanPagedAttention(act + a.attn_float_ws.offset, act + int_ws.offset, int_ws_host.get(),
+                                                inputs_host_.get<int32_t>() + ir.qo_indptr.offset / 4,
+                                                inputs_host_.get<int32_t>() + ir.kv_indptr.offset / 4, in.num_tokens(),
+                                                in.num_seqs(), r.cfg.num_heads, r.cfg.num_kv_heads, r.cfg.head_dim,
+                                                in.block_size, decode_graph, unsplit_kv, out, r.compute, windowed),
+                          "kernels::PlanPagedAttention");
+  };
+  // The global layers' KV split as for any model; the window layers' on a plan of their own.
+  INFERD_RETURN_IF_ERROR(plan(a.attn_int_ws, r.attn_int_ws_host, /*windowed=*/false, &plans->global));
+  if (a.attn_int_ws_window.bytes > 0) {
+    INFERD_RETURN_IF_ERROR(plan(a.attn_int_ws_window, r.attn_int_ws_window_host, /*windowed=*/true, &plans->window));
+  }
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Forward(Rank& r, const StepInput& in, const k::AttentionPlan& plan) {
+absl::Status CudaBackend::Forward(Rank& r, const StepInput& in, const cuda::AttentionPlans& plans) {
   const cuda::ForwardBuffers b = Buffers(r);
   const cuda::Collectives* comm = r.comm.get();
-  return dtype_ == CUDA_R_16BF ? cuda::RunForward<__nv_bfloat16>(r.cfg, r.w, *r.gemm, b, in, plan, comm, r.compute)
-                               : cuda::RunForward<__half>(r.cfg, r.w, *r.gemm, b, in, plan, comm, r.compute);
+  return dtype_ == CUDA_R_16BF ? cuda::RunForward<__nv_bfloat16>(r.cfg, r.w, *r.gemm, b, in, plans, comm, r.compute)
+                               : cuda::RunForward<__half>(r.cfg, r.w, *r.gemm, b, in, plans, comm, r.compute);
 }
 
 absl::Status CudaBackend::CaptureDecodeGraphs() {
@@ -453,10 +464,10 @@ absl::Status CudaBackend::CaptureDecodeGraphs() {
       const cuda::PackedStep packed =
           cuda::PackStepInputs(in, layout_.inputs, cfg_.vocab_size, inputs_host_.get<char>());
       INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) {
-        k::AttentionPlan plan;
-        INFERD_RETURN_IF_ERROR(Stage(r, in, packed, /*decode_graph=*/true, unsplit_kv, &plan));
+        cuda::AttentionPlans plans;
+        INFERD_RETURN_IF_ERROR(Stage(r, in, packed, /*decode_graph=*/true, unsplit_kv, &plans));
         INFERD_RETURN_IF_ERROR(r.graphs->Capture(
-            rows, unsplit_kv, plan, [&] { return Forward(r, in, plan); }, r.compute));
+            rows, unsplit_kv, plans, [&] { return Forward(r, in, plans); }, r.compute));
         // The next capture rewrites the pinned inputs and attention schedule that this one's copies read.
         INFERD_CUDA(cudaStreamSynchronize(r.compute));
         return absl::OkStatus();
@@ -523,19 +534,19 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
   bool ordered = false;
   INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) -> absl::Status {
     const bool rank0 = r.index == 0;
-    k::AttentionPlan plan;
+    cuda::AttentionPlans plans;
     {
       TraceRange range("copy inputs, plan attention");
       // A block this step writes that a copy still reads (a swap-out, a write-back) or fills: after the copy.
       INFERD_ASSIGN_OR_RETURN(const bool waits, r.kv.OrderWrites(in.slot_mapping, in.block_size, r.compute));
       if (rank0) ordered = waits;
-      INFERD_RETURN_IF_ERROR(Stage(r, run, packed, /*decode_graph=*/bucket > 0, unsplit, &plan));
+      INFERD_RETURN_IF_ERROR(Stage(r, run, packed, /*decode_graph=*/bucket > 0, unsplit, &plans));
       INFERD_CUDA(cudaEventRecord(r.inputs_consumed, r.compute));
     }
     // Busy time starts here, once the inputs and the schedule are on the device: the host's planning is not
     // compute.
     if (rank0) INFERD_CUDA(cudaEventRecord(slot.compute_start, r.compute));
-    cudaGraphExec_t graph = bucket > 0 ? r.graphs->Find(bucket, unsplit, plan) : nullptr;
+    cudaGraphExec_t graph = bucket > 0 ? r.graphs->Find(bucket, unsplit, plans) : nullptr;
     if (bucket > 0 && !graph) {
       // The graph froze another attention layout: run this step's kernels directly (same plan, same result).
       spdlog::warn("cuda: decode graph for {} rows skipped: the attention plan changed layout", bucket);
@@ -545,7 +556,7 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
       INFERD_CUDA(cudaGraphLaunch(graph, r.compute));
     } else {
       TraceRange range("forward and sample");
-      INFERD_RETURN_IF_ERROR(Forward(r, run, plan));
+      INFERD_RETURN_IF_ERROR(Forward(r, run, plans));
     }
     if (!rank0) return absl::OkStatus();
     INFERD_CUDA(cudaEventRecord(slot.compute_end, r.compute));
@@ -623,7 +634,7 @@ std::string CudaUnsupportedReason(const ModelConfig& config) {
     return absl::StrCat("head_dim = ", config.head_dim,
                         " is not supported by the cuda backend; supported: even head dims up to 256");
   }
-  if (run_head_dim != config.head_dim && config.arch->qk_norm) {
+  if (run_head_dim != config.head_dim && config.arch->qk_norm()) {
     return absl::StrCat(config.architecture, "'s per-head q/k norms over heads of ", config.head_dim,
                         " (run padded to ", run_head_dim,
                         ") are not run by the cuda backend; engine.backend: cpu runs them");

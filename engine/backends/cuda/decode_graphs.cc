@@ -43,11 +43,11 @@ bool DecodeGraphs::UseUnsplit(const StepInput& in, int32_t bucket, int64_t num_k
   return kernels::DecodeKvUnsplit(in.num_seqs(), num_kv_heads, num_sms_, max_pages, in.kv_indptr.back());
 }
 
-absl::Status DecodeGraphs::Capture(int32_t rows, bool unsplit, const kernels::AttentionPlan& plan,
+absl::Status DecodeGraphs::Capture(int32_t rows, bool unsplit, const AttentionPlans& plans,
                                    const std::function<absl::Status()>& forward, cudaStream_t stream) {
   INFERD_RETURN_IF_ERROR(forward());
   Graph g;
-  g.plan = plan;
+  g.plans = plans;
   cudaGraph_t graph = nullptr;
   INFERD_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   const absl::Status captured = forward();
@@ -61,11 +61,11 @@ absl::Status DecodeGraphs::Capture(int32_t rows, bool unsplit, const kernels::At
   return absl::OkStatus();
 }
 
-cudaGraphExec_t DecodeGraphs::Find(int32_t bucket, bool unsplit, const kernels::AttentionPlan& plan) const {
+cudaGraphExec_t DecodeGraphs::Find(int32_t bucket, bool unsplit, const AttentionPlans& plans) const {
   const auto& graphs = unsplit ? unsplit_ : split_;
   auto it = graphs.find(bucket);
   if (it == graphs.end()) return nullptr;
-  if (!std::equal(std::begin(plan.words), std::end(plan.words), std::begin(it->second.plan.words))) return nullptr;
+  if (!(plans == it->second.plans)) return nullptr;
   return it->second.exec;
 }
 

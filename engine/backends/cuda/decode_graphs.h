@@ -1,7 +1,7 @@
 // Decode steps replay CUDA graphs captured at start-up, one per batch-size bucket (DeviceLayout::decode_buckets),
 // for the smallest bucket that holds the step; the rows past the step's own are padding that reads and writes
 // only the pool's reserved block. A bucket whose rows alone fill the GPU has a second graph whose attention gives
-// each (sequence, KV head) its whole KV (kernels::DecodeKvUnsplit). Each graph keeps the attention plan it was
+// each (sequence, KV head) its whole KV (kernels::DecodeKvUnsplit). Each graph keeps the attention plans it was
 // captured with: a replay is valid only for a step planned with the same layout.
 #pragma once
 
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/backends/cuda/forward.h"
 #include "engine/runtime/backend.h"
-#include "kernels/paged_attention.h"
 
 namespace inferd::cuda {
 
@@ -33,18 +33,18 @@ class DecodeGraphs {
   bool UseUnsplit(const StepInput& in, int32_t bucket, int64_t num_kv_heads) const;
 
   // Captures what `forward` enqueues on `stream` as the graph of (rows, unsplit): once eagerly first, so that
-  // cuBLASLt picks its algorithms outside the capture. The step's inputs are on the device and planned (`plan`).
-  absl::Status Capture(int32_t rows, bool unsplit, const kernels::AttentionPlan& plan,
+  // cuBLASLt picks its algorithms outside the capture. The step's inputs are on the device and planned (`plans`).
+  absl::Status Capture(int32_t rows, bool unsplit, const AttentionPlans& plans,
                        const std::function<absl::Status()>& forward, cudaStream_t stream);
-  // The graph of (bucket, unsplit) if it was captured with this attention plan, else null.
-  cudaGraphExec_t Find(int32_t bucket, bool unsplit, const kernels::AttentionPlan& plan) const;
+  // The graph of (bucket, unsplit) if it was captured with these attention plans, else null.
+  cudaGraphExec_t Find(int32_t bucket, bool unsplit, const AttentionPlans& plans) const;
 
   void set_num_sms(int32_t n) { num_sms_ = n; }
 
  private:
   struct Graph {
     cudaGraphExec_t exec = nullptr;
-    kernels::AttentionPlan plan;
+    AttentionPlans plans;
   };
   std::map<int32_t, Graph> split_;    // by padded batch size; attention splits KV
   std::map<int32_t, Graph> unsplit_;  // the buckets whose rows alone fill the GPU

@@ -36,8 +36,7 @@ ModelConfig ShardConfig(const ModelConfig& model, const TensorParallelShard& sha
 
 template <typename T>
 absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm, const ForwardBuffers& b,
-                        const StepInput& in, const kernels::AttentionPlan& plan, const Collectives* comm,
-                        cudaStream_t s) {
+                        const StepInput& in, const AttentionPlans& plans, const Collectives* comm, cudaStream_t s) {
   const ActivationRegions& a = b.layout->activations;
   const InputRegions& ir = b.layout->inputs;
   const OutputRegions& o = b.layout->outputs;
@@ -96,7 +95,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product (bf16/fp16
   // weights, a cache of the same dtype, the plain rotary embedding right after the product).
   const std::vector<LayerOp>& program = cfg.arch->layer;
-  const bool fused_qkv_rope = !w.fp8 && !fp8_kv && plain_rope && !cfg.arch->qk_norm && cfg.layer_window.empty() &&
+  const bool fused_qkv_rope = !w.fp8 && !fp8_kv && plain_rope && !cfg.arch->qk_norm() && cfg.layer_window.empty() &&
                               Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
                               k::GemvSupports(xn, w.layers[0].qkv.data.get(), Tn, H);
   // RoPE and the K/V write (one kernel), or attention, over the cache's element type C.
@@ -141,7 +140,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
         case LayerOp::kWriteKv: {
           if (fused_qkv_rope) break;
           k::RotaryOptions options = rotary;
-          if (cfg.arch->qk_norm) {
+          if (cfg.arch->qk_norm()) {
             options.q_norm = L.q_norm.get();
             options.k_norm = L.k_norm.get();
             options.norm_eps = eps;
@@ -159,11 +158,14 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           TraceRange attention("attention");
           INFERD_RETURN_IF_ERROR(over_cache(layer, [&](auto* k_cache, auto* v_cache, float ks, float vs) {
             using C = std::remove_pointer_t<decltype(k_cache)>;
+            // A window layer runs on the window layers' plan and schedule, a global one on the global plan.
+            const k::AttentionPlan& plan = window > 0 ? plans.window : plans.global;
+            void* int_ws = b.act<void>(window > 0 ? a.attn_int_ws_window : a.attn_int_ws);
             return FromCuda(k::RunPagedAttention<T, C>(
-                                plan, b.act<void>(a.attn_float_ws), b.act<void>(a.attn_int_ws), qkv, qkv_dim, k_cache,
-                                v_cache, b.in<int32_t>(ir.qo_indptr), b.in<int32_t>(ir.kv_indptr),
-                                b.in<int32_t>(ir.kv_indices), b.in<int32_t>(ir.kv_last_page_len), attn, in.num_seqs(),
-                                cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, in.block_size, ks * sm_scale, vs,
+                                plan, b.act<void>(a.attn_float_ws), int_ws, qkv, qkv_dim, k_cache, v_cache,
+                                b.in<int32_t>(ir.qo_indptr), b.in<int32_t>(ir.kv_indptr), b.in<int32_t>(ir.kv_indices),
+                                b.in<int32_t>(ir.kv_last_page_len), attn, in.num_seqs(), cfg.num_heads,
+                                cfg.num_kv_heads, cfg.head_dim, in.block_size, ks * sm_scale, vs,
                                 /*early_launch=*/Tn <= gemm.streaming_rows(w.fp8), s, window - 1),
                             "RunPagedAttention");
           }));
@@ -258,11 +260,10 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
 }
 
 template absl::Status RunForward<__nv_bfloat16>(const ModelConfig&, const CudaWeights&, Gemm&, const ForwardBuffers&,
-                                                const StepInput&, const kernels::AttentionPlan&, const Collectives*,
+                                                const StepInput&, const AttentionPlans&, const Collectives*,
                                                 cudaStream_t);
 template absl::Status RunForward<__half>(const ModelConfig&, const CudaWeights&, Gemm&, const ForwardBuffers&,
-                                         const StepInput&, const kernels::AttentionPlan&, const Collectives*,
-                                         cudaStream_t);
+                                         const StepInput&, const AttentionPlans&, const Collectives*, cudaStream_t);
 
 absl::Status TuneProducts(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm, const ForwardBuffers& b, bool bf16,
                           const std::vector<int32_t>& rows, cudaStream_t stream) {

@@ -10,7 +10,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -46,17 +48,27 @@ struct ForwardBuffers {
   void* v(int layer) const { return kv + (int64_t{layer} * 2 + 1) * layer_kv_bytes; }
 };
 
+// A step's attention plans: the global layers' (KV split where that pays), and for a model with sliding windows
+// its window layers' (KV unsplit: FlashInfer sizes a windowed run's chunks by the window, so one split plan cannot
+// serve both kinds; kernels/paged_attention.h).
+struct AttentionPlans {
+  kernels::AttentionPlan global, window;
+  bool operator==(const AttentionPlans& o) const {
+    return std::equal(std::begin(global.words), std::end(global.words), std::begin(o.global.words)) &&
+           std::equal(std::begin(window.words), std::end(window.words), std::begin(o.window.words));
+  }
+};
+
 // The shape one rank of `size` runs: the model's with its heads, KV heads and MLP columns (the whole model's
 // for one rank).
 ModelConfig ShardConfig(const ModelConfig& model, const TensorParallelShard& shard);
 
-// T: __nv_bfloat16 or __half (instantiated in forward.cc). The step's inputs are on the device; `plan` is its
-// attention plan. A PendingToken id names a row of the outputs the last launched step sampled into. `comm`: this
+// T: __nv_bfloat16 or __half (instantiated in forward.cc). The step's inputs are on the device; `plans` are its
+// attention plans. A PendingToken id names a row of the outputs the last launched step sampled into. `comm`: this
 // rank's communicator, null on one GPU.
 template <typename T>
 absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm, const ForwardBuffers& b,
-                        const StepInput& in, const kernels::AttentionPlan& plan, const Collectives* comm,
-                        cudaStream_t stream);
+                        const StepInput& in, const AttentionPlans& plans, const Collectives* comm, cudaStream_t stream);
 
 // Chooses cuBLASLt's algorithm by measurement for each of the forward pass's products at each of these row
 // counts past the streaming kernel's, on random inputs in the activation arena. Logs what it gained.

@@ -11,6 +11,7 @@ const Architecture& LlamaArchitecture() {
       .hf_architectures = {"LlamaForCausalLM", "MistralForCausalLM"},
       .gguf_architectures = {"llama", "mistral"},
       .gguf_interleaved_rotary = true,
+      .tensors = LlamaTensors(),
       .layer = {kInputNorm, kQkvProj, kRope, kWriteKv, kAttention, kOutProj, kSumRanks, kResidual, kPostNorm,
                 kGateUpProj, kSiluMul, kDownProj, kSumRanks, kResidual},
   };

@@ -5,12 +5,26 @@
 
 namespace inferd {
 
+namespace {
+
+// Llama's tensors, q/k/v read from one qkv_proj (q, k, then v rows) and gate/up from one gate_up_proj (GGUF's
+// ffn_up holds gate, then up).
+std::vector<TensorSpec> Phi3Tensors() {
+  using enum LayerRole;
+  std::vector<TensorSpec> t = LlamaTensors();
+  for (LayerRole part : {kQProj, kKProj, kVProj}) t = Rename(t, part, "self_attn.qkv_proj.weight", "attn_qkv.weight");
+  for (LayerRole part : {kGateProj, kUpProj}) t = Rename(t, part, "mlp.gate_up_proj.weight", "ffn_up.weight");
+  return t;
+}
+
+}  // namespace
+
 const Architecture& Phi3Architecture() {
   static const Architecture arch{
       .name = "phi3",
       .hf_architectures = {"Phi3ForCausalLM"},
       .gguf_architectures = {"phi3"},
-      .fused_projections = true,
+      .tensors = Phi3Tensors(),
       .layer = LlamaArchitecture().layer,
   };
   return arch;

@@ -10,7 +10,7 @@ const Architecture& Qwen3Architecture() {
       .name = "qwen3",
       .hf_architectures = {"Qwen3ForCausalLM"},
       .gguf_architectures = {"qwen3"},
-      .qk_norm = true,
+      .tensors = InsertAfter(LlamaTensors(), LayerRole::kVProj, QkNormTensors()),
       .layer = {kInputNorm, kQkvProj, kQkNorm, kRope, kWriteKv, kAttention, kOutProj, kSumRanks, kResidual, kPostNorm,
                 kGateUpProj, kSiluMul, kDownProj, kSumRanks, kResidual},
   };

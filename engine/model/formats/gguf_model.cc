@@ -181,7 +181,7 @@ absl::StatusOr<ModelTensors> DescribeGgufTensors(std::shared_ptr<const GgufFile>
   const GgufFile& f = *file;
   ModelTensors w;
   std::map<std::string, int> types;
-  const int64_t h = c.hidden_size, q_dim = c.q_width(), kv_dim = c.kv_width(), ff = c.intermediate_size;
+  const int64_t h = c.hidden_size;
   INFERD_RETURN_IF_ERROR(Describe(f, "token_embd.weight", {h, c.vocab_size}, &w.embed, &types));
   INFERD_RETURN_IF_ERROR(Describe(f, "output_norm.weight", {h}, &w.final_norm, &types));
   if (!c.tie_word_embeddings) {
@@ -191,47 +191,17 @@ absl::StatusOr<ModelTensors> DescribeGgufTensors(std::shared_ptr<const GgufFile>
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const std::string p = absl::StrCat("blk.", l, ".");
     LayerTensors& L = w.layers[l];
-    INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_norm.weight", {h}, &L.input_norm, &types));
-    if (c.arch->fused_projections) {  // attn_qkv: its q, k and v rows as tensors of their own
-      TensorDesc qkv;
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_qkv.weight", {h, q_dim + 2 * kv_dim}, &qkv, &types));
-      INFERD_ASSIGN_OR_RETURN(L.q_proj, RowsOf(qkv, 0, q_dim, qkv.name + "[q]"));
-      INFERD_ASSIGN_OR_RETURN(L.k_proj, RowsOf(qkv, q_dim, kv_dim, qkv.name + "[k]"));
-      INFERD_ASSIGN_OR_RETURN(L.v_proj, RowsOf(qkv, q_dim + kv_dim, kv_dim, qkv.name + "[v]"));
-    } else {
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_q.weight", {h, q_dim}, &L.q_proj, &types));
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_k.weight", {h, kv_dim}, &L.k_proj, &types));
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_v.weight", {h, kv_dim}, &L.v_proj, &types));
-    }
+    // ggml orders a tensor's dims innermost first: [cols, rows].
+    INFERD_RETURN_IF_ERROR(DescribeLayer(
+        c, /*gguf=*/true, p,
+        [&](const std::string& name, int64_t rows, int64_t cols, TensorDesc* out) {
+          return rows == 1 ? Describe(f, name, {cols}, out, &types) : Describe(f, name, {cols, rows}, out, &types);
+        },
+        &L));
     if (c.arch->gguf_interleaved_rotary) {
       L.q_proj.rotary_heads = c.num_heads;
       L.k_proj.rotary_heads = c.num_kv_heads;
     }
-    if (c.arch->qkv_bias) {
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_q.bias", {q_dim}, &L.q_bias, &types));
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_k.bias", {kv_dim}, &L.k_bias, &types));
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_v.bias", {kv_dim}, &L.v_bias, &types));
-    }
-    if (c.arch->qk_norm) {
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_q_norm.weight", {c.head_dim}, &L.q_norm, &types));
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_k_norm.weight", {c.head_dim}, &L.k_norm, &types));
-    }
-    INFERD_RETURN_IF_ERROR(Describe(f, p + "attn_output.weight", {q_dim, h}, &L.o_proj, &types));
-    INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_norm.weight", {h}, &L.post_norm, &types));
-    if (c.arch->sandwich_norms) {  // stored as 1 + w already (llama.cpp's converter adds the one)
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "post_attention_norm.weight", {h}, &L.attn_out_norm, &types));
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "post_ffw_norm.weight", {h}, &L.mlp_out_norm, &types));
-    }
-    if (c.arch->fused_projections) {  // ffn_up holds gate rows, then up rows
-      TensorDesc gate_up;
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_up.weight", {h, 2 * ff}, &gate_up, &types));
-      INFERD_ASSIGN_OR_RETURN(L.gate_proj, RowsOf(gate_up, 0, ff, gate_up.name + "[gate]"));
-      INFERD_ASSIGN_OR_RETURN(L.up_proj, RowsOf(gate_up, ff, ff, gate_up.name + "[up]"));
-    } else {
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_gate.weight", {h, ff}, &L.gate_proj, &types));
-      INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_up.weight", {h, ff}, &L.up_proj, &types));
-    }
-    INFERD_RETURN_IF_ERROR(Describe(f, p + "ffn_down.weight", {ff, h}, &L.down_proj, &types));
   }
   // Name the file's weights by their most common type (norms are F32 in every quantized file).
   w.stored_dtype =

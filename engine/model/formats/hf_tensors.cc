@@ -209,7 +209,7 @@ absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const Mod
     src.set_fp8(c.quantization.fp8);
   }
   ModelTensors w;
-  const int64_t h = c.hidden_size, q_dim = c.q_width(), kv_dim = c.kv_width(), ff = c.intermediate_size;
+  const int64_t h = c.hidden_size;
   INFERD_RETURN_IF_ERROR(src.Describe("model.embed_tokens.weight", {c.vocab_size, h}, &w.embed));
   INFERD_RETURN_IF_ERROR(src.Describe("model.norm.weight", {h}, &w.final_norm));
   if (src.Has("lm_head.weight")) {
@@ -221,45 +221,12 @@ absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const Mod
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     LayerTensors& L = w.layers[l];
-    INFERD_RETURN_IF_ERROR(src.Describe(p + "input_layernorm.weight", {h}, &L.input_norm));
-    if (c.arch->fused_projections) {  // one qkv_proj: its q, k and v rows as tensors of their own
-      TensorDesc qkv;
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, h}, &qkv));
-      INFERD_ASSIGN_OR_RETURN(L.q_proj, RowsOf(qkv, 0, q_dim, qkv.name + "[q]"));
-      INFERD_ASSIGN_OR_RETURN(L.k_proj, RowsOf(qkv, q_dim, kv_dim, qkv.name + "[k]"));
-      INFERD_ASSIGN_OR_RETURN(L.v_proj, RowsOf(qkv, q_dim + kv_dim, kv_dim, qkv.name + "[v]"));
-    } else {
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.q_proj.weight", {q_dim, h}, &L.q_proj));
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.k_proj.weight", {kv_dim, h}, &L.k_proj));
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.v_proj.weight", {kv_dim, h}, &L.v_proj));
-    }
-    if (c.arch->qkv_bias) {
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.q_proj.bias", {q_dim}, &L.q_bias));
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.k_proj.bias", {kv_dim}, &L.k_bias));
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.v_proj.bias", {kv_dim}, &L.v_bias));
-    }
-    if (c.arch->qk_norm) {
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.q_norm.weight", {c.head_dim}, &L.q_norm));
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.k_norm.weight", {c.head_dim}, &L.k_norm));
-    }
-    INFERD_RETURN_IF_ERROR(src.Describe(p + "self_attn.o_proj.weight", {h, q_dim}, &L.o_proj));
-    if (c.arch->sandwich_norms) {  // Gemma: its post-attention norm is on the attention output
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "post_attention_layernorm.weight", {h}, &L.attn_out_norm));
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "pre_feedforward_layernorm.weight", {h}, &L.post_norm));
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "post_feedforward_layernorm.weight", {h}, &L.mlp_out_norm));
-    } else {
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "post_attention_layernorm.weight", {h}, &L.post_norm));
-    }
-    if (c.arch->fused_projections) {  // one gate_up_proj: gate rows, then up rows
-      TensorDesc gate_up;
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.gate_up_proj.weight", {2 * ff, h}, &gate_up));
-      INFERD_ASSIGN_OR_RETURN(L.gate_proj, RowsOf(gate_up, 0, ff, gate_up.name + "[gate]"));
-      INFERD_ASSIGN_OR_RETURN(L.up_proj, RowsOf(gate_up, ff, ff, gate_up.name + "[up]"));
-    } else {
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.gate_proj.weight", {ff, h}, &L.gate_proj));
-      INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.up_proj.weight", {ff, h}, &L.up_proj));
-    }
-    INFERD_RETURN_IF_ERROR(src.Describe(p + "mlp.down_proj.weight", {h, ff}, &L.down_proj));
+    INFERD_RETURN_IF_ERROR(DescribeLayer(
+        c, /*gguf=*/false, p,
+        [&](const std::string& name, int64_t rows, int64_t cols, TensorDesc* out) {
+          return rows == 1 ? src.Describe(name, {cols}, out) : src.Describe(name, {rows, cols}, out);
+        },
+        &L));
     if (c.quantization.kv_cache_scales) {
       INFERD_RETURN_IF_ERROR(src.ReadScalar(p + "self_attn.k_scale", &L.k_cache_scale));
       INFERD_RETURN_IF_ERROR(src.ReadScalar(p + "self_attn.v_scale", &L.v_cache_scale));

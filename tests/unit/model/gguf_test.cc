@@ -277,7 +277,7 @@ TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {
     EXPECT_EQ(hw->layers[1].qkv_bias.data, gw->layers[1].qkv_bias.data);
     EXPECT_EQ(hw->layers[1].q_norm.data, gw->layers[1].q_norm.data);
     EXPECT_EQ(hw->layers[1].k_norm.data, gw->layers[1].k_norm.data);
-    EXPECT_EQ(hw->layers[1].q_norm.data.size(), a.arch->qk_norm ? size_t(a.head_dim) : 0u);
+    EXPECT_EQ(hw->layers[1].q_norm.data.size(), a.arch->qk_norm() ? size_t(a.head_dim) : 0u);
     EXPECT_EQ(hw->layers[1].post_norm.data, gw->layers[1].post_norm.data);  // Gemma's: 1 + w from both
     EXPECT_EQ(hw->layers[1].attn_out_norm.data, gw->layers[1].attn_out_norm.data);
     EXPECT_EQ(hw->layers[1].mlp_out_norm.data, gw->layers[1].mlp_out_norm.data);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "engine/model/model.h"
 #include "tests/unit/fixtures.h"
@@ -31,7 +32,7 @@ TEST(ModelConfig, ExplicitHeadDimAndQkvBias) {
   auto q = ParseModelConfig(testing::ReadJson(testing::ModelDir("qwen2-tiny") + "/config.json").dump());
   ASSERT_TRUE(q.ok());
   EXPECT_EQ(q->arch, &Qwen2Architecture());
-  EXPECT_TRUE(q->arch->qkv_bias);
+  EXPECT_TRUE(q->arch->qkv_bias());
   EXPECT_TRUE(q->tie_word_embeddings);
 }
 
@@ -56,11 +57,37 @@ TEST(ModelConfig, EachArchitectureFindsItsFamilyAndItsLayerProgram) {
   EXPECT_EQ(*std::next(at), LayerOp::kRope);
   qwen3.erase(at);
   EXPECT_EQ(qwen3, LlamaArchitecture().layer);
-  EXPECT_TRUE(Qwen3Architecture().qk_norm);
-  EXPECT_FALSE(Qwen3Architecture().qkv_bias);
+  EXPECT_TRUE(Qwen3Architecture().qk_norm());
+  EXPECT_FALSE(Qwen3Architecture().qkv_bias());
   EXPECT_EQ(FindGgufArchitecture("qwen3"), &Qwen3Architecture());
   EXPECT_EQ(FindGgufArchitecture("gpt2"), nullptr);
   EXPECT_NE(SupportedArchitectures().find("Qwen3ForCausalLM"), std::string::npos);
+}
+
+// A family's tensor table (Architecture::tensors) fills each role once, has every tensor a decoder layer needs, and
+// agrees with its program: a block that reads a tensor (the q/k norms, the norms on the halves' outputs) is in the
+// program exactly when its tensor is in the table. The parts of a fused tensor share both names.
+TEST(ModelConfig, EveryFamilysTensorsFillEachRoleOnceAndAgreeWithItsProgram) {
+  using enum LayerRole;
+  for (const Architecture* a :
+       {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Gemma3Architecture(), &Phi3Architecture()}) {
+    std::set<LayerRole> roles;
+    for (const TensorSpec& t : a->tensors)
+      EXPECT_TRUE(roles.insert(t.role).second) << a->name << " " << LayerRoleName(t.role);
+    for (LayerRole needed : {kInputNorm, kQProj, kKProj, kVProj, kOProj, kPostNorm, kGateProj, kUpProj, kDownProj}) {
+      EXPECT_TRUE(a->has(needed)) << a->name << " lacks " << LayerRoleName(needed);
+    }
+    const auto in_program = [&](LayerOp op) { return std::ranges::count(a->layer, op) > 0; };
+    EXPECT_EQ(in_program(LayerOp::kQkNorm), a->has(kQNorm) && a->has(kKNorm)) << a->name;
+    EXPECT_EQ(in_program(LayerOp::kAttnOutNorm), a->has(kAttnOutNorm)) << a->name;
+    EXPECT_EQ(in_program(LayerOp::kMlpOutNorm), a->has(kMlpOutNorm)) << a->name;
+    EXPECT_EQ(a->has(kQBias), a->has(kKBias) && a->has(kVBias)) << a->name;
+    for (size_t i = 1; i < a->tensors.size(); ++i) {
+      EXPECT_EQ(a->tensors[i].hf == a->tensors[i - 1].hf, a->tensors[i].gguf == a->tensors[i - 1].gguf)
+          << a->name << ": " << a->tensors[i].hf << " is fused in one format only";
+    }
+  }
+  EXPECT_STREQ(LayerRoleName(kGateProj), "gate_proj");
 }
 
 TEST(ModelConfig, RefusesUnsupportedAndInconsistentConfigs) {
