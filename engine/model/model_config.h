@@ -59,6 +59,13 @@ struct ModelConfig {
   int64_t kv_width() const { return int64_t{num_kv_heads} * head_dim; }
   int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
   int32_t window(int layer) const { return layer_window.empty() ? 0 : layer_window[layer]; }
+  // Whether a layer attends through a sliding window (a config may list every layer global).
+  bool has_windows() const {
+    for (int32_t w : layer_window) {
+      if (w > 0) return true;
+    }
+    return false;
+  }
   // The embedding rows' multiplier: √hidden for families that scale them (Gemma), else 1.
   double embedding_scale() const { return arch->scaled_embeddings ? std::sqrt(double(hidden_size)) : 1.0; }
 };

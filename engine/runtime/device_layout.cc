@@ -117,8 +117,7 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   a.inv_freq = act.Add(3 * int64_t{c.head_dim} / 2 * 4);
   a.attn_float_ws = act.Add(static_cast<int64_t>(kernels::kAttentionFloatWorkspaceBytes));
   a.attn_int_ws = act.Add(static_cast<int64_t>(kernels::kAttentionIntWorkspaceBytes));
-  a.attn_int_ws_window =
-      act.Add(c.layer_window.empty() ? 0 : static_cast<int64_t>(kernels::kAttentionIntWorkspaceBytes));
+  a.attn_int_ws_window = act.Add(!c.has_windows() ? 0 : static_cast<int64_t>(kernels::kAttentionIntWorkspaceBytes));
   a.outputs = act.Add(l.output_arena_bytes);
   a.penalty_raw = act.Add(in.max_penalties * 4);
   l.activation_arena_bytes = act.size();

@@ -714,7 +714,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& given, c
         "head_dim is ",
         c.head_dim, "; allowed for it: auto"));
   }
-  if (fp8_kv && !c.layer_window.empty()) {
+  if (fp8_kv && c.has_windows()) {
     return absl::FailedPreconditionError(
         absl::StrCat("engine.kv_cache_dtype = 'fp8_e4m3' is not run with sliding-window attention on cuda (",
                      c.architecture, "'s layers); allowed for it: auto"));

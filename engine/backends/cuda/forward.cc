@@ -95,7 +95,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product (bf16/fp16
   // weights, a cache of the same dtype, the plain rotary embedding right after the product).
   const std::vector<LayerOp>& program = cfg.arch->layer;
-  const bool fused_qkv_rope = !w.fp8 && !fp8_kv && plain_rope && !cfg.arch->qk_norm() && cfg.layer_window.empty() &&
+  const bool fused_qkv_rope = !w.fp8 && !fp8_kv && plain_rope && !cfg.arch->qk_norm() && !cfg.has_windows() &&
                               Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
                               k::GemvSupports(xn, w.layers[0].qkv.data.get(), Tn, H);
   // RoPE and the K/V write (one kernel), or attention, over the cache's element type C.

@@ -40,6 +40,21 @@ void ExpectDisjoint(std::vector<std::pair<const char*, Region>> regions, int64_t
   }
 }
 
+// A model with sliding-window layers plans its window layers apart from its global ones: a second schedule, in a
+// region of its own; a config that lists every layer global has none.
+TEST(DeviceLayout, SlidingWindowLayersGetASchedulesRegionOfTheirOwn) {
+  Model m = Llama3_8bShape();
+  m.config.layer_window.assign(m.config.num_layers, 0);
+  EXPECT_EQ(PlanDeviceLayout(m, StepLimits{256, 8192, 16}, 2).activations.attn_int_ws_window.bytes, 0);
+  m.config.layer_window[3] = 1024;
+  const DeviceLayout l = PlanDeviceLayout(m, StepLimits{256, 8192, 16}, 2);
+  EXPECT_EQ(l.activations.attn_int_ws_window.bytes, static_cast<int64_t>(kernels::kAttentionIntWorkspaceBytes));
+  ExpectDisjoint({{"attn_int_ws", l.activations.attn_int_ws},
+                  {"attn_int_ws_window", l.activations.attn_int_ws_window},
+                  {"attn_float_ws", l.activations.attn_float_ws}},
+                 l.activation_arena_bytes);
+}
+
 TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
   const Model m = Llama3_8bShape();
   // L: a sampled row per sequence and as many prompt rows (prompt_logprobs).
@@ -61,6 +76,7 @@ TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
                   {"inv_freq", a.inv_freq},
                   {"attn_float_ws", a.attn_float_ws},
                   {"attn_int_ws", a.attn_int_ws},
+                  {"attn_int_ws_window", a.attn_int_ws_window},
                   {"outputs", a.outputs},
                   {"penalty_raw", a.penalty_raw}},
                  l.activation_arena_bytes);
@@ -72,6 +88,7 @@ TEST(DeviceLayout, RegionsHoldTheirShapesApartInsideTheirArenas) {
   EXPECT_EQ(a.last_n.bytes, L * 4096 * e);
   EXPECT_EQ(a.inv_freq.bytes, 3 * 64 * 4);  // the global, sliding-window and LongRoPE-long tables
   EXPECT_EQ(a.tmp_normed.bytes, 0) << "Llama has no sandwich norms";
+  EXPECT_EQ(a.attn_int_ws_window.bytes, 0) << "nor sliding windows";
   EXPECT_EQ(a.outputs.bytes, l.output_arena_bytes);
   const InputRegions& in = l.inputs;
   ExpectDisjoint({{"token_ids", in.token_ids},
