@@ -36,15 +36,14 @@ struct AttentionPlan {
 // to a fixed size and splits every sequence's KV into chunks merged afterwards, writing each step's split into
 // the workspace the graph reads; or, with unsplit_kv, gives each (sequence, KV head) its whole KV in one CTA
 // and runs no merge. unsplit_kv applies to decode_graph plans only.
-// windowed: the plan serves runs with a sliding window (RunPagedAttention's window_left ≥ 0): no sequence's KV is
-// split. FlashInfer sizes a windowed run's KV chunks by the window and a plan's by the whole context, so a split
-// plan serves only runs without a window: a model mixing sliding-window and global layers plans each step twice,
-// its global layers as any model's and its window layers windowed, each schedule in its own int workspace.
+// window_left ≥ 0: the plan serves runs with this sliding window (RunPagedAttention's window_left), whose KV chunks
+// FlashInfer sizes by the window; -1: runs without one. A split plan serves only runs of its own window, so a model
+// mixing sliding-window and global layers plans each step twice, each schedule in its own int workspace.
 cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void* int_workspace_pinned,
                                const int32_t* qo_indptr_host, const int32_t* kv_indptr_host, int32_t num_tokens,
                                int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
                                int32_t page_size, bool decode_graph, bool unsplit_kv, AttentionPlan* plan,
-                               cudaStream_t stream, bool windowed = false);
+                               cudaStream_t stream, int32_t window_left = -1);
 
 // Whether a decode step (one query row per sequence) is better run with unsplit KV: when its (sequence, KV
 // head) pairs alone give every SM a CTA, and no sequence's KV is more than twice the mean, since one much longer
@@ -64,7 +63,8 @@ inline bool DecodeKvUnsplit(int64_t num_seqs, int64_t num_kv_heads, int64_t num_
 // early_launch: launch the kernels as programmatic dependents (sm_90): attention starts while the kernel before
 // it finishes and waits for it before reading q or the cache; the merge of split-KV partials the same way.
 // window_left ≥ 0: a sliding window, row t (at position p) attends to positions p − window_left .. p only
-// (FlashInfer's window option; a cache of T only; a plan made `windowed`); −1: the whole causal context.
+// (FlashInfer's window option; a cache of T only; a plan made with the same window_left); −1: the whole causal
+// context.
 template <typename T, typename C = T>
 cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q,
                               int64_t q_row_stride, const C* k_cache, const C* v_cache, const int32_t* qo_indptr,

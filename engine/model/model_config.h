@@ -60,11 +60,15 @@ struct ModelConfig {
   int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
   int32_t window(int layer) const { return layer_window.empty() ? 0 : layer_window[layer]; }
   // Whether a layer attends through a sliding window (a config may list every layer global).
-  bool has_windows() const {
+  bool has_windows() const { return sliding_window() != 0; }
+  // The window of the layers that have one: 0 for none, -1 where they differ.
+  int32_t sliding_window() const {
+    int32_t window = 0;
     for (int32_t w : layer_window) {
-      if (w > 0) return true;
+      if (w > 0 && window > 0 && w != window) return -1;
+      if (w > 0) window = w;
     }
-    return false;
+    return window;
   }
   // The embedding rows' multiplier: √hidden for families that scale them (Gemma), else 1.
   double embedding_scale() const { return arch->scaled_embeddings ? std::sqrt(double(hidden_size)) : 1.0; }

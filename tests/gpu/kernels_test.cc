@@ -377,7 +377,6 @@ struct AttentionCase {
   bool fp8_kv = false;                 // K and V in fp8 e4m3 (engine.kv_cache_dtype: fp8_e4m3)
   float k_scale = 1.f, v_scale = 1.f;  // the fp8 cache holds K / k_scale and V / v_scale
   int32_t window = 0;                  // > 0: a sliding window of this many tokens (Gemma 3's local layers)
-  bool windowed_plan = false;          // window 0 under the plan a windowed model makes (its global layers)
 };
 
 // n decode rows at contexts spread over 1 .. 700.
@@ -442,8 +441,7 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   kernels::AttentionPlan plan;
   const int32_t S = static_cast<int32_t>(c.seqs.size());
   CUDA_OK(kernels::PlanPagedAttention(fws, iws, iws_host, qo_indptr.data(), kv_indptr.data(), T, S, c.heads, c.kv_heads,
-                                      D, bs, c.decode_graph, c.unsplit_kv, &plan, nullptr,
-                                      c.window > 0 || c.windowed_plan));
+                                      D, bs, c.decode_graph, c.unsplit_kv, &plan, nullptr, c.window - 1));
   const float scale = 1.f / std::sqrt(float(D));
   if (c.fp8_kv) {
     CUDA_OK((kernels::RunPagedAttention<bf16, __nv_fp8_e4m3>(
@@ -502,15 +500,18 @@ INSTANTIATE_TEST_SUITE_P(
         // an fp8 cache with the checkpoint's scales: prefill chunks and decodes; the decode graph's split plan
         AttentionCase{128, 8, 2, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}, false, false, true, 0.05f, 3.f},
         AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true, false, true, 2.5f, 0.02f},
-        // sliding windows (a cache of bf16): prefill chunks longer than the window and decodes, head_dim 256 with
-        // one KV head (Gemma 3 270M), the decode graph's split and unsplit plans, a window of one token
+        // sliding windows (a cache of bf16), planned with the window: prefill chunks longer than the window and
+        // decodes, head_dim 256 with one KV head (Gemma 3 270M), the decode graph's split and unsplit plans, a
+        // window of one token, and long contexts whose KV the plan splits in chunks sized by the window (one and two
+        // rows, and many, graph and not)
         AttentionCase{256, 4, 1, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}, false, false, false, 1.f, 1.f, 64},
         AttentionCase{128, 8, 2, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true, false, false, 1.f, 1.f, 100},
         AttentionCase{128, 32, 8, 16, ManyDecodeRows(67), true, true, false, 1.f, 1.f, 33},
         AttentionCase{64, 4, 4, 1, {{17, 1}, {97, 5}}, false, false, false, 1.f, 1.f, 1},
-        // a windowed model's global layers: the whole context under its plan (no split KV)
-        AttentionCase{256, 4, 1, 16, {{300, 300}, {97, 1}, {2048, 5}, {1, 1}}, false, false, false, 1.f, 1.f, 0, true},
-        AttentionCase{128, 8, 2, 16, {{1, 1}, {300, 1}, {2048, 1}}, true, false, false, 1.f, 1.f, 0, true}));
+        AttentionCase{256, 8, 4, 16, {{5000, 1}}, true, false, false, 1.f, 1.f, 1024},
+        AttentionCase{256, 8, 4, 16, {{5000, 1}, {33, 1}}, false, false, false, 1.f, 1.f, 1024},
+        AttentionCase{256, 4, 1, 16, {{3001, 1}, {2048, 5}, {700, 1}}, false, false, false, 1.f, 1.f, 200},
+        AttentionCase{128, 16, 4, 16, ManyDecodeRows(200), true, false, false, 1.f, 1.f, 100}));
 
 TEST(PagedAttention, DecodeKvUnsplitWhenTheRowsFillTheGpuAndNoneIsFarLongerThanTheMean) {
   // 132 SMs, 8 KV heads: 17 rows give 136 CTAs, 16 give 128.

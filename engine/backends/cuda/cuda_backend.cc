@@ -419,18 +419,19 @@ absl::Status CudaBackend::Stage(Rank& r, const StepInput& in, const cuda::Packed
   }
   const ActivationRegions& a = layout_.activations;
   char* act = r.activations.get<char>();
-  const auto plan = [&](const Region& int_ws, PinnedBuffer& int_ws_host, bool windowed, k::AttentionPlan* out) {
+  const auto plan = [&](const Region& int_ws, PinnedBuffer& int_ws_host, int32_t window_left, k::AttentionPlan* out) {
     return cuda::FromCuda(k::PlanPagedAttention(act + a.attn_float_ws.offset, act + int_ws.offset, int_ws_host.get(),
                                                 inputs_host_.get<int32_t>() + ir.qo_indptr.offset / 4,
                                                 inputs_host_.get<int32_t>() + ir.kv_indptr.offset / 4, in.num_tokens(),
                                                 in.num_seqs(), r.cfg.num_heads, r.cfg.num_kv_heads, r.cfg.head_dim,
-                                                in.block_size, decode_graph, unsplit_kv, out, r.compute, windowed),
+                                                in.block_size, decode_graph, unsplit_kv, out, r.compute, window_left),
                           "kernels::PlanPagedAttention");
   };
-  // The global layers' KV split as for any model; the window layers' on a plan of their own.
-  INFERD_RETURN_IF_ERROR(plan(a.attn_int_ws, r.attn_int_ws_host, /*windowed=*/false, &plans->global));
+  // The global layers as any model's; the window layers on a plan of their own, its KV chunks sized by the window.
+  INFERD_RETURN_IF_ERROR(plan(a.attn_int_ws, r.attn_int_ws_host, /*window_left=*/-1, &plans->global));
   if (a.attn_int_ws_window.bytes > 0) {
-    INFERD_RETURN_IF_ERROR(plan(a.attn_int_ws_window, r.attn_int_ws_window_host, /*windowed=*/true, &plans->window));
+    INFERD_RETURN_IF_ERROR(
+        plan(a.attn_int_ws_window, r.attn_int_ws_window_host, r.cfg.sliding_window() - 1, &plans->window));
   }
   return absl::OkStatus();
 }
@@ -643,6 +644,11 @@ std::string CudaUnsupportedReason(const ModelConfig& config) {
     return absl::StrCat(config.architecture, "'s soft caps (attn_logit_softcapping ", config.attn_logit_softcap,
                         ", final_logit_softcapping ", config.final_logit_softcap,
                         ") are not run by the cuda backend yet; engine.backend: cpu runs them");
+  }
+  if (config.sliding_window() < 0) {
+    return absl::StrCat(config.architecture,
+                        "'s layers have sliding windows of different sizes, which the cuda backend does not plan one "
+                        "attention schedule for; engine.backend: cpu runs them");
   }
   if (std::string why = LayerWalkProblem(*config.arch); !why.empty()) {
     return absl::StrCat(config.architecture, "'s layer: ", why, "; engine.backend: cpu runs it");

@@ -48,9 +48,9 @@ struct ForwardBuffers {
   void* v(int layer) const { return kv + (int64_t{layer} * 2 + 1) * layer_kv_bytes; }
 };
 
-// A step's attention plans: the global layers' (KV split where that pays), and for a model with sliding windows
-// its window layers' (KV unsplit: FlashInfer sizes a windowed run's chunks by the window, so one split plan cannot
-// serve both kinds; kernels/paged_attention.h).
+// A step's attention plans: the global layers', and for a model with sliding windows its window layers' (FlashInfer
+// sizes a windowed run's KV chunks by the window, so one split plan cannot serve both kinds;
+// kernels/paged_attention.h).
 struct AttentionPlans {
   kernels::AttentionPlan global, window;
   bool operator==(const AttentionPlans& o) const {

@@ -90,6 +90,20 @@ TEST(ModelConfig, EveryFamilysTensorsFillEachRoleOnceAndAgreeWithItsProgram) {
   EXPECT_STREQ(LayerRoleName(kGateProj), "gate_proj");
 }
 
+// The window the sliding-window layers share: none (no list, or every layer global), one, or differing sizes.
+TEST(ModelConfig, TheSlidingWindowIsTheOneTheWindowLayersShare) {
+  ModelConfig c;
+  EXPECT_EQ(c.sliding_window(), 0);
+  c.layer_window = {0, 0, 0};
+  EXPECT_EQ(c.sliding_window(), 0);
+  EXPECT_FALSE(c.has_windows());
+  c.layer_window = {512, 512, 0, 512};
+  EXPECT_EQ(c.sliding_window(), 512);
+  EXPECT_TRUE(c.has_windows());
+  c.layer_window = {512, 1024, 0};
+  EXPECT_EQ(c.sliding_window(), -1) << "windows of different sizes";
+}
+
 TEST(ModelConfig, RefusesUnsupportedAndInconsistentConfigs) {
   nlohmann::json j = testing::ReadJson(testing::ModelDir("llama2-tiny") + "/config.json");
   auto expect_error = [](const nlohmann::json& cfg, const std::string& mention) {
