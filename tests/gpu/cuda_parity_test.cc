@@ -191,6 +191,10 @@ std::vector<CudaCase> AllCases() {
           {"qwen3-hd128", "", 16, 2048},
           {"qwen3-hd128", "-bf16", 16, 2048},
           {"qwen3-hd128", "-bf16", 1, 13},
+          // one request at a time: every decode step one row (the streaming q/k/v product, then the per-head norms
+          // with RoPE and the K/V write)
+          {"qwen3-hd128", "", 16, 2048, "auto", true, 1},
+          {"qwen3-hd128", "-bf16", 16, 2048, "auto", true, 1},
           // gemma3-hd256 against fp32 from a margin of 0.25: transformers' own bf16 run moves its chosen logprobs
           // by up to 0.12; inferd's agrees everywhere on one GPU and flipped at a margin of 0.126 split over two.
           {"gemma3-hd256", "", 16, 2048, "auto", true, 8, 1, "none", 0.25},
