@@ -135,12 +135,15 @@ if [[ "$what" == all || "$what" == fp8-bench ]]; then
   done
 fi
 if [[ "$what" == all || "$what" == tests ]]; then
-  # The bundled SmolLM2 (98 MB) does not travel with the working tree (64 MiB per call): without it, the
-  # tests that need it are left out here (CI runs them).
-  filter="*"
+  # The bundled SmolLM2 (98 MB) and Gemma 3 270M (253 MB) do not travel with the working tree (64 MiB per call):
+  # without them, the tests that need them are left out here (CI runs them).
+  left_out=()
   if [[ ! -f models/SmolLM2-135M-Instruct.Q4_1.gguf ]]; then
-    filter="-*smollm2*:ChatTemplate.RendersEqualHuggingFace:ChatTemplate.EndOfTurnTokensStopGeneration"
+    left_out+=("*smollm2*" ChatTemplate.RendersEqualHuggingFace ChatTemplate.EndOfTurnTokensStopGeneration)
   fi
+  [[ -f models/gemma-3-270m-q4_k_m.gguf ]] || left_out+=("*gemma3_270m*")
+  filter="*"
+  if (( ${#left_out[@]} )); then filter="-$(IFS=:; echo "${left_out[*]}")"; fi
   echo "== gpu_tests"
   "$BUNDLE/bin/gpu_tests" --gtest_filter="${GPU_TESTS_FILTER:-*}" --gtest_output="xml:$OUT/gpu_tests.xml" \
     > "$OUT/gpu_tests.log" 2>&1 || status=1
