@@ -90,7 +90,7 @@ class CudaBackend : public Backend {
         fp8_kv_(fp8_kv),
         padded_(std::move(padded)),
         model_(padded_ ? *padded_ : model),
-        cfg_(model.config),
+        cfg_(model_.config),
         ranks_(std::move(ranks)),
         threads_(std::move(threads)),
         dtype_(dtype),
@@ -218,11 +218,12 @@ absl::Status CudaBackend::Allocate(Rank& r) {
   if (layout_.activations.attn_int_ws_window.bytes > 0) {
     INFERD_RETURN_IF_ERROR(r.attn_int_ws_window_host.Allocate(layout_.activations.attn_int_ws_window.bytes));
   }
-  // The rotary tables, each [head_dim / 2]: global, the sliding-window layers', LongRoPE's long positions.
-  const int64_t table = cfg_.head_dim / 2;
+  // The rotary tables, each [head_dim / 2] of the heads as the kernels run them (the forward pass finds them by the
+  // rank's head_dim): global, the sliding-window layers', LongRoPE's long positions.
+  const int64_t table = r.cfg.head_dim / 2;
   std::vector<float> inv_freq(3 * table, 0.f);
   for (int t = 0; t < 3; ++t) {
-    const std::vector<float> f = RopeInverseFrequencies(cfg_, /*local=*/t == 1, /*long_positions=*/t == 2);
+    const std::vector<float> f = RopeInverseFrequencies(r.cfg, /*local=*/t == 1, /*long_positions=*/t == 2);
     INFERD_CHECK(static_cast<int64_t>(f.size()) <= table, "a rotary table fits its region");
     std::copy(f.begin(), f.end(), inv_freq.begin() + t * table);
   }
