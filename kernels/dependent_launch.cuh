@@ -9,6 +9,8 @@
 
 #include <utility>
 
+#include "kernels/dependent_launch.h"
+
 namespace inferd::kernels {
 
 __device__ __forceinline__ void AllowDependentsToLaunch() {
@@ -24,8 +26,9 @@ __device__ __forceinline__ void WaitForPrerequisites() {
 #endif
 }
 
-// Host: launches kernel as a programmatic dependent of the kernel before it on `stream`; the kernel must call
-// WaitForPrerequisites() before it touches memory that kernel reads or writes.
+// Host: launches kernel as a programmatic dependent of the kernel before it on `stream` where DependentLaunchAllowed
+// (else in plain stream order); the kernel must call WaitForPrerequisites() before it touches memory that kernel
+// reads or writes.
 template <typename... Params, typename... Args>
 cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
@@ -36,7 +39,7 @@ cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, cu
   early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   early.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &early;
-  config.numAttrs = 1;
+  config.numAttrs = DependentLaunchAllowed() ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

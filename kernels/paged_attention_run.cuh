@@ -7,6 +7,7 @@
 #include <flashinfer/attention/variants.cuh>
 #include <vector>
 
+#include "kernels/dependent_launch.cuh"
 #include "kernels/paged_attention.h"
 
 namespace inferd::kernels {
@@ -90,7 +91,8 @@ cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, vo
   case TILE:                                                                                                      \
     return flashinfer::BatchPrefillWithPagedKVCacheDispatched</*SAME_KV_STRIDES=*/true, TILE, HEAD_DIM, HEAD_DIM, \
                                                               PosEncodingMode::kNone, false, MaskMode::kCausal,   \
-                                                              Variant, Params>(p, tmp_v, tmp_s, early_launch, stream);
+                                                              Variant, Params>(                                   \
+        p, tmp_v, tmp_s, early_launch && DependentLaunchAllowed(), stream);
     INFERD_CTA_TILE(16)
     INFERD_CTA_TILE(64)
     INFERD_CTA_TILE(128)

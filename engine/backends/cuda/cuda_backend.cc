@@ -32,6 +32,7 @@
 #include "engine/runtime/step_input.h"
 #include "engine/status_macros.h"
 #include "engine/trace.h"
+#include "kernels/dependent_launch.h"
 #include "kernels/paged_attention.h"
 #include "spdlog/spdlog.h"
 
@@ -748,6 +749,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& given, c
   }));
   // The padded copy's tensors hold the checkpoint's mapped files too: they go once the weights are up.
   if (padded) ReleaseTensorBytes(&padded->tensors).clear();
+  spdlog::info("cuda: {} (compute capability {}.{}): programmatic dependent launch {}", prop.name, prop.major,
+               prop.minor,
+               k::DependentLaunchAllowed() ? "on" : "off (the GPU or the code this build runs on it predates 9.0)");
   spdlog::info("cuda: {} weights{} on {}{} ({:.1f} MiB{}) in {:.2f} s", fp16 ? "float16" : "bfloat16",
                fp8 ? " with fp8 e4m3 linear layers (per-channel scales)" : "", prop.name,
                num_ranks > 1 ? absl::StrCat(" x", num_ranks, ", tensor parallel") : "", ranks[0]->w.bytes / 1048576.0,
