@@ -9,9 +9,14 @@
 namespace inferd::kernels {
 
 // FlashInfer's paged attention (paged_attention.h).
-// Head dims with compiled kernels (FlashInfer's shared-memory layout wants whole 128-byte rows of a head).
+// Head dims with compiled kernels, in increasing order (FlashInfer's shared-memory layout wants whole 128-byte rows
+// of a head; paged_attention_run.cuh instantiates these).
+inline constexpr int32_t kAttentionHeadDims[] = {64, 128, 256};
 constexpr bool AttentionHeadDimSupported(int32_t head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+  for (int32_t d : kAttentionHeadDims) {
+    if (d == head_dim) return true;
+  }
+  return false;
 }
 // With an fp8 e4m3 KV cache (bf16 queries): FlashInfer's one-byte KV loads do not serve head_dim 64.
 constexpr bool AttentionFp8KvHeadDimSupported(int32_t head_dim) {
@@ -20,7 +25,7 @@ constexpr bool AttentionFp8KvHeadDimSupported(int32_t head_dim) {
 // The head dim attention runs a model's heads of head_dim at: itself where compiled, else the next compiled one
 // above (each head padded with zeros; engine/model/head_padding.h), 0 above every one.
 constexpr int32_t AttentionRunHeadDim(int32_t head_dim) {
-  for (int32_t d : {64, 128, 256}) {
+  for (int32_t d : kAttentionHeadDims) {
     if (head_dim <= d) return head_dim % 2 == 0 ? d : 0;
   }
   return 0;

@@ -248,14 +248,17 @@ absl::Status DescribeLayer(const ModelConfig& c, bool gguf, const std::string& p
     size_t end = i + 1;  // the parts of one stored tensor: the specs after it with its name
     int64_t rows = DimOf(c, specs[i].rows);
     while (end < specs.size() && name_of(specs[end]) == name_of(specs[i])) rows += DimOf(c, specs[end++].rows);
+    const int64_t cols = DimOf(c, specs[i].cols);
+    const std::vector<int64_t> shape =
+        specs[i].rows == Dim::kOne ? std::vector<int64_t>{cols} : std::vector{rows, cols};
     const std::string name = prefix + std::string(name_of(specs[i]));
     if (end == i + 1) {
-      INFERD_RETURN_IF_ERROR(describe(name, rows, DimOf(c, specs[i].cols), &RoleOf(*L, specs[i].role)));
+      INFERD_RETURN_IF_ERROR(describe(name, shape, &RoleOf(*L, specs[i].role)));
       i = end;
       continue;
     }
     TensorDesc stored;
-    INFERD_RETURN_IF_ERROR(describe(name, rows, DimOf(c, specs[i].cols), &stored));
+    INFERD_RETURN_IF_ERROR(describe(name, shape, &stored));
     for (int64_t first = 0; i < end; first += DimOf(c, specs[i++].rows)) {
       const TensorSpec& part = specs[i];
       INFERD_ASSIGN_OR_RETURN(

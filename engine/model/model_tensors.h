@@ -100,8 +100,10 @@ const TensorDesc& RoleOf(const LayerTensors& layer, LayerRole role);
 // The size a tensor spec's Dim names in this config.
 int64_t DimOf(const ModelConfig& config, Dim dim);
 
-// Reads one stored tensor: its full name and its [rows, cols] as Hugging Face orders them (rows 1: a vector).
-using DescribeTensor = std::function<absl::Status(const std::string& name, int64_t rows, int64_t cols, TensorDesc*)>;
+// Reads one stored tensor: its full name and its shape as Hugging Face orders it ([n] for a vector, [rows, cols]
+// otherwise).
+using DescribeTensor =
+    std::function<absl::Status(const std::string& name, const std::vector<int64_t>& shape, TensorDesc*)>;
 
 // Describes one decoder layer's tensors by its family's specs (Architecture::tensors), each stored tensor read once
 // through `describe` under `prefix` ("model.layers.3." or "blk.3."), by its Hugging Face names or (gguf) its GGUF

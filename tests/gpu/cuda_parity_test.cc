@@ -24,6 +24,7 @@
 #include "engine/runtime/device_layout.h"
 #include "tests/unit/collecting_sink.h"
 #include "tests/unit/fixtures.h"
+#include "tests/unit/greedy_runs.h"
 
 namespace inferd {
 namespace {
@@ -887,39 +888,26 @@ TEST(CudaBackend, HeadsTheKernelsLackRunPaddedAndHeadsAboveThemAreRefusedForCuda
       std::vector<int32_t>& p = prompts.emplace_back();
       for (int32_t t = 0; t < len; ++t) p.push_back(static_cast<int32_t>(3 + rng() % 600));
     }
-    std::vector<std::vector<std::shared_ptr<testing::CollectingSink>>> runs;
+    std::vector<testing::GreedyRun> runs;
     for (const char* backend : {"cuda", "cpu"}) {
       Config config = CudaConfig(testing::ModelDir("phi3-tiny"), "float16", 16, 2048, 8, true);
       config.engine.backend = backend;
       config.engine.cpu_kv_cache_gib = 0.05;
-      auto engine = Engine::Create(config);
-      ASSERT_TRUE(engine.ok()) << engine.status();
-      auto& sinks = runs.emplace_back();
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        Request r;
-        r.id = "long-" + std::to_string(i);
-        r.prompt = prompts[i];
-        r.sampling.temperature = 0;
-        r.stopping.max_tokens = 8;
-        r.stopping.ignore_eos = true;
-        r.top_logprobs = 2;
-        sinks.push_back(std::make_shared<testing::CollectingSink>());
-        r.sink = sinks.back();
-        ASSERT_TRUE((*engine)->Submit(std::move(r)).ok());
-      }
-      for (auto& sink : sinks) ASSERT_TRUE(sink->WaitFor(absl::Seconds(120)));
+      runs.push_back(testing::RunGreedy(config, prompts, 8));
     }
+    const testing::GreedyRun& cuda = runs[0];
+    const testing::GreedyRun& cpu = runs[1];
+    ASSERT_EQ(cuda.tokens.size(), prompts.size());
+    ASSERT_EQ(cpu.tokens.size(), prompts.size());
     int compared = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      const auto& cuda = *runs[0][i];
-      const auto& cpu = *runs[1][i];
-      ASSERT_EQ(cuda.tokens.size(), cpu.tokens.size());
-      for (size_t s = 0; s < cpu.tokens.size(); ++s) {
-        const auto& top = cpu.logprobs[s].top;
+      ASSERT_EQ(cuda.tokens[i].size(), cpu.tokens[i].size());
+      for (size_t s = 0; s < cpu.tokens[i].size(); ++s) {
+        const auto& top = cpu.logprobs[i][s].top;
         if (top.size() < 2 || top[0].logprob - top[1].logprob < 0.1) break;
-        EXPECT_EQ(cuda.tokens[s], cpu.tokens[s]) << "prompt " << i << " step " << s;
-        EXPECT_NEAR(cuda.logprobs[s].logprob, cpu.logprobs[s].logprob, 0.05) << "prompt " << i << " step " << s;
-        if (cuda.tokens[s] != cpu.tokens[s]) break;
+        EXPECT_EQ(cuda.tokens[i][s], cpu.tokens[i][s]) << "prompt " << i << " step " << s;
+        EXPECT_NEAR(cuda.logprobs[i][s].logprob, cpu.logprobs[i][s].logprob, 0.05) << "prompt " << i << " step " << s;
+        if (cuda.tokens[i][s] != cpu.tokens[i][s]) break;
         ++compared;
       }
     }

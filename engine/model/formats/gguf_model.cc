@@ -194,8 +194,8 @@ absl::StatusOr<ModelTensors> DescribeGgufTensors(std::shared_ptr<const GgufFile>
     // ggml orders a tensor's dims innermost first: [cols, rows].
     INFERD_RETURN_IF_ERROR(DescribeLayer(
         c, /*gguf=*/true, p,
-        [&](const std::string& name, int64_t rows, int64_t cols, TensorDesc* out) {
-          return rows == 1 ? Describe(f, name, {cols}, out, &types) : Describe(f, name, {cols, rows}, out, &types);
+        [&](const std::string& name, const std::vector<int64_t>& shape, TensorDesc* out) {
+          return Describe(f, name, {shape.rbegin(), shape.rend()}, out, &types);
         },
         &L));
     if (c.arch->gguf_interleaved_rotary) {

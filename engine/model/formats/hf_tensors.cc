@@ -223,8 +223,8 @@ absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const Mod
     LayerTensors& L = w.layers[l];
     INFERD_RETURN_IF_ERROR(DescribeLayer(
         c, /*gguf=*/false, p,
-        [&](const std::string& name, int64_t rows, int64_t cols, TensorDesc* out) {
-          return rows == 1 ? src.Describe(name, {cols}, out) : src.Describe(name, {rows, cols}, out);
+        [&](const std::string& name, const std::vector<int64_t>& shape, TensorDesc* out) {
+          return src.Describe(name, shape, out);
         },
         &L));
     if (c.quantization.kv_cache_scales) {
