@@ -6,12 +6,17 @@
 #include "kernels/all_reduce.h"
 #include "kernels/dependent_launch.cuh"
 #include "kernels/float_convert.cuh"
+#include "kernels/row_access.cuh"
 
 namespace inferd::kernels {
 namespace {
 
 constexpr int kThreads = 512;
 constexpr int kMaxBlocks = 32;  // of a plain sum: 8 ranks sharing one GPU must all fit on it at once
+// Of a sum fused with the norm, one row a block: up to this many rows at once on a GPU of its own (a decode step's
+// rows, each block resident at once on any data-centre GPU), kMaxBlocks where the ranks share one.
+constexpr int kMaxRowBlocks = 128;
+constexpr int kNormVecs = 4;  // vectors of 8 per thread: rows of up to kThreads · kNormVecs · 8 elements
 
 // Inbox traffic: stores to a peer's memory and loads of what peers store into ours, at system scope (never from a
 // cache line of an earlier call's).
@@ -157,6 +162,53 @@ __global__ void __launch_bounds__(kThreads) AllReduceKernel(PeerGroup g, T* data
   EndCall(g);
 }
 
+// One block a row (grid-strided): every row of the block out first, then each row summed as it arrives, added to
+// the residual and normed (out in T, or with out null quantized into q and scales).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    AllReduceAddNormKernel(PeerGroup g, const T* __restrict__ delta, T* __restrict__ residual,
+                           const T* __restrict__ weight, T* __restrict__ out, Fp8* __restrict__ q,
+                           float* __restrict__ scales, int64_t rows, int64_t n, float eps) {
+  // Every block of this call is resident once the trigger fires: the product after the norm may start streaming
+  // its weights while the rows travel (not where the ranks share a GPU, whose SMs a peer's call may still need).
+  if (!g.one_gpu) AllowDependentsToLaunch();
+  WaitForPrerequisites();
+  const uint32_t slot = CallSlot(g);
+  const int64_t nv = n / 8;
+  const uint4* d = reinterpret_cast<const uint4*>(delta);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    for (int64_t i = threadIdx.x; i < nv; i += kThreads) Push(g, slot, r * nv + i, d[r * nv + i]);
+  }
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    uint4* x = reinterpret_cast<uint4*>(residual + r * n);
+    float v[kNormVecs][8];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < kNormVecs; ++j) {
+      const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+      if (i >= nv) break;
+      const uint4 sum = SumUnit<T>(g, slot, r * nv + i, d[r * nv + i]);
+      const T* se = reinterpret_cast<const T*>(&sum);
+      uint4 xv = x[i];
+      T* xe = reinterpret_cast<T*>(&xv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        xe[e] = To<T>(F(xe[e]) + F(se[e]));
+        v[j][e] = F(xe[e]);
+        ss += v[j][e] * v[j][e];
+      }
+      x[i] = xv;
+    }
+    const float inv = rsqrtf(BlockSum<kThreads>(ss) / static_cast<float>(n) + eps);
+    if (out) {
+      StoreNormedRow<T, kThreads, kNormVecs>(v, inv, weight, out + r * n, n);
+    } else {
+      QuantizeNormedRow<T, kThreads, kNormVecs>(v, inv, weight, q + r * n, scales + r, n);
+    }
+  }
+  EndCall(g);
+}
+
 __global__ void __launch_bounds__(kThreads) BroadcastKernel(PeerGroup g, uint32_t* data, int64_t words) {
   WaitForPrerequisites();
   const uint32_t slot = CallSlot(g);
@@ -202,6 +254,25 @@ cudaError_t PeerAllReduceSum(const PeerGroup& group, T* data, int64_t count, cud
   return LaunchDependent(AllReduceKernel<T>, Blocks(count / 8 + count % 8), kThreads, stream, group, data, count);
 }
 
+bool PeerAllReduceAddRmsNormSupports(int64_t n) {
+  return n > 0 && n % 8 == 0 && n <= int64_t{kThreads} * kNormVecs * 8;
+}
+
+template <typename T>
+cudaError_t PeerAllReduceAddRmsNorm(const PeerGroup& group, const T* delta, T* residual, const T* weight, T* out,
+                                    Fp8* q, float* scales, int64_t rows, int64_t n, float eps, cudaStream_t stream) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (rows <= 0 || !PeerAllReduceAddRmsNormSupports(n) ||
+      rows * n * static_cast<int64_t>(sizeof(T)) > group.capacity_bytes || group.size > kPeerMaxRanks ||
+      !aligned(delta) || !aligned(residual) || !aligned(weight) ||
+      (out ? !aligned(out) : (!q || !scales || reinterpret_cast<uintptr_t>(q) % 8 != 0))) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t blocks = std::min<int64_t>(rows, group.one_gpu ? kMaxBlocks : kMaxRowBlocks);
+  return LaunchDependent(AllReduceAddNormKernel<T>, static_cast<unsigned>(blocks), kThreads, stream, group, delta,
+                         residual, weight, out, q, scales, rows, n, eps);
+}
+
 cudaError_t PeerBroadcast(const PeerGroup& group, uint32_t* data, int64_t words, cudaStream_t stream) {
   if (words * 4 > group.capacity_bytes || group.size > kPeerMaxRanks) return cudaErrorInvalidValue;
   return LaunchDependent(BroadcastKernel, Blocks(words), kThreads, stream, group, data, words);
@@ -215,5 +286,10 @@ cudaError_t PeerJoinRank0(const PeerGroup& group, cudaStream_t stream) {
 
 template cudaError_t PeerAllReduceSum<__nv_bfloat16>(const PeerGroup&, __nv_bfloat16*, int64_t, cudaStream_t);
 template cudaError_t PeerAllReduceSum<__half>(const PeerGroup&, __half*, int64_t, cudaStream_t);
+template cudaError_t PeerAllReduceAddRmsNorm<__nv_bfloat16>(const PeerGroup&, const __nv_bfloat16*, __nv_bfloat16*,
+                                                            const __nv_bfloat16*, __nv_bfloat16*, Fp8*, float*, int64_t,
+                                                            int64_t, float, cudaStream_t);
+template cudaError_t PeerAllReduceAddRmsNorm<__half>(const PeerGroup&, const __half*, __half*, const __half*, __half*,
+                                                     Fp8*, float*, int64_t, int64_t, float, cudaStream_t);
 
 }  // namespace inferd::kernels

@@ -6,6 +6,8 @@
 //      empty mark (all ones: a NaN no arithmetic produces; an input element of all ones is sent as 0x7FFF, also a
 //      NaN), sums them with its own in rank order (fp32, rounded once: every rank gets the same bits) and writes
 //      the empty mark back, so the inbox is ready for a later call.
+// The sum fused with what follows it in a layer (PeerAllReduceAddRmsNorm) moves its rows the same way, one block a
+// row, and adds and norms each row as it arrives.
 // Each rank's inboxes come in two slots that alternate by call: a peer writes slot (c + 1) only after it has read
 // this rank's message of call c, which this rank sent after its call c − 1 (the last reader of that slot) ended.
 // The call count lives on the device (the last block of each call advances it), so the kernels capture into CUDA
@@ -17,6 +19,7 @@
 
 #include <cstdint>
 
+#include "kernels/fp8.h"
 #include "kernels/sizes.h"
 
 namespace inferd::kernels {
@@ -28,6 +31,9 @@ struct PeerGroup {
   char* inboxes[kPeerMaxRanks] = {};  // per rank: [2 slots][size senders][capacity_bytes], all ones at start
   uint32_t* calls = nullptr;          // this rank's: [0] calls ended, [1] blocks of the current call ended; zeroed
   uint32_t* joins = nullptr;          // rank 0's (every rank's view of it): [0] its joins, [r] rank r's; zeroed
+  // The ranks share one GPU (tests of the split): every rank's blocks of a call must fit on it at once, so the
+  // kernels keep to a few blocks and let no dependent kernel launch early.
+  bool one_gpu = false;
 };
 // Their sizes: PeerInboxBytes and kPeerCallBytes (sizes.h).
 
@@ -35,6 +41,17 @@ struct PeerGroup {
 // count * sizeof(T) <= capacity_bytes, data 16-byte aligned.
 template <typename T>
 cudaError_t PeerAllReduceSum(const PeerGroup& group, T* data, int64_t count, cudaStream_t stream);
+
+// Where the kernel after a sum is the residual add and RMSNorm (kernels/elementwise.h AddRmsNorm, or
+// AddRmsNormFp8), both in one kernel: for each of `rows` rows of n elements, the ranks' `delta` rows summed (fp32 in
+// rank order, rounded to T), added to the residual row (rounded to T, written back), and the row normed by
+// `weight` into `out` in T, or, with out null, quantized per row into q and scales as AddRmsNormFp8 does. The bits
+// of every output equal those of the sum followed by the norm kernel. delta is read, not written. Every rank holds
+// the same residual afterwards. rows * n * sizeof(T) <= capacity_bytes; PeerAllReduceAddRmsNormSupports(n).
+bool PeerAllReduceAddRmsNormSupports(int64_t n);
+template <typename T>
+cudaError_t PeerAllReduceAddRmsNorm(const PeerGroup& group, const T* delta, T* residual, const T* weight, T* out,
+                                    Fp8* q, float* scales, int64_t rows, int64_t n, float eps, cudaStream_t stream);
 
 // Rank 0's `words` 32-bit words at `data` land at every rank's `data`. words * 4 <= capacity_bytes; no word may
 // be all ones (the empty mark: these are token ids). Rank 0 waits for no peer here, so it may start its next call

@@ -74,24 +74,10 @@ __global__ void __launch_bounds__(kNormVecThreads)
                         T* __restrict__ out, int64_t n, float eps) {
   AllowDependentsToLaunch();  // the product after the norm may start streaming its weights
   WaitForPrerequisites();
-  const int64_t nv = n / 8;
-  uint4* o = reinterpret_cast<uint4*>(out + int64_t{blockIdx.x} * n);
-  const uint4* w = reinterpret_cast<const uint4*>(weight);
   float v[kNormVecs][8];
   const float ss = AddResidualRow<T, kNormVecThreads, kNormVecs>(residual, delta, n, v);
   const float inv = rsqrtf(BlockSum<kNormVecThreads>(ss) / static_cast<float>(n) + eps);
-#pragma unroll
-  for (int j = 0; j < kNormVecs; ++j) {
-    const int64_t i = threadIdx.x + int64_t{j} * kNormVecThreads;
-    if (i >= nv) break;
-    const uint4 wv = w[i];
-    const T* we = reinterpret_cast<const T*>(&wv);
-    uint4 ov;
-    T* oe = reinterpret_cast<T*>(&ov);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) oe[e] = To<T>(F(we[e]) * Round<T>(v[j][e] * inv));
-    o[i] = ov;
-  }
+  StoreNormedRow<T, kNormVecThreads, kNormVecs>(v, inv, weight, out + int64_t{blockIdx.x} * n, n);
 }
 
 template <typename T, int A>

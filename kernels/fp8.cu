@@ -8,6 +8,7 @@
 #include "kernels/dependent_launch.cuh"
 #include "kernels/float_convert.cuh"
 #include "kernels/fp8.h"
+#include "kernels/fp8_convert.cuh"
 #include "kernels/gemv.h"
 #include "kernels/row_access.cuh"
 
@@ -16,16 +17,6 @@ namespace {
 
 bool Aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
-__device__ __forceinline__ float ScaleFor(float amax) {
-  return amax > 0.f ? amax / kFp8Max : 1.f;
-}
-
-__device__ __forceinline__ Fp8 Quantize(float v, float scale) {
-  Fp8 q;
-  q.__x = __nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3);
-  return q;
 }
 
 // One block per row, two passes over it: the largest magnitude, then the quantized values.
@@ -56,37 +47,10 @@ __global__ void __launch_bounds__(kNormThreads)
                         Fp8* __restrict__ q, float* __restrict__ scales, int64_t n, float eps) {
   AllowDependentsToLaunch();
   WaitForPrerequisites();
-  const int64_t nv = n / 8;
-  uint2* o = reinterpret_cast<uint2*>(q + int64_t{blockIdx.x} * n);
-  const uint4* w = reinterpret_cast<const uint4*>(weight);
   float v[kNormVecs][8];
   const float ss = AddResidualRow<T, kNormThreads, kNormVecs>(residual, delta, n, v);
   const float inv = rsqrtf(BlockSum<kNormThreads>(ss) / static_cast<float>(n) + eps);
-  float amax = 0.f;
-#pragma unroll
-  for (int j = 0; j < kNormVecs; ++j) {
-    const int64_t i = threadIdx.x + int64_t{j} * kNormThreads;
-    if (i >= nv) break;
-    const uint4 wv = w[i];
-    const T* we = reinterpret_cast<const T*>(&wv);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      v[j][e] = Round<T>(F(we[e]) * Round<T>(v[j][e] * inv));
-      amax = fmaxf(amax, fabsf(v[j][e]));
-    }
-  }
-  const float scale = ScaleFor(BlockMax<kNormThreads>(amax));
-#pragma unroll
-  for (int j = 0; j < kNormVecs; ++j) {
-    const int64_t i = threadIdx.x + int64_t{j} * kNormThreads;
-    if (i >= nv) break;
-    uint2 ov;
-    Fp8* oe = reinterpret_cast<Fp8*>(&ov);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) oe[e] = Quantize(v[j][e], scale);
-    o[i] = ov;
-  }
-  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+  QuantizeNormedRow<T, kNormThreads, kNormVecs>(v, inv, weight, q + int64_t{blockIdx.x} * n, scales + blockIdx.x, n);
 }
 
 // One block per row, two passes: SiLU(gate)·up and its largest magnitude, then again (the row is in L2 by then)

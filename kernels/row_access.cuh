@@ -1,12 +1,14 @@
-// Row access shared by the kernels (device code only): the weight-streaming load, and the residual update of the
-// vectorised RMS norms.
+// Row access shared by the kernels (device code only): the weight-streaming load, and the residual update and
+// output of the vectorised RMS norms (AddRmsNorm, AddRmsNormFp8, the peer all-reduce fused with them).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "kernels/block_reduce.cuh"
 #include "kernels/float_convert.cuh"
+#include "kernels/fp8_convert.cuh"
 
 namespace inferd::kernels {
 
@@ -49,6 +51,63 @@ __device__ __forceinline__ float AddResidualRow(T* __restrict__ residual, const 
     }
   }
   return ss;
+}
+
+// The normed row out of a block's v (its residual row's values, up to kVecs vectors of 8 per thread as
+// AddResidualRow leaves them; inv = 1 / rms): weight ⊙ (v · inv rounded to T), rounded to T, into out_row.
+template <typename T, int kThreads, int kVecs>
+__device__ __forceinline__ void StoreNormedRow(const float (&v)[kVecs][8], float inv, const T* __restrict__ weight,
+                                               T* __restrict__ out_row, int64_t n) {
+  const int64_t nv = n / 8;
+  uint4* o = reinterpret_cast<uint4*>(out_row);
+  const uint4* w = reinterpret_cast<const uint4*>(weight);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+    if (i >= nv) break;
+    const uint4 wv = w[i];
+    const T* we = reinterpret_cast<const T*>(&wv);
+    uint4 ov;
+    T* oe = reinterpret_cast<T*>(&ov);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) oe[e] = To<T>(F(we[e]) * Round<T>(v[j][e] * inv));
+    o[i] = ov;
+  }
+}
+
+// The same row, rounded to T as there, quantized per row to e4m3 into q_row and *scale (every thread of the block
+// takes part: a block-wide maximum). v is overwritten.
+template <typename T, int kThreads, int kVecs>
+__device__ __forceinline__ void QuantizeNormedRow(float (&v)[kVecs][8], float inv, const T* __restrict__ weight,
+                                                  Fp8* __restrict__ q_row, float* __restrict__ scale, int64_t n) {
+  const int64_t nv = n / 8;
+  uint2* o = reinterpret_cast<uint2*>(q_row);
+  const uint4* w = reinterpret_cast<const uint4*>(weight);
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+    if (i >= nv) break;
+    const uint4 wv = w[i];
+    const T* we = reinterpret_cast<const T*>(&wv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      v[j][e] = Round<T>(F(we[e]) * Round<T>(v[j][e] * inv));
+      amax = fmaxf(amax, fabsf(v[j][e]));
+    }
+  }
+  const float s = ScaleFor(BlockMax<kThreads>(amax));
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+    if (i >= nv) break;
+    uint2 ov;
+    Fp8* oe = reinterpret_cast<Fp8*>(&ov);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) oe[e] = Quantize(v[j][e], s);
+    o[i] = ov;
+  }
+  if (threadIdx.x == 0) *scale = s;
 }
 
 }  // namespace inferd::kernels

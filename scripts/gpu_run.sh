@@ -22,7 +22,8 @@
 #   device idle share and the KV copy time hidden behind compute.
 # tp: tensor parallelism. On one GPU: the sharded loader and the NCCL path with one rank (gpu_tests
 #   TensorParallelOnCuda.*), and, where .bundle/base.tar.xz holds the bundle of the commit before, the 8B model at
-#   tensor_parallel_size 1 (and 2, with 2 GPUs; TP_AB_SIZES narrows) benchmarked by both bundles in turn (A/B);
+#   tensor_parallel_size 1 (and 2, with 2 GPUs; TP_AB_SIZES narrows; TP_AB_QUANTIZATIONS="none fp8" adds fp8)
+#   benchmarked by both bundles in turn (A/B);
 #   TP_PARTS (parity, bench, either, both or none) picks what follows. With 2 or more GPUs:
 #   the test models and their references, the parity suite at tensor_parallel_size 2, 4 and 8 (as many as there
 #   are GPUs: it fails when it has nothing to compare), the 8B shape at 1 and 2 (TP_QUANTIZATIONS="none fp8"), and the
@@ -399,8 +400,10 @@ if [[ "$what" == tp ]]; then
     for i in 1 2; do
       for n in ${TP_AB_SIZES:-1 2}; do
         (( n <= gpus )) || continue
-        LD_LIBRARY_PATH="$BASE/lib" bench_tp "$BASE" $n "8b_tp${n}_base_$i" --load-format dummy
-        bench_tp "$BUNDLE" $n "8b_tp${n}_new_$i" --load-format dummy
+        for q in ${TP_AB_QUANTIZATIONS:-none}; do
+          LD_LIBRARY_PATH="$BASE/lib" bench_tp "$BASE" $n "8b_${q}_tp${n}_base_$i" --load-format dummy --quantization "$q"
+          bench_tp "$BUNDLE" $n "8b_${q}_tp${n}_new_$i" --load-format dummy --quantization "$q"
+        done
       done
     done
   fi

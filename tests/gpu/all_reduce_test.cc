@@ -19,110 +19,18 @@
 #include <vector>
 
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/peer_group.h"
 
 namespace inferd {
 namespace {
 
+using testing::Bits;
+using testing::FromFloatHost;
+using testing::GpuCount;
 using testing::HaveGpu;
+using testing::PeerTestGroup;
+using testing::ToFloatHost;
 namespace k = kernels;
-
-int GpuCount() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
-// The group's device memory: inboxes and call counters per rank, all on this GPU or (own_gpus) rank r's on GPU r.
-class Group {
- public:
-  Group(int n, int64_t capacity, bool own_gpus = false) : own_gpus_(own_gpus) {
-    char* inboxes[k::kPeerMaxRanks] = {};
-    uint32_t* calls[k::kPeerMaxRanks] = {};
-    for (int r = 0; r < n && own_gpus; ++r) {
-      for (int q = 0; q < n; ++q) {
-        if (q == r) continue;
-        cudaSetDevice(r);
-        const cudaError_t e = cudaDeviceEnablePeerAccess(q, 0);
-        EXPECT_TRUE(e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) << cudaGetErrorString(e);
-        cudaGetLastError();
-      }
-    }
-    for (int r = 0; r < n; ++r) {
-      Use(r);
-      void* p = nullptr;
-      EXPECT_EQ(cudaMalloc(&p, k::PeerInboxBytes(capacity, n)), cudaSuccess);
-      cudaMemset(p, 0xFF, k::PeerInboxBytes(capacity, n));
-      inboxes[r] = static_cast<char*>(p);
-      allocations_.push_back(p);
-      EXPECT_EQ(cudaMalloc(&p, k::kPeerCallBytes), cudaSuccess);
-      cudaMemset(p, 0, k::kPeerCallBytes);
-      calls[r] = static_cast<uint32_t*>(p);
-      allocations_.push_back(p);
-      cudaStream_t s;
-      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-      streams.push_back(s);
-    }
-    Synchronize();
-    for (int r = 0; r < n; ++r) {
-      k::PeerGroup& g = groups.emplace_back();
-      g.rank = r;
-      g.size = n;
-      g.capacity_bytes = capacity;
-      for (int q = 0; q < n; ++q) g.inboxes[q] = inboxes[q];
-      g.calls = calls[r];
-      g.joins = calls[0] + 2;
-    }
-    Use(0);
-  }
-  ~Group() {
-    for (cudaStream_t s : streams) cudaStreamDestroy(s);
-    for (void* p : allocations_) cudaFree(p);
-    Use(0);
-  }
-  // Makes rank r's GPU the current one.
-  void Use(int r) const {
-    if (own_gpus_) cudaSetDevice(r);
-  }
-  cudaError_t Synchronize() const {
-    cudaError_t first = cudaSuccess;
-    for (int r = 0; r < (own_gpus_ ? static_cast<int>(streams.size()) : 1); ++r) {
-      Use(r);
-      const cudaError_t e = cudaDeviceSynchronize();
-      if (first == cudaSuccess) first = e;
-    }
-    Use(0);
-    return first;
-  }
-  std::vector<k::PeerGroup> groups;
-  std::vector<cudaStream_t> streams;
-
- private:
-  bool own_gpus_;
-  std::vector<void*> allocations_;
-};
-
-template <typename T>
-uint16_t Bits(T v) {
-  uint16_t b;
-  std::memcpy(&b, &v, 2);
-  return b;
-}
-
-template <typename T>
-T FromFloatHost(float f) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16(f);
-  } else {
-    return __float2half(f);
-  }
-}
-template <typename T>
-float ToFloatHost(T v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
-    return __half2float(v);
-  }
-}
 
 // `calls` all-reduces of the given sizes on every rank, run directly or captured once per rank and replayed
 // `replays` times; checks every rank against the reference after each pass.
@@ -130,7 +38,7 @@ template <typename T>
 void RunAndCheck(int n, const std::vector<int64_t>& sizes, bool graph, int replays, bool own_gpus = false) {
   int64_t largest = 0;
   for (int64_t c : sizes) largest = std::max(largest, c);
-  Group group(n, largest * 2, own_gpus);
+  PeerTestGroup group(n, largest * 2, own_gpus);
   std::mt19937 rng(n * 100 + static_cast<int>(sizes.size()));
   std::normal_distribution<float> d(0.f, 3.f);
   // Each call its own buffer per rank (a graph replays fixed addresses).
@@ -238,7 +146,7 @@ TEST(PeerAllReduce, CallsCapturedInGraphsGiveTheSumOnEveryReplay) {
 TEST(PeerBroadcast, EveryRankGetsRankZerosWords) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   for (int n : {2, 3, 8}) {
-    Group group(n, 4096 * 4);
+    PeerTestGroup group(n, 4096 * 4);
     std::mt19937 rng(n);
     for (int64_t words : {1, 7, 33, 256, 4096}) {
       for (int round = 0; round < 3; ++round) {  // both staging halves, twice
@@ -266,7 +174,7 @@ TEST(PeerBroadcast, EveryRankGetsRankZerosWords) {
 
 TEST(PeerAllReduce, AMessageLargerThanTheInboxIsRefused) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
-  Group group(2, 1024);
+  PeerTestGroup group(2, 1024);
   void* p = nullptr;
   ASSERT_EQ(cudaMalloc(&p, 4096), cudaSuccess);
   EXPECT_EQ(k::PeerAllReduceSum(group.groups[0], static_cast<__nv_bfloat16*>(p), 513, group.streams[0]),
@@ -284,7 +192,7 @@ TEST(PeerAllReduce, AMessageLargerThanTheInboxIsRefused) {
 TEST(PeerJoinRank0, RankZeroSeesWhatEveryPeerWroteBeforeItsJoin) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   for (int n : {2, 4, 8}) {
-    Group group(n, 4096);
+    PeerTestGroup group(n, 4096);
     constexpr int64_t kPart = 1 << 16, kBusy = int64_t{64} << 20, kRounds = 6;
     char *buffer = nullptr, *busy = nullptr;
     unsigned char* seen = nullptr;
@@ -333,7 +241,7 @@ TEST(PeerJoinRank0, AGroupWithoutJoinCountersIsRefused) {
 // An input element of all ones (a NaN, the inbox's empty mark) must arrive as a NaN, not be waited for forever.
 TEST(PeerAllReduce, AnElementEqualToTheEmptyMarkArrives) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
-  Group group(2, 64 * 2);
+  PeerTestGroup group(2, 64 * 2);
   std::vector<uint16_t> host(21, 0x3F80);  // 1.0 in bf16
   host[3] = 0xFFFF;                        // a vector's element
   host[17] = 0xFFFF;                       // the tail's

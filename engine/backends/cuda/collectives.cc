@@ -156,6 +156,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Collectives>>> Collectives::Create(co
     kernels::PeerGroup group;
     group.size = n;
     group.capacity_bytes = peer_capacity_bytes;
+    group.one_gpu = shared;
     for (int r = 0; r < n; ++r) {
       Collectives& c = *out[r];
       INFERD_CUDA(cudaSetDevice(devices[r]));
@@ -219,6 +220,28 @@ absl::Status Collectives::AllReduceSum(void* data, int64_t count, bool bf16, cud
                     "kernels::PeerAllReduceSum");
   }
   return Nccl(data, count, bf16, stream);
+}
+
+bool Collectives::FusesAddRmsNorm(int64_t rows, int64_t n) const {
+  return has_peer() && rows * n * 2 <= peer_limit_ && kernels::PeerAllReduceAddRmsNormSupports(n);
+}
+
+absl::Status Collectives::AllReduceAddRmsNorm(const void* delta, void* residual, const void* weight, void* out,
+                                              kernels::Fp8* q, float* scales, int64_t rows, int64_t n, float eps,
+                                              bool bf16, cudaStream_t stream) const {
+  if (!FusesAddRmsNorm(rows, n)) {
+    return absl::InternalError(absl::StrCat("a sum fused with the norm over ", rows, " rows of ", n,
+                                            " elements, which the peer kernels do not take"));
+  }
+  INFERD_RETURN_IF_ERROR(AwaitPeers(stream));
+  auto run = [&](auto* typed) {
+    using T = std::remove_pointer_t<decltype(typed)>;
+    return kernels::PeerAllReduceAddRmsNorm(peer_, static_cast<const T*>(delta), static_cast<T*>(residual),
+                                            static_cast<const T*>(weight), static_cast<T*>(out), q, scales, rows, n,
+                                            eps, stream);
+  };
+  return FromCuda(bf16 ? run(static_cast<__nv_bfloat16*>(nullptr)) : run(static_cast<__half*>(nullptr)),
+                  "kernels::PeerAllReduceAddRmsNorm");
 }
 
 absl::Status Collectives::Broadcast(void* data, int64_t bytes, cudaStream_t stream) const {

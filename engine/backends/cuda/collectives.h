@@ -50,6 +50,14 @@ class Collectives {
 
   // In place: every rank's `count` bf16 (or fp16) elements at `data` become their sum over the ranks.
   absl::Status AllReduceSum(void* data, int64_t count, bool bf16, cudaStream_t stream) const;
+  // Whether AllReduceAddRmsNorm takes `rows` rows of n elements: the peer kernels take a sum of that size.
+  bool FusesAddRmsNorm(int64_t rows, int64_t n) const;
+  // The sum of every rank's `delta` rows added to the residual stream and normed, in one kernel (as AllReduceSum
+  // then kernels::AddRmsNorm, or with `out` null kernels::AddRmsNormFp8 into q and scales, bit for bit):
+  // kernels::PeerAllReduceAddRmsNorm. Only where FusesAddRmsNorm.
+  absl::Status AllReduceAddRmsNorm(const void* delta, void* residual, const void* weight, void* out, kernels::Fp8* q,
+                                   float* scales, int64_t rows, int64_t n, float eps, bool bf16,
+                                   cudaStream_t stream) const;
   // Rank 0's `bytes` (a multiple of 4) at `data` land at every other rank's `data`.
   absl::Status Broadcast(void* data, int64_t bytes, cudaStream_t stream) const;
   // Whether every rank may write straight into rank 0's device memory (the GPUs reach each other's, or are one):

@@ -371,11 +371,16 @@ absl::Status CudaBackend::ChoosePeerLimit() {
       return absl::OkStatus();
     }));
     if (us.second >= 0 && us.second < us.first) limit = std::max(limit, count * 2);
-    table.push_back(absl::StrFormat("%d rows NCCL %.1f us, one-shot %.1f us", rows, us.first, us.second));
+    // What each rank sent over the links in the one-shot way (its whole message to every peer), per second.
+    const double sent_gb = static_cast<double>(count) * 2 * (ranks_.size() - 1) / 1e9;
+    table.push_back(absl::StrFormat("%d rows NCCL %.1f us, one-shot %.1f us (%.0f GB/s sent)", rows, us.first,
+                                    us.second, us.second > 0 ? sent_gb / (us.second * 1e-6) : 0.0));
   }
   for (auto& r : ranks_) r->comm->set_peer_limit_bytes(limit);
-  spdlog::info("cuda: all-reduce per layer half, measured: {}; the one-shot peer kernels take messages up to {} KiB",
-               absl::StrJoin(table, "; "), limit / 1024);
+  spdlog::info(
+      "cuda: all-reduce per layer half, measured: {}; the one-shot peer kernels take messages up to {} KiB, each "
+      "fused with the residual add and RMSNorm after it",
+      absl::StrJoin(table, "; "), limit / 1024);
   return absl::OkStatus();
 }
 

@@ -77,9 +77,17 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   k::Fp8* xq = b.act<k::Fp8>(a.act_fp8);
   float* xs = b.act<float>(a.act_scale);
   const Operand normed = quantize ? Operand(xq, xs) : Operand(xn);
+  // A row-parallel product's partial sums waiting to be summed over the ranks by the add and norm after them (one
+  // kernel where the peer kernels take the sum: Collectives::AllReduceAddRmsNorm).
+  bool sum_pending = false;
   // residual += delta, then its norm into the next product's input (xn, or xq and xs with `to_input`; xn for the
   // final norm, which the LM head reads in T).
   auto add_norm = [&](const T* delta, const T* weight, bool to_input = true) -> absl::Status {
+    if (sum_pending) {
+      sum_pending = false;
+      const bool to_fp8 = quantize && to_input;
+      return comm->AllReduceAddRmsNorm(delta, x, weight, to_fp8 ? nullptr : xn, xq, xs, Tn, H, eps, kBf16, s);
+    }
     if (!quantize || !to_input) return FromCuda(k::AddRmsNorm(x, delta, weight, xn, Tn, H, eps, s), "AddRmsNorm");
     if (k::AddRmsNormFp8Supports(x, delta, weight, H)) {
       return FromCuda(k::AddRmsNormFp8(x, delta, weight, xq, xs, Tn, H, eps, s), "AddRmsNormFp8");
@@ -182,8 +190,13 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
               gemm.Run(quantize ? Operand(xq, xs) : Operand(act), L.down.operand(), tmp, Tn, H, I, nullptr, false, s));
           delta = tmp;
           break;
-        case LayerOp::kSumRanks:  // a row-parallel product's partial sums, summed in place
-          if (comm) INFERD_RETURN_IF_ERROR(comm->AllReduceSum(tmp, Tn * H, kBf16, s));
+        case LayerOp::kSumRanks:  // a row-parallel product's partial sums, summed in place or with the add after
+          if (!comm) break;
+          if (i + 1 < program.size() && program[i + 1] == LayerOp::kResidual && comm->FusesAddRmsNorm(Tn, H)) {
+            sum_pending = true;
+          } else {
+            INFERD_RETURN_IF_ERROR(comm->AllReduceSum(tmp, Tn * H, kBf16, s));
+          }
           break;
         case LayerOp::kAttnOutNorm:
         case LayerOp::kMlpOutNorm: {
