@@ -428,6 +428,9 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status err
 struct Engine::InFlight {
   StepPlan plan;
   StepInput input;
+  // Constrained rows launched ahead of the token their mask follows from (SamplingRow::allowed_later), in row
+  // order: their masks go to the backend once the step before is collected (SupplyMasks).
+  std::vector<SequenceState*> masks_later;
   absl::Time scheduled;   // when its planning began
   double schedule_s = 0;  // host time of its Schedule()
   double launch_s = 0;    // host time building its input and launching it
@@ -486,6 +489,7 @@ void Engine::Loop() {
     std::unique_ptr<InFlight> launched = plan.empty() ? nullptr : LaunchStep(std::move(plan), schedule_s);
     if (in_flight_ && !CollectInFlight() && launched) {
       // The step it read pending tokens from failed: its own tokens are meaningless.
+      if (!launched->masks_later.empty()) SupplyMasks(*launched);
       in_flight_ = std::move(launched);
       const absl::Status lost = absl::InternalError("an earlier step whose tokens this step read failed");
       StepOutput ignored;
@@ -496,6 +500,7 @@ void Engine::Loop() {
       }
       in_flight_.reset();
     }
+    if (launched && !launched->masks_later.empty()) SupplyMasks(*launched);
     if (launched) in_flight_ = std::move(launched);
     if (!in_flight_ && active_.empty() && scheduler_->copies_in_flight() > 0) {
       // Going idle with the last steps' write-backs still out: once they are done, the host blocks they held are
@@ -525,9 +530,9 @@ bool Engine::CanPlanAhead() const {
   if (!plan_ahead_) return false;
   for (const ScheduledSeq& s : in_flight_->plan.seqs) {
     if (!s.wants_token || s.seq->finished) continue;
-    // Penalties count the output so far on the host, and a constraint's next mask follows from the last token:
-    // the pending token must be known.
-    if (s.seq->request.sampling.penalized() || s.seq->request.constraint) return false;
+    // Penalties count the output so far on the host: the pending token must be known. (A constraint's mask,
+    // which follows from it too, comes after the launch: SupplyMasks.)
+    if (s.seq->request.sampling.penalized()) return false;
   }
   return true;
 }
@@ -542,6 +547,8 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
   StepInput& input = step->input;
   std::vector<ConstraintState*> constrained;
   std::vector<std::span<uint32_t>> masks;
+  // Planned ahead, a constrained row's mask waits for the token the step in flight samples for it.
+  const bool ahead = in_flight_ != nullptr;
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.wants_token) continue;
     const Sequence& seq = *s.seq;
@@ -554,20 +561,19 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
     row.num_prompt_tokens = seq.num_prompt_tokens;
     if (seq.num_output_tokens() < seq.request.stopping.min_tokens) row.banned = st.banned_until_min;
     row.top_logprobs = seq.request.top_logprobs;
-    if (st.constraint) {  // its last token is known: steps with constrained rows are not planned ahead
+    if (st.constraint) {
       st.allowed.resize(ConstraintState::MaskWords(model_->config.vocab_size));
-      row.allowed = st.allowed;
-      constrained.push_back(&*st.constraint);
-      masks.push_back(st.allowed);
+      if (ahead) {
+        row.allowed_later = true;
+        step->masks_later.push_back(&st);
+      } else {
+        row.allowed = st.allowed;
+        constrained.push_back(&*st.constraint);
+        masks.push_back(st.allowed);
+      }
     }
   }
-  if (!constrained.empty()) {  // the rows' masks together (one by one, or on xgrammar's pool: ConstraintBatch)
-    const absl::Time start = absl::Now();
-    if (!constraint_batch_) constraint_batch_ = std::make_unique<ConstraintBatch>(model_->config.vocab_size);
-    constraint_batch_->FillAllowed(constrained, masks);
-    constraint_mask_s_ += absl::ToDoubleSeconds(absl::Now() - start);
-    constraint_masked_rows_ += static_cast<int64_t>(constrained.size());
-  }
+  FillMasks(constrained, masks);
   for (const ScheduledSeq& s : plan.seqs) {  // prompt rows, in BuildStepInput's order
     for (int32_t p = s.rows_begin; p < s.rows_end; ++p) {
       SamplingRow& row = input.sampling.emplace_back();
@@ -592,6 +598,38 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
   scheduler_->Launched(plan);
   step->plan = std::move(plan);
   return step;
+}
+
+void Engine::FillMasks(std::span<ConstraintState* const> states, std::span<const std::span<uint32_t>> masks) {
+  if (states.empty()) return;
+  // The rows' masks together (one by one, or on xgrammar's pool: ConstraintBatch).
+  const absl::Time start = absl::Now();
+  if (!constraint_batch_) constraint_batch_ = std::make_unique<ConstraintBatch>(model_->config.vocab_size);
+  constraint_batch_->FillAllowed(states, masks);
+  constraint_mask_s_ += absl::ToDoubleSeconds(absl::Now() - start);
+  constraint_masked_rows_ += static_cast<int64_t>(states.size());
+}
+
+void Engine::SupplyMasks(InFlight& step) {
+  // The step before has been collected: each row's constraint has taken the token it follows. A request that
+  // ended meanwhile (its row is dropped when the step is collected) gets every token.
+  std::vector<ConstraintState*> constrained;
+  std::vector<std::span<uint32_t>> masks;
+  std::vector<std::span<const uint32_t>> rows;
+  for (SequenceState* st : step.masks_later) {
+    if (st->seq.finished) {
+      std::fill(st->allowed.begin(), st->allowed.end(), ~0u);
+    } else {
+      constrained.push_back(&*st->constraint);
+      masks.push_back(st->allowed);
+    }
+    rows.push_back(st->allowed);
+  }
+  FillMasks(constrained, masks);
+  if (absl::Status st = backend_->SupplyMasks(rows); !st.ok()) {
+    // The step cannot sample: Collect reports the failure and its requests end with it.
+    spdlog::error("a step's masks could not be supplied: {}", st.ToString());
+  }
 }
 
 bool Engine::CollectInFlight() {

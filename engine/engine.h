@@ -163,6 +163,10 @@ class Engine {
   bool CollectInFlight();
   // Whether the next step may be planned before in_flight_'s tokens are on the host.
   bool CanPlanAhead() const;
+  // Fills the constrained rows' masks (timed for the stats).
+  void FillMasks(std::span<ConstraintState* const> states, std::span<const std::span<uint32_t>> masks);
+  // The masks of a step launched ahead whose constrained rows wait for them, once the step before is collected.
+  void SupplyMasks(InFlight& step);
   void PublishStats();
 
   struct SequenceState;

@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads)
     SampleRowsKernel(float* logits, int32_t vocab, const SamplingRowParams* params, const int32_t* penalty_indptr,
                      const int32_t* penalty_tokens, const int32_t* penalty_counts, const uint8_t* penalty_flags,
                      const float* penalty_bias, float* penalty_raw, const uint32_t* allowed, int32_t* tokens,
-                     float* logprobs, int32_t* top_ids, float* top_logprobs) {
+                     float* logprobs, int32_t* top_ids, float* top_logprobs, const uint32_t* masks_ready) {
   __shared__ Shared tmp;
   __shared__ float sf;
   __shared__ int si;
@@ -128,10 +128,21 @@ __global__ void __launch_bounds__(kThreads)
     l[t] = (penalty_flags[e] & kPenaltyBanned) ? -INFINITY : static_cast<float>(fmin(fmax(v, -FLT_MAX), FLT_MAX));
   }
   __syncthreads();
-  if (p.masked) {  // structured output: only the tokens the row's constraint allows
+  if (p.masked) {       // structured output: only the tokens the row's constraint allows
+    if (masks_ready) {  // once the host's copy of the masks has landed (it sets the word after them)
+      if (threadIdx.x == 0) {
+        uint32_t ready = 0;
+        while (true) {
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(ready) : "l"(masks_ready) : "memory");
+          if (ready != 0) break;
+          __nanosleep(256);
+        }
+      }
+      __syncthreads();
+    }
     const uint32_t* m = allowed + int64_t{row} * ((vocab + 31) / 32);
     for (int32_t v = threadIdx.x; v < vocab; v += kThreads) {
-      if (!(m[v / 32] >> (v % 32) & 1u)) l[v] = -INFINITY;
+      if (!(__ldcg(m + v / 32) >> (v % 32) & 1u)) l[v] = -INFINITY;  // from L2: written after the kernel began
     }
     __syncthreads();
   }
@@ -249,12 +260,12 @@ cudaError_t SampleRows(float* logits, int32_t num_rows, int32_t vocab, const Sam
                        const int32_t* penalty_indptr, const int32_t* penalty_tokens, const int32_t* penalty_counts,
                        const uint8_t* penalty_flags, const float* penalty_bias, float* penalty_raw,
                        const uint32_t* allowed, int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, const uint32_t* masks_ready) {
   if (num_rows <= 0) return cudaSuccess;
   if (vocab <= 0) return cudaErrorInvalidValue;
   SampleRowsKernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, params, penalty_indptr, penalty_tokens,
                                                       penalty_counts, penalty_flags, penalty_bias, penalty_raw, allowed,
-                                                      tokens, logprobs, top_ids, top_logprobs);
+                                                      tokens, logprobs, top_ids, top_logprobs, masks_ready);
   return cudaGetLastError();
 }
 

@@ -21,11 +21,12 @@ namespace inferd::kernels {
 // outputs are written only for rows that ask. A row with a target (a prompt row) samples nothing: its token is the
 // target and its logprob the target's. allowed: [num_rows, ⌈vocab / 32⌉] bitmasks, read for rows whose params
 // say `masked` (bit t % 32 of word t / 32 allows token t; applied after the penalties and bias); may be null when
-// no row is masked.
+// no row is masked. masks_ready, where not null: a masked row reads its mask only once this word is nonzero (the
+// host may still be copying the masks in, on another stream, while the kernel starts); it waits for it.
 cudaError_t SampleRows(float* logits, int32_t num_rows, int32_t vocab, const SamplingRowParams* params,
                        const int32_t* penalty_indptr, const int32_t* penalty_tokens, const int32_t* penalty_counts,
                        const uint8_t* penalty_flags, const float* penalty_bias, float* penalty_raw,
                        const uint32_t* allowed, int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs,
-                       cudaStream_t stream);
+                       cudaStream_t stream, const uint32_t* masks_ready = nullptr);
 
 }  // namespace inferd::kernels

@@ -30,6 +30,9 @@ struct SamplingRow {
   // Structured output: a bitmask over the vocabulary (bit t % 32 of word t / 32 allows token t; ⌈vocab / 32⌉
   // words), applied after penalties and bias, before temperature and the rest; empty: every token allowed.
   std::span<const uint32_t> allowed;
+  // Structured output in a step planned ahead: the mask follows from the token the step before samples, so it comes
+  // later, through SupplyMasks, while the device runs the step's forward pass (`allowed` is empty).
+  bool allowed_later = false;
   int32_t top_logprobs = 0;  // > 0: report the chosen token's logprob and this many alternatives
   // >= 0: a prompt row (prompt_logprobs). Nothing is sampled: its token is this id, whose raw logprob is reported
   // with top_logprobs alternatives; the other fields are ignored.
@@ -150,6 +153,11 @@ class Backend {
   // a backend that cannot overlap (cpu), runs the step in Launch.
   virtual absl::Status Launch(const StepInput& input);
   virtual absl::Status Collect(StepOutput* output);
+  // The masks of the last launched step's rows that take theirs later (SamplingRow::allowed_later), in row order,
+  // each ⌈vocab / 32⌉ words: called once for such a step, after its Launch and before anything else is launched or
+  // that step is collected (cuda: the step's sampling waits on the device for them; its forward pass does not).
+  // The default, for a backend whose Launch runs the step, runs it here.
+  virtual absl::Status SupplyMasks(std::span<const std::span<const uint32_t>> masks);
   // Read by the engine thread only (the engine copies it out for others).
   virtual StepCounters counters() const { return {}; }
   // Work finished inside steps, counted while a step runs (cpu: a layer of a shard, a row of attention); safe from any
@@ -169,6 +177,15 @@ class Backend {
     absl::Status status;
     StepOutput output;
   };
+  // The default Launch's step whose masks come later, with what its rows' spans point to (the engine may move those
+  // once Launch returns): run by SupplyMasks.
+  struct Deferred {
+    StepInput input;
+    std::vector<std::vector<int32_t>> tokens, banned;
+    std::vector<std::vector<uint32_t>> allowed;
+  };
+  std::optional<Deferred> deferred_;
+  void Run(const StepInput& input);
   std::deque<Launched> launched_;      // the default Launch's results, oldest first
   std::vector<int32_t> last_sampled_;  // the default Launch's last step's tokens
 };

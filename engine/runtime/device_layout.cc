@@ -82,6 +82,7 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   in.logits_indices = inputs.Add(L * 4);
   in.params = inputs.Add(L * int64_t{sizeof(kernels::SamplingRowParams)});
   in.penalty_indptr = inputs.Add((L + 1) * 4);
+  in.masks_ready = inputs.Add(4);
   in.kv_indices = inputs.Add(in.max_pages * 4);
   in.penalty_tokens = inputs.Add(in.max_penalties * 4);
   in.penalty_counts = inputs.Add(in.max_penalties * 4);

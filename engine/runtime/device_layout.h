@@ -68,15 +68,18 @@ struct InputRegions {
   Region logits_indices;               // [L] int32: token rows whose logits are computed
   Region params;                       // [L] kernels::SamplingRowParams
   Region penalty_indptr;               // [L + 1] int32
-  Region kv_indices;                   // [max_pages] int32 block ids
-  Region penalty_tokens;               // [max_penalties] int32
-  Region penalty_counts;               // [max_penalties] int32: times in the output
-  Region penalty_bias;                 // [max_penalties] fp32: logit bias, where the flags say kPenaltyBias
-  Region penalty_flags;                // [max_penalties] uint8 kernels::kPenalty*
-  Region allowed;                      // [R, mask_words] uint32: structured output's masks of the sampled rows
-  int64_t mask_words = 0;              // ⌈vocab / 32⌉
-  int64_t max_pages = 0;               // every sequence at the model's longest context (at most 2^22)
-  int64_t max_penalties = 0;           // every sequence's distinct ids: context, stop, eos and biased ids
+  // [1] uint32: 1 once the masks of the rows that have one are on the device; 0 while the host still fills those
+  // of a step planned ahead (SamplingRow::allowed_later), which its sampling waits for.
+  Region masks_ready;
+  Region kv_indices;          // [max_pages] int32 block ids
+  Region penalty_tokens;      // [max_penalties] int32
+  Region penalty_counts;      // [max_penalties] int32: times in the output
+  Region penalty_bias;        // [max_penalties] fp32: logit bias, where the flags say kPenaltyBias
+  Region penalty_flags;       // [max_penalties] uint8 kernels::kPenalty*
+  Region allowed;             // [R, mask_words] uint32: structured output's masks of the sampled rows
+  int64_t mask_words = 0;     // ⌈vocab / 32⌉
+  int64_t max_pages = 0;      // every sequence at the model's longest context (at most 2^22)
+  int64_t max_penalties = 0;  // every sequence's distinct ids: context, stop, eos and biased ids
 };
 
 struct DeviceLayout {

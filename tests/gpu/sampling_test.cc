@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
+#include <thread>
 
 #include "engine/runtime/philox.h"
 #include "engine/runtime/sampler.h"
@@ -31,7 +33,10 @@ struct Result {
   std::vector<int32_t> top_ids;
 };
 
-Result RunOnDevice(const Rows& r, int32_t vocab) {
+// late_masks: the masks are not there when the kernel starts (the buffer holds zeros, the ready word 0); another
+// stream copies them in and then sets the word, after the kernel has been waiting a while (a step planned ahead
+// whose masks the host fills while its forward pass runs).
+Result RunOnDevice(const Rows& r, int32_t vocab, bool late_masks = false) {
   const int32_t n = static_cast<int32_t>(r.params.size());
   Dev<float> logits(r.logits);
   Dev<kernels::SamplingRowParams> params(r.params);
@@ -41,14 +46,30 @@ Result RunOnDevice(const Rows& r, int32_t vocab) {
   bias_host.resize(r.tokens.size() + 1, 0.f);
   Dev<float> bias(bias_host);
   Dev<float> raw(r.tokens.size() + 1);
-  Dev<uint32_t> allowed(r.allowed.empty() ? std::vector<uint32_t>(1) : r.allowed);
+  const std::vector<uint32_t> masks = r.allowed.empty() ? std::vector<uint32_t>(1) : r.allowed;
+  Dev<uint32_t> allowed(late_masks ? std::vector<uint32_t>(masks.size(), 0u) : masks);
+  Dev<uint32_t> ready(std::vector<uint32_t>{late_masks ? 0u : 1u});
   Dev<int32_t> out(n), top_ids(n * kernels::kMaxTopLogprobs);
   Dev<float> lp(n), top_lp(n * kernels::kMaxTopLogprobs);
+  cudaStream_t sampling = nullptr, copies = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&sampling, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_EQ(cudaStreamCreateWithFlags(&copies, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(kernels::SampleRows(logits.get(), n, vocab, params.get(), indptr.get(), tokens.get(), counts.get(),
                                 flags.get(), bias.get(), raw.get(), allowed.get(), out.get(), lp.get(), top_ids.get(),
-                                top_lp.get(), nullptr),
+                                top_lp.get(), sampling, ready.get()),
             cudaSuccess);
+  if (late_masks) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(cudaStreamQuery(sampling), cudaErrorNotReady) << "the masked rows wait for their masks";
+    const uint32_t one = 1;
+    EXPECT_EQ(cudaMemcpyAsync(allowed.get(), masks.data(), masks.size() * 4, cudaMemcpyHostToDevice, copies),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemcpyAsync(ready.get(), &one, 4, cudaMemcpyHostToDevice, copies), cudaSuccess);
+  }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStreamDestroy(sampling);
+  cudaStreamDestroy(copies);
   return {out.Host(), lp.Host(), top_lp.Host(), top_ids.Host()};
 }
 
@@ -105,6 +126,8 @@ TEST(DeviceSampler, MaskedRowsPickAllowedTokensAsTheHostSamplerDoes) {
     r.indptr.push_back(0);
   }
   const Result got = RunOnDevice(r, vocab);
+  const Result late = RunOnDevice(r, vocab, /*late_masks=*/true);
+  EXPECT_EQ(late.tokens, got.tokens) << "masks that land while the kernel waits pick the same tokens";
   for (int32_t i = 0; i < rows; ++i) {
     std::vector<float> row(r.logits.begin() + int64_t{i} * vocab, r.logits.begin() + int64_t{i + 1} * vocab);
     SamplingRow hr{.params = ps[i], .uniform = (i + 0.5) / rows};

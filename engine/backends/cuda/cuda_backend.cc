@@ -110,6 +110,11 @@ class CudaBackend : public Backend {
     for (Slot& slot : slots_)
       for (cudaEvent_t e : {slot.outputs_ready, slot.compute_start, slot.compute_end})
         if (e) cudaEventDestroy(e);
+    if (masks_stream_) {
+      cudaStreamSynchronize(masks_stream_);
+      cudaStreamDestroy(masks_stream_);
+    }
+    if (masks_copied_) cudaEventDestroy(masks_copied_);
     ranks_.clear();
     cudaSetDevice(0);
   }
@@ -137,6 +142,7 @@ class CudaBackend : public Backend {
   absl::Status Step(const StepInput& input, StepOutput* output) override;
   absl::Status Launch(const StepInput& input) override;
   absl::Status Collect(StepOutput* output) override;
+  absl::Status SupplyMasks(std::span<const std::span<const uint32_t>> masks) override;
   absl::StatusOr<DeviceCeilings> MeasureCeilings() override;
   DeviceReading ReadDevice() const override { return nvml_ ? nvml_->Read() : DeviceReading{}; }
 
@@ -182,10 +188,16 @@ class CudaBackend : public Backend {
   Slot slots_[kSlots];
   struct Launched {
     int slot = 0;
-    int previous_slot = -1;      // the slot of the step launched just before it, if any
-    std::vector<int32_t> top_n;  // per logits row: logprob alternatives reported, -1 when no logprob is
+    int previous_slot = -1;            // the slot of the step launched just before it, if any
+    std::vector<int32_t> top_n;        // per logits row: logprob alternatives reported, -1 when no logprob is
+    std::vector<int32_t> masks_later;  // rows whose masks SupplyMasks brings (its sampling waits for them)
   };
-  std::deque<Launched> launched_;  // oldest first; at most two
+  // Masks that come after their step's launch (SupplyMasks): staged here, then copied up on rank 0's masks
+  // stream, after them the word saying they are there (`one_`, a pinned 1).
+  PinnedBuffer masks_host_, one_;
+  cudaStream_t masks_stream_ = nullptr;
+  cudaEvent_t masks_copied_ = nullptr;  // the last such copy has read masks_host_
+  std::deque<Launched> launched_;       // oldest first; at most two
   int64_t launches_ = 0;
   int32_t last_num_logits_ = -1;  // rows the last launched step samples: what a PendingToken may name
   StepCounters counters_;
@@ -213,6 +225,11 @@ absl::Status CudaBackend::Allocate(Rank& r) {
       INFERD_RETURN_IF_ERROR(slot.outputs_host.Allocate(layout_.output_arena_bytes));
     }
     INFERD_RETURN_IF_ERROR(inputs_host_.Allocate(layout_.input_arena_bytes));
+    INFERD_RETURN_IF_ERROR(masks_host_.Allocate(layout_.inputs.allowed.bytes));
+    INFERD_RETURN_IF_ERROR(one_.Allocate(sizeof(uint32_t)));
+    *one_.get<uint32_t>() = 1;
+    INFERD_CUDA(cudaStreamCreateWithFlags(&masks_stream_, cudaStreamNonBlocking));
+    INFERD_CUDA(cudaEventCreateWithFlags(&masks_copied_, cudaEventDisableTiming));
   }
   INFERD_RETURN_IF_ERROR(r.activations.Allocate(layout_.activation_arena_bytes));
   INFERD_RETURN_IF_ERROR(r.attn_int_ws_host.Allocate(layout_.activations.attn_int_ws.bytes));
@@ -497,6 +514,8 @@ absl::Status CudaBackend::Step(const StepInput& in, StepOutput* out) {
 absl::Status CudaBackend::Launch(const StepInput& in) {
   INFERD_CHECK(kv0().allocated(), "the KV cache is allocated before a step");
   INFERD_CHECK(launched_.size() < 2, "at most two steps are launched and not collected");
+  INFERD_CHECK(launched_.empty() || launched_.back().masks_later.empty(),
+               "a step whose sampling waits for its masks gets them before another is launched");
   const StepLimits& limits = layout_.limits;
   INFERD_CHECK(in.num_tokens() <= limits.max_num_batched_tokens && in.num_seqs() <= limits.max_num_seqs &&
                    in.num_logits() <= limits.max_logits_rows() && in.block_size == limits.block_size,
@@ -527,10 +546,15 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
   bool logprobs = false;
   for (int32_t r = 0; r < in.num_logits(); ++r) {
     const SamplingRow& row = in.sampling[r];
+    if (row.allowed_later) step.masks_later.push_back(r);
     const bool reports = row.top_logprobs > 0 || row.target >= 0;
     step.top_n[r] = reports ? std::min(row.top_logprobs, k::kMaxTopLogprobs) : -1;
     logprobs |= reports;
   }
+  // The masks that come later are copied up as one run of rows (those between them, unmasked, are not read).
+  INFERD_CHECK(step.masks_later.empty() || std::none_of(in.sampling.begin(), in.sampling.end(),
+                                                        [](const SamplingRow& row) { return !row.allowed.empty(); }),
+               "a step's masks all come at launch or all later");
   cuda::PackedStep packed;
   {
     TraceRange range("pack inputs");
@@ -590,8 +614,45 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::SupplyMasks(std::span<const std::span<const uint32_t>> masks) {
+  INFERD_CHECK(!launched_.empty() && !launched_.back().masks_later.empty(),
+               "the last launched step's sampling waits for masks");
+  Launched& step = launched_.back();
+  INFERD_CHECK(masks.size() == step.masks_later.size(), "a mask for each row that waits for one");
+  Rank& r = *ranks_[0];
+  INFERD_CUDA(cudaSetDevice(r.device));
+  const int64_t words = layout_.inputs.mask_words;
+  INFERD_CUDA(cudaEventSynchronize(masks_copied_));  // the last copy has read the staging buffer
+  uint32_t* host = masks_host_.get<uint32_t>();
+  for (size_t i = 0; i < masks.size(); ++i) {
+    INFERD_CHECK(static_cast<int64_t>(masks[i].size()) == words, "a row's mask covers the vocabulary");
+    std::memcpy(host + step.masks_later[i] * words, masks[i].data(), words * sizeof(uint32_t));
+  }
+  // After this step's inputs went up (they set the ready word to 0), on a stream of its own: the step's sampling,
+  // on the compute stream, waits for the word.
+  char* dev = r.inputs_dev.get<char>();
+  INFERD_CUDA(cudaStreamWaitEvent(masks_stream_, r.inputs_consumed, 0));
+  INFERD_CUDA(cudaMemcpyAsync(dev + layout_.inputs.allowed.offset, host,
+                              (step.masks_later.back() + 1) * words * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                              masks_stream_));
+  INFERD_CUDA(cudaMemcpyAsync(dev + layout_.inputs.masks_ready.offset, one_.get(), sizeof(uint32_t),
+                              cudaMemcpyHostToDevice, masks_stream_));
+  INFERD_CUDA(cudaEventRecord(masks_copied_, masks_stream_));
+  step.masks_later.clear();
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Collect(StepOutput* out) {
   INFERD_CHECK(!launched_.empty(), "a step was launched before it is collected");
+  if (!launched_.front().masks_later.empty()) {
+    // Its sampling would wait forever: every token allowed, and the step fails.
+    std::vector<uint32_t> all(layout_.inputs.mask_words, ~0u);
+    std::vector<std::span<const uint32_t>> masks(launched_.front().masks_later.size(), all);
+    INFERD_RETURN_IF_ERROR(SupplyMasks(masks));
+    StepOutput ignored;
+    (void)Collect(&ignored);
+    return absl::InternalError("a step was collected before its masks were supplied");
+  }
   const Launched step = std::move(launched_.front());
   launched_.pop_front();
   const Slot& slot = slots_[step.slot];

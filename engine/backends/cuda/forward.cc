@@ -267,7 +267,8 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
       b.in<int32_t>(ir.penalty_indptr), b.in<int32_t>(ir.penalty_tokens), b.in<int32_t>(ir.penalty_counts),
       b.in<uint8_t>(ir.penalty_flags), b.in<float>(ir.penalty_bias), b.act<float>(a.penalty_raw),
       b.in<uint32_t>(ir.allowed), tokens_out, reinterpret_cast<float*>(out + o.logprobs.offset),
-      reinterpret_cast<int32_t*>(out + o.top_ids.offset), reinterpret_cast<float*>(out + o.top_logprobs.offset), s));
+      reinterpret_cast<int32_t*>(out + o.top_ids.offset), reinterpret_cast<float*>(out + o.top_logprobs.offset), s,
+      b.in<uint32_t>(ir.masks_ready)));
   if (comm) return comm->Broadcast(tokens_out, R * sizeof(int32_t), s);
   return absl::OkStatus();
 }

@@ -42,6 +42,7 @@ PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32
   int32_t* indptr = At<int32_t>(arena, layout.penalty_indptr);
   indptr[0] = 0;
   int64_t n = 0, masked_rows = 0;
+  bool masks_later = false;
   for (int32_t r = 0; r < R; ++r) {
     const SamplingRow& row = in.sampling[r];
     const SamplingParams& p = row.params;
@@ -55,7 +56,8 @@ PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32
                                                                std::min(row.top_logprobs, kernels::kMaxTopLogprobs),
                                                                row.target,
                                                                row.uniform,
-                                                               row.allowed.empty() ? 0 : 1};
+                                                               row.allowed.empty() && !row.allowed_later ? 0 : 1};
+    masks_later |= row.allowed_later;
     if (!row.allowed.empty()) {
       INFERD_CHECK(static_cast<int64_t>(row.allowed.size()) == layout.mask_words &&
                        (r + 1) * layout.mask_words * 4 <= layout.allowed.bytes,
@@ -102,6 +104,7 @@ PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32
     }
     indptr[r + 1] = static_cast<int32_t>(n);
   }
+  *At<uint32_t>(arena, layout.masks_ready) = masks_later ? 0 : 1;
   return {layout.kv_indices.offset + static_cast<int64_t>(in.kv_indices.size() * sizeof(int32_t)), n, masked_rows};
 }
 

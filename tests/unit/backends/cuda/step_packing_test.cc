@@ -1,5 +1,6 @@
 // The cuda backend's step packing, on the host: what lands in the input arena for the device sampler and the
-// attention kernels (penalty entries, bans before min_tokens, seeds, logprob rows), at the layout's offsets.
+// attention kernels (penalty entries, bans before min_tokens, seeds, logprob rows, structured output's masks and
+// the word the sampler waits on for masks that come after the launch), at the layout's offsets.
 #include "engine/backends/cuda/step_packing.h"
 
 #include <gtest/gtest.h>
@@ -121,6 +122,36 @@ TEST(StepPacking, RowsWithoutPenaltiesOrBansAddNoEntries) {
   const cuda::PackedStep packed = cuda::PackStepInputs(in, layout.inputs, model.config.vocab_size, arena.data());
   EXPECT_EQ(packed.penalty_entries, 0);
   EXPECT_EQ(At<int32_t>(arena, layout.inputs.penalty_indptr)[1], 0);
+}
+
+// A mask known at launch goes up with the inputs and the ready word says so; rows whose masks come later
+// (SupplyMasks) are marked masked, nothing of theirs is copied, and the ready word is 0 until the masks arrive.
+TEST(StepPacking, MasksNowAreReadyAndMasksLaterAreWaitedFor) {
+  const Model model = TinyModel();
+  const DeviceLayout layout = PlanDeviceLayout(model, StepLimits{4, 32, 4}, 2);
+  const std::vector<int32_t> tokens = {1, 2, 3}, pages = {0}, pages1 = {1};
+  const std::vector<uint32_t> mask(layout.inputs.mask_words, 0x5u);
+  for (bool later : {false, true}) {
+    std::vector<char> arena(layout.input_arena_bytes, '\x7f');
+    StepInput in = EmptyStepInput(4);
+    AddSequence(&in, tokens, 0, 3, pages, true);
+    AddSequence(&in, tokens, 0, 3, pages1, true);
+    in.sampling.resize(2);
+    in.sampling[0].tokens = in.sampling[1].tokens = tokens;
+    if (later) {
+      in.sampling[1].allowed_later = true;
+    } else {
+      in.sampling[1].allowed = mask;
+    }
+    const cuda::PackedStep packed = cuda::PackStepInputs(in, layout.inputs, model.config.vocab_size, arena.data());
+    const auto* params = At<kernels::SamplingRowParams>(arena, layout.inputs.params);
+    EXPECT_EQ(params[0].masked, 0) << later;
+    EXPECT_EQ(params[1].masked, 1) << later;
+    EXPECT_EQ(*At<uint32_t>(arena, layout.inputs.masks_ready), later ? 0u : 1u);
+    EXPECT_EQ(packed.masked_rows, later ? 0 : 2) << "rows [0, masked_rows) are copied at launch";
+    EXPECT_LE(layout.inputs.masks_ready.offset + 4, packed.head_bytes) << "the ready word goes up with every step";
+    if (!later) EXPECT_EQ(At<uint32_t>(arena, layout.inputs.allowed)[layout.inputs.mask_words], 0x5u);
+  }
 }
 
 }  // namespace
