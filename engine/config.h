@@ -31,8 +31,10 @@ struct EngineSection {
   int32_t num_threads = 0;              // cpu backend threads; 0 = all cores
   int32_t tensor_parallel_size = 1;     // devices one model is split across (tensor parallelism): 1, 2, 4, 8
   int32_t profile_steps = 0;            // log a time breakdown of each of the first N steps
-  int64_t structured_output_max_bytes = 64 << 10;  // of a schema, regex, grammar or choice list: 1..2^24
-  int32_t structured_output_cache_mib = 256;       // compiled constraints kept for reuse: 1..65536
+  int64_t structured_output_max_bytes = 64 << 10;        // of a schema, regex, grammar or choice list: 1..2^24
+  int32_t structured_output_cache_mib = 256;             // compiled constraints kept for reuse: 1..65536
+  bool structured_output_in_reasoning = false;           // a constraint holds for a thinking model's reasoning too
+  int64_t structured_output_compile_timeout_ms = 10000;  // a constraint that compiles longer is refused: 1..3.6e6
 };
 
 struct SchedulerSection {

@@ -245,6 +245,16 @@ std::vector<ConfigField> MakeFields() {
       "engine", "structured_output_cache_mib",
       [](Config& c) -> int32_t& { return c.engine.structured_output_cache_mib; }, 1, 65536, "1..65536",
       "memory for compiled output constraints kept for reuse (the least recently used go first)"));
+  f.push_back(Int<int64_t>(
+      "engine", "structured_output_compile_timeout_ms",
+      [](Config& c) -> int64_t& { return c.engine.structured_output_compile_timeout_ms; }, 1, 3600000, "1..3600000",
+      "the longest a request's output constraint may take to compile (a 400 naming the field beyond; the compilation "
+      "goes on, and while two such still run, requests to compile are 503s)"));
+  f.push_back(Flag(
+      "engine", "structured_output_in_reasoning",
+      [](Config& c) -> bool& { return c.engine.structured_output_in_reasoning; },
+      "a constraint holds for the whole output of a model that thinks in <think>…</think>, its reasoning included; "
+      "off (as vLLM's enable_in_reasoning), the model reasons freely and the constraint holds for its answer"));
   // scheduler
   f.push_back(Int<int32_t>(
       "scheduler", "max_num_seqs", [](Config& c) -> int32_t& { return c.scheduler.max_num_seqs; }, 1, 4096, "1..4096",

@@ -104,7 +104,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
       e->constraint_compiler_,
       ConstraintCompiler::Create(*e->model_->tokenizer, mc.vocab_size, e->model_->eos_token_ids,
                                  {.max_bytes = config.engine.structured_output_max_bytes,
-                                  .cache_bytes = int64_t{config.engine.structured_output_cache_mib} << 20}));
+                                  .cache_bytes = int64_t{config.engine.structured_output_cache_mib} << 20,
+                                  .in_reasoning = config.engine.structured_output_in_reasoning,
+                                  .compile_timeout_ms = config.engine.structured_output_compile_timeout_ms}));
   INFERD_ASSIGN_OR_RETURN(e->backend_, factory(config, *e->model_));
   // Every backend holds its own weights now: the checkpoint is unmapped (for an 8B model ~0.2 s of start-up).
   ReleaseTensorBytes(&e->model_->tensors).clear();

@@ -126,6 +126,8 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
   BuiltRequest built;
   Request& r = built.request;
   TextOptions& text = built.text;
+  // Where a thinking model's output stands towards its reasoning (messages through a template that thinks).
+  OutputConstraint::Reasoning reasoning = OutputConstraint::Reasoning::kNone;
   r.id = p.request_id();
   if (!IsValidUtf8(r.id)) return Bad("request_id", "(invalid UTF-8)", "valid UTF-8");
   if (r.id.size() > 256) return Bad("request_id", absl::StrCat("(", r.id.size(), " bytes)"), "at most 256 bytes");
@@ -164,7 +166,13 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
                                                takes_tools && !tools.empty() ? ToolsJson(tools) : "");
       if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("messages: ", text.status().message()));
       r.prompt = limits.tokenizer->Encode(*text, /*add_special_tokens=*/false);
-      if (limits.chat_template->thinks()) built.text.reasoning = PromptOpensReasoning(*text);
+      if (limits.chat_template->thinks()) {
+        built.text.reasoning = PromptOpensReasoning(*text);
+        // A constraint holds for the answer after the reasoning (engine.structured_output_in_reasoning aside).
+        reasoning = *built.text.reasoning          ? OutputConstraint::Reasoning::kOpened
+                    : PromptClosesReasoning(*text) ? OutputConstraint::Reasoning::kNone
+                                                   : OutputConstraint::Reasoning::kMayOpen;
+      }
       break;
     }
     default:
@@ -287,6 +295,7 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
   r.priority = p.priority();
   // Tools: the calls are found in the text unless the request forbids them; a required call is a constraint.
   OutputConstraint c = ConstraintOf(p.constraint());
+  c.reasoning = reasoning;
   if (!tools.empty() && choice.mode() != v1::ToolChoice::NONE) {
     const ToolCallFormat format = limits.chat_template->tool_call_format();
     text.tool_calls = format;
@@ -299,7 +308,7 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
       if (c.active()) return Bad("constraint", "(set)", "unset when tool_choice requires a call");
       const ToolCallShape shape =
           ForcedToolCall(format, tools, choice.mode() == v1::ToolChoice::FUNCTION ? choice.function() : "");
-      c = {OutputConstraint::Kind::kToolCall, shape.schema, {}, "tool_choice", shape.prefix, shape.suffix};
+      c = {OutputConstraint::Kind::kToolCall, shape.schema, {}, "tool_choice", shape.prefix, shape.suffix, reasoning};
     }
   }
   // Compiled here, on the request's thread: the engine's thread never waits for it.

@@ -29,6 +29,11 @@ bool PromptOpensReasoning(std::string_view prompt) {
   return prompt.ends_with(kOpen);
 }
 
+bool PromptClosesReasoning(std::string_view prompt) {
+  while (!prompt.empty() && Blank(prompt.back())) prompt.remove_suffix(1);
+  return prompt.ends_with(kClose);
+}
+
 ReasoningPiece ReasoningStream::Feed(std::string_view text) {
   ReasoningPiece out;
   held_.append(text);

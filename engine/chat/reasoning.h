@@ -14,6 +14,9 @@ namespace inferd {
 bool TemplateThinks(const std::string& template_source);
 // Whether a rendered prompt already opened the reasoning (its last non-blank text is <think>).
 bool PromptOpensReasoning(std::string_view prompt);
+// Whether it already closed it (its last non-blank text is </think>: a template told not to think, as Qwen3's
+// with enable_thinking false, writes an empty <think></think> into the assistant's turn).
+bool PromptClosesReasoning(std::string_view prompt);
 
 struct ReasoningPiece {
   std::string reasoning;

@@ -4,8 +4,11 @@
 #include <xgrammar/xgrammar.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -48,6 +51,21 @@ std::string RegexLiteral(const std::string& literal) {
   return out;
 }
 
+constexpr char kAnyObject[] = R"({"type": "object"})";  // response_format json_object
+
+// What comes before the answer of a model that thinks (OutputConstraint::Reasoning): free text without </think>
+// (xgrammar's TagDispatch with no tags and </think> excluded), then </think> and blank lines: the answer begins only
+// after </think>, so the output cannot end inside the reasoning; with kMayOpen all of it only where the output
+// opens with <think> (no blanks before it: a model that may think opens with it, and blanks there could go on).
+xgrammar::Grammar ReasoningGrammar(OutputConstraint::Reasoning reasoning) {
+  const std::string rules =
+      "think ::= free \"</think>\" blanks\n"
+      "free ::= TagDispatch(excludes=(\"</think>\"), loop_after_dispatch=false)\n"
+      "blanks ::= [\\n]*\n";
+  if (reasoning == OutputConstraint::Reasoning::kOpened) return xgrammar::Grammar::FromEBNF("root ::= think\n" + rules);
+  return xgrammar::Grammar::FromEBNF("root ::= (\"<think>\" think)?\n" + rules);
+}
+
 // An EBNF string literal for `text` (xgrammar's dialect: C-style escapes).
 std::string EbnfLiteral(const std::string& text) {
   std::string out = "\"";
@@ -80,6 +98,7 @@ std::string EbnfLiteral(const std::string& text) {
 struct ConstraintCompiler::Impl {
   ConstraintLimits limits;
   std::unique_ptr<xgrammar::GrammarCompiler> compiler;
+  std::atomic<int> overdue{0};  // compilations past the time limit that still run
 };
 
 ConstraintCompiler::ConstraintCompiler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -138,37 +157,105 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Co
   if (c.kind == Kind::kChoice && c.choices.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(c.field, ": an empty list; allowed: one or more strings"));
   }
+  // On a thread of its own, waited for at most the time limit: xgrammar cannot be interrupted, so a compilation
+  // past it goes on, counted, and its result is dropped (xgrammar's cache keeps it for a retry).
+  if (const int overdue = impl_->overdue.load(); overdue >= impl_->limits.max_overdue) {
+    return absl::UnavailableError(absl::StrCat(c.field, ": the constraint compiler is still busy with ", overdue,
+                                               " constraints that took longer than ", impl_->limits.compile_timeout_ms,
+                                               " ms (engine.structured_output_compile_timeout_ms); try again later"));
+  }
+  struct Pending {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false, abandoned = false;
+    absl::StatusOr<std::shared_ptr<const CompiledConstraint>> result;
+  };
+  auto pending = std::make_shared<Pending>();
+  std::thread([impl = impl_, pending, c] {
+    absl::StatusOr<std::shared_ptr<const CompiledConstraint>> result = CompileWith(*impl, c);
+    std::lock_guard<std::mutex> lock(pending->mu);
+    pending->result = std::move(result);
+    pending->done = true;
+    if (pending->abandoned) --impl->overdue;
+    pending->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(pending->mu);
+  if (!pending->cv.wait_for(lock, std::chrono::milliseconds(impl_->limits.compile_timeout_ms),
+                            [&] { return pending->done; })) {
+    pending->abandoned = true;
+    ++impl_->overdue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        c.field, ": took longer than ", impl_->limits.compile_timeout_ms, " ms to compile; allowed: at most ",
+        impl_->limits.compile_timeout_ms, " ms (engine.structured_output_compile_timeout_ms)"));
+  }
+  return std::move(pending->result);
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::CompileWith(const Impl& impl,
+                                                                                          const OutputConstraint& c) {
+  using Kind = OutputConstraint::Kind;
   try {
-    xgrammar::GrammarCompiler& x = *impl_->compiler;
+    xgrammar::GrammarCompiler& x = *impl.compiler;
+    std::string choice_regex;
+    for (const std::string& choice : c.choices) {
+      if (!choice_regex.empty()) choice_regex += '|';
+      choice_regex += "(" + RegexLiteral(choice) + ")";
+    }
+    const OutputConstraint::Reasoning reasoning =
+        impl.limits.in_reasoning ? OutputConstraint::Reasoning::kNone : c.reasoning;
+    if (reasoning == OutputConstraint::Reasoning::kNone) {  // xgrammar's own calls, cached by their source
+      switch (c.kind) {
+        case Kind::kNone:
+          break;
+        case Kind::kJsonObject:
+          return std::make_shared<const CompiledConstraint>(x.CompileJSONSchema(kAnyObject));
+        case Kind::kJsonSchema:
+          return std::make_shared<const CompiledConstraint>(
+              x.CompileJSONSchema(c.text, /*any_whitespace=*/false, std::nullopt, std::nullopt, /*strict_mode=*/true));
+        case Kind::kRegex:
+          return std::make_shared<const CompiledConstraint>(x.CompileRegex(c.text));
+        case Kind::kGrammar:
+          return std::make_shared<const CompiledConstraint>(x.CompileGrammar(c.text));
+        case Kind::kChoice:
+          return std::make_shared<const CompiledConstraint>(x.CompileRegex(choice_regex));
+        case Kind::kToolCall:
+          break;
+      }
+    }
+    std::optional<xgrammar::Grammar> answer;
     switch (c.kind) {
       case Kind::kNone:
-        break;
+        return absl::InvalidArgumentError(absl::StrCat(c.field, ": no constraint to compile"));
       case Kind::kJsonObject:
-        return std::make_shared<const CompiledConstraint>(x.CompileJSONSchema(R"({"type": "object"})"));
+        answer = xgrammar::Grammar::FromJSONSchema(kAnyObject);
+        break;
       case Kind::kJsonSchema:
-        return std::make_shared<const CompiledConstraint>(
-            x.CompileJSONSchema(c.text, /*any_whitespace=*/false, std::nullopt, std::nullopt, /*strict_mode=*/true));
+        answer = xgrammar::Grammar::FromJSONSchema(c.text, /*any_whitespace=*/false, std::nullopt, std::nullopt,
+                                                   /*strict_mode=*/true);
+        break;
       case Kind::kRegex:
-        return std::make_shared<const CompiledConstraint>(x.CompileRegex(c.text));
+        answer = xgrammar::Grammar::FromRegex(c.text);
+        break;
       case Kind::kGrammar:
-        return std::make_shared<const CompiledConstraint>(x.CompileGrammar(c.text));
-      case Kind::kChoice: {
-        std::string regex;
-        for (const std::string& choice : c.choices) {
-          if (!regex.empty()) regex += '|';
-          regex += "(" + RegexLiteral(choice) + ")";
-        }
-        return std::make_shared<const CompiledConstraint>(x.CompileRegex(regex));
-      }
+        answer = xgrammar::Grammar::FromEBNF(c.text);
+        break;
+      case Kind::kChoice:
+        answer = xgrammar::Grammar::FromRegex(choice_regex);
+        break;
       case Kind::kToolCall: {
         std::vector<xgrammar::Grammar> parts;
         if (!c.prefix.empty()) parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + EbnfLiteral(c.prefix)));
         parts.push_back(xgrammar::Grammar::FromJSONSchema(c.text, /*any_whitespace=*/false, std::nullopt, std::nullopt,
                                                           /*strict_mode=*/true));
         if (!c.suffix.empty()) parts.push_back(xgrammar::Grammar::FromEBNF("root ::= " + EbnfLiteral(c.suffix)));
-        return std::make_shared<const CompiledConstraint>(x.CompileGrammar(xgrammar::Grammar::Concat(parts)));
+        answer = xgrammar::Grammar::Concat(parts);
+        break;
       }
     }
+    if (reasoning != OutputConstraint::Reasoning::kNone) {
+      answer = xgrammar::Grammar::Concat({ReasoningGrammar(reasoning), *answer});
+    }
+    return std::make_shared<const CompiledConstraint>(x.CompileGrammar(*answer));
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(c.field, " cannot be compiled: ", Short(e.what())));
   }

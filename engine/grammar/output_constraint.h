@@ -25,6 +25,11 @@ struct OutputConstraint {
   // Where the API put it, for errors ("response_format.json_schema.schema").
   std::string field;
   std::string prefix, suffix;  // kToolCall: the output is prefix, JSON that `text` admits, then suffix
+  // A model that thinks in <think>…</think> (engine/chat/reasoning.h) reasons freely; the constraint holds for the
+  // answer after </think> and the blank lines that follow it. kMayOpen: the output may begin with <think> (else it
+  // is all answer); kOpened: the prompt opened the reasoning. kNone: the constraint holds for the whole output.
+  enum class Reasoning { kNone, kMayOpen, kOpened };
+  Reasoning reasoning = Reasoning::kNone;
 
   bool active() const { return kind != Kind::kNone; }
 };
@@ -38,6 +43,9 @@ constexpr int kMaxSchemaDepth = 32;
 struct ConstraintLimits {
   int64_t max_bytes = 64 << 10;              // of a schema, pattern, grammar or the choices together
   int64_t cache_bytes = int64_t{256} << 20;  // compiled grammars kept for reuse
+  bool in_reasoning = false;                 // OutputConstraint::reasoning is ignored: the whole output is constrained
+  int64_t compile_timeout_ms = 10000;        // a compilation that takes longer is refused
+  int max_overdue = 2;                       // compilations past the limit still running: beyond, Unavailable
 };
 
 // Compiles constraints for one model. Thread-safe: request threads compile, never the engine's.
@@ -50,13 +58,17 @@ class ConstraintCompiler {
                                                                     ConstraintLimits limits);
   ~ConstraintCompiler();
 
-  // An invalid or oversized constraint is InvalidArgument naming its field and a short prefix of the problem.
+  // An invalid or oversized constraint is InvalidArgument naming its field and a short prefix of the problem, and so
+  // is one whose compilation takes longer than limits.compile_timeout_ms (it goes on, on a thread of its own, and
+  // with limits.max_overdue of those still running, a request to compile is Unavailable).
   absl::StatusOr<std::shared_ptr<const CompiledConstraint>> Compile(const OutputConstraint& constraint) const;
 
  private:
   struct Impl;
   explicit ConstraintCompiler(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  static absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompileWith(const Impl& impl,
+                                                                               const OutputConstraint& c);
+  std::shared_ptr<Impl> impl_;  // shared with compilations past their time limit
 };
 
 // One sequence's place in its constraint.

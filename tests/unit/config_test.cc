@@ -86,7 +86,8 @@ TEST(Config, EveryKeySurvivesTheDumpWithAValueOtherThanItsDefault) {
   const std::string yaml = R"(model: {path: /models/x, name: served-x, max_model_len: 4096, load_format: dummy}
 engine: {backend: cpu, dtype: float16, quantization: fp8, kv_cache_dtype: fp8_e4m3, cuda_graphs: false, plan_ahead: "off", block_size: 32, num_blocks: 1000,
          gpu_memory_utilization: 0.75, cpu_kv_cache_gib: 2.5, swap_space_gib: 1.5, host_kv_cache_gib: 2.25, num_threads: 3, tensor_parallel_size: 4, profile_steps: 7,
-         structured_output_max_bytes: 1000, structured_output_cache_mib: 32}
+         structured_output_max_bytes: 1000, structured_output_cache_mib: 32,
+         structured_output_compile_timeout_ms: 2500, structured_output_in_reasoning: true}
 scheduler: {max_num_seqs: 12, max_num_batched_tokens: 640, prefix_caching: false, max_queue: 99,
             max_queued_tokens: 12345, long_prefill_chunk: 128, priority_aging_s: 2.5}
 server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000, metrics_listen: '',
@@ -121,6 +122,8 @@ kv_events: {enabled: true, endpoint: 'tcp://127.0.0.1:6000', replay_endpoint: 't
     EXPECT_EQ(x->engine.profile_steps, 7);
     EXPECT_EQ(x->engine.structured_output_max_bytes, 1000);
     EXPECT_EQ(x->engine.structured_output_cache_mib, 32);
+    EXPECT_EQ(x->engine.structured_output_compile_timeout_ms, 2500);
+    EXPECT_TRUE(x->engine.structured_output_in_reasoning);
     EXPECT_EQ(x->scheduler.max_num_seqs, 12);
     EXPECT_EQ(x->scheduler.max_num_batched_tokens, 640);
     EXPECT_FALSE(x->scheduler.prefix_caching);

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "engine/chat/tool_calls.h"
 #include "tests/unit/fixtures.h"
 
@@ -135,6 +136,93 @@ TEST(OutputConstraint, AForcedToolCallIsAlwaysACallOfAnOfferedTool) {
       }
     }
   }
+}
+
+bool Allows(const std::vector<uint32_t>& mask, int32_t t) {
+  return mask[t / 32] >> (t % 32) & 1u;
+}
+
+// A model that thinks reasons freely (any text, the end of the output refused) until </think>; the constraint
+// holds for its answer after that and the blank lines that follow. Where the output may open the reasoning, it
+// may also answer at once. With ConstraintLimits::in_reasoning the constraint holds for the reasoning too.
+TEST(OutputConstraint, AThinkingModelReasonsFreelyAndItsAnswerFitsTheConstraint) {
+  const Vocab s = Make();
+  using R = OutputConstraint::Reasoning;
+  // Feeds `text`'s tokens, each of which must be allowed, the end of the output never; returns false where one is not.
+  const auto feed = [&](ConstraintState& state, const std::string& text, bool may_end) {
+    std::vector<uint32_t> mask(ConstraintState::MaskWords(kVocab));
+    for (int32_t t : s.tokenizer->Encode(text, false)) {
+      state.FillAllowed(mask);
+      EXPECT_EQ(Allows(mask, s.eos), may_end) << "before a token of \"" << text << "\"";
+      if (!Allows(mask, t)) return false;
+      EXPECT_TRUE(state.Accept(t));
+    }
+    return true;
+  };
+  const std::string thought = "the answer is {\"json\": 1}, not zz-12 </thin or </ yet\n";
+  for (R reasoning : {R::kOpened, R::kMayOpen}) {
+    OutputConstraint c{OutputConstraint::Kind::kRegex, "[a-f]{3}-[0-9]{2}", {}, "structured_outputs.regex"};
+    c.reasoning = reasoning;
+    auto compiled = s.compiler->Compile(c);
+    ASSERT_TRUE(compiled.ok()) << compiled.status();
+    ConstraintState state(*compiled);
+    const std::string opening = reasoning == R::kMayOpen ? "<think>\n" : "";
+    ASSERT_TRUE(feed(state, opening + thought + "</think>\n\n", false)) << "the reasoning is free text";
+    EXPECT_FALSE(feed(state, "zz", false)) << "the answer is constrained";
+    ASSERT_TRUE(feed(state, "abc-42", false));
+    std::vector<uint32_t> mask(ConstraintState::MaskWords(kVocab));
+    state.FillAllowed(mask);
+    EXPECT_TRUE(Allows(mask, s.eos)) << "the answer is complete";
+    EXPECT_TRUE(state.Accept(s.eos));
+    EXPECT_TRUE(state.Terminated());
+  }
+  {  // may open, answers at once
+    OutputConstraint c{OutputConstraint::Kind::kRegex, "[a-f]{3}-[0-9]{2}", {}, "structured_outputs.regex"};
+    c.reasoning = R::kMayOpen;
+    ConstraintState state(*s.compiler->Compile(c));
+    EXPECT_FALSE(feed(state, "zz", false));
+    ConstraintState again(*s.compiler->Compile(c));
+    EXPECT_TRUE(feed(again, "fed-10", false));
+  }
+  {  // the reasoning constrained too
+    ConstraintLimits limits;
+    limits.in_reasoning = true;
+    const Vocab strict = Make(limits);
+    OutputConstraint c{OutputConstraint::Kind::kRegex, "[a-f]{3}-[0-9]{2}", {}, "structured_outputs.regex"};
+    c.reasoning = R::kOpened;
+    ConstraintState state(*strict.compiler->Compile(c));
+    std::vector<uint32_t> mask(ConstraintState::MaskWords(kVocab));
+    state.FillAllowed(mask);
+    const std::vector<int32_t> think = strict.tokenizer->Encode("the", false);
+    EXPECT_FALSE(Allows(mask, think[0])) << "no free reasoning";
+  }
+}
+
+// A constraint whose compilation takes longer than the limit is refused naming its field and the key; it goes on,
+// and while limits.max_overdue of those still run, a request to compile is Unavailable.
+TEST(OutputConstraint, ACompilationPastItsTimeLimitIsRefusedAndTheOverdueOnesAreBounded) {
+  // Hundreds of patterned properties: far longer than a millisecond to compile (about 0.15 s here).
+  std::string schema = R"({"type": "object", "properties": {)";
+  for (int i = 0; i < 300; ++i) {
+    schema += absl::StrCat(i ? ", " : "", "\"p", i, "\": {\"type\": \"string\", \"pattern\": \"[a-z]{1,", i % 7 + 1,
+                           "}[0-9]+x", i, "\"}");
+  }
+  schema += "}}";
+  const OutputConstraint slow{OutputConstraint::Kind::kJsonSchema, schema, {}, "response_format.json_schema.schema"};
+  ConstraintLimits limits;
+  limits.compile_timeout_ms = 1;
+  limits.max_overdue = 1;
+  const Vocab hurried = Make(limits);
+  auto refused = hurried.compiler->Compile(slow);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  const std::string message(refused.status().message());
+  EXPECT_NE(message.find("response_format.json_schema.schema"), std::string::npos) << message;
+  EXPECT_NE(message.find("engine.structured_output_compile_timeout_ms"), std::string::npos) << message;
+  const auto busy = hurried.compiler->Compile(slow);
+  EXPECT_EQ(busy.status().code(), absl::StatusCode::kUnavailable) << busy.status();
+  // With the default limit it compiles.
+  const Vocab patient = Make();
+  EXPECT_TRUE(patient.compiler->Compile(slow).ok());
 }
 
 TEST(OutputConstraint, BadAndOversizedConstraintsAreRefusedNamingTheField) {
