@@ -99,10 +99,17 @@ struct ConstraintCompiler::Impl {
   ConstraintLimits limits;
   std::unique_ptr<xgrammar::GrammarCompiler> compiler;
   std::atomic<int> overdue{0};  // compilations past the time limit that still run
+  std::mutex mu;
+  std::condition_variable idle;
+  int running = 0;  // compilations on their threads (under mu): the compiler's end waits for them
 };
 
 ConstraintCompiler::ConstraintCompiler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-ConstraintCompiler::~ConstraintCompiler() = default;
+ConstraintCompiler::~ConstraintCompiler() {
+  if (!impl_) return;
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->idle.wait(lock, [&] { return impl_->running == 0; });  // none outlives the process's teardown
+}
 
 absl::StatusOr<std::unique_ptr<ConstraintCompiler>> ConstraintCompiler::Create(const Tokenizer& tokenizer,
                                                                                int32_t vocab_size,
@@ -171,13 +178,22 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Co
     absl::StatusOr<std::shared_ptr<const CompiledConstraint>> result;
   };
   auto pending = std::make_shared<Pending>();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    ++impl_->running;
+  }
   std::thread([impl = impl_, pending, c] {
     absl::StatusOr<std::shared_ptr<const CompiledConstraint>> result = CompileWith(*impl, c);
-    std::lock_guard<std::mutex> lock(pending->mu);
-    pending->result = std::move(result);
-    pending->done = true;
-    if (pending->abandoned) --impl->overdue;
-    pending->cv.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(pending->mu);
+      pending->result = std::move(result);
+      pending->done = true;
+      if (pending->abandoned) --impl->overdue;
+      pending->cv.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(impl->mu);
+    --impl->running;
+    impl->idle.notify_all();
   }).detach();
   std::unique_lock<std::mutex> lock(pending->mu);
   if (!pending->cv.wait_for(lock, std::chrono::milliseconds(impl_->limits.compile_timeout_ms),

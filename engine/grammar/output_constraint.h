@@ -60,7 +60,8 @@ class ConstraintCompiler {
 
   // An invalid or oversized constraint is InvalidArgument naming its field and a short prefix of the problem, and so
   // is one whose compilation takes longer than limits.compile_timeout_ms (it goes on, on a thread of its own, and
-  // with limits.max_overdue of those still running, a request to compile is Unavailable).
+  // with limits.max_overdue of those still running, a request to compile is Unavailable; the compiler's destructor
+  // waits for them).
   absl::StatusOr<std::shared_ptr<const CompiledConstraint>> Compile(const OutputConstraint& constraint) const;
 
  private:
