@@ -3,15 +3,20 @@
 # shared libraries they need in lib/ (gRPC, protobuf, abseil, spdlog, yaml-cpp, openblas, ...). The GPU
 # machine has CUDA, cuBLAS and libstdc++ but none of Debian's C++ libraries.
 #   bash scripts/make_gpu_bundle.sh    then, on the device:  bash scripts/gpu_run.sh
+# INFERD_CUDA_ARCHS picks the code it carries (CMake's CUDA_ARCHITECTURES; default 90a): e.g. 80-virtual, PTX for
+# compute_80 alone, which a Hopper GPU's driver compiles at load, to run the Ampere code path on an H100. Each choice
+# builds in a directory of its own (build-gpu, build-gpu-80-virtual, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DINFERD_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a >/dev/null
-cmake --build build-gpu --target inferd core_tests engine_tests gpu_tests bench_rms_norm inferd-bench
-B=build-gpu/bundle
+archs=${INFERD_CUDA_ARCHS:-90a}
+build=build-gpu && [[ $archs != 90a ]] && build="build-gpu-${archs//[^0-9a-z-]/_}"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DINFERD_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$archs" >/dev/null
+cmake --build "$build" --target inferd core_tests engine_tests gpu_tests bench_rms_norm inferd-bench
+B=$build/bundle
 rm -rf "$B" && mkdir -p "$B/bin" "$B/lib"
-cp build-gpu/server/inferd build-gpu/tests/core_tests build-gpu/tests/engine_tests build-gpu/tests/gpu_tests \
-   build-gpu/tools/bench_rms_norm build-gpu/tools/inferd-bench "$B/bin/"
+cp "$build"/server/inferd "$build"/tests/core_tests "$build"/tests/engine_tests "$build"/tests/gpu_tests \
+   "$build"/tools/bench_rms_norm "$build"/tools/inferd-bench "$B/bin/"
 strip "$B"/bin/*
 # System and CUDA libraries are on the device already; everything else travels.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libnvidia|libnccl)'
