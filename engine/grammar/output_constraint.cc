@@ -10,6 +10,7 @@
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -182,7 +183,7 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Co
     std::lock_guard<std::mutex> lock(impl_->mu);
     ++impl_->running;
   }
-  std::thread([impl = impl_, pending, c] {
+  auto compile = [impl = impl_, pending, c] {
     absl::StatusOr<std::shared_ptr<const CompiledConstraint>> result = CompileWith(*impl, c);
     {
       std::lock_guard<std::mutex> lock(pending->mu);
@@ -194,7 +195,14 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Co
     std::lock_guard<std::mutex> lock(impl->mu);
     --impl->running;
     impl->idle.notify_all();
-  }).detach();
+  };
+  try {
+    std::thread(std::move(compile)).detach();
+  } catch (const std::system_error& e) {  // no thread to be had: the request fails, the server goes on
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    --impl_->running;
+    return absl::UnavailableError(absl::StrCat(c.field, ": no thread to compile it on (", Short(e.what()), ")"));
+  }
   std::unique_lock<std::mutex> lock(pending->mu);
   if (!pending->cv.wait_for(lock, std::chrono::milliseconds(impl_->limits.compile_timeout_ms),
                             [&] { return pending->done; })) {

@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "tests/unit/collecting_sink.h"
 #include "tests/unit/fixtures.h"
+#include "tests/unit/host_only_backend.h"
 
 namespace inferd {
 namespace {
@@ -20,25 +21,13 @@ using testing::CollectingSink;
 
 // Samples, in a row with a mask, one of the allowed tokens picked by its position and the request's seed (the
 // end-of-text token once it is allowed and the row is past its sixth output token); elsewhere token 100.
-class MaskFollowingBackend : public Backend {
+class MaskFollowingBackend : public testing::HostOnlyBackend {
  public:
   struct Control {
     std::atomic<int> masks_later_steps{0};  // steps launched whose masks came with SupplyMasks
     std::atomic<int> unmasked_rows{0};      // rows of constrained requests sampled without a mask
   };
-  MaskFollowingBackend(Control* c, int32_t eos) : c_(c), eos_(eos) {}
-  std::string name() const override { return "fake"; }
-  absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits&) override {
-    MemoryPlan p;
-    p.device = "fake";
-    p.kv_bytes_per_block = 1024;
-    return p;
-  }
-  absl::Status AllocateKvCache(const MemoryPlan&) override { return absl::OkStatus(); }
-  absl::Status AllocateHostBlocks(int32_t) override { return absl::OkStatus(); }
-  absl::Status StartCopies(const CopyBatch&) override { return absl::OkStatus(); }
-  uint64_t CompletedCopies() override { return 0; }
-  absl::Status WaitForCopies(uint64_t) override { return absl::OkStatus(); }
+  MaskFollowingBackend(Control* c, int32_t eos) : HostOnlyBackend("fake"), c_(c), eos_(eos) {}
   absl::Status SupplyMasks(std::span<const std::span<const uint32_t>> masks) override {
     c_->masks_later_steps++;
     return Backend::SupplyMasks(masks);

@@ -14,6 +14,7 @@
 #include "engine/runtime/philox.h"
 #include "tests/unit/collecting_sink.h"
 #include "tests/unit/fixtures.h"
+#include "tests/unit/host_only_backend.h"
 
 namespace inferd {
 namespace {
@@ -22,7 +23,7 @@ using testing::CollectingSink;
 
 // Samples token 100 + (position + seed) % 50 (seed: the request's, or 0); fails the step when asked to; can
 // be slowed down. Every token fed back past the 6-token prompts must be the one it sampled for that sequence.
-class FakeBackend : public Backend {
+class FakeBackend : public testing::HostOnlyBackend {
  public:
   struct Control {
     std::atomic<bool> fail{false};
@@ -31,23 +32,7 @@ class FakeBackend : public Backend {
     std::atomic<int> bad_rows{0};    // steps whose sampling rows did not match their logits rows
     std::atomic<int> bad_tokens{0};  // output tokens fed back other than as sampled
   };
-  explicit FakeBackend(Control* c) : c_(c) {}
-  std::string name() const override { return "fake"; }
-  absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) override {
-    MemoryPlan p;
-    p.device = "fake";
-    p.kv_bytes_per_block = 1024;
-    return p;
-  }
-  absl::Status AllocateKvCache(const MemoryPlan& plan) override { return absl::OkStatus(); }
-  absl::Status AllocateHostBlocks(int32_t) override { return absl::OkStatus(); }
-  absl::Status StartCopies(const CopyBatch& batch) override {
-    completed_copies_ = batch.ticket;
-    return absl::OkStatus();
-  }
-  uint64_t CompletedCopies() override { return completed_copies_; }
-  absl::Status WaitForCopies(uint64_t) override { return absl::OkStatus(); }
-  uint64_t completed_copies_ = 0;
+  explicit FakeBackend(Control* c) : HostOnlyBackend("fake"), c_(c) {}
   absl::Status Step(const StepInput& in, StepOutput* out) override {
     c_->steps++;
     if (c_->step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(c_->step_ms.load()));

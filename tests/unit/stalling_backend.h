@@ -11,10 +11,11 @@
 
 #include "engine/engine.h"
 #include "engine/runtime/backend.h"
+#include "tests/unit/host_only_backend.h"
 
 namespace inferd::testing {
 
-class StallingBackend : public Backend {
+class StallingBackend : public HostOnlyBackend {
  public:
   struct Control {
     std::mutex mu;
@@ -37,24 +38,8 @@ class StallingBackend : public Backend {
       return cv.wait_for(lock, std::chrono::seconds(10), [&] { return stuck_steps == 1; });
     }
   };
-  explicit StallingBackend(Control* c) : c_(c) {}
-  std::string name() const override { return "stalling"; }
+  explicit StallingBackend(Control* c) : HostOnlyBackend("stalling"), c_(c) {}
   uint64_t Progress() const override { return c_->progress.load(); }
-  absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits&) override {
-    MemoryPlan p;
-    p.device = "stalling";
-    p.kv_bytes_per_block = 1024;
-    return p;
-  }
-  absl::Status AllocateKvCache(const MemoryPlan&) override { return absl::OkStatus(); }
-  absl::Status AllocateHostBlocks(int32_t) override { return absl::OkStatus(); }
-  absl::Status StartCopies(const CopyBatch& batch) override {
-    completed_copies_ = batch.ticket;
-    return absl::OkStatus();
-  }
-  uint64_t CompletedCopies() override { return completed_copies_; }
-  absl::Status WaitForCopies(uint64_t) override { return absl::OkStatus(); }
-  uint64_t completed_copies_ = 0;
   absl::Status Step(const StepInput& in, StepOutput* out) override {
     std::unique_lock<std::mutex> lock(c_->mu);
     ++c_->stuck_steps;
