@@ -20,21 +20,15 @@ using testing::Random;
 
 template <typename T>
 float ToF(T v) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(v);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
+  if constexpr (std::is_same_v<T, float>) {
     return v;
+  } else {
+    return testing::ToFloatHost(v);
   }
 }
 template <typename T>
 T FromF(float v) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __float2half(v);
-  } else {
-    return __float2bfloat16(v);
-  }
+  return testing::FromFloatHost<T>(v);
 }
 template <typename T>
 std::vector<T> Round(const std::vector<float>& v) {

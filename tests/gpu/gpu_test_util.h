@@ -1,13 +1,17 @@
-// Helpers of the GPU kernel tests: device buffers from host vectors, bf16 conversion, relative error.
+// Helpers of the GPU kernel tests: device buffers from host vectors, bf16 and fp16 conversion, relative error.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -18,6 +22,32 @@ namespace inferd::testing {
 inline bool HaveGpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// The bits of a 2-byte float.
+template <typename T>
+uint16_t Bits(T v) {
+  uint16_t b;
+  std::memcpy(&b, &v, 2);
+  return b;
+}
+
+// Host-side conversions between fp32 and bf16 or fp16.
+template <typename T>
+T FromFloatHost(float f) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16(f);
+  } else {
+    return __float2half(f);
+  }
+}
+template <typename T>
+float ToFloatHost(T v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(v);
+  } else {
+    return __half2float(v);
+  }
 }
 
 inline float Bf(float v) {

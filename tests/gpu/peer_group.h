@@ -1,5 +1,5 @@
 // The one-shot peer collectives' device memory for tests (kernels/all_reduce.h): a group of ranks sharing this GPU,
-// or each on a GPU of its own, with a stream each; and the 2-byte float conversions the checks use.
+// or each on a GPU of its own, with a stream each.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -8,8 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "kernels/all_reduce.h"
@@ -90,29 +88,5 @@ class PeerTestGroup {
   bool own_gpus_;
   std::vector<void*> allocations_;
 };
-
-template <typename T>
-uint16_t Bits(T v) {
-  uint16_t b;
-  std::memcpy(&b, &v, 2);
-  return b;
-}
-
-template <typename T>
-T FromFloatHost(float f) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16(f);
-  } else {
-    return __float2half(f);
-  }
-}
-template <typename T>
-float ToFloatHost(T v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
-    return __half2float(v);
-  }
-}
 
 }  // namespace inferd::testing
