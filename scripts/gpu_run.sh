@@ -3,7 +3,7 @@
 # kernel, sampler and whole-model parity tests, the CPU tests, one serving run under compute-sanitizer, then
 # writes the Llama-3-8B-shaped random model, benchmarks it, and checks the served model's live efficiency
 # metrics against the benchmark's ratios. Results go to $OUT (or ./gpu-results).
-#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|bench|efficiency|sweep|multiturn|copies|tp|families|all]
+#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|smollm2|bench|efficiency|sweep|multiturn|copies|tp|families|all]
 # image: the CUDA image's own inferd from its root filesystem in a chroot, serving the 8B model (needs
 #   `bash docker/build-images.sh cuda && bash docker/export-payload.sh` here instead of the bundle; root there).
 # parity: the test models and references, then the precision and whole-model parity tests alone.
@@ -26,8 +26,11 @@
 #   benchmarked by both bundles in turn (A/B);
 #   TP_PARTS (parity, bench, either, both or none) picks what follows. With 2 or more GPUs:
 #   the test models and their references, the parity suite at tensor_parallel_size 2, 4 and 8 (as many as there
-#   are GPUs: it fails when it has nothing to compare), the 8B shape at 1 and 2 (TP_QUANTIZATIONS="none fp8"), and the
+#   are GPUs: it fails when it has nothing to compare), the 8B shape at 1, 2, 4 and 8 (TP_QUANTIZATIONS="none fp8"), and the
 #   Llama-3-70B shape at 2, 4 and 8 (TP70_QUANTIZATION), both from weights made on the GPUs (model.load_format dummy).
+# smollm2: the bundled SmolLM2 served on cuda through the SmolLM2 suites (structured output: the JSON-schema suite,
+#   regex, EBNF and choices; tools; chat), driven by the openai SDK and checked with jsonschema (both must be
+#   importable there: carry their wheels). Needs models/SmolLM2-135M-Instruct.Q4_1.gguf (scripts/setup.sh).
 # families: the Qwen3-8B shape beside the Llama-3-8B shape, both from weights made on the GPU (model.load_format
 #   dummy), bf16 and fp8, decode at 1, 64 and 128 rows and prefill (the model layer's per-head norms at full size);
 #   Phi-3.5-mini's shape (heads of 96, run padded to 128; FAMILIES_PHI3=0 leaves it out); then Gemma 3 4B's shape
@@ -203,6 +206,15 @@ if [[ "$what" == all || "$what" == copies ]]; then
   gzip -f "$OUT/storm_server.log"
 fi
 
+if [[ "$what" == smollm2 ]]; then
+  echo "== the bundled SmolLM2 on cuda: structured output, tools and chat through the OpenAI SDK and gRPC"
+  suites=(tests/integration/test_schema_suite.py tests/integration/test_structured_output.py
+          tests/integration/test_tools.py tests/integration/test_chat.py)
+  skip=() && python3 -c "import agents" 2>/dev/null || skip=(-k "not agents")  # openai-agents travels only if carried
+  INFERD_SMOLLM2_BACKEND=cuda INFERD_BIN="$BUNDLE/bin/inferd" INFERD_PY_STUBS="$BUNDLE/pystubs" \
+    python3 -m pytest -q -p no:cacheprovider -rs "${suites[@]}" "${skip[@]}" 2>&1 | tee "$OUT/smollm2_cuda.txt" | tail -n 25
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
 if [[ "$what" == all || "$what" == accuracy ]]; then
   echo "== accuracy on real weights: SmolLM2 in bf16 and fp8, perplexity and greedy agreement"
   if [[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf && -f models/eval/kjv-genesis-exodus.txt ]]; then
@@ -422,7 +434,10 @@ if [[ "$what" == tp ]]; then
   fi
   if (( gpus >= 2 )) && [[ $parts == *bench* ]]; then
     for q in ${TP_QUANTIZATIONS:-none}; do
-      for n in 1 2; do TP_MODEL=$M8 bench_tp "$BUNDLE" $n "8b_${q}_tp$n" --load-format dummy --quantization "$q"; done
+      for n in 1 2 4 8; do
+        (( n <= gpus )) || continue
+        TP_MODEL=$M8 bench_tp "$BUNDLE" $n "8b_${q}_tp$n" --load-format dummy --quantization "$q"
+      done
     done
     echo "-- inferd plan at tensor_parallel_size 2 against the real plan of the 8B's TP 2 run"
     compare_plan "model: {path: $M8, load_format: dummy}" "$OUT/tp_8b_none_tp2.json" 8b_tp2 \

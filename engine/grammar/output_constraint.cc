@@ -289,11 +289,12 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> ConstraintCompiler::Co
 struct ConstraintState::Impl {
   std::shared_ptr<const CompiledConstraint> compiled;  // outlives the matcher
   xgrammar::GrammarMatcher matcher;
-  bool broken = false;  // xgrammar failed: the next token is refused, which ends the request with an error
+  bool broken = false;   // xgrammar failed: the next token is refused, which ends the request with an error
+  int32_t accepted = 0;  // tokens accepted since the start, the most Rollback can undo
 };
 
 ConstraintState::ConstraintState(std::shared_ptr<const CompiledConstraint> compiled)
-    : impl_(new Impl{compiled, xgrammar::GrammarMatcher(compiled->grammar), false}) {}
+    : impl_(new Impl{compiled, xgrammar::GrammarMatcher(compiled->grammar), false, 0}) {}
 ConstraintState::~ConstraintState() = default;
 ConstraintState::ConstraintState(ConstraintState&&) noexcept = default;
 
@@ -321,10 +322,25 @@ void ConstraintState::FillAllowed(std::span<uint32_t> mask) {
 bool ConstraintState::Accept(int32_t token) {
   if (impl_->broken) return false;
   try {
-    return impl_->matcher.AcceptToken(token);
+    if (!impl_->matcher.AcceptToken(token)) return false;
   } catch (const std::exception&) {
     return false;
   }
+  ++impl_->accepted;
+  return true;
+}
+
+bool ConstraintState::Rollback(int32_t tokens) {
+  if (tokens < 0 || tokens > impl_->accepted || impl_->broken) return false;
+  if (tokens == 0) return true;
+  try {
+    impl_->matcher.Rollback(tokens);
+  } catch (const std::exception&) {
+    impl_->broken = true;  // as in FillAllowed: the sequence ends with an error at its next token
+    return false;
+  }
+  impl_->accepted -= tokens;
+  return true;
 }
 
 bool ConstraintState::Terminated() const {

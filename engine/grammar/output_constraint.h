@@ -87,6 +87,9 @@ class ConstraintState {
   // Moves past a sampled token; false when the constraint does not allow it, or xgrammar failed (the sequence
   // then ends with an error).
   bool Accept(int32_t token);
+  // Undoes the last `tokens` accepted tokens (a step taken back: speculative decoding's rejected drafts), so that
+  // the state is as it was before them. False, changing nothing, when fewer were accepted since the start.
+  bool Rollback(int32_t tokens);
   // The constraint is complete and has taken a stop token: nothing may follow.
   bool Terminated() const;
 

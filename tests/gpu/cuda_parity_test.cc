@@ -43,6 +43,7 @@ struct CudaCase {
   double logprob_tolerance = 0.25;      // the chosen tokens' logprobs against the reference's
   const char* kv_cache_dtype = "auto";  // engine.kv_cache_dtype
   double near_tie_split = 0;            // where set, near_tie at tensor_parallel_size > 1
+  double logprob_tolerance_split = 0;   // where set, logprob_tolerance at tensor_parallel_size > 1
 };
 
 // How far greedy tokens follow a reference: per prompt, the positions before the reference's first near-tie
@@ -104,6 +105,9 @@ int TensorParallelSize() {
 }
 double NearTie(const CudaCase& c) {
   return TensorParallelSize() > 1 && c.near_tie_split > 0 ? c.near_tie_split : c.near_tie;
+}
+double LogprobTolerance(const CudaCase& c) {
+  return TensorParallelSize() > 1 && c.logprob_tolerance_split > 0 ? c.logprob_tolerance_split : c.logprob_tolerance;
 }
 std::string ReferenceSuffix(const CudaCase& c) {
   std::string suffix = c.reference_suffix;
@@ -170,7 +174,7 @@ TEST_P(CudaParity, GreedyTokensMatchTransformersUntilANearTie) {
       std::string(c.kv_cache_dtype) == "auto" ? "" : " kv-fp8", c.block_size, c.max_num_batched_tokens, c.max_num_seqs,
       c.copies, c.cuda_graphs ? "" : " eager", got.agreed, got.compared, worst_logprob_error);
   EXPECT_TRUE(got.first_mismatch.empty()) << c.model << c.reference_suffix << ": " << got.first_mismatch;
-  EXPECT_LT(worst_logprob_error, c.logprob_tolerance) << "logprobs stay near the reference";
+  EXPECT_LT(worst_logprob_error, LogprobTolerance(c)) << "logprobs stay near the reference";
   if (NearTie(c) <= 0.1) {
     EXPECT_GT(got.compared, static_cast<int>(tokens.size()) * 32 / 4) << "most positions are compared, not skipped";
   } else {
@@ -226,7 +230,9 @@ std::vector<CudaCase> AllCases() {
           // TP > 1 (ReferenceSuffix). Against those, gemma3-hd256's chosen logprobs move by 0.22 at most but a
           // token of margin 0.72 flips (two H100s, 2026-11-26): its fp8 logits move by up to ~0.37 (the largest
           // chosen-logprob error measured at TP 1 or 2), so a margin under twice that is a tie for it when split.
-          {"qwen3-hd128", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.5},
+          // So it is for qwen3-hd128: over four ranks a token of margin 0.74 flipped (worst chosen-logprob error
+          // 0.28; four H200s, 2026-11-26).
+          {"qwen3-hd128", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.5, "auto", 0.75},
           {"gemma3-hd256", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.5, "auto", 0.75},
           {"llama3-hd64", "-bf16", 1, 13},
           {"qwen2-hd128", "-bf16", 3, 24},
@@ -242,11 +248,13 @@ std::vector<CudaCase> AllCases() {
           // of margin 0.5-1 flips (measured). Our reading, not yet shown: its random QKV biases are large, so a q·k
           // logit carries bias · (the input's error), which an input rounded by the engine (from bf16) and by the
           // reference (from fp32) to neighbouring e4m3 values makes large; its bf16 run is also the furthest from
-          // fp32 (0.11 against 0.05). Hence its near-tie margin of 1.0 and logprob tolerance of 0.75.
+          // fp32 (0.11 against 0.05). Hence its near-tie margin of 1.0 and logprob tolerance of 0.75. Split over
+          // four ranks it moved by up to 0.79 and flipped a token of margin 1.06 on 3-token pages (four H200s,
+          // 2026-11-26; every other model agreed at every compared position there): 1.25 and 1.0 when split.
           {"llama3-hd64", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.25},
-          {"qwen2-hd128", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 1.0, 0.75},
+          {"qwen2-hd128", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 1.0, 0.75, "auto", 1.25, 1.0},
           {"mistral-hd128-g3", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.25},
-          {"qwen2-hd128", "-fp8a8", 3, 24, "auto", true, 8, 1, "fp8", 1.0, 0.75},
+          {"qwen2-hd128", "-fp8a8", 3, 24, "auto", true, 8, 1, "fp8", 1.0, 0.75, "auto", 1.25, 1.0},
           {"mistral-hd128-g3", "-fp8a8", 16, 2048, "float16", true, 8, 1, "fp8", 0.5, 0.25},
           {"llama3-hd64", "-fp8a8", 16, 2048, "auto", true, 1, 1, "fp8", 0.5, 0.25},
           {"mistral-hd128-g3", "-fp8a8", 16, 2048, "auto", true, 1, 1, "fp8", 0.5, 0.25},

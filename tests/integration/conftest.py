@@ -21,11 +21,22 @@ MODELS = os.path.join(SOURCE_DIR, "tests", "fixtures", "models")
 SMOLLM2 = os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")  # the bundled model
 
 
+# INFERD_SMOLLM2_BACKEND=cuda serves the SmolLM2 suites (structured output, tools, the schema suite) on the GPU:
+# scripts/gpu_run.sh smollm2 runs them there.
+SMOLLM2_BACKEND = os.environ.get("INFERD_SMOLLM2_BACKEND", "cpu")
+
+
 def smollm2_server(**engine):
-    """The bundled SmolLM2 served on the cpu backend with the OpenAI HTTP API (engine keys added or replaced)."""
+    """The bundled SmolLM2 served with the OpenAI HTTP API on the cpu backend, or on cuda where
+    INFERD_SMOLLM2_BACKEND says so (engine keys added or replaced)."""
     assert os.path.exists(SMOLLM2), "bash scripts/setup.sh fetches the bundled model"
-    return Server(model=SMOLLM2, http=True, engine={"backend": "cpu", "block_size": 16, "cpu_kv_cache_gib": 0.25,
-                                                    **engine})
+    s = Server(model=SMOLLM2, http=True, engine={"backend": SMOLLM2_BACKEND, "block_size": 16,
+                                                 "cpu_kv_cache_gib": 0.25, "gpu_memory_utilization": 0.2, **engine})
+    backend = s.stub.GetServerInfo(inferd_pb2.GetServerInfoRequest()).backend
+    if backend != SMOLLM2_BACKEND:
+        s.stop()
+        raise AssertionError(f"asked for the {SMOLLM2_BACKEND} backend, got {backend}")
+    return s
 
 
 def openai_client(server, timeout):

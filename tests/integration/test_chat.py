@@ -7,10 +7,7 @@ import subprocess
 import grpc
 import pytest
 
-from conftest import INFERD_BIN, SMOLLM2, SOURCE_DIR, Server, inferd_pb2 as pb
-
-# scripts/gpu_run.sh asks for cuda to run the SmolLM2 chat tests on the GPU.
-SMOLLM2_BACKEND = os.environ.get("INFERD_SMOLLM2_BACKEND", "cpu")
+from conftest import INFERD_BIN, SMOLLM2, SMOLLM2_BACKEND, SOURCE_DIR, Server, inferd_pb2 as pb
 
 
 def chat(*turns, max_tokens=48):

@@ -109,6 +109,41 @@ TEST(OutputConstraint, JsonObjectRegexAndChoiceHold) {
   }
 }
 
+// Taking tokens back (speculative decoding's rejected drafts) leaves the state as it was before them: the same
+// masks, the same tokens accepted next, and an answer that fits the constraint when the walk goes another way.
+TEST(OutputConstraint, RollingBackTokensRestoresTheStateBeforeThem) {
+  const Vocab s = Make();
+  auto compiled = s.compiler->Compile({OutputConstraint::Kind::kRegex, R"(\d{4}-\d{2}-\d{2})", {}, "regex"});
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  ConstraintState state(*compiled);
+  const int32_t words = ConstraintState::MaskWords(kVocab);
+  auto tokens_of = [&](const std::string& text) {
+    std::vector<int32_t> ids = s.tokenizer->Encode(text, false);
+    EXPECT_FALSE(ids.empty()) << text;
+    return ids;
+  };
+  const std::vector<int32_t> first = tokens_of("2024-"), wrong = tokens_of("11-03"), right = tokens_of("03-15");
+  for (int32_t t : first) ASSERT_TRUE(state.Accept(t)) << t;
+  std::vector<uint32_t> before(words), after(words);
+  state.FillAllowed(before);
+  EXPECT_FALSE(state.Rollback(static_cast<int32_t>(first.size()) + 1)) << "more than was accepted";
+  EXPECT_FALSE(state.Rollback(-1));
+  for (int32_t t : wrong) ASSERT_TRUE(state.Accept(t)) << t;
+  ASSERT_TRUE(state.Rollback(static_cast<int32_t>(wrong.size())));
+  state.FillAllowed(after);
+  EXPECT_EQ(before, after) << "the masks after the rollback are those before the drafted tokens";
+  for (int32_t t : right) ASSERT_TRUE(state.Accept(t)) << t;
+  ASSERT_TRUE(state.Accept(s.eos));
+  EXPECT_TRUE(state.Terminated());
+  // Back past the stop token and into the first part: the text may go on from there again.
+  ASSERT_TRUE(state.Rollback(1));
+  EXPECT_FALSE(state.Terminated());
+  ASSERT_TRUE(state.Rollback(static_cast<int32_t>(right.size())));
+  state.FillAllowed(after);
+  EXPECT_EQ(before, after);
+  EXPECT_FALSE(state.Accept(tokens_of("x")[0])) << "a letter does not fit the pattern after a rollback either";
+}
+
 // A forced tool call (engine/chat/tool_calls.h's shape): the prefix, an object naming one of the tools with
 // arguments its schema admits, the suffix; a call the tool-call parser reads back.
 TEST(OutputConstraint, AForcedToolCallIsAlwaysACallOfAnOfferedTool) {
