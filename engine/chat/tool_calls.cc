@@ -1,6 +1,8 @@
 #include "engine/chat/tool_calls.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "engine/json_depth.h"
@@ -211,6 +213,12 @@ ToolCallSplit SplitToolCalls(ToolCallFormat format, std::string_view text) {
 
 std::string ToolCallStream::Feed(std::string_view text) {
   held_.append(text);
+  std::string out = Release();
+  if (deltas_ && in_calls_) Scan();
+  return out;
+}
+
+std::string ToolCallStream::Release() {
   if (in_calls_) return "";
   std::string_view marker = Marker(format_);
   size_t at = held_.find(marker);
@@ -242,7 +250,135 @@ ToolCallSplit ToolCallStream::Finish() {
     out.content = std::move(held_);
   }
   held_.clear();
+  if (!deltas_) return out;
+  Flush();
+  const auto begun = std::count_if(calls_.begin(), calls_.end(), [](const Call& c) { return c.begun; });
+  for (size_t k = 0; k < out.calls.size(); ++k) {  // what of the calls has not gone out
+    const int32_t index = static_cast<int32_t>(k);
+    FoundToolCall& found = out.calls[k];
+    if (k >= calls_.size() || !calls_[k].begun) {
+      out_.push_back({index, std::move(found.name), std::move(found.arguments)});
+    } else if (!calls_[k].any_arguments) {  // its arguments were not an object written out (a string, or none)
+      out_.push_back({index, "", std::move(found.arguments)});
+    }
+  }
+  // Pieces of more calls went out than the text holds whole (one was cut short): the rest of it is theirs.
+  if (static_cast<size_t>(begun) > out.calls.size()) out.content.clear();
+  out.calls.clear();
   return out;
+}
+
+std::vector<ToolCallDelta> ToolCallStream::TakeDeltas() {
+  Flush();
+  return std::exchange(out_, {});
+}
+
+void ToolCallStream::Flush() {
+  for (size_t k = 0; k < calls_.size(); ++k) {
+    Call& call = calls_[k];
+    if (!call.named || (call.begun && call.pending.empty())) continue;
+    call.any_arguments |= !call.pending.empty();
+    out_.push_back({static_cast<int32_t>(k), call.begun ? "" : call.name, std::exchange(call.pending, {})});
+    call.begun = true;
+  }
+}
+
+void ToolCallStream::Scan() {
+  while (scanned_ < held_.size()) {
+    if (!in_json_ && format_ != ToolCallFormat::kHermes) {  // the region is JSON after its marker, if any
+      const std::string_view marker = Marker(format_);
+      if (std::string_view(held_).starts_with(marker)) scanned_ = marker.size();
+      in_json_ = true;
+      continue;
+    }
+    if (!in_json_) {  // Hermes: the next <tool_call>, then its object
+      const size_t open = held_.find(kHermesOpen, scanned_);
+      if (open == std::string::npos) {  // keep the bytes that may begin one
+        scanned_ = std::max(scanned_, held_.size() - std::min(held_.size(), kHermesOpen.size() - 1));
+        return;
+      }
+      const size_t at = SkipSpace(held_, open + kHermesOpen.size());
+      if (at == held_.size()) {  // what follows the marker is still to come
+        scanned_ = open;
+        return;
+      }
+      scanned_ = at;
+      if (held_[at] != '{') continue;  // not a call's object: the split keeps it as text
+      in_json_ = true;
+    }
+    ScanJson(scanned_++);
+  }
+}
+
+void ToolCallStream::ScanJson(size_t at) {
+  const char c = held_[at];
+  if (arguments_depth_ >= 0) calls_.back().pending += c;  // every byte of the arguments, strings and blanks too
+  if (in_string_) {
+    if (escape_) {
+      escape_ = false;
+    } else if (c == '\\') {
+      escape_ = true;
+    } else if (c == '"') {
+      in_string_ = false;
+      if (reading_ == Part::kKey || reading_ == Part::kName) {
+        const ojson j = ojson::parse(std::string_view(held_).substr(string_start_, at + 1 - string_start_), nullptr,
+                                     /*allow_exceptions=*/false);
+        std::string text = j.is_string() ? j.get<std::string>() : std::string();
+        if (reading_ == Part::kKey) {
+          key_ = std::move(text);
+          expect_key_ = false;
+        } else {
+          calls_.back().name = std::move(text);
+          calls_.back().named = true;
+        }
+      }
+      reading_ = Part::kNone;
+    }
+    return;
+  }
+  if (absl::ascii_isspace(static_cast<unsigned char>(c))) return;
+  const bool at_call = call_depth_ >= 0 && depth_ == call_depth_;
+  if (at_call && value_next_) {  // the first byte of a key's value
+    value_next_ = false;
+    if (key_ == "name" && c == '"') reading_ = Part::kName;
+    if ((key_ == "arguments" || key_ == "parameters") && c == '{') {
+      arguments_depth_ = depth_;
+      calls_.back().pending += c;
+    }
+  }
+  switch (c) {
+    case '"':
+      in_string_ = true;
+      string_start_ = at;
+      if (at_call && expect_key_) reading_ = Part::kKey;
+      break;
+    case '{':
+    case '[':
+      if (depth_ == 0) top_array_ = c == '[';
+      if (call_depth_ < 0 && c == '{' && (depth_ == 0 || (depth_ == 1 && top_array_))) {  // a call's object
+        call_depth_ = depth_ + 1;
+        calls_.emplace_back();
+        expect_key_ = true;
+        value_next_ = false;
+      }
+      ++depth_;
+      break;
+    case '}':
+    case ']':
+      depth_ = std::max(0, depth_ - 1);
+      if (arguments_depth_ >= 0 && depth_ == arguments_depth_) arguments_depth_ = -1;  // its '}' went in above
+      if (call_depth_ >= 0 && depth_ < call_depth_) call_depth_ = -1;
+      if (depth_ == 0 && format_ == ToolCallFormat::kHermes) in_json_ = false;  // the next <tool_call> is sought
+      break;
+    case ',':
+      if (at_call) expect_key_ = true;
+      break;
+    case ':':
+      if (at_call) value_next_ = true;
+      break;
+    default:
+      break;
+  }
 }
 
 }  // namespace inferd

@@ -6,6 +6,7 @@
 // it), and the calls found in what the model wrote, whole or as a stream.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,19 +50,60 @@ struct ToolCallSplit {
 // A finished answer split into its text and its calls; a call that does not parse stays in the text.
 ToolCallSplit SplitToolCalls(ToolCallFormat format, std::string_view text);
 
+// A piece of one call as the model writes it (a streamed answer's delta). A call's pieces, in order, name it once
+// (the first piece) and add up to its arguments' JSON text.
+struct ToolCallDelta {
+  int32_t index = 0;      // the call's place among the answer's calls
+  std::string name;       // on the call's first piece only
+  std::string arguments;  // the next bytes of its arguments
+};
+
 // The same over a stream of text: Feed returns what may go out now as content (never the start of a call, nor
 // text that may yet turn out to begin one); Finish splits what was held back.
+// With `deltas`, the calls go out as they are written instead: after each Feed, TakeDeltas gives each call's name
+// once its "name" is complete and its arguments' bytes as they come; Finish then returns the content alone and
+// leaves the rest of the calls (whole, for those no piece of which went out) to TakeDeltas. Once a piece of a call
+// has gone out, what follows it in the text is not content: a call cut short (max_tokens) stays cut short.
 class ToolCallStream {
  public:
-  explicit ToolCallStream(ToolCallFormat format) : format_(format) {}
+  explicit ToolCallStream(ToolCallFormat format, bool deltas = false) : format_(format), deltas_(deltas) {}
   std::string Feed(std::string_view text);
   ToolCallSplit Finish();
+  std::vector<ToolCallDelta> TakeDeltas();
 
  private:
+  struct Call {
+    std::string name;     // once its "name" value is complete (named)
+    std::string pending;  // its arguments' bytes not yet taken
+    bool named = false;
+    bool begun = false;          // its first piece went out
+    bool any_arguments = false;  // bytes of its arguments went out
+  };
+  std::string Release();     // the content that may go out of held_
+  void Scan();               // follows the calls in held_ from scanned_ on
+  void ScanJson(size_t at);  // the byte held_[at] of JSON that may hold calls
+  void Flush();              // the named calls' pieces into out_
+
   ToolCallFormat format_;
+  bool deltas_;
   bool in_calls_ = false;  // a call began: everything after is held to the end
   bool any_text_ = false;  // non-blank content went out (a Llama 3 call is the answer's first thing)
   std::string held_;
+  // The scan of the held calls (deltas_ only).
+  std::vector<Call> calls_;
+  std::vector<ToolCallDelta> out_;
+  size_t scanned_ = 0;
+  bool in_json_ = false;    // inside JSON that may hold calls (Hermes: a <tool_call>'s object)
+  int depth_ = 0;           // brackets open
+  bool top_array_ = false;  // the outermost bracket is '[' (a list of calls)
+  int call_depth_ = -1;     // depth of the current call's own keys; -1 outside a call
+  bool in_string_ = false, escape_ = false;
+  size_t string_start_ = 0;  // where the string being read began
+  enum class Part { kNone, kKey, kName, kArguments } reading_ = Part::kNone;
+  bool expect_key_ = false;   // at call depth: a key comes next
+  std::string key_;           // the call's key whose value comes next
+  bool value_next_ = false;   // after the key's ':', before its value
+  int arguments_depth_ = -1;  // inside the arguments' object, which closes back to this depth
 };
 
 }  // namespace inferd

@@ -102,7 +102,7 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
     Choice(ChoiceSet* set, int index, int prompt) : set(set), index(index), prompt(prompt) {}
 
     void Begin(const std::string&, const TextOptions& options) override {
-      if (options.tool_calls) tools.emplace(*options.tool_calls);
+      if (options.tool_calls) tools.emplace(*options.tool_calls, /*deltas=*/set->request_.stream);
       if (options.reasoning && set->request_.separate_reasoning) reasoning.emplace(*options.reasoning);
       set->Begun();
     }
@@ -133,6 +133,7 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
           pending.tool_calls.push_back({NewToolCallId(), std::move(c.name), std::move(c.arguments)});
         }
       }
+      if (tools) TakeCallPieces();
       pending.logprobs.insert(pending.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
       if (out.finish != FinishReason::kNone) {
         pending.finish = out.finish;
@@ -143,6 +144,19 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
         had_output = true;
         set->FirstOutput(prompt, index);
       }
+    }
+    // A stream's pieces of the calls, each call's first with a new id (the first call alone without
+    // parallel_tool_calls).
+    void TakeCallPieces() {
+      for (ToolCallDelta& d : tools->TakeDeltas()) {
+        if (d.index > 0 && !set->request_.parallel_tool_calls) continue;
+        ToolCallChunk chunk{d.index, "", std::move(d.name), std::move(d.arguments)};
+        if (call_ids.size() <= static_cast<size_t>(d.index)) call_ids.resize(d.index + 1);
+        if (call_ids[d.index].empty()) chunk.id = call_ids[d.index] = NewToolCallId();
+        pending.tool_call_deltas.push_back(std::move(chunk));
+        called = true;
+      }
+      pending.called = called;
     }
     bool busy() const override { return writing; }
     bool Send(bool last) override {
@@ -181,7 +195,9 @@ class ChoiceSet : public std::enable_shared_from_this<ChoiceSet> {
     const int index;
     const int prompt;
     std::shared_ptr<GenerateCall> call;
-    std::optional<ToolCallStream> tools;       // the request's tools: calls held back from the text, found at the end
+    std::optional<ToolCallStream> tools;       // the request's tools: calls held back from the text (or streamed)
+    std::vector<std::string> call_ids;         // a stream's calls' ids, by index
+    bool called = false;                       // a stream's pieces of calls went out
     std::optional<ReasoningStream> reasoning;  // a thinking model's reasoning, split from the answer
     std::string held_reasoning;                // not yet sent (stream_reasoning: false holds it to the end)
     ChoicePiece pending;                       // since the last send

@@ -67,7 +67,7 @@ json Logprobs(const OpenAiResponseContext& ctx, const std::vector<TokenLogprob>&
 }
 
 json Finish(const ChoicePiece& c) {
-  if (!c.tool_calls.empty() && c.finish != FinishReason::kNone && c.finish != FinishReason::kLength &&
+  if ((!c.tool_calls.empty() || c.called) && c.finish != FinishReason::kNone && c.finish != FinishReason::kLength &&
       c.finish != FinishReason::kAborted) {
     return "tool_calls";
   }
@@ -75,14 +75,10 @@ json Finish(const ChoicePiece& c) {
   return name ? json(name) : json(nullptr);
 }
 
-json ToolCallsJson(const std::vector<ChatToolCall>& calls, bool delta) {
+json ToolCallsJson(const std::vector<ChatToolCall>& calls) {
   json list = json::array();
-  for (size_t k = 0; k < calls.size(); ++k) {
-    json call = {{"id", calls[k].id},
-                 {"type", "function"},
-                 {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
-    if (delta) call["index"] = k;
-    list.push_back(std::move(call));
+  for (const ChatToolCall& c : calls) {
+    list.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
   }
   return list;
 }
@@ -152,7 +148,7 @@ std::string OpenAiResponse(const OpenAiResponseContext& ctx, const std::vector<C
       if (!c.reasoning.empty()) choice["message"]["reasoning_content"] = c.reasoning;
       if (!c.tool_calls.empty()) {
         if (c.text.empty()) choice["message"]["content"] = nullptr;  // as OpenAI answers a call without text
-        choice["message"]["tool_calls"] = ToolCallsJson(c.tool_calls, false);
+        choice["message"]["tool_calls"] = ToolCallsJson(c.tool_calls);
       }
     } else {
       choice["text"] = c.text;
@@ -174,7 +170,19 @@ std::string OpenAiChunkEvent(const OpenAiResponseContext& ctx, const ChoicePiece
       if (piece.text.empty()) delta.erase("content");
     }
     if (piece.first) delta["role"] = "assistant";
-    if (!piece.tool_calls.empty()) delta["tool_calls"] = ToolCallsJson(piece.tool_calls, true);
+    if (!piece.tool_call_deltas.empty()) {
+      json list = json::array();
+      for (const ToolCallChunk& d : piece.tool_call_deltas) {
+        json call = {{"index", d.index}, {"function", {{"arguments", d.arguments}}}};
+        if (!d.id.empty()) {
+          call["id"] = d.id;
+          call["type"] = "function";
+          call["function"]["name"] = d.name;
+        }
+        list.push_back(std::move(call));
+      }
+      delta["tool_calls"] = std::move(list);
+    }
     choice["delta"] = std::move(delta);
   } else {
     choice["text"] = piece.text;

@@ -26,15 +26,26 @@ struct OpenAiResponseContext {
 };
 
 // One choice's output so far (a whole answer, or what one stream chunk carries).
+// One piece of a streamed tool call: id and name on the call's first piece only.
+struct ToolCallChunk {
+  int32_t index = 0;
+  std::string id;
+  std::string name;
+  std::string arguments;
+};
+
 struct ChoicePiece {
   int index = 0;
   std::string text;
   std::vector<TokenLogprob> logprobs;
   FinishReason finish = FinishReason::kNone;
   bool first = false;  // a stream's first chunk of this choice (chat: it names the role)
-  // The tools the model called (chat): finish_reason "tool_calls"; in a stream, on the last chunk, each call
-  // whole in one delta (index, id, name, arguments).
+  // The tools the model called (chat, whole): finish_reason "tool_calls".
   std::vector<ChatToolCall> tool_calls;
+  // A stream's pieces of the calls as the model writes them: a call's first names it (index, id, name), the rest
+  // add to its arguments.
+  std::vector<ToolCallChunk> tool_call_deltas;
+  bool called = false;    // a stream: the answer called a tool (finish_reason "tool_calls" on its last chunk)
   std::string reasoning;  // a thinking model's reasoning (chat): reasoning_content
 };
 

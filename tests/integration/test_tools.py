@@ -66,14 +66,19 @@ def test_streamed_calls_arrive_as_deltas_the_sdk_assembles(sdk):
     client, model = sdk
     stream = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
                                             max_tokens=96, stream=True)
-    calls, finish, content = {}, None, ""
+    calls, finish, content, chunks_with_arguments = {}, None, "", 0
     for chunk in stream:
         delta = chunk.choices[0].delta
         content += delta.content or ""
         for d in delta.tool_calls or []:
-            call = calls.setdefault(d.index, {"id": d.id, "name": "", "arguments": ""})
-            call["name"] += d.function.name or ""
-            call["arguments"] += d.function.arguments or ""
+            if d.index not in calls:  # a call's first piece names it
+                assert d.id and d.type == "function" and d.function.name, d
+                calls[d.index] = {"id": d.id, "name": "", "arguments": ""}
+            else:
+                assert not d.id and not d.function.name, d
+            calls[d.index]["name"] += d.function.name or ""
+            calls[d.index]["arguments"] += d.function.arguments or ""
+            chunks_with_arguments += bool(d.function.arguments)
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls"
     assert "<tool_call>" not in content, content
@@ -81,6 +86,7 @@ def test_streamed_calls_arrive_as_deltas_the_sdk_assembles(sdk):
     (call,) = calls.values()
     assert call["id"].startswith("call_") and call["name"] in SCHEMAS
     jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+    assert chunks_with_arguments > 1, "the arguments stream as they are written"
 
 
 def test_auto_answers_or_calls_and_none_never_calls(sdk):

@@ -128,6 +128,74 @@ TEST(ToolCalls, AStreamReleasesContentButNeverTheStartOfACall) {
   }
 }
 
+// With deltas, the calls go out as they are written: each call's first piece names it, its pieces add up to its
+// arguments (the same JSON as the whole answer's split), and none of it is content; in pieces of any size.
+TEST(ToolCalls, StreamedCallsGoOutInPiecesThatAddUpToTheSplitsCalls) {
+  const std::vector<std::pair<ToolCallFormat, std::string>> answers = {
+      {ToolCallFormat::kHermes,
+       "Let me see. <tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": [1, {\"c\": \"}\\\"{\"}]}}\n"
+       "</tool_call>\n<tool_call>\n{\"arguments\": {\"x\": \"y\"}, \"name\": \"sub\"}\n</tool_call>"},
+      {ToolCallFormat::kHermes, "<tool_call>{\"name\": \"add\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>"},
+      {ToolCallFormat::kLlama3Json, "  {\"name\": \"add\", \"parameters\": {\"a\": 3}}"},
+      {ToolCallFormat::kLlama3Json, "<|python_tag|>{\"name\": \"add\", \"parameters\": {}}; {\"name\": \"sub\"}"},
+      {ToolCallFormat::kMistral,
+       "ok [TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": {}}}, {\"name\": \"sub\", \"arguments\": {}}]"}};
+  for (const auto& [format, answer] : answers) {
+    const ToolCallSplit whole = SplitToolCalls(format, answer);
+    ASSERT_FALSE(whole.calls.empty()) << answer;
+    for (size_t piece : {size_t{1}, size_t{3}, size_t{7}, answer.size()}) {
+      SCOPED_TRACE(answer + " in pieces of " + std::to_string(piece));
+      ToolCallStream stream(format, /*deltas=*/true);
+      std::string content;
+      std::vector<ToolCallDelta> deltas;
+      size_t pieces_before_the_end = 0;
+      for (size_t i = 0; i < answer.size(); i += piece) {
+        content += stream.Feed(std::string_view(answer).substr(i, piece));
+        for (ToolCallDelta& d : stream.TakeDeltas()) deltas.push_back(std::move(d));
+        pieces_before_the_end = deltas.size();
+      }
+      const ToolCallSplit end = stream.Finish();
+      EXPECT_TRUE(end.calls.empty()) << "with deltas every call goes out in pieces";
+      content += end.content;
+      for (ToolCallDelta& d : stream.TakeDeltas()) deltas.push_back(std::move(d));
+      EXPECT_EQ(content, whole.content);
+      std::vector<std::string> names, arguments;
+      for (const ToolCallDelta& d : deltas) {
+        ASSERT_LE(d.index, static_cast<int32_t>(names.size())) << "calls go out in order";
+        if (d.index == static_cast<int32_t>(names.size())) {
+          EXPECT_FALSE(d.name.empty()) << "a call's first piece names it";
+          names.push_back(d.name);
+          arguments.emplace_back();
+        } else {
+          EXPECT_TRUE(d.name.empty()) << "only the first piece names the call";
+        }
+        arguments[d.index] += d.arguments;
+      }
+      ASSERT_EQ(names.size(), whole.calls.size());
+      for (size_t k = 0; k < names.size(); ++k) {
+        EXPECT_EQ(names[k], whole.calls[k].name);
+        EXPECT_EQ(nlohmann::json::parse(arguments[k]), nlohmann::json::parse(whole.calls[k].arguments)) << arguments[k];
+      }
+      // Arguments written as an object go out as they come; as a JSON string, whole at the end.
+      if (piece == 1 && answer.find("\"arguments\": \"") == std::string::npos) {
+        EXPECT_GT(pieces_before_the_end, names.size()) << "arguments went out before the answer ended";
+      }
+    }
+  }
+}
+
+// A call cut short (max_tokens) stays what went out: its pieces so far, and none of its text as content.
+TEST(ToolCalls, AStreamedCallCutShortIsNotRepeatedAsContent) {
+  ToolCallStream stream(ToolCallFormat::kHermes, /*deltas=*/true);
+  EXPECT_EQ(stream.Feed("Hi. <tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\""), "Hi. ");
+  const std::vector<ToolCallDelta> deltas = stream.TakeDeltas();
+  ASSERT_EQ(deltas.size(), 1u);
+  EXPECT_EQ(deltas[0].name, "add");
+  EXPECT_EQ(deltas[0].arguments, "{\"a\": 1, \"b\"");
+  EXPECT_EQ(stream.Finish().content, "");
+  EXPECT_TRUE(stream.TakeDeltas().empty());
+}
+
 TEST(ToolCalls, AForcedCallAdmitsOnlyTheNamedToolsArguments) {
   const ToolCallShape any = ForcedToolCall(ToolCallFormat::kHermes, kTools, "");
   EXPECT_EQ(any.prefix, "<tool_call>\n");
