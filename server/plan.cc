@@ -95,6 +95,11 @@ int RunPlan(int argc, char** argv) {
   }
   const Model& m = *padded ? **padded : **model;
   const ModelConfig& c = m.config;
+  if (c.has_experts()) {  // the cuda backend refuses it (CudaUnsupportedReason): there is no GPU plan to make
+    std::cerr << "inferd plan: " << c.architecture << "'s mixture of experts is not run by the cuda backend yet, so "
+              << "there is no GPU memory plan for it; engine.backend: cpu serves it\n";
+    return 2;
+  }
   if (tp == 0) tp = config->engine.tensor_parallel_size;
   if (absl::Status s = CheckTensorParallel(c, tp); !s.ok()) {
     std::cerr << "inferd plan: " << s.message() << "\n";

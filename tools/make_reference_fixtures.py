@@ -183,8 +183,13 @@ def main():
             continue
         if name.endswith("-fp8") or (args.only and name not in args.only):  # -fp8: tools/make_fp8_checkpoint.py's
             continue
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, args.dtype),
-                                                     attn_implementation="eager").to(args.device)
+        model, info = AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, args.dtype),
+                                                           attn_implementation="eager", output_loading_info=True)
+        # Every weight from the files, none left at its random initialisation (a family whose names transformers
+        # maps differently would otherwise give a reference of another model).
+        unread = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+        assert not unread, f"{name}: {unread}"
+        model = model.to(args.device)
         model.eval()
         if args.fp8_weights:
             dequantize_fp8_weights(model)

@@ -164,13 +164,27 @@ def make_weights(cfg, seed, scale=1.0, embed_std=1.0, init_std=None):
         w[p + "self_attn.k_proj.weight"] = normal(nkv * hd, h, std=0.25)
         w[p + "self_attn.v_proj.weight"] = normal(nkv * hd, h, std=0.15)
         w[p + "self_attn.o_proj.weight"] = normal(h, nh * hd, std=0.15)
-        if cfg["model_type"] in ("qwen3", "gemma3_text"):  # per-head norms of q and k
+        if cfg["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text"):  # per-head norms of q and k
             w[p + "self_attn.q_norm.weight"] = norm_weight(hd)
             w[p + "self_attn.k_norm.weight"] = norm_weight(hd)
         if cfg["model_type"] == "qwen2":
             w[p + "self_attn.q_proj.bias"] = normal(nh * hd, std=0.2)
             w[p + "self_attn.k_proj.bias"] = normal(nkv * hd, std=0.2)
             w[p + "self_attn.v_proj.bias"] = normal(nkv * hd, std=0.2)
+        experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+        if experts and l not in cfg.get("mlp_only_layers", []) and (l + 1) % cfg.get("decoder_sparse_step", 1) == 0:
+            # A mixture of experts in place of the MLP: a router whose logits are spread wide (decisive routing),
+            # and each expert's SiLU-gated MLP, under Mixtral's or Qwen3-MoE's names.
+            mixtral = cfg["model_type"] == "mixtral"
+            ie = cfg.get("moe_intermediate_size", inter)
+            w[p + ("block_sparse_moe.gate.weight" if mixtral else "mlp.gate.weight")] = normal(experts, h, std=0.6)
+            for e in range(experts):
+                q = p + (f"block_sparse_moe.experts.{e}." if mixtral else f"mlp.experts.{e}.")
+                names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+                w[q + names[0] + ".weight"] = normal(ie, h, std=0.3)
+                w[q + names[1] + ".weight"] = normal(ie, h, std=0.3)
+                w[q + names[2] + ".weight"] = normal(h, ie, std=0.3)
+            continue
         w[p + "mlp.gate_proj.weight"] = normal(inter, h, std=0.15)
         w[p + "mlp.up_proj.weight"] = normal(inter, h, std=0.15)
         w[p + "mlp.down_proj.weight"] = normal(h, inter, std=0.15)
@@ -435,6 +449,27 @@ def main():
                       torch_dtype="bfloat16")
     write_model(out, "phi3-tiny", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
                 "BF16", seed=7)
+    # Mixtral: Llama's attention and tokenizer style, every layer a mixture of 4 experts of which each token takes
+    # 2 (weights renormalised), GQA, untied, bf16.
+    tok = sentencepiece_like(metaspace=False, vocab_size=700)
+    cfg = base_config("MixtralForCausalLM", "mixtral", 704, num_key_value_heads=2, rope_theta=1e6,
+                      num_local_experts=4, num_experts_per_tok=2, intermediate_size=96, sliding_window=None,
+                      router_jitter_noise=0.0, bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+    write_model(out, "mixtral-tiny", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+                "BF16", seed=9)
+    # Qwen3-MoE: Qwen3's attention (q/k norms, head_dim 32) and Qwen2's tokenizer; 3 layers, the middle one dense
+    # (mlp_only_layers), the others a mixture of 8 experts of width 32 of which each token takes 2, their weights
+    # not renormalised (norm_topk_prob false: the other way from Mixtral's), tied embeddings, bf16.
+    tok = byte_level(QWEN2_PATTERN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], nfc=True, template_bos=None,
+                     vocab_size=600)
+    eos = tok.token_to_id("<|endoftext|>")
+    cfg = base_config("Qwen3MoeForCausalLM", "qwen3_moe", 608, num_hidden_layers=3, num_key_value_heads=2,
+                      head_dim=32, rope_theta=1e6, tie_word_embeddings=True, eos_token_id=eos, bos_token_id=eos,
+                      torch_dtype="bfloat16", attention_bias=False, use_sliding_window=False, sliding_window=None,
+                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False,
+                      decoder_sparse_step=1, mlp_only_layers=[1], router_aux_loss_coef=0.0)
+    write_model(out, "qwen3-moe-tiny", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=10,
+                generation_config={"eos_token_id": [tok.token_to_id("<|im_end|>"), eos]})
 
 
 if __name__ == "__main__":

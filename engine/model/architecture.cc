@@ -7,7 +7,8 @@ namespace {
 
 const std::vector<const Architecture*>& Families() {
   static const std::vector<const Architecture*> families = {
-      &LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Gemma3Architecture(), &Phi3Architecture()};
+      &LlamaArchitecture(), &Qwen2Architecture(),   &Qwen3Architecture(),   &Gemma3Architecture(),
+      &Phi3Architecture(),  &MixtralArchitecture(), &Qwen3MoeArchitecture()};
   return families;
 }
 
@@ -65,20 +66,36 @@ const char* LayerOpName(LayerOp op) {
       return "gelu_tanh_mul";
     case LayerOp::kMlpOutNorm:
       return "mlp_out_norm";
+    case LayerOp::kMoe:
+      return "moe";
   }
   return "?";
 }
 
 const char* LayerRoleName(LayerRole role) {
-  static constexpr const char* kNames[] = {
-      "input_norm", "q_proj", "k_proj",        "v_proj",    "q_bias",    "k_bias",  "v_bias",    "q_norm",
-      "k_norm",     "o_proj", "attn_out_norm", "post_norm", "gate_proj", "up_proj", "down_proj", "mlp_out_norm"};
+  static constexpr const char* kNames[] = {"input_norm",    "q_proj",    "k_proj",      "v_proj",    "q_bias",
+                                           "k_bias",        "v_bias",    "q_norm",      "k_norm",    "o_proj",
+                                           "attn_out_norm", "post_norm", "gate_proj",   "up_proj",   "down_proj",
+                                           "mlp_out_norm",  "router",    "expert_gate", "expert_up", "expert_down"};
   const auto i = static_cast<size_t>(role);
   return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 bool Architecture::has(LayerRole role) const {
-  return std::any_of(tensors.begin(), tensors.end(), [&](const TensorSpec& t) { return t.role == role; });
+  const auto is = [&](const TensorSpec& t) { return t.role == role; };
+  return std::any_of(tensors.begin(), tensors.end(), is) ||
+         std::any_of(expert_tensors.begin(), expert_tensors.end(), is);
+}
+
+std::vector<TensorSpec> WithoutDenseMlp(std::vector<TensorSpec> specs) {
+  std::erase_if(specs, [](const TensorSpec& t) {
+    return t.role == LayerRole::kGateProj || t.role == LayerRole::kUpProj || t.role == LayerRole::kDownProj;
+  });
+  return specs;
+}
+
+bool IsExpertRole(LayerRole role) {
+  return role == LayerRole::kExpertGate || role == LayerRole::kExpertUp || role == LayerRole::kExpertDown;
 }
 
 std::vector<TensorSpec> LlamaTensors() {

@@ -31,6 +31,9 @@ enum class LayerOp {
   kGeluTanhMul,  // act = gelu_tanh(gate) · up (GeGLU)
   kDownProj,     // tmp = act · W_downᵀ
   kMlpOutNorm,   // tmp = rmsnorm(tmp) · mlp_out_norm (Gemma's post-feed-forward norm)
+  kMoe,          // tmp = Σ over the row's top-k experts of weight · down_e(silu(gate_e(xn)) · up_e(xn)), the
+                 // weights the softmax of the router's logits xn · W_routerᵀ over all experts, taken at the top k
+                 // and (ModelConfig::normalize_top_k) divided by their sum
 };
 
 // The op's name as logs and errors show it ("qk_norm").
@@ -54,19 +57,24 @@ enum class LayerRole : uint8_t {
   kUpProj,
   kDownProj,
   kMlpOutNorm,
+  kRouter,      // [experts, hidden]: a mixture-of-experts layer's router
+  kExpertGate,  // one expert's [moe_intermediate, hidden]
+  kExpertUp,    // one expert's [moe_intermediate, hidden]
+  kExpertDown,  // one expert's [hidden, moe_intermediate]
 };
 
 // The role's name as errors and tensor names show it ("q_proj").
 const char* LayerRoleName(LayerRole role);
 
 // A size a tensor's shape is made of, read from the model's config (ModelConfig): 1, hidden, the q and the k (or
-// v) widths (heads × head dim), intermediate, head dim.
-enum class Dim : uint8_t { kOne, kHidden, kQ, kKv, kFf, kHeadDim };
+// v) widths (heads × head dim), intermediate, head dim, the number of experts and an expert's intermediate.
+enum class Dim : uint8_t { kOne, kHidden, kQ, kKv, kFf, kHeadDim, kExperts, kMoeFf };
 
 // One tensor of a family's decoder layer: its name in a Hugging Face checkpoint (after "model.layers.N.") and in a
 // GGUF file (after "blk.N."), its [rows, cols] as Hugging Face orders them (rows kOne: a vector), and the role it
 // fills. Consecutive specs with the same names are the parts of one stored tensor, its rows in the order listed
-// (Phi-3's qkv_proj: q, k and v), cut from it over the same bytes.
+// (Phi-3's qkv_proj: q, k and v), cut from it over the same bytes. An expert's tensors (roles kExpertGate, kExpertUp,
+// kExpertDown) name each expert by "{e}" in their names.
 struct TensorSpec {
   std::string_view hf, gguf;
   Dim rows, cols;
@@ -90,6 +98,13 @@ struct Architecture {
   double sliding_rope_theta = 0;
   std::vector<TensorSpec> tensors;  // one decoder layer's, where the files keep them
   std::vector<LayerOp> layer;       // one decoder layer, in order
+  // Mixture-of-experts families: `layer` is a sparse layer's program (with kMoe), `expert_tensors` its router and
+  // experts (in place of the dense MLP's tensors), and `dense_layer` the program of the layers the config keeps
+  // dense (ModelConfig::sparse_layers); both empty for a dense family.
+  std::vector<TensorSpec> expert_tensors;
+  std::vector<LayerOp> dense_layer;
+  // Where config.json does not say (norm_topk_prob): whether the top k experts' weights are divided by their sum.
+  bool normalize_top_k = true;
 
   // Whether the layer has a tensor of this role: q/k/v biases (Qwen2), per-head q/k norms (Qwen3, Gemma), norms on
   // the halves' outputs (Gemma's sandwich norms; its post_norm is then the checkpoint's pre-feed-forward norm).
@@ -103,6 +118,10 @@ struct Architecture {
 std::vector<TensorSpec> LlamaTensors();
 // Per-head q and k norms over head_dim (Qwen3, Gemma 3).
 std::vector<TensorSpec> QkNormTensors();
+// `specs` without the dense MLP's tensors (gate, up, down): a mixture-of-experts family's sparse layers.
+std::vector<TensorSpec> WithoutDenseMlp(std::vector<TensorSpec> specs);
+// Whether a role is an expert's (named per expert).
+bool IsExpertRole(LayerRole role);
 // `specs` with `added` after the spec of role `after`.
 std::vector<TensorSpec> InsertAfter(std::vector<TensorSpec> specs, LayerRole after, std::vector<TensorSpec> added);
 // `specs` with the spec of `role` found under other names.
@@ -117,10 +136,12 @@ std::string SupportedArchitectures();
 std::string SupportedGgufArchitectures();
 
 // The families (engine/model/arch/*.cc).
-const Architecture& LlamaArchitecture();   // Llama 2/3, Mistral, SmolLM
-const Architecture& Qwen2Architecture();   // Qwen2, Qwen2.5
-const Architecture& Qwen3Architecture();   // Qwen3 (dense)
-const Architecture& Gemma3Architecture();  // Gemma 3 (text)
-const Architecture& Phi3Architecture();    // Phi-3, Phi-3.5, Phi-4-mini
+const Architecture& LlamaArchitecture();     // Llama 2/3, Mistral, SmolLM
+const Architecture& Qwen2Architecture();     // Qwen2, Qwen2.5
+const Architecture& Qwen3Architecture();     // Qwen3 (dense)
+const Architecture& Gemma3Architecture();    // Gemma 3 (text)
+const Architecture& Phi3Architecture();      // Phi-3, Phi-3.5, Phi-4-mini
+const Architecture& MixtralArchitecture();   // Mixtral (mixture of experts)
+const Architecture& Qwen3MoeArchitecture();  // Qwen3-MoE
 
 }  // namespace inferd

@@ -187,6 +187,46 @@ absl::Status ParseScales(const json& j, ModelConfig* c) {
   return absl::OkStatus();
 }
 
+// A mixture-of-experts family's experts: num_local_experts (Mixtral) or num_experts (Qwen3-MoE),
+// num_experts_per_tok, moe_intermediate_size (else intermediate_size), norm_topk_prob, and which layers are sparse:
+// every decoder_sparse_step-th (default 1) except those in mlp_only_layers.
+absl::Status ParseExperts(const json& j, ModelConfig* c) {
+  if (c->arch->expert_tensors.empty()) return absl::OkStatus();
+  absl::Status s;
+  const char* experts = j.contains("num_local_experts") ? "num_local_experts" : "num_experts";
+  if (!(s = Field(j, experts, &c->num_experts, true, 1, 4096)).ok()) return s;
+  if (!(s = Field(j, "num_experts_per_tok", &c->experts_per_token, true, 1, c->num_experts)).ok()) return s;
+  c->moe_intermediate_size = c->intermediate_size;
+  if (!(s = Field(j, "moe_intermediate_size", &c->moe_intermediate_size, false, 1, 1 << 18)).ok()) return s;
+  c->normalize_top_k = c->arch->normalize_top_k;
+  if (j.contains("norm_topk_prob") && j["norm_topk_prob"].is_boolean()) {
+    c->normalize_top_k = j["norm_topk_prob"].get<bool>();
+  }
+  int32_t step = 1;
+  if (!(s = Field(j, "decoder_sparse_step", &step, false, 1, 1024)).ok()) return s;
+  c->sparse_layers.assign(c->num_layers, false);
+  for (int32_t l = 0; l < c->num_layers; ++l) c->sparse_layers[l] = (l + 1) % step == 0;
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+    if (!j["mlp_only_layers"].is_array()) {
+      return absl::InvalidArgumentError("config.json: mlp_only_layers must be a list of layer indices");
+    }
+    for (const json& l : j["mlp_only_layers"]) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c->num_layers) {
+        return absl::InvalidArgumentError(absl::StrCat("config.json: mlp_only_layers holds ", l.dump().substr(0, 20),
+                                                       "; allowed: layer indices 0..", c->num_layers - 1));
+      }
+      c->sparse_layers[l.get<int64_t>()] = false;
+    }
+  }
+  if (c->arch->dense_layer.empty() &&
+      std::find(c->sparse_layers.begin(), c->sparse_layers.end(), false) != c->sparse_layers.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: ", c->architecture,
+                                                   " has no dense layers; decoder_sparse_step and mlp_only_layers "
+                                                   "must leave every layer sparse"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
@@ -278,6 +318,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
     }
   }
   if (c.arch->sliding_window_pattern > 0 && !(s = ParseLocalRope(j, &c)).ok()) return s;
+  if (!(s = ParseExperts(j, &c)).ok()) return s;
   if (!(s = ParseQuantizationConfig(j, &c.quantization)).ok()) return s;
   ReadIds(j, "eos_token_id", &c.eos_token_ids);
   std::vector<int32_t> bos;

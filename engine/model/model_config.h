@@ -49,6 +49,14 @@ struct ModelConfig {
   double attention_scale = 0;
   double attn_logit_softcap = 0;
   double final_logit_softcap = 0;
+  // A mixture of experts (Mixtral, Qwen3-MoE; 0 experts: a dense model): experts per sparse layer, how many each
+  // token takes, an expert's intermediate width, whether the top k's weights are divided by their sum, and which
+  // layers are sparse (empty: none).
+  int32_t num_experts = 0;
+  int32_t experts_per_token = 0;
+  int32_t moe_intermediate_size = 0;
+  bool normalize_top_k = true;
+  std::vector<bool> sparse_layers;
   std::string torch_dtype;          // as stated in config.json, informational
   QuantizationConfig quantization;  // an FP8 checkpoint's quantization_config
   std::vector<int32_t> eos_token_ids;
@@ -69,6 +77,12 @@ struct ModelConfig {
       if (w > 0) window = w;
     }
     return window;
+  }
+  bool sparse(int layer) const { return !sparse_layers.empty() && sparse_layers[layer]; }
+  bool has_experts() const { return num_experts > 0; }
+  // The program of a layer: a sparse layer's (with kMoe), or the family's dense layer where it has one.
+  const std::vector<LayerOp>& program(int layer) const {
+    return !sparse(layer) && !arch->dense_layer.empty() ? arch->dense_layer : arch->layer;
   }
   // The embedding rows' multiplier: √hidden for families that scale them (Gemma), else 1.
   double embedding_scale() const { return arch->scaled_embeddings ? std::sqrt(double(hidden_size)) : 1.0; }

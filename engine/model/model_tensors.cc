@@ -18,10 +18,13 @@ template <typename Tensors, typename Desc>
 std::vector<Desc*> Collect(Tensors& t) {
   std::vector<Desc*> all = {&t.embed, &t.final_norm, &t.lm_head};
   for (auto& L : t.layers) {
-    for (Desc* d :
-         {&L.input_norm, &L.q_proj, &L.k_proj, &L.v_proj, &L.q_bias, &L.k_bias, &L.v_bias, &L.q_norm, &L.k_norm,
-          &L.attn_out_norm, &L.mlp_out_norm, &L.o_proj, &L.post_norm, &L.gate_proj, &L.up_proj, &L.down_proj}) {
+    for (Desc* d : {&L.input_norm, &L.q_proj, &L.k_proj, &L.v_proj, &L.q_bias, &L.k_bias, &L.v_bias, &L.q_norm,
+                    &L.k_norm, &L.attn_out_norm, &L.mlp_out_norm, &L.o_proj, &L.post_norm, &L.gate_proj, &L.up_proj,
+                    &L.down_proj, &L.router}) {
       all.push_back(d);
+    }
+    for (auto& e : L.experts) {
+      for (Desc* d : {&e.gate, &e.up, &e.down}) all.push_back(d);
     }
   }
   return all;
@@ -180,8 +183,16 @@ absl::Status DecodePaddedRows(const TensorDesc& t, int64_t first, int64_t count,
 
 }  // namespace
 
-TensorDesc& RoleOf(LayerTensors& L, LayerRole role) {
+TensorDesc& RoleOf(LayerTensors& L, LayerRole role, int32_t expert) {
   switch (role) {
+    case LayerRole::kRouter:
+      return L.router;
+    case LayerRole::kExpertGate:
+      return L.experts.at(expert).gate;
+    case LayerRole::kExpertUp:
+      return L.experts.at(expert).up;
+    case LayerRole::kExpertDown:
+      return L.experts.at(expert).down;
     case LayerRole::kInputNorm:
       return L.input_norm;
     case LayerRole::kQProj:
@@ -218,8 +229,8 @@ TensorDesc& RoleOf(LayerTensors& L, LayerRole role) {
   return L.input_norm;  // unreachable: every role is listed
 }
 
-const TensorDesc& RoleOf(const LayerTensors& L, LayerRole role) {
-  return RoleOf(const_cast<LayerTensors&>(L), role);
+const TensorDesc& RoleOf(const LayerTensors& L, LayerRole role, int32_t expert) {
+  return RoleOf(const_cast<LayerTensors&>(L), role, expert);
 }
 
 int64_t DimOf(const ModelConfig& c, Dim dim) {
@@ -236,13 +247,36 @@ int64_t DimOf(const ModelConfig& c, Dim dim) {
       return c.intermediate_size;
     case Dim::kHeadDim:
       return c.head_dim;
+    case Dim::kExperts:
+      return c.num_experts;
+    case Dim::kMoeFf:
+      return c.moe_intermediate_size;
   }
   return 0;
 }
 
-absl::Status DescribeLayer(const ModelConfig& c, bool gguf, const std::string& prefix, const DescribeTensor& describe,
-                           LayerTensors* L) {
-  const std::vector<TensorSpec>& specs = c.arch->tensors;
+absl::Status DescribeLayer(const ModelConfig& c, bool gguf, int32_t index, const std::string& prefix,
+                           const DescribeTensor& describe, LayerTensors* L) {
+  std::vector<TensorSpec> specs = c.arch->tensors;
+  if (c.sparse(index)) {  // the router and every expert's gate, up and down in place of the dense MLP
+    specs = WithoutDenseMlp(std::move(specs));
+    L->experts.resize(c.num_experts);
+    for (const TensorSpec& t : c.arch->expert_tensors) {
+      if (!IsExpertRole(t.role)) {
+        specs.push_back(t);
+        continue;
+      }
+      for (int32_t e = 0; e < c.num_experts; ++e) {
+        const std::string_view name = gguf ? t.gguf : t.hf;
+        const size_t at = name.find("{e}");
+        const std::string full = at == std::string_view::npos ? std::string(name)
+                                                              : std::string(name.substr(0, at)) + std::to_string(e) +
+                                                                    std::string(name.substr(at + 3));
+        const int64_t rows = DimOf(c, t.rows), cols = DimOf(c, t.cols);
+        INFERD_RETURN_IF_ERROR(describe(prefix + full, {rows, cols}, &RoleOf(*L, t.role, e)));
+      }
+    }
+  }
   const auto name_of = [&](const TensorSpec& t) { return gguf ? t.gguf : t.hf; };
   for (size_t i = 0; i < specs.size();) {
     size_t end = i + 1;  // the parts of one stored tensor: the specs after it with its name

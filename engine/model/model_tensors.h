@@ -61,6 +61,14 @@ struct LayerTensors {
   TensorDesc post_norm;               // [1, hidden]: the norm before the MLP
   TensorDesc gate_proj, up_proj;      // [intermediate, hidden]
   TensorDesc down_proj;               // [hidden, intermediate]
+  // A mixture-of-experts layer's (ModelConfig::sparse) router [experts, hidden] and experts, in place of the dense
+  // MLP's gate, up and down.
+  struct Expert {
+    TensorDesc gate, up;  // [moe_intermediate, hidden]
+    TensorDesc down;      // [hidden, moe_intermediate]
+  };
+  TensorDesc router;
+  std::vector<Expert> experts;
   // An 8-bit float KV cache's per-tensor scales from the checkpoint (self_attn.k_scale, v_scale): the cache
   // holds K / k_cache_scale and V / v_cache_scale. 1 when the checkpoint has none.
   float k_cache_scale = 1.f, v_cache_scale = 1.f;
@@ -93,9 +101,9 @@ absl::Status DecodeRows(const TensorDesc& tensor, int64_t first, int64_t count, 
 // checkpoint's fused projection (Phi-3's qkv_proj, gate_up_proj). Not for GGUF rows in llama.cpp's rotary order.
 absl::StatusOr<TensorDesc> RowsOf(const TensorDesc& tensor, int64_t first, int64_t count, std::string name);
 
-// The member of `layer` that holds tensors of this role.
-TensorDesc& RoleOf(LayerTensors& layer, LayerRole role);
-const TensorDesc& RoleOf(const LayerTensors& layer, LayerRole role);
+// The member of `layer` that holds tensors of this role (an expert's role: expert `expert`'s, which must exist).
+TensorDesc& RoleOf(LayerTensors& layer, LayerRole role, int32_t expert = 0);
+const TensorDesc& RoleOf(const LayerTensors& layer, LayerRole role, int32_t expert = 0);
 
 // The size a tensor spec's Dim names in this config.
 int64_t DimOf(const ModelConfig& config, Dim dim);
@@ -105,10 +113,11 @@ int64_t DimOf(const ModelConfig& config, Dim dim);
 using DescribeTensor =
     std::function<absl::Status(const std::string& name, const std::vector<int64_t>& shape, TensorDesc*)>;
 
-// Describes one decoder layer's tensors by its family's specs (Architecture::tensors), each stored tensor read once
-// through `describe` under `prefix` ("model.layers.3." or "blk.3."), by its Hugging Face names or (gguf) its GGUF
-// names; the parts of a fused stored tensor are cut from it over the same bytes.
-absl::Status DescribeLayer(const ModelConfig& config, bool gguf, const std::string& prefix,
+// Describes decoder layer `index`'s tensors by its family's specs (Architecture::tensors; a sparse layer's without
+// the dense MLP's and with Architecture::expert_tensors, each expert's under its number), each stored tensor read
+// once through `describe` under `prefix` ("model.layers.3." or "blk.3."), by its Hugging Face names or (gguf) its
+// GGUF names; the parts of a fused stored tensor are cut from it over the same bytes.
+absl::Status DescribeLayer(const ModelConfig& config, bool gguf, int32_t index, const std::string& prefix,
                            const DescribeTensor& describe, LayerTensors* layer);
 
 // Describes model.safetensors or the shards listed in model.safetensors.index.json, checking every tensor's

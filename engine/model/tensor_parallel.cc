@@ -11,7 +11,7 @@ namespace inferd {
 namespace {
 
 bool Splits(const ModelConfig& c, int32_t n) {
-  return n >= 1 && c.num_heads % n == 0 && c.intermediate_size % n == 0 &&
+  return n >= 1 && c.num_heads % n == 0 && c.intermediate_size % n == 0 && c.moe_intermediate_size % n == 0 &&
          (c.num_kv_heads % n == 0 || n % c.num_kv_heads == 0);
 }
 
@@ -29,6 +29,11 @@ std::vector<IndexRange> TensorParallelShard::GateUpRows(const ModelConfig& c) co
   return {intermediate, {I + intermediate.begin, I + intermediate.end}};
 }
 
+std::vector<IndexRange> TensorParallelShard::ExpertGateUpRows(const ModelConfig& c) const {
+  const int64_t I = c.moe_intermediate_size;
+  return {expert_intermediate, {I + expert_intermediate.begin, I + expert_intermediate.end}};
+}
+
 int64_t TensorParallelShard::LocalKvHead(const ModelConfig& c, int64_t h) const {
   const int64_t group = c.num_heads / c.num_kv_heads;
   return (q_heads.begin + h) / group - kv_heads.begin;
@@ -41,10 +46,12 @@ absl::Status CheckTensorParallel(const ModelConfig& c, int32_t size) {
   for (int32_t n : {1, 2, 4, 8}) {
     if (Splits(c, n)) fits.push_back(n);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "config: engine.tensor_parallel_size = ", size, " does not split this model: its ", c.num_heads,
-      " attention heads and ", c.intermediate_size, " MLP columns must divide by it, and its ", c.num_kv_heads,
-      " KV heads must divide by it or it by them; allowed for this model: ", absl::StrJoin(fits, ", ")));
+  return absl::InvalidArgumentError(
+      absl::StrCat("config: engine.tensor_parallel_size = ", size, " does not split this model: its ", c.num_heads,
+                   " attention heads and ", c.intermediate_size, " MLP columns",
+                   c.has_experts() ? absl::StrCat(" (", c.moe_intermediate_size, " of each expert)") : "",
+                   " must divide by it, and its ", c.num_kv_heads,
+                   " KV heads must divide by it or it by them; allowed for this model: ", absl::StrJoin(fits, ", ")));
 }
 
 TensorParallelShard ShardOf(const ModelConfig& c, int32_t size, int32_t rank) {
@@ -54,6 +61,8 @@ TensorParallelShard ShardOf(const ModelConfig& c, int32_t size, int32_t rank) {
   const int64_t heads = c.num_heads / size, cols = c.intermediate_size / size;
   s.q_heads = {rank * heads, (rank + 1) * heads};
   s.intermediate = {rank * cols, (rank + 1) * cols};
+  const int64_t expert_cols = c.moe_intermediate_size / size;
+  s.expert_intermediate = {rank * expert_cols, (rank + 1) * expert_cols};
   if (c.num_kv_heads >= size) {
     const int64_t kv = c.num_kv_heads / size;
     s.kv_heads = {rank * kv, (rank + 1) * kv};

@@ -1,5 +1,6 @@
 // How one model splits across the devices of one host (tensor parallelism, Megatron-style). Rank r of N holds a
-// contiguous run of the attention heads and of the MLP's intermediate columns: the fused q/k/v and gate/up
+// contiguous run of the attention heads and of the MLP's intermediate columns (of every expert's, in a mixture of
+// experts, whose router is whole on every rank): the fused q/k/v and gate/up
 // products are split by output rows (column-parallel), the attention output and down products by input columns
 // (row-parallel), so each layer needs one sum over the ranks after each of those two. A KV head is never split:
 // with fewer KV heads than ranks, each is held by N / num_kv_heads ranks (the ones whose query heads read it).
@@ -26,13 +27,16 @@ struct IndexRange {
 struct TensorParallelShard {
   int32_t rank = 0, size = 1;
   IndexRange q_heads, kv_heads, intermediate;
-  IndexRange vocab;  // the LM head's rows (token ids) whose logits this rank computes
+  IndexRange expert_intermediate;  // of every expert (a mixture-of-experts model): its gate/up rows, down columns
+  IndexRange vocab;                // the LM head's rows (token ids) whose logits this rank computes
 
   // Output rows of the fused q/k/v weight ([q; k; v], q_width + 2 kv_width rows) this rank holds, in order: its
   // query heads' rows, then its KV heads' K rows, then their V rows.
   std::vector<IndexRange> QkvRows(const ModelConfig& c) const;
   // Output rows of the fused gate/up weight ([gate; up], 2 intermediate rows): its gate rows, then its up rows.
   std::vector<IndexRange> GateUpRows(const ModelConfig& c) const;
+  // The same for each expert's gate/up weight ([gate; up], 2 moe_intermediate rows).
+  std::vector<IndexRange> ExpertGateUpRows(const ModelConfig& c) const;
   // The rank's own KV head (0-based within its shard) that its local query head h reads.
   int64_t LocalKvHead(const ModelConfig& c, int64_t h) const;
 };

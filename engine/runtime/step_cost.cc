@@ -1,6 +1,7 @@
 #include "engine/runtime/step_cost.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 namespace inferd {
@@ -22,11 +23,17 @@ StepCostModel::StepCostModel(const ModelConfig& c, const MemoryPlan& plan, int32
     : hidden_(c.hidden_size), devices_(devices > 0 ? devices : 1) {
   const double H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, L = c.num_layers;
   const double q = static_cast<double>(c.q_width()), kv = static_cast<double>(c.kv_width());
-  layer_params_ = L * (H * (q + 2 * kv) + q * H + 3 * H * I);
+  double sparse = 0;
+  for (int32_t l = 0; l < c.num_layers; ++l) sparse += c.sparse(l) ? 1 : 0;
+  layer_params_ = L * (H * (q + 2 * kv) + q * H) + (L - sparse) * 3 * H * I + sparse * c.num_experts * H;
+  experts_ = c.num_experts;
+  experts_per_token_ = c.experts_per_token;
+  expert_params_ = sparse * 3 * H * c.moe_intermediate_size;  // one expert of every sparse layer
   const double norms = (c.arch->sandwich_norms() ? 4 : 2) * H + (c.arch->qk_norm() ? 2 * D : 0);
   other_params_ = L * (norms + (c.arch->qkv_bias() ? q + 2 * kv : 0)) + H;
   lm_head_params_ = double(c.vocab_size) * H;
-  const double total = layer_params_ + other_params_ + lm_head_params_ * (c.tie_word_embeddings ? 1 : 2);
+  const double total =
+      layer_params_ + experts_ * expert_params_ + other_params_ + lm_head_params_ * (c.tie_word_embeddings ? 1 : 2);
   element_bytes_ = total > 0 ? plan.weight_bytes / total : 0;
   kv_bytes_per_token_ = block_size > 0 ? double(plan.kv_bytes_per_block) / block_size : 0;
   attention_flops_per_key_ = 4 * L * q;
@@ -57,11 +64,16 @@ StepCost StepCostModel::Of(int64_t tokens, int64_t sampled_rows, int64_t context
 StepCost StepCostModel::OfLayerMeans(int64_t tokens, int64_t sampled_rows, double context_tokens,
                                      double attended_keys) const {
   StepCost cost;
-  cost.bytes = element_bytes_ * (layer_params_ + other_params_ + (sampled_rows > 0 ? lm_head_params_ : 0) +
+  // A mixture of experts reads the experts its tokens touch: of E experts, each token taking k, E (1 − (1 − k/E)^t)
+  // are expected to be touched by t tokens routed at random; every token multiplies k of them.
+  const double touched =
+      experts_ > 0 ? experts_ * (1 - std::pow(1 - double(experts_per_token_) / experts_, double(tokens))) : 0;
+  cost.bytes = element_bytes_ * (layer_params_ + touched * expert_params_ + other_params_ +
+                                 (sampled_rows > 0 ? lm_head_params_ : 0) +
                                  double(tokens) * hidden_) +  // the embedding rows looked up
                kv_bytes_per_token_ * context_tokens;
-  cost.flops = (2 * layer_params_ * double(tokens) + 2 * lm_head_params_ * double(sampled_rows) +
-                attention_flops_per_key_ * attended_keys) /
+  cost.flops = (2 * (layer_params_ + experts_per_token_ * expert_params_) * double(tokens) +
+                2 * lm_head_params_ * double(sampled_rows) + attention_flops_per_key_ * attended_keys) /
                devices_;
   return cost;
 }

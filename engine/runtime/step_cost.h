@@ -39,7 +39,9 @@ class StepCostModel {
   // One sequence's context tokens read and keys attended by its n newest tokens, each a mean over the layers.
   std::pair<double, double> SequenceMeans(int64_t context, int64_t new_tokens) const;
 
-  double layer_params_ = 0;    // linear weights of all layers (what every token multiplies)
+  double layer_params_ = 0;   // linear weights of all layers every token multiplies (routers, not experts)
+  double expert_params_ = 0;  // one expert's linear weights summed over the sparse layers (a mixture of experts)
+  double experts_ = 0, experts_per_token_ = 0;
   double other_params_ = 0;    // norms and biases of all layers and the final norm (read, not multiplied)
   double lm_head_params_ = 0;  // vocab × hidden (the embedding table itself when tied)
   double element_bytes_ = 0;   // bytes per stored weight: the plan's weight bytes / the model's parameters

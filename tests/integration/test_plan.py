@@ -81,6 +81,16 @@ def plan_table(cfg):
     return r.stdout
 
 
+def test_a_mixture_of_experts_is_refused_naming_the_backend_that_serves_it(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{path: {os.path.join(SOURCE_DIR, 'tests/fixtures/models/mixtral-tiny')}}}\n")
+    r = subprocess.run([INFERD_BIN, "plan", "--config", str(cfg), "--gpu-memory-gib", "1"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2, r.stdout
+    assert "MixtralForCausalLM's mixture of experts is not run by the cuda backend yet" in r.stderr
+    assert "engine.backend: cpu serves it" in r.stderr
+
+
 def test_an_fp8_checkpoint_is_planned_as_fp8_only(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"model: {{path: {os.path.join(SOURCE_DIR, 'tests/fixtures/models/llama3-tiny-fp8')}}}\n")

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -46,10 +47,16 @@ void RmsNorm(const float* x, const Matrix& weight, float eps, float* out, int64_
 struct Workspace {
   std::vector<float> x, xn, qkv, attn, gate_up, act, tmp, sum;  // [tokens, ...]; sum: tensor-parallel only
   std::vector<float> last, last_n, logits;                      // [logits rows, ...]
+  // A mixture of experts: the router's logits [tokens, experts]; one expert's rows gathered, their gate/up, act and
+  // output [tokens, ...]; and per expert the (row, weight) pairs routed to it.
+  std::vector<float> router, expert_in, expert_gate_up, expert_act, expert_out;
+  std::vector<std::vector<std::pair<int32_t, float>>> routed;
+  std::vector<int32_t> expert_order;  // [experts]: one row's, by weight
   int64_t bytes() const {
     return static_cast<int64_t>(sizeof(float)) *
            (x.size() + xn.size() + qkv.size() + attn.size() + gate_up.size() + act.size() + tmp.size() + sum.size() +
-            last.size() + last_n.size() + logits.size());
+            last.size() + last_n.size() + logits.size() + router.size() + expert_in.size() + expert_gate_up.size() +
+            expert_act.size() + expert_out.size());
   }
 };
 
@@ -115,6 +122,8 @@ class CpuBackend : public Backend {
   // One building block of the family's layer program (engine/model/architecture.h), in fp32.
   void RunOp(LayerOp op, const StepInput& in, Shard& s, int layer);
   void Attention(const StepInput& in, Shard& s, int layer);
+  // kMoe over a step's T rows: the router, each row's top k experts, their weighted outputs summed into tmp.
+  void Moe(int64_t T, Shard& s, int layer);
   // tmp = the sum over the shards of their tmp (each holds its part of a row-parallel product), the same sum on
   // every shard.
   void SumOverShards(Shard& s, int64_t rows);
@@ -208,6 +217,17 @@ absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
     s.ws.act.resize(T * s.inter);
     s.ws.tmp.resize(T * H);
     if (shards_.size() > 1) s.ws.sum.resize(T * H);
+    if (cfg_.has_experts()) {
+      const int64_t I = s.tp.expert_intermediate.size();
+      s.ws.router.resize(T * cfg_.num_experts);
+      s.ws.expert_in.resize(T * H);
+      s.ws.expert_gate_up.resize(T * 2 * I);
+      s.ws.expert_act.resize(T * I);
+      s.ws.expert_out.resize(T * H);
+      s.ws.routed.assign(cfg_.num_experts, {});
+      s.ws.expert_order.resize(cfg_.num_experts);
+      for (auto& rows : s.ws.routed) rows.reserve(T);
+    }
     for (const CpuLayerWeights& l : s.layers) plan.weight_bytes += l.bytes();
     plan.activation_bytes += s.ws.bytes();
     plan.kv_bytes_per_block += 2 * int64_t{cfg_.num_layers} * block_size_ * s.kv_dim * 4;
@@ -358,7 +378,7 @@ void CpuBackend::ShardForward(const StepInput& in, Shard& s) {
   }
   for (int layer = 0; layer < cfg_.num_layers; ++layer) {
     work_done_.fetch_add(1, std::memory_order_relaxed);
-    for (LayerOp op : cfg_.arch->layer) RunOp(op, in, s, layer);
+    for (LayerOp op : cfg_.program(layer)) RunOp(op, in, s, layer);
   }
 }
 
@@ -474,6 +494,56 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
     case LayerOp::kDownProj:
       MatMulT(w.act.data(), L.down, w.tmp.data(), T, 0.0f);
       return;
+    case LayerOp::kMoe:
+      Moe(T, s, layer);
+      return;
+  }
+}
+
+void CpuBackend::Moe(int64_t T, Shard& s, int layer) {
+  const CpuLayerWeights& L = s.layers[layer];
+  Workspace& w = s.ws;
+  const int64_t H = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.experts_per_token;
+  const int64_t I = s.tp.expert_intermediate.size();
+  // The routing, as transformers does it: softmax over every expert in fp32, the top k (the lower index first
+  // among equals), their weights divided by their sum where the config says so.
+  MatMulT(w.xn.data(), L.router, w.router.data(), T, 0.0f);
+  for (auto& rows : w.routed) rows.clear();
+  std::vector<int32_t>& order = w.expert_order;
+  for (int64_t t = 0; t < T; ++t) {
+    float* p = w.router.data() + t * E;
+    const float top = *std::max_element(p, p + E);
+    float total = 0;
+    for (int64_t e = 0; e < E; ++e) total += (p[e] = std::exp(p[e] - top));
+    for (int64_t e = 0; e < E; ++e) p[e] /= total;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    float chosen = 0;
+    for (int64_t k = 0; k < K; ++k) chosen += p[order[k]];
+    for (int64_t k = 0; k < K; ++k) {
+      const float weight = cfg_.normalize_top_k ? p[order[k]] / chosen : p[order[k]];
+      w.routed[order[k]].push_back({static_cast<int32_t>(t), weight});
+    }
+  }
+  // Each expert over the rows routed to it, its weighted output added into tmp, expert by expert in order.
+  std::fill_n(w.tmp.data(), T * H, 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& rows = w.routed[e];
+    const int64_t n = static_cast<int64_t>(rows.size());
+    if (n == 0) continue;
+    for (int64_t r = 0; r < n; ++r) std::copy_n(w.xn.data() + rows[r].first * H, H, w.expert_in.data() + r * H);
+    MatMulT(w.expert_in.data(), L.expert_gate_up[e], w.expert_gate_up.data(), n, 0.0f);
+    for (int64_t r = 0; r < n; ++r) {
+      const float* g = w.expert_gate_up.data() + r * 2 * I;
+      for (int64_t i = 0; i < I; ++i) w.expert_act[r * I + i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
+    }
+    MatMulT(w.expert_act.data(), L.expert_down[e], w.expert_out.data(), n, 0.0f);
+    for (int64_t r = 0; r < n; ++r) {
+      float* out = w.tmp.data() + rows[r].first * H;
+      const float* y = w.expert_out.data() + r * H;
+      for (int64_t i = 0; i < H; ++i) out[i] += rows[r].second * y[i];
+    }
   }
 }
 

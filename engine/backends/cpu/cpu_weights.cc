@@ -63,9 +63,15 @@ Matrix Cols(const Matrix& m, const std::vector<IndexRange>& runs) {
 
 int64_t CpuLayerWeights::bytes() const {
   return static_cast<int64_t>(sizeof(float)) *
-         (input_norm.data.size() + qkv.data.size() + qkv_bias.data.size() + q_norm.data.size() + k_norm.data.size() +
-          attn_out_norm.data.size() + mlp_out_norm.data.size() + o.data.size() + post_norm.data.size() +
-          gate_up.data.size() + down.data.size());
+             (input_norm.data.size() + qkv.data.size() + qkv_bias.data.size() + q_norm.data.size() +
+              k_norm.data.size() + attn_out_norm.data.size() + mlp_out_norm.data.size() + o.data.size() +
+              post_norm.data.size() + gate_up.data.size() + down.data.size() + router.data.size()) +
+         [&] {
+           int64_t n = 0;
+           for (const Matrix& m : expert_gate_up) n += static_cast<int64_t>(sizeof(float)) * m.data.size();
+           for (const Matrix& m : expert_down) n += static_cast<int64_t>(sizeof(float)) * m.data.size();
+           return n;
+         }();
 }
 
 int64_t CpuWeights::bytes() const {
@@ -87,8 +93,13 @@ CpuLayerWeights ShardLayer(const CpuLayerWeights& l, const ModelConfig& c, const
   s.qkv = Rows(l.qkv, shard.QkvRows(c));
   if (!l.qkv_bias.data.empty()) s.qkv_bias = Cols(l.qkv_bias, shard.QkvRows(c));
   s.o = Cols(l.o, {{shard.q_heads.begin * D, shard.q_heads.end * D}});
-  s.gate_up = Rows(l.gate_up, shard.GateUpRows(c));
-  s.down = Cols(l.down, {shard.intermediate});
+  if (!l.gate_up.data.empty()) {
+    s.gate_up = Rows(l.gate_up, shard.GateUpRows(c));
+    s.down = Cols(l.down, {shard.intermediate});
+  }
+  s.router = l.router;  // every rank routes every row alike
+  for (const Matrix& m : l.expert_gate_up) s.expert_gate_up.push_back(Rows(m, shard.ExpertGateUpRows(c)));
+  for (const Matrix& m : l.expert_down) s.expert_down.push_back(Cols(m, {shard.expert_intermediate}));
   return s;
 }
 
@@ -116,6 +127,14 @@ absl::StatusOr<CpuWeights> BuildCpuWeights(const ModelTensors& t) {
     }
     INFERD_ASSIGN_OR_RETURN(l.o, Stack({&L.o_proj}));
     INFERD_ASSIGN_OR_RETURN(l.post_norm, Vector({&L.post_norm}));
+    if (L.router.present()) {  // a sparse layer: the router and its experts
+      INFERD_ASSIGN_OR_RETURN(l.router, Stack({&L.router}));
+      for (const LayerTensors::Expert& e : L.experts) {
+        INFERD_ASSIGN_OR_RETURN(l.expert_gate_up.emplace_back(), Stack({&e.gate, &e.up}));
+        INFERD_ASSIGN_OR_RETURN(l.expert_down.emplace_back(), Stack({&e.down}));
+      }
+      continue;
+    }
     INFERD_ASSIGN_OR_RETURN(l.gate_up, Stack({&L.gate_proj, &L.up_proj}));
     INFERD_ASSIGN_OR_RETURN(l.down, Stack({&L.down_proj}));
   }

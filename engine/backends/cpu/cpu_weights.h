@@ -32,6 +32,10 @@ struct CpuLayerWeights {
   Matrix post_norm;      // [1, hidden]
   Matrix gate_up;        // [2 * intermediate, hidden]: gate rows then up rows
   Matrix down;           // [hidden, intermediate]
+  // A mixture-of-experts layer's router [experts, hidden] and each expert's gate/up [2 * moe_intermediate, hidden]
+  // and down [hidden, moe_intermediate], in place of gate_up and down.
+  Matrix router;
+  std::vector<Matrix> expert_gate_up, expert_down;
 
   int64_t bytes() const;
 };

@@ -708,6 +708,11 @@ std::string CudaUnsupportedReason(const ModelConfig& config) {
                         " (run padded to ", run_head_dim,
                         ") are not run by the cuda backend; engine.backend: cpu runs them");
   }
+  if (config.has_experts()) {
+    return absl::StrCat(config.architecture, "'s mixture of experts (", config.num_experts, " experts, ",
+                        config.experts_per_token,
+                        " a token) is not run by the cuda backend yet; engine.backend: cpu runs it");
+  }
   if (config.attn_logit_softcap > 0 || config.final_logit_softcap > 0) {
     return absl::StrCat(config.architecture, "'s soft caps (attn_logit_softcapping ", config.attn_logit_softcap,
                         ", final_logit_softcapping ", config.final_logit_softcap,

@@ -237,6 +237,8 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           }
           break;
         }
+        case LayerOp::kMoe:  // refused before a model loads (CudaUnsupportedReason)
+          return absl::InternalError("a mixture of experts on the cuda backend");
       }
     }
   }

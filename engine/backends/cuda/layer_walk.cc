@@ -25,6 +25,7 @@ std::string LayerWalkProblem(const Architecture& arch) {
       return "the rotary embedding not right before the K/V write (one kernel on cuda)";
     }
     if (p[i] == kQkNorm && next != kRope) return "the per-head q/k norms not right before the rotary embedding";
+    if (p[i] == kMoe) return "a mixture of experts (not yet on cuda)";
   }
   return "";
 }

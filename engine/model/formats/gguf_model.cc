@@ -89,6 +89,14 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
   }
   c.architecture = std::string(c.arch->hf_architectures.front());
   const std::string p = arch + ".";
+  if (g.Find(p + "expert_count")) {  // Mixtral's files are "llama" with experts, stacked in 3-D tensors
+    INFERD_ASSIGN_OR_RETURN(const int32_t experts, GetInt(g, p + "expert_count", 0, 1 << 16, 0));
+    if (experts > 0) {
+      return Bad(absl::StrCat(p, "expert_count = ", experts,
+                              ": GGUF mixtures of experts are not read yet; the model's Hugging Face directory serves "
+                              "on the cpu backend"));
+    }
+  }
   INFERD_ASSIGN_OR_RETURN(c.num_layers, GetInt(g, p + "block_count", 1, 4096));
   INFERD_ASSIGN_OR_RETURN(c.hidden_size, GetInt(g, p + "embedding_length", 1, kMaxDim));
   INFERD_ASSIGN_OR_RETURN(c.intermediate_size, GetInt(g, p + "feed_forward_length", 1, kMaxDim));
@@ -193,7 +201,7 @@ absl::StatusOr<ModelTensors> DescribeGgufTensors(std::shared_ptr<const GgufFile>
     LayerTensors& L = w.layers[l];
     // ggml orders a tensor's dims innermost first: [cols, rows].
     INFERD_RETURN_IF_ERROR(DescribeLayer(
-        c, /*gguf=*/true, p,
+        c, /*gguf=*/true, l, p,
         [&](const std::string& name, const std::vector<int64_t>& shape, TensorDesc* out) {
           return Describe(f, name, {shape.rbegin(), shape.rend()}, out, &types);
         },

@@ -222,7 +222,7 @@ absl::StatusOr<ModelTensors> DescribeHfTensors(const std::string& dir, const Mod
     const std::string p = absl::StrCat("model.layers.", l, ".");
     LayerTensors& L = w.layers[l];
     INFERD_RETURN_IF_ERROR(DescribeLayer(
-        c, /*gguf=*/false, p,
+        c, /*gguf=*/false, l, p,
         [&](const std::string& name, const std::vector<int64_t>& shape, TensorDesc* out) {
           return src.Describe(name, shape, out);
         },

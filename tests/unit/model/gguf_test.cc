@@ -312,10 +312,16 @@ TEST(GgufModel, MetadataOfTheWrongTypeOrArchitectureIsRefusedByName) {
   wrong_arch.Header(3, 0, 1).KvStr("general.architecture", "gpt-neox");
   GgufBuilder missing;
   missing.Header(3, 0, 1).KvStr("general.architecture", "llama");
+  GgufBuilder experts;  // Mixtral's GGUF: "llama" with experts
+  experts.Header(3, 0, 3)
+      .KvStr("general.architecture", "llama")
+      .KvU32("llama.expert_count", 8)
+      .KvU32("llama.block_count", 32);
   const std::pair<GgufBuilder*, const char*> cases[] = {
       {&wrong_type, "'llama.block_count' is a string, not an integer"},
       {&wrong_arch, "'gpt-neox' is not supported"},
-      {&missing, "'llama.block_count' is missing"}};
+      {&missing, "'llama.block_count' is missing"},
+      {&experts, "llama.expert_count = 8: GGUF mixtures of experts are not read yet"}};
   for (const auto& [b, msg] : cases) {
     const std::string path = WriteTemp(b->bytes);
     auto m = LoadModel(path);

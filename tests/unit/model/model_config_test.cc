@@ -69,14 +69,25 @@ TEST(ModelConfig, EachArchitectureFindsItsFamilyAndItsLayerProgram) {
 // program exactly when its tensor is in the table. The parts of a fused tensor share both names.
 TEST(ModelConfig, EveryFamilysTensorsFillEachRoleOnceAndAgreeWithItsProgram) {
   using enum LayerRole;
-  for (const Architecture* a :
-       {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Gemma3Architecture(), &Phi3Architecture()}) {
+  for (const Architecture* a : {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Gemma3Architecture(),
+                                &Phi3Architecture(), &MixtralArchitecture(), &Qwen3MoeArchitecture()}) {
     std::set<LayerRole> roles;
     for (const TensorSpec& t : a->tensors)
       EXPECT_TRUE(roles.insert(t.role).second) << a->name << " " << LayerRoleName(t.role);
-    for (LayerRole needed : {kInputNorm, kQProj, kKProj, kVProj, kOProj, kPostNorm, kGateProj, kUpProj, kDownProj}) {
+    for (const TensorSpec& t : a->expert_tensors) {
+      EXPECT_TRUE(roles.insert(t.role).second) << a->name << " " << LayerRoleName(t.role);
+      EXPECT_EQ(IsExpertRole(t.role), t.hf.find("{e}") != std::string_view::npos) << a->name << " " << t.hf;
+    }
+    for (LayerRole needed : {kInputNorm, kQProj, kKProj, kVProj, kOProj, kPostNorm}) {
       EXPECT_TRUE(a->has(needed)) << a->name << " lacks " << LayerRoleName(needed);
     }
+    // A dense MLP's tensors where a program runs one; a mixture's router and experts where the layer runs kMoe.
+    const bool dense =
+        std::ranges::count(a->layer, LayerOp::kGateUpProj) + std::ranges::count(a->dense_layer, LayerOp::kGateUpProj) >
+        0;
+    const bool sparse = std::ranges::count(a->layer, LayerOp::kMoe) > 0;
+    for (LayerRole r : {kGateProj, kUpProj, kDownProj}) EXPECT_EQ(a->has(r), dense) << a->name;
+    for (LayerRole r : {kRouter, kExpertGate, kExpertUp, kExpertDown}) EXPECT_EQ(a->has(r), sparse) << a->name;
     const auto in_program = [&](LayerOp op) { return std::ranges::count(a->layer, op) > 0; };
     EXPECT_EQ(in_program(LayerOp::kQkNorm), a->has(kQNorm) && a->has(kKNorm)) << a->name;
     EXPECT_EQ(in_program(LayerOp::kAttnOutNorm), a->has(kAttnOutNorm)) << a->name;
@@ -88,6 +99,70 @@ TEST(ModelConfig, EveryFamilysTensorsFillEachRoleOnceAndAgreeWithItsProgram) {
     }
   }
   EXPECT_STREQ(LayerRoleName(kGateProj), "gate_proj");
+}
+
+// Mixtral's and Qwen3-MoE's experts: their counts, widths and normalisation from either family's keys, which layers
+// are sparse (Qwen3-MoE's mlp_only_layers and decoder_sparse_step), and the program of each layer.
+TEST(ModelConfig, MixturesOfExpertsReadTheirExpertsAndSparseLayers) {
+  auto mixtral = ParseModelConfig(testing::ReadJson(testing::ModelDir("mixtral-tiny") + "/config.json").dump());
+  ASSERT_TRUE(mixtral.ok()) << mixtral.status();
+  EXPECT_EQ(mixtral->arch, &MixtralArchitecture());
+  EXPECT_EQ(mixtral->num_experts, 4);
+  EXPECT_EQ(mixtral->experts_per_token, 2);
+  EXPECT_EQ(mixtral->moe_intermediate_size, mixtral->intermediate_size) << "Mixtral's experts are the MLP's width";
+  EXPECT_TRUE(mixtral->normalize_top_k);
+  EXPECT_EQ(mixtral->sparse_layers, std::vector<bool>(mixtral->num_layers, true));
+  EXPECT_EQ(mixtral->program(0), MixtralArchitecture().layer);
+
+  nlohmann::json j = testing::ReadJson(testing::ModelDir("qwen3-moe-tiny") + "/config.json");
+  auto qwen = ParseModelConfig(j.dump());
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_EQ(qwen->num_experts, 8);
+  EXPECT_EQ(qwen->moe_intermediate_size, 32);
+  EXPECT_FALSE(qwen->normalize_top_k);
+  EXPECT_EQ(qwen->sparse_layers, (std::vector<bool>{true, false, true})) << "layer 1 is in mlp_only_layers";
+  EXPECT_EQ(qwen->program(1), Qwen3MoeArchitecture().dense_layer);
+  EXPECT_EQ(qwen->program(2), Qwen3MoeArchitecture().layer);
+  j["mlp_only_layers"] = nlohmann::json::array();
+  j["decoder_sparse_step"] = 2;
+  j.erase("norm_topk_prob");
+  qwen = ParseModelConfig(j.dump());
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_EQ(qwen->sparse_layers, (std::vector<bool>{false, true, false})) << "every 2nd layer";
+  EXPECT_FALSE(qwen->normalize_top_k) << "transformers' Qwen3MoeConfig default";
+  // A dense model has no experts and one program.
+  auto dense = ParseModelConfig(testing::ReadJson(testing::ModelDir("qwen3-tiny") + "/config.json").dump());
+  ASSERT_TRUE(dense.ok());
+  EXPECT_FALSE(dense->has_experts());
+  EXPECT_EQ(dense->program(0), Qwen3Architecture().layer);
+}
+
+TEST(ModelConfig, RefusesBadExpertCountsAndLayers) {
+  auto expect_error = [](const nlohmann::json& cfg, const std::string& mention) {
+    auto c = ParseModelConfig(cfg.dump());
+    ASSERT_FALSE(c.ok()) << mention;
+    EXPECT_NE(c.status().message().find(mention), std::string::npos) << c.status().message();
+  };
+  const nlohmann::json qwen = testing::ReadJson(testing::ModelDir("qwen3-moe-tiny") + "/config.json");
+  const nlohmann::json mixtral = testing::ReadJson(testing::ModelDir("mixtral-tiny") + "/config.json");
+  nlohmann::json bad = qwen;
+  bad["num_experts_per_tok"] = 9;
+  expect_error(bad, "num_experts_per_tok");
+  bad = qwen;
+  bad.erase("num_experts");
+  expect_error(bad, "num_experts");
+  bad = qwen;
+  bad["mlp_only_layers"] = {3};
+  expect_error(bad, "mlp_only_layers holds 3");
+  bad = qwen;
+  bad["moe_intermediate_size"] = 0;
+  expect_error(bad, "moe_intermediate_size");
+  bad = mixtral;
+  bad["decoder_sparse_step"] = 2;
+  expect_error(bad, "MixtralForCausalLM has no dense layers");
+  bad = mixtral;
+  bad["num_local_experts"] = 0;
+  expect_error(bad, "num_local_experts");
 }
 
 // The window the sliding-window layers share: none (no list, or every layer global), one, or differing sizes.

@@ -78,6 +78,31 @@ TEST(StepCost, TiedTinyModelCountedByHand) {
   EXPECT_DOUBLE_EQ(cost.flops, 2.0 * 144 + 2.0 * 40 + 4.0 * 1 * 4 * 3);
 }
 
+// A mixture of experts, counted by hand: every token multiplies the attention, the router and k experts of each
+// sparse layer; a step reads the experts its tokens are expected to touch, E (1 − (1 − k/E)^tokens).
+TEST(StepCost, AMixtureOfExpertsReadsTheExpertsItsTokensTouch) {
+  ModelConfig c = Shape(/*vocab=*/10, /*hidden=*/4, /*intermediate=*/8, /*layers=*/2, /*heads=*/2, /*kv_heads=*/1,
+                        /*head_dim=*/2);
+  c.tie_word_embeddings = true;
+  c.num_experts = 4;
+  c.experts_per_token = 2;
+  c.moe_intermediate_size = 2;
+  c.sparse_layers = {true, false};  // layer 1 keeps its dense MLP
+  // Attention 48 a layer (q 16, k and v 8 each, o 16); layer 1's MLP 96; layer 0's router 16 and 4 experts of
+  // 3 x 4 x 2 = 24; norms 2 x 2 x 4 + 4 = 20; table 40.
+  const double attention = 2 * 48, dense = 96, router = 16, expert = 24;
+  MemoryPlan plan;
+  plan.weight_bytes = static_cast<int64_t>((attention + dense + router + 4 * expert + 20 + 40) * 4);  // fp32
+  plan.kv_bytes_per_block = 16 * 2 * 2 * 1 * 2 * 4;
+  const StepCostModel model(c, plan, 16);
+  EXPECT_DOUBLE_EQ(model.element_bytes(), 4.0);
+  const StepCost one = model.Of(1, 1, 3, 3);  // one token touches its 2 experts
+  EXPECT_DOUBLE_EQ(one.bytes, 4.0 * (attention + dense + router + 2 * expert + 20 + 40 + 4) + 32.0 * 3);
+  EXPECT_DOUBLE_EQ(one.flops, 2.0 * (attention + dense + router + 2 * expert) + 2.0 * 40 + 4.0 * 2 * 4 * 3);
+  const StepCost many = model.Of(64, 0, 64, 64);  // 64 tokens: nearly every expert
+  EXPECT_NEAR(many.bytes, 4.0 * (attention + dense + router + 4 * expert + 20 + 64 * 4) + 32.0 * 64, 1e-6);
+}
+
 TEST(StepCost, StepInputSumsContextsAndCausalKeys) {
   ModelConfig c = Llama3_8B();
   MemoryPlan plan;

@@ -96,20 +96,20 @@ TEST_P(Parity, GreedyTokensAndLogprobsMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(
     Models, Parity,
-    ::testing::Values(ParityCase{"llama2-tiny", 16, 2048}, ParityCase{"llama3-tiny", 16, 2048},
-                      ParityCase{"mistral-tiny", 16, 2048}, ParityCase{"qwen2-tiny", 16, 2048},
-                      ParityCase{"qwen3-tiny", 16, 2048}, ParityCase{"qwen3-tiny", 3, 13},
-                      ParityCase{"gemma3-tiny", 16, 2048}, ParityCase{"gemma3-tiny", 3, 13},
-                      ParityCase{"phi3-tiny", 16, 2048}, ParityCase{"phi3-tiny", 3, 13},
-                      ParityCase{"llama3-tiny", 3, 13}, ParityCase{"qwen2-tiny", 1, 8},
-                      ParityCase{"llama2-tiny", 16, 2048, "tests/fixtures/models/llama2-tiny.gguf"},
-                      ParityCase{"qwen2-tiny", 16, 2048, "tests/fixtures/models/qwen2-tiny.gguf"},
-                      ParityCase{"qwen3-tiny", 16, 2048, "tests/fixtures/models/qwen3-tiny.gguf"},
-                      ParityCase{"gemma3-tiny", 16, 2048, "tests/fixtures/models/gemma3-tiny.gguf"},
-                      ParityCase{"phi3-tiny", 16, 2048, "tests/fixtures/models/phi3-tiny.gguf"},
-                      ParityCase{"smollm2-135m-instruct", 16, 2048, "models/SmolLM2-135M-Instruct.Q4_1.gguf"},
-                      // Google's Gemma 3 270M (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0), fetched by scripts/setup.sh.
-                      ParityCase{"gemma3-270m", 16, 2048, "models/gemma-3-270m-q4_k_m.gguf"}),
+    ::testing::Values(
+        ParityCase{"llama2-tiny", 16, 2048}, ParityCase{"llama3-tiny", 16, 2048}, ParityCase{"mistral-tiny", 16, 2048},
+        ParityCase{"qwen2-tiny", 16, 2048}, ParityCase{"qwen3-tiny", 16, 2048}, ParityCase{"qwen3-tiny", 3, 13},
+        ParityCase{"gemma3-tiny", 16, 2048}, ParityCase{"gemma3-tiny", 3, 13}, ParityCase{"phi3-tiny", 16, 2048},
+        ParityCase{"phi3-tiny", 3, 13}, ParityCase{"mixtral-tiny", 16, 2048}, ParityCase{"mixtral-tiny", 3, 13},
+        ParityCase{"qwen3-moe-tiny", 16, 2048}, ParityCase{"qwen3-moe-tiny", 3, 13}, ParityCase{"llama3-tiny", 3, 13},
+        ParityCase{"qwen2-tiny", 1, 8}, ParityCase{"llama2-tiny", 16, 2048, "tests/fixtures/models/llama2-tiny.gguf"},
+        ParityCase{"qwen2-tiny", 16, 2048, "tests/fixtures/models/qwen2-tiny.gguf"},
+        ParityCase{"qwen3-tiny", 16, 2048, "tests/fixtures/models/qwen3-tiny.gguf"},
+        ParityCase{"gemma3-tiny", 16, 2048, "tests/fixtures/models/gemma3-tiny.gguf"},
+        ParityCase{"phi3-tiny", 16, 2048, "tests/fixtures/models/phi3-tiny.gguf"},
+        ParityCase{"smollm2-135m-instruct", 16, 2048, "models/SmolLM2-135M-Instruct.Q4_1.gguf"},
+        // Google's Gemma 3 270M (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0), fetched by scripts/setup.sh.
+        ParityCase{"gemma3-270m", 16, 2048, "models/gemma-3-270m-q4_k_m.gguf"}),
     [](const auto& info) {
       std::string n = info.param.model;
       std::replace(n.begin(), n.end(), '-', '_');

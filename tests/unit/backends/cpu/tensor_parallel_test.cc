@@ -1,6 +1,7 @@
 // engine.tensor_parallel_size on the cpu backend: the model split over 2 and 4 shards on threads, with the sums
 // after attention and the MLP taken in host memory, gives the unsharded run's greedy tokens and logprobs on every
-// test model (4 query heads; 4, 2 or 1 KV heads, so that 4 shards replicate KV heads), through the real engine
+// test model (4 query heads; 4, 2 or 1 KV heads, so that 4 shards replicate KV heads; the mixtures of experts split
+// every expert's intermediate columns, the router whole on every shard), through the real engine
 // with batching, chunked prefill and small blocks. This checks the splitting arithmetic of
 // engine/model/tensor_parallel.h without a GPU.
 #include "engine/model/tensor_parallel.h"
@@ -55,7 +56,8 @@ TEST_P(TensorParallel, ShardsOnThreadsGiveTheUnshardedGreedyTokensAndLogprobs) {
 INSTANTIATE_TEST_SUITE_P(Models, TensorParallel,
                          ::testing::Values("llama2-tiny", "llama3-tiny", "mistral-tiny", "qwen2-tiny", "qwen3-tiny",
                                            "gemma3-tiny", "phi3-tiny", "llama2-tiny.gguf", "qwen2-tiny.gguf",
-                                           "qwen3-tiny.gguf", "gemma3-tiny.gguf", "phi3-tiny.gguf", "llama3-tiny-fp8"),
+                                           "qwen3-tiny.gguf", "gemma3-tiny.gguf", "phi3-tiny.gguf", "llama3-tiny-fp8",
+                                           "mixtral-tiny", "qwen3-moe-tiny"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
