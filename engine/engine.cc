@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/trace.h"
 #if INFERD_WITH_CUDA
@@ -128,6 +129,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   }
   INFERD_RETURN_IF_ERROR(SizeKvPool(config.engine, &e->memory_plan_));
   INFERD_RETURN_IF_ERROR(e->backend_->AllocateKvCache(e->memory_plan_));
+  e->kernel_choices_ = e->backend_->KernelChoices();
+  if (!e->kernel_choices_.empty()) {
+    std::vector<std::string> parts;
+    for (const KernelChoice& c : e->kernel_choices_) parts.push_back(absl::StrCat(c.op, ": ", c.choice));
+    spdlog::info("{} kernels on {}: {}", e->backend_->name(), e->memory_plan_.device, absl::StrJoin(parts, "; "));
+  }
   const MemoryPlan& plan = e->memory_plan_;
   spdlog::info("memory plan: {}", plan.ToString());
   e->step_cost_.emplace(mc, plan, config.engine.block_size, config.engine.tensor_parallel_size);

@@ -133,6 +133,8 @@ class Engine {
   const MemoryPlan& memory_plan() const { return memory_plan_; }
   // Measured at start-up on the device: what bandwidth and FLOPs utilisation are relative to.
   const DeviceCeilings& ceilings() const { return ceilings_; }
+  // What runs each operation on the backend's device, as start-up chose it (Backend::KernelChoices).
+  const std::vector<KernelChoice>& kernel_choices() const { return kernel_choices_; }
   // The device's sensors now (cuda: NVML); safe from any thread.
   DeviceReading ReadDevice() const { return backend_->ReadDevice(); }
   std::string backend_name() const { return backend_->name(); }
@@ -180,6 +182,7 @@ class Engine {
   std::unique_ptr<Backend> backend_;
   MemoryPlan memory_plan_;  // as allocated
   DeviceCeilings ceilings_;
+  std::vector<KernelChoice> kernel_choices_;
   std::optional<StepCostModel> step_cost_;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<BlockPool> host_pool_;  // swap space and the host tier of the prefix cache, or null

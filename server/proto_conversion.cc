@@ -105,6 +105,11 @@ v1::ServerInfo ToServerInfo(const Engine* engine, const std::string& version) {
   info.set_kv_copy_waited_seconds(s.copy_waited_s);
   info.set_read_ceiling_bytes_per_s(engine->ceilings().read_bytes_per_s);
   info.set_gemm_ceiling_flops_per_s(engine->ceilings().gemm_flops_per_s);
+  for (const KernelChoice& c : engine->kernel_choices()) {
+    v1::KernelChoice* k = info.add_kernels();
+    k->set_op(c.op);
+    k->set_choice(c.choice);
+  }
   info.set_draining(engine->draining());
   info.set_backend(engine->backend_name());
   const MemoryPlan& p = engine->memory_plan();

@@ -122,6 +122,11 @@ struct DeviceReading {
   std::optional<double> energy_j;  // consumed since the driver loaded
 };
 
+// An operation of a step and what runs it on this backend's device ("attention": "FlashInfer's ...").
+struct KernelChoice {
+  std::string op, choice;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -171,6 +176,9 @@ class Backend {
   virtual absl::StatusOr<DeviceCeilings> MeasureCeilings() { return DeviceCeilings{}; }
   // Reads the sensors; safe from any thread. Empty for a backend without them.
   virtual DeviceReading ReadDevice() const { return {}; }
+  // Which kernels run each operation on this device, as start-up chose them (after AllocateKvCache: the choices
+  // measured there included), in the order the start-up log and GetServerInfo state them.
+  virtual std::vector<KernelChoice> KernelChoices() const { return {}; }
 
  private:
   struct Launched {

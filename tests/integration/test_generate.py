@@ -240,6 +240,10 @@ def test_model_and_server_info(server):
     assert mp.kv_bytes == mp.num_blocks * mp.kv_bytes_per_block > 0
     assert mp.budget_bytes == mp.weight_bytes + mp.activation_bytes + mp.other_bytes + mp.kv_bytes
     assert mp.weight_bytes > 0 and mp.activation_bytes > 0
+    # What runs each operation, as the start-up log says it too.
+    kernels = {k.op: k.choice for k in s.kernels}
+    assert list(kernels) == ["products", "attention", "sampling"] and "OpenBLAS" in kernels["products"], kernels
+    assert "cpu kernels on cpu: products: OpenBLAS" in server.logs()
 
 
 def test_a_shared_prefix_is_reused_and_changes_no_output(server):

@@ -113,6 +113,11 @@ class CpuBackend : public Backend {
   StepCounters counters() const override { return counters_; }
   uint64_t Progress() const override { return work_done_.load(std::memory_order_relaxed); }
   absl::StatusOr<DeviceCeilings> MeasureCeilings() override;
+  std::vector<KernelChoice> KernelChoices() const override {
+    return {{"products", "OpenBLAS sgemm in fp32 (the reference arithmetic)"},
+            {"attention", "fp32 over the paged cache, a query row at a time"},
+            {"sampling", "the host sampler chain"}};
+  }
 
  private:
   void Forward(const StepInput& in);  // fills ws_.logits[num_logits, vocab]

@@ -145,6 +145,7 @@ class CudaBackend : public Backend {
   absl::Status SupplyMasks(std::span<const std::span<const uint32_t>> masks) override;
   absl::StatusOr<DeviceCeilings> MeasureCeilings() override;
   DeviceReading ReadDevice() const override { return nvml_ ? nvml_->Read() : DeviceReading{}; }
+  std::vector<KernelChoice> KernelChoices() const override { return choices_; }
 
  private:
   const cuda::KvPool& kv0() const { return ranks_[0]->kv; }
@@ -162,6 +163,8 @@ class CudaBackend : public Backend {
   absl::Status CreateCollectives();
   // Which messages the peer kernels take (those they send faster than NCCL), measured on the decode sizes.
   absl::Status ChoosePeerLimit();
+  // States what runs each operation on this GPU (KernelChoices, which the engine logs at start-up).
+  void ChooseKernels();
   cuda::ForwardBuffers Buffers(const Rank& r) const;
 
   const bool use_graphs_;
@@ -174,9 +177,11 @@ class CudaBackend : public Backend {
   std::unique_ptr<cuda::RankThreads> threads_;
   cudaDataType_t dtype_;
   std::string device_;
-  std::unique_ptr<cuda::Nvml> nvml_;  // null where NVML cannot be loaded
-  DeviceLayout layout_;               // every rank's (their shards are the same size)
-  PinnedBuffer inputs_host_;          // layout_.inputs, packed once on the host for every rank
+  std::vector<KernelChoice> choices_;  // KernelChoices, set by AllocateKvCache
+  int64_t peer_limit_bytes_ = 0;       // the largest sum the peer kernels take (ChoosePeerLimit)
+  std::unique_ptr<cuda::Nvml> nvml_;   // null where NVML cannot be loaded
+  DeviceLayout layout_;                // every rank's (their shards are the same size)
+  PinnedBuffer inputs_host_;           // layout_.inputs, packed once on the host for every rank
   // A launched step's results (rank 0's) land in its slot; three, so that while step N + 1 is launched and N
   // collected, N - 1's timing events are still there to measure the device's idle time before N.
   struct Slot {
@@ -394,6 +399,7 @@ absl::Status CudaBackend::ChoosePeerLimit() {
                                     us.second, us.second > 0 ? sent_gb / (us.second * 1e-6) : 0.0));
   }
   for (auto& r : ranks_) r->comm->set_peer_limit_bytes(limit);
+  peer_limit_bytes_ = limit;
   spdlog::info(
       "cuda: all-reduce per layer half, measured: {}; the one-shot peer kernels take messages up to {} KiB, each "
       "fused with the residual add and RMSNorm after it",
@@ -401,10 +407,40 @@ absl::Status CudaBackend::ChoosePeerLimit() {
   return absl::OkStatus();
 }
 
+void CudaBackend::ChooseKernels() {
+  int cc = 0;
+  cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, ranks_[0]->device);
+  int minor = 0;
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ranks_[0]->device);
+  const cuda::Gemm& gemm = *ranks_[0]->gemm;
+  const bool fp8 = ranks_[0]->w.fp8;
+  choices_ = {
+      {"attention",
+       absl::StrCat("FlashInfer's paged prefill kernels (FA2, the sm80 code path, on every GPU) for prefill and "
+                    "decode, the KV split by its planner",
+                    cfg_.has_windows() ? "; the window layers through its sliding-window variant, planned apart" : "",
+                    fp8_kv_ ? "; over an fp8 e4m3 cache" : "")},
+      {"products",
+       absl::StrCat("the weight-streaming kernel up to ", fp8 ? gemm.fp8_gemv_max_rows() : gemm.gemv_max_rows(),
+                    " rows, cuBLASLt beyond", fp8 ? " (fp8 e4m3 weights, per-channel scales)" : "")},
+      {"dependent launch", k::DependentLaunchAllowed() ? absl::StrCat("on (compute capability ", cc, ".", minor, ")")
+                                                       : absl::StrCat("off (compute capability ", cc, ".", minor,
+                                                                      ", or code built for one before 9.0)")},
+      {"decode graphs", use_graphs_ ? "CUDA graphs per decode bucket" : "off (engine.cuda_graphs)"}};
+  if (ranks_.size() > 1) {
+    const cuda::Collectives* comm = ranks_[0]->comm.get();
+    choices_.push_back({"all-reduce", comm && comm->has_peer() && peer_limit_bytes_ > 0
+                                          ? absl::StrCat("one-shot peer kernels up to ", peer_limit_bytes_ / 1024,
+                                                         " KiB (fused with the residual add and RMSNorm), NCCL beyond")
+                                          : "NCCL"});
+  }
+}
+
 absl::Status CudaBackend::AllocateKvCache(const MemoryPlan& plan) {
   INFERD_RETURN_IF_ERROR(OnRanks(  // and the reserved block
       [&](Rank& r) { return r.kv.Allocate(layout_, cfg_.num_layers, plan.num_blocks + 1); }));
   INFERD_RETURN_IF_ERROR(ChoosePeerLimit());
+  ChooseKernels();
   if (use_graphs_) INFERD_RETURN_IF_ERROR(CaptureDecodeGraphs());
   spdlog::info("cuda: KV pool of {} blocks ({:.1f} MiB{}) allocated", plan.num_blocks, kv0().bytes() / 1048576.0,
                ranks_.size() > 1 ? " per GPU" : "");

@@ -84,6 +84,12 @@ def test_serves_on_cuda_with_a_memory_plan_equal_to_the_pool(server):
     assert mp.weight_bytes + mp.activation_bytes + mp.other_bytes + mp.kv_bytes <= mp.budget_bytes
     assert mp.budget_bytes <= 0.2 * mp.device_free_bytes + 1
     assert "memory plan:" in server.logs()
+    # What runs each operation on this GPU, stated in GetServerInfo and the start-up log alike.
+    kernels = {k.op: k.choice for k in info.kernels}
+    assert "FlashInfer" in kernels["attention"] and "cuBLASLt" in kernels["products"], kernels
+    assert kernels["dependent launch"].startswith(("on (compute capability", "off (compute capability")), kernels
+    assert ("all-reduce" in kernels) == (int(TP["tensor_parallel_size"]) > 1), kernels
+    assert "cuda kernels on NVIDIA" in server.logs()
 
 
 def test_greedy_tokens_match_transformers_bf16_until_a_near_tie(server):
