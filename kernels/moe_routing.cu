@@ -1,0 +1,122 @@
+#include <cfloat>
+
+#include "kernels/dependent_launch.cuh"
+#include "kernels/moe_routing.h"
+
+namespace inferd::kernels {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = 8;  // one warp a row
+constexpr int kPerLane = kMoeMaxExperts / kWarp;
+
+// The larger of two (weight, expert) pairs: the larger weight, the lower expert among equals.
+__device__ __forceinline__ bool Before(float w, int e, float w2, int e2) {
+  return w > w2 || (w == w2 && e < e2);
+}
+
+// One warp per row: the softmax, then k rounds of a warp-wide arg-max over what is left; every lane counts its
+// row's experts into `counts`.
+__global__ void __launch_bounds__(kWarp* kRowsPerBlock)
+    TopKKernel(const float* __restrict__ logits, int64_t rows, int32_t experts, int32_t k, bool normalize,
+               int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights, int32_t* __restrict__ counts) {
+  WaitForPrerequisites();
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const float* x = logits + row * experts;
+  float p[kPerLane];
+  float top = -FLT_MAX;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + i * kWarp;
+    p[i] = e < experts ? x[e] : -FLT_MAX;
+    top = fmaxf(top, p[i]);
+  }
+  for (int o = kWarp / 2; o > 0; o /= 2) top = fmaxf(top, __shfl_xor_sync(~0u, top, o));
+  float total = 0;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + i * kWarp;
+    p[i] = e < experts ? expf(p[i] - top) : 0.f;
+    total += p[i];
+  }
+  for (int o = kWarp / 2; o > 0; o /= 2) total += __shfl_xor_sync(~0u, total, o);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) p[i] /= total;
+  float chosen_w[kMoeMaxTopK];
+  int chosen_e[kMoeMaxTopK];
+  float sum = 0;
+  for (int j = 0; j < k; ++j) {
+    float w = -1.f;  // below every probability: taken experts are marked with it
+    int e = INT32_MAX;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int ei = lane + i * kWarp;
+      if (ei < experts && Before(p[i], ei, w, e)) w = p[i], e = ei;
+    }
+    for (int o = kWarp / 2; o > 0; o /= 2) {
+      const float w2 = __shfl_xor_sync(~0u, w, o);
+      const int e2 = __shfl_xor_sync(~0u, e, o);
+      if (Before(w2, e2, w, e)) w = w2, e = e2;
+    }
+    chosen_w[j] = w;
+    chosen_e[j] = e;
+    sum += w;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (lane + i * kWarp == e) p[i] = -1.f;
+    }
+  }
+  if (lane < k) {
+    float w = 0;
+    int e = 0;
+    for (int j = 0; j < k; ++j) {  // lane j writes slot j (registers are not indexed by a lane's number)
+      if (j == lane) w = chosen_w[j], e = chosen_e[j];
+    }
+    topk_ids[row * k + lane] = e;
+    topk_weights[row * k + lane] = normalize ? w / sum : w;
+    atomicAdd(counts + e, 1);
+  }
+}
+
+// One block: the experts' runs (an exclusive prefix sum of the counts), then every slot into its expert's run.
+__global__ void __launch_bounds__(1024)
+    GroupKernel(const int32_t* __restrict__ topk_ids, int64_t slots, int32_t experts, int32_t* __restrict__ counts,
+                int32_t* __restrict__ offsets, int32_t* __restrict__ sorted) {
+  WaitForPrerequisites();
+  __shared__ int32_t cursor[kMoeMaxExperts];
+  if (threadIdx.x == 0) {
+    int32_t at = 0;
+    for (int e = 0; e < experts; ++e) {
+      offsets[e] = at;
+      cursor[e] = at;
+      at += counts[e];
+    }
+    offsets[experts] = at;
+  }
+  __syncthreads();
+  for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) {
+    sorted[atomicAdd(&cursor[topk_ids[s]], 1)] = static_cast<int32_t>(s);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;  // ready for the next call
+}
+
+}  // namespace
+
+cudaError_t MoeRoute(const float* logits, int64_t rows, int32_t experts, int32_t k, bool normalize, int32_t* topk_ids,
+                     float* topk_weights, int32_t* counts, int32_t* expert_offsets, int32_t* sorted_slots,
+                     cudaStream_t stream) {
+  if (rows < 1 || k < 1 || k > experts || experts > kMoeMaxExperts || k > kMoeMaxTopK || rows * k > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  cudaError_t err = LaunchDependent(TopKKernel, blocks, kWarp * kRowsPerBlock, stream, logits, rows, experts, k,
+                                    normalize, topk_ids, topk_weights, counts);
+  if (err != cudaSuccess) return err;
+  return LaunchDependent(GroupKernel, 1, 1024, stream, topk_ids, rows * k, experts, counts, expert_offsets,
+                         sorted_slots);
+}
+
+}  // namespace inferd::kernels

@@ -1,0 +1,30 @@
+// A mixture of experts' routing on the device (engine/model/architecture.h, LayerOp::kMoe), so that a step's
+// experts are chosen and its rows grouped by expert without a trip to the host (decode steps stay in CUDA graphs):
+//   1. per row of router logits: softmax over the experts in fp32, the top k (the larger weight first, the lower
+//      expert among equals, as the cpu reference), their weights divided by their sum where `normalize`;
+//   2. the rows' (row, k) slots grouped by expert: how many each expert got and where its run starts, and for each
+//      place of the grouped order the slot it holds, row * k + j, for the gather before the experts' products and
+//      the weighted sum after them.
+// The order of slots within an expert's run is the order their rows' blocks reached it: the products are per row,
+// and the sum back into a row takes its k slots in order j, so the outputs do not depend on it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace inferd::kernels {
+
+// The largest expert count and top k MoeRoute takes (Qwen3-MoE's 128 and 8; DeepSeek's 256).
+constexpr int32_t kMoeMaxExperts = 512;
+constexpr int32_t kMoeMaxTopK = 16;
+
+// logits [rows, experts] fp32 in; topk_ids, topk_weights [rows, k]; expert_offsets [experts + 1] (offsets[e] to
+// offsets[e + 1] is expert e's run; the last is rows * k); sorted_slots [rows * k]. `counts` is scratch of
+// `experts` ints, zero before the first call (each call leaves them zero). rows >= 1, 1 <= k <= experts <=
+// kMoeMaxExperts, k <= kMoeMaxTopK.
+cudaError_t MoeRoute(const float* logits, int64_t rows, int32_t experts, int32_t k, bool normalize, int32_t* topk_ids,
+                     float* topk_weights, int32_t* counts, int32_t* expert_offsets, int32_t* sorted_slots,
+                     cudaStream_t stream);
+
+}  // namespace inferd::kernels
