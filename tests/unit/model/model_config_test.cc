@@ -13,6 +13,13 @@
 namespace inferd {
 namespace {
 
+// A config ParseModelConfig refuses, with `mention` in its message.
+void ExpectError(const nlohmann::json& cfg, const std::string& mention) {
+  auto c = ParseModelConfig(cfg.dump());
+  ASSERT_FALSE(c.ok()) << mention;
+  EXPECT_NE(c.status().message().find(mention), std::string::npos) << c.status().message();
+}
+
 TEST(ModelConfig, ReadsTransformers5RopeParametersWithLlama3Scaling) {
   auto c = ParseModelConfig(testing::ReadJson(testing::ModelDir("llama3-tiny") + "/config.json").dump());
   ASSERT_TRUE(c.ok()) << c.status();
@@ -138,31 +145,26 @@ TEST(ModelConfig, MixturesOfExpertsReadTheirExpertsAndSparseLayers) {
 }
 
 TEST(ModelConfig, RefusesBadExpertCountsAndLayers) {
-  auto expect_error = [](const nlohmann::json& cfg, const std::string& mention) {
-    auto c = ParseModelConfig(cfg.dump());
-    ASSERT_FALSE(c.ok()) << mention;
-    EXPECT_NE(c.status().message().find(mention), std::string::npos) << c.status().message();
-  };
   const nlohmann::json qwen = testing::ReadJson(testing::ModelDir("qwen3-moe-tiny") + "/config.json");
   const nlohmann::json mixtral = testing::ReadJson(testing::ModelDir("mixtral-tiny") + "/config.json");
   nlohmann::json bad = qwen;
   bad["num_experts_per_tok"] = 9;
-  expect_error(bad, "num_experts_per_tok");
+  ExpectError(bad, "num_experts_per_tok");
   bad = qwen;
   bad.erase("num_experts");
-  expect_error(bad, "num_experts");
+  ExpectError(bad, "num_experts");
   bad = qwen;
   bad["mlp_only_layers"] = {3};
-  expect_error(bad, "mlp_only_layers holds 3");
+  ExpectError(bad, "mlp_only_layers holds 3");
   bad = qwen;
   bad["moe_intermediate_size"] = 0;
-  expect_error(bad, "moe_intermediate_size");
+  ExpectError(bad, "moe_intermediate_size");
   bad = mixtral;
   bad["decoder_sparse_step"] = 2;
-  expect_error(bad, "MixtralForCausalLM has no dense layers");
+  ExpectError(bad, "MixtralForCausalLM has no dense layers");
   bad = mixtral;
   bad["num_local_experts"] = 0;
-  expect_error(bad, "num_local_experts");
+  ExpectError(bad, "num_local_experts");
 }
 
 // The window the sliding-window layers share: none (no list, or every layer global), one, or differing sizes.
@@ -181,35 +183,25 @@ TEST(ModelConfig, TheSlidingWindowIsTheOneTheWindowLayersShare) {
 
 TEST(ModelConfig, RefusesUnsupportedAndInconsistentConfigs) {
   nlohmann::json j = testing::ReadJson(testing::ModelDir("llama2-tiny") + "/config.json");
-  auto expect_error = [](const nlohmann::json& cfg, const std::string& mention) {
-    auto c = ParseModelConfig(cfg.dump());
-    ASSERT_FALSE(c.ok());
-    EXPECT_NE(c.status().message().find(mention), std::string::npos) << c.status().message();
-  };
   nlohmann::json bad = j;
   bad["architectures"] = {"GPT2LMHeadModel"};
-  expect_error(bad, "GPT2LMHeadModel");
+  ExpectError(bad, "GPT2LMHeadModel");
   bad = j;
   bad["num_key_value_heads"] = 3;
-  expect_error(bad, "num_key_value_heads = 3");
+  ExpectError(bad, "num_key_value_heads = 3");
   bad = j;
   bad.erase("hidden_size");
-  expect_error(bad, "hidden_size");
+  ExpectError(bad, "hidden_size");
   bad = j;
   bad["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-  expect_error(bad, "yarn");
+  ExpectError(bad, "yarn");
   bad = j;
   bad["vocab_size"] = -5;
-  expect_error(bad, "vocab_size");
+  ExpectError(bad, "vocab_size");
 }
 
 // The new families' options: wrong ones are refused naming the field.
 TEST(ModelConfig, RefusesBadWindowsRotaryAndActivations) {
-  auto expect_error = [](const nlohmann::json& cfg, const std::string& mention) {
-    auto c = ParseModelConfig(cfg.dump());
-    ASSERT_FALSE(c.ok()) << mention;
-    EXPECT_NE(c.status().message().find(mention), std::string::npos) << c.status().message();
-  };
   const nlohmann::json gemma = testing::ReadJson(testing::ModelDir("gemma3-tiny") + "/config.json");
   auto g = ParseModelConfig(gemma.dump());
   ASSERT_TRUE(g.ok()) << g.status();
@@ -219,19 +211,19 @@ TEST(ModelConfig, RefusesBadWindowsRotaryAndActivations) {
   EXPECT_NEAR(g->embedding_scale(), 8.0, 1e-12);  // √64
   nlohmann::json bad = gemma;
   bad["layer_types"] = {"sliding_attention"};
-  expect_error(bad, "layer_types has 1 entries");
+  ExpectError(bad, "layer_types has 1 entries");
   bad = gemma;
   bad["layer_types"][2] = "local";
-  expect_error(bad, "layer_types[2]");
+  ExpectError(bad, "layer_types[2]");
   bad = gemma;
   bad["hidden_activation"] = "silu";
-  expect_error(bad, "hidden_activation");
+  ExpectError(bad, "hidden_activation");
   bad = gemma;
   bad["final_logit_softcapping"] = -1;
-  expect_error(bad, "final_logit_softcapping");
+  ExpectError(bad, "final_logit_softcapping");
   nlohmann::json llama = testing::ReadJson(testing::ModelDir("llama2-tiny") + "/config.json");
   llama["sliding_window"] = 16;
-  expect_error(llama, "sliding-window attention is not supported for LlamaForCausalLM");
+  ExpectError(llama, "sliding-window attention is not supported for LlamaForCausalLM");
 
   const nlohmann::json phi = testing::ReadJson(testing::ModelDir("phi3-tiny") + "/config.json");
   auto p = ParseModelConfig(phi.dump());
@@ -241,16 +233,16 @@ TEST(ModelConfig, RefusesBadWindowsRotaryAndActivations) {
   EXPECT_NEAR(p->rope.attention_factor, std::sqrt(1 + std::log(8.0) / std::log(256.0)), 1e-12);
   bad = phi;
   bad["partial_rotary_factor"] = 0.1;
-  expect_error(bad, "partial_rotary_factor");
+  ExpectError(bad, "partial_rotary_factor");
   bad = phi;
   bad["rope_scaling"].erase("long_factor");
-  expect_error(bad, "long_factor");
+  ExpectError(bad, "long_factor");
   bad = phi;
   bad["rope_scaling"]["short_factor"] = {1.0, 1.0};
-  expect_error(bad, "longrope factors hold 2 values");
+  ExpectError(bad, "longrope factors hold 2 values");
   bad = phi;
   bad.erase("original_max_position_embeddings");
-  expect_error(bad, "original_max_position_embeddings");
+  ExpectError(bad, "original_max_position_embeddings");
 }
 
 TEST(LoadModel, LoadsEveryTestModelAndItsEosIds) {
