@@ -24,7 +24,8 @@
 #   TensorParallelOnCuda.*), and, where .bundle/base.tar.xz holds the bundle of the commit before, the 8B model at
 #   tensor_parallel_size 1 (and 2, with 2 GPUs; TP_AB_SIZES narrows; TP_AB_QUANTIZATIONS="none fp8" adds fp8)
 #   benchmarked by both bundles in turn (A/B);
-#   TP_PARTS (parity, bench, either, both or none) picks what follows. With 2 or more GPUs:
+#   TP_PARTS (parity, bench, either, both or none) picks what follows, TP_SIZES (default "2 4 8") the parity suite's
+#   sizes (one size a call fits the device tool's 10 minutes). With 2 or more GPUs:
 #   the test models and their references, the parity suite at tensor_parallel_size 2, 4 and 8 (as many as there
 #   are GPUs: it fails when it has nothing to compare), the 8B shape at 1, 2, 4 and 8 (TP_QUANTIZATIONS="none fp8"), and the
 #   Llama-3-70B shape at 2, 4 and 8 (TP70_QUANTIZATION), both from weights made on the GPUs (model.load_format dummy).
@@ -388,7 +389,7 @@ if [[ "$what" == tp ]]; then
   echo "== tensor parallelism on $gpus GPU(s)"
   # The parity suite below needs the references as much as the models: made here, so that it compares, never skips.
   if [[ ${TP_PARTS:-parity} == *parity* ]]; then
-    sizes="" && for n in 2 4 8; do (( n <= gpus )) && sizes="$sizes $n"; done
+    sizes="" && for n in ${TP_SIZES:-2 4 8}; do (( n <= gpus )) && sizes="$sizes $n"; done
     make_models_and_references "$sizes"
   fi
   # Collectives that wait on each other can hang rather than fail: bounded, so that a hang is a failure with a log.
@@ -421,7 +422,7 @@ if [[ "$what" == tp ]]; then
   fi
   parts=${TP_PARTS:-parity bench}  # either or both, for runs split over calls
   if (( gpus >= 2 )) && [[ $parts == *parity* ]]; then
-    for n in 2 4 8; do
+    for n in ${TP_SIZES:-2 4 8}; do
       (( n <= gpus )) || continue
       INFERD_TENSOR_PARALLEL=$n "$BUNDLE/bin/gpu_tests" --gtest_filter='Models/CudaParity.*' \
         --gtest_output="xml:$OUT/gpu_parity_tp${n}_tests.xml" > "$OUT/gpu_parity_tp$n.log" 2>&1 || status=1
