@@ -1,0 +1,96 @@
+// The experts' products of a decode step (kernels::MoeExpertGemv) against fp32 products on the CPU: every expert's
+// run of rows times its own weights, runs of 0 (experts no row chose), 1, 2, 3 and more than a pass takes (13),
+// widths no tile divides, bf16 and fp16, and the runs' bounds read from the device.
+#include "kernels/moe_products.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/gpu/gpu_test_util.h"
+
+namespace inferd {
+namespace {
+
+using testing::FromFloatHost;
+using testing::HaveGpu;
+using testing::ToFloatHost;
+namespace k = kernels;
+
+template <typename T>
+void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim) {
+  const int32_t experts = static_cast<int32_t>(counts.size());
+  std::vector<int32_t> offsets(experts + 1, 0);
+  std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
+  const int64_t slots = offsets.back();
+  std::mt19937 rng(static_cast<uint32_t>(n * 31 + kdim + slots));
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<T> x(slots * kdim), w(int64_t{experts} * n * kdim);
+  for (T& v : x) v = FromFloatHost<T>(d(rng));
+  for (T& v : w) v = FromFloatHost<T>(0.1f * d(rng));
+  void *dx = nullptr, *dw = nullptr, *dy = nullptr, *doff = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx, x.size() * 2 + 16), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dw, w.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy, slots * n * 2 + 16), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&doff, offsets.size() * 4), cudaSuccess);
+  cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(doff, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice);
+  ASSERT_EQ(k::MoeExpertGemv<T>(static_cast<const T*>(dx), static_cast<const T*>(dw), static_cast<const int32_t*>(doff),
+                                experts, static_cast<T*>(dy), n, kdim, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<T> y(slots * n);
+  cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost);
+  // Within about one rounding of the output: fp32 sums in another order, rounded once to T.
+  const double ulp = std::is_same_v<T, __half> ? 1.0 / 1024 : 1.0 / 128;
+  int64_t wrong = 0;
+  std::string first;
+  for (int32_t e = 0; e < experts; ++e) {
+    for (int32_t s = offsets[e]; s < offsets[e + 1]; ++s) {
+      for (int64_t c = 0; c < n; ++c) {
+        double want = 0;
+        for (int64_t i = 0; i < kdim; ++i) {
+          want += double(ToFloatHost(x[s * kdim + i])) * ToFloatHost(w[(e * n + c) * kdim + i]);
+        }
+        const double got = ToFloatHost(y[s * n + c]);
+        if (std::abs(got - want) > ulp * std::abs(want) + 1e-3) {
+          if (wrong++ == 0)
+            first = "expert " + std::to_string(e) + " slot " + std::to_string(s) + " column " + std::to_string(c) +
+                    ": " + std::to_string(got) + " against " + std::to_string(want);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << slots << " slots, n " << n << ", k " << kdim << ": " << first;
+  for (void* p : {dx, dw, dy, doff}) cudaFree(p);
+}
+
+TEST(MoeExpertGemv, EachExpertsRunTimesItsOwnWeights) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  // A decode step's few slots; an expert no row chose; a run longer than one pass (13 rows: passes of 8 and 5).
+  const std::vector<int32_t> counts = {0, 1, 2, 13, 0, 3, 8, 1};
+  for (auto [n, kdim] : {std::pair<int64_t, int64_t>{96, 64}, {37, 520}, {512, 1024}, {1, 8}}) {
+    Check<__nv_bfloat16>(counts, n, kdim);
+    Check<__half>(counts, n, kdim);
+  }
+  Check<__nv_bfloat16>({2}, 64, 64);                           // one expert
+  Check<__nv_bfloat16>(std::vector<int32_t>(128, 0), 64, 64);  // no slots at all: nothing read or written
+}
+
+TEST(MoeExpertGemv, ShapesItCannotTakeAreRefused) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  alignas(16) static __nv_bfloat16 host[16];
+  const auto* p = host;
+  EXPECT_EQ(k::MoeExpertGemv<__nv_bfloat16>(p, p, nullptr, 0, nullptr, 8, 8, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(k::MoeExpertGemv<__nv_bfloat16>(p, p, nullptr, 2, nullptr, 8, 12, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(k::MoeExpertGemv<__nv_bfloat16>(p + 1, p, nullptr, 2, nullptr, 8, 8, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace inferd
