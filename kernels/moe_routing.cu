@@ -1,4 +1,5 @@
 #include <cfloat>
+#include <cstdint>
 
 #include "kernels/dependent_launch.cuh"
 #include "kernels/moe_routing.h"
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(kWarp* kRowsPerBlock)
 // One block: the experts' runs (an exclusive prefix sum of the counts), then every slot into its expert's run.
 __global__ void __launch_bounds__(1024)
     GroupKernel(const int32_t* __restrict__ topk_ids, int64_t slots, int32_t experts, int32_t* __restrict__ counts,
-                int32_t* __restrict__ offsets, int32_t* __restrict__ sorted) {
+                int32_t* __restrict__ offsets, int32_t* __restrict__ sorted, int32_t* __restrict__ positions) {
   WaitForPrerequisites();
   __shared__ int32_t cursor[kMoeMaxExperts];
   if (threadIdx.x == 0) {
@@ -97,7 +98,9 @@ __global__ void __launch_bounds__(1024)
   }
   __syncthreads();
   for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) {
-    sorted[atomicAdd(&cursor[topk_ids[s]], 1)] = static_cast<int32_t>(s);
+    const int32_t at = atomicAdd(&cursor[topk_ids[s]], 1);
+    sorted[at] = static_cast<int32_t>(s);
+    if (positions) positions[s] = at;
   }
   __syncthreads();
   for (int e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;  // ready for the next call
@@ -107,7 +110,7 @@ __global__ void __launch_bounds__(1024)
 
 cudaError_t MoeRoute(const float* logits, int64_t rows, int32_t experts, int32_t k, bool normalize, int32_t* topk_ids,
                      float* topk_weights, int32_t* counts, int32_t* expert_offsets, int32_t* sorted_slots,
-                     cudaStream_t stream) {
+                     int32_t* slot_positions, cudaStream_t stream) {
   if (rows < 1 || k < 1 || k > experts || experts > kMoeMaxExperts || k > kMoeMaxTopK || rows * k > INT32_MAX) {
     return cudaErrorInvalidValue;
   }
@@ -116,7 +119,80 @@ cudaError_t MoeRoute(const float* logits, int64_t rows, int32_t experts, int32_t
                                     normalize, topk_ids, topk_weights, counts);
   if (err != cudaSuccess) return err;
   return LaunchDependent(GroupKernel, 1, 1024, stream, topk_ids, rows * k, experts, counts, expert_offsets,
-                         sorted_slots);
+                         sorted_slots, slot_positions);
 }
+
+namespace {
+
+constexpr int kVecThreads = 256;
+
+// One block a slot (a row of the grouped order): its source row, 8 elements a thread at a time.
+template <typename T>
+__global__ void __launch_bounds__(kVecThreads) GatherKernel(const T* __restrict__ x, const int32_t* __restrict__ sorted,
+                                                            int32_t k, int64_t n, T* __restrict__ out) {
+  WaitForPrerequisites();
+  const int64_t i = blockIdx.x;
+  const uint4* src = reinterpret_cast<const uint4*>(x + int64_t{sorted[i] / k} * n);
+  uint4* dst = reinterpret_cast<uint4*>(out + i * n);
+  for (int64_t c = threadIdx.x; c < n / 8; c += kVecThreads) dst[c] = src[c];
+}
+
+__device__ __forceinline__ float AsFloat(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float AsFloat(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ void Store(float v, __nv_bfloat16* p) {
+  *p = __float2bfloat16(v);
+}
+__device__ __forceinline__ void Store(float v, __half* p) {
+  *p = __float2half(v);
+}
+
+// One block a row: its k slots' outputs, weighted, summed in k order.
+template <typename T>
+__global__ void __launch_bounds__(kVecThreads)
+    CombineKernel(const T* __restrict__ y, const int32_t* __restrict__ positions, const float* __restrict__ weights,
+                  int32_t k, int64_t n, T* __restrict__ out) {
+  WaitForPrerequisites();
+  const int64_t r = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < n; c += kVecThreads) {
+    float acc = 0;
+    for (int32_t j = 0; j < k; ++j) {
+      acc += weights[r * k + j] * AsFloat(y[int64_t{positions[r * k + j]} * n + c]);
+    }
+    Store(acc, out + r * n + c);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t MoeGather(const T* x, const int32_t* sorted_slots, int64_t slots, int32_t k, int64_t n, T* out,
+                      cudaStream_t stream) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (slots < 1 || slots > INT32_MAX || k < 1 || n < 8 || n % 8 != 0 || !aligned(x) || !aligned(out)) {
+    return cudaErrorInvalidValue;
+  }
+  return LaunchDependent(GatherKernel<T>, static_cast<unsigned>(slots), kVecThreads, stream, x, sorted_slots, k, n,
+                         out);
+}
+
+template <typename T>
+cudaError_t MoeCombine(const T* y, const int32_t* slot_positions, const float* topk_weights, int64_t rows, int32_t k,
+                       int64_t n, T* out, cudaStream_t stream) {
+  if (rows < 1 || rows > INT32_MAX || k < 1 || k > kMoeMaxTopK || n < 1) return cudaErrorInvalidValue;
+  return LaunchDependent(CombineKernel<T>, static_cast<unsigned>(rows), kVecThreads, stream, y, slot_positions,
+                         topk_weights, k, n, out);
+}
+
+template cudaError_t MoeGather(const __nv_bfloat16*, const int32_t*, int64_t, int32_t, int64_t, __nv_bfloat16*,
+                               cudaStream_t);
+template cudaError_t MoeGather(const __half*, const int32_t*, int64_t, int32_t, int64_t, __half*, cudaStream_t);
+template cudaError_t MoeCombine(const __nv_bfloat16*, const int32_t*, const float*, int64_t, int32_t, int64_t,
+                                __nv_bfloat16*, cudaStream_t);
+template cudaError_t MoeCombine(const __half*, const int32_t*, const float*, int64_t, int32_t, int64_t, __half*,
+                                cudaStream_t);
 
 }  // namespace inferd::kernels

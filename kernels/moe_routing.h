@@ -9,6 +9,8 @@
 // and the sum back into a row takes its k slots in order j, so the outputs do not depend on it.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -23,8 +25,22 @@ constexpr int32_t kMoeMaxTopK = 16;
 // offsets[e + 1] is expert e's run; the last is rows * k); sorted_slots [rows * k]. `counts` is scratch of
 // `experts` ints, zero before the first call (each call leaves them zero). rows >= 1, 1 <= k <= experts <=
 // kMoeMaxExperts, k <= kMoeMaxTopK.
+// slot_positions [rows * k] (may be null): where each slot landed in the grouped order (the inverse of
+// sorted_slots), for MoeCombine.
 cudaError_t MoeRoute(const float* logits, int64_t rows, int32_t experts, int32_t k, bool normalize, int32_t* topk_ids,
                      float* topk_weights, int32_t* counts, int32_t* expert_offsets, int32_t* sorted_slots,
-                     cudaStream_t stream);
+                     int32_t* slot_positions, cudaStream_t stream);
+
+// The rows each slot of the grouped order reads: out[i] = x[sorted_slots[i] / k] ([rows, n] in, [rows * k, n]
+// out), in T (__nv_bfloat16 or __half). n a multiple of 8, x and out 16-byte aligned.
+template <typename T>
+cudaError_t MoeGather(const T* x, const int32_t* sorted_slots, int64_t slots, int32_t k, int64_t n, T* out,
+                      cudaStream_t stream);
+
+// Each row's experts' outputs weighted and summed back, in k order (fp32, rounded once):
+// out[r] = Σ_j topk_weights[r, j] · y[slot_positions[r · k + j]] ([rows * k, n] grouped in, [rows, n] out).
+template <typename T>
+cudaError_t MoeCombine(const T* y, const int32_t* slot_positions, const float* topk_weights, int64_t rows, int32_t k,
+                       int64_t n, T* out, cudaStream_t stream);
 
 }  // namespace inferd::kernels

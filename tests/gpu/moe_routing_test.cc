@@ -63,19 +63,23 @@ void RouteAndCheck(const std::vector<float>& logits, int64_t rows, int32_t exper
   int32_t* counts = Device<int32_t>(experts);
   int32_t* offsets = Device<int32_t>(experts + 1);
   int32_t* sorted = Device<int32_t>(rows * topk);
+  int32_t* positions = Device<int32_t>(rows * topk);
   ASSERT_EQ(cudaMemcpy(d_logits, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemset(counts, 0, experts * 4), cudaSuccess);
   for (int call = 0; call < 2; ++call) {
-    ASSERT_EQ(k::MoeRoute(d_logits, rows, experts, topk, normalize, ids, weights, counts, offsets, sorted, nullptr),
+    ASSERT_EQ(k::MoeRoute(d_logits, rows, experts, topk, normalize, ids, weights, counts, offsets, sorted, positions,
+                          nullptr),
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<int32_t> got_ids(rows * topk), got_offsets(experts + 1), got_sorted(rows * topk), left(experts);
+    std::vector<int32_t> got_ids(rows * topk), got_offsets(experts + 1), got_sorted(rows * topk), left(experts),
+        got_positions(rows * topk);
     std::vector<float> got_weights(rows * topk);
     cudaMemcpy(got_ids.data(), ids, got_ids.size() * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(got_weights.data(), weights, got_weights.size() * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(got_offsets.data(), offsets, got_offsets.size() * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(got_sorted.data(), sorted, got_sorted.size() * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(left.data(), counts, left.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_positions.data(), positions, got_positions.size() * 4, cudaMemcpyDeviceToHost);
     int64_t wrong_ids = 0;
     double worst = 0;
     std::vector<int32_t> want_ids(topk);
@@ -104,9 +108,12 @@ void RouteAndCheck(const std::vector<float>& logits, int64_t rows, int32_t exper
       }
     }
     EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), rows * topk) << where << ": every slot exactly once";
+    int64_t misplaced = 0;
+    for (int64_t slot = 0; slot < rows * topk; ++slot) misplaced += got_sorted[got_positions[slot]] != slot;
+    EXPECT_EQ(misplaced, 0) << where << ": each slot's position is where the grouped order holds it";
     EXPECT_EQ(std::count(left.begin(), left.end(), 0), experts) << where << ": the counts are left zero";
   }
-  for (void* p : std::initializer_list<void*>{d_logits, ids, weights, counts, offsets, sorted}) cudaFree(p);
+  for (void* p : std::initializer_list<void*>{d_logits, ids, weights, counts, offsets, sorted, positions}) cudaFree(p);
 }
 
 TEST(MoeRoute, EqualsTheCpuRoutingAndGroupsEverySlotByExpert) {
@@ -138,7 +145,8 @@ TEST(MoeRoute, AmongEqualWeightsTheLowerExpertComesFirst) {
 TEST(MoeRoute, ShapesItCannotTakeAreRefused) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   const auto route = [](int64_t rows, int32_t experts, int32_t topk) {
-    return k::MoeRoute(nullptr, rows, experts, topk, true, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    return k::MoeRoute(nullptr, rows, experts, topk, true, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                       nullptr);
   };
   EXPECT_EQ(route(0, 8, 2), cudaErrorInvalidValue);
   EXPECT_EQ(route(1, 8, 9), cudaErrorInvalidValue);
