@@ -62,6 +62,16 @@ __device__ __forceinline__ void Rows(const T* __restrict__ x, const uint4* const
   }
 }
 
+// Rows<T, m> for a pass's m rows (1 <= m <= M), the row count a compile-time constant in each.
+template <typename T, int M>
+__device__ __forceinline__ void RowsOf(int m, const T* __restrict__ x, const uint4* const (&wr)[kCols],
+                                       T* __restrict__ y, int64_t col0, int64_t n, int64_t k, int lane) {
+  if constexpr (M > 1) {
+    if (m < M) return RowsOf<T, M - 1>(m, x, wr, y, col0, n, k, lane);
+  }
+  Rows<T, M>(x, wr, y, col0, n, k, lane);
+}
+
 // Block (column tile, expert): the expert's run in passes of up to kPass rows; experts no row chose return at once.
 template <typename T>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -81,32 +91,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int64_t r0 = begin; r0 < end; r0 += kPass) {
     const T* xr = x + r0 * k;
     T* yr = y + r0 * n;
-    switch (static_cast<int>(std::min<int64_t>(kPass, end - r0))) {
-      case 1:
-        Rows<T, 1>(xr, wr, yr, col0, n, k, lane);
-        break;
-      case 2:
-        Rows<T, 2>(xr, wr, yr, col0, n, k, lane);
-        break;
-      case 3:
-        Rows<T, 3>(xr, wr, yr, col0, n, k, lane);
-        break;
-      case 4:
-        Rows<T, 4>(xr, wr, yr, col0, n, k, lane);
-        break;
-      case 5:
-        Rows<T, 5>(xr, wr, yr, col0, n, k, lane);
-        break;
-      case 6:
-        Rows<T, 6>(xr, wr, yr, col0, n, k, lane);
-        break;
-      case 7:
-        Rows<T, 7>(xr, wr, yr, col0, n, k, lane);
-        break;
-      default:
-        Rows<T, 8>(xr, wr, yr, col0, n, k, lane);
-        break;
-    }
+    RowsOf<T, kPass>(static_cast<int>(std::min<int64_t>(kPass, end - r0)), xr, wr, yr, col0, n, k, lane);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/model/moe_routing.h"
 #include "kernels/elementwise.h"
 #include "kernels/moe_products.h"
 #include "kernels/moe_routing.h"
@@ -53,20 +54,13 @@ void RunBlock(int64_t rows, int32_t experts, int32_t topk, bool normalize, int64
   std::vector<float> want(rows * hidden, 0.f);
   for (int64_t r = 0; r < rows; ++r) {
     std::vector<float> p(logits.begin() + r * experts, logits.begin() + (r + 1) * experts);
-    const float top = *std::max_element(p.begin(), p.end());
-    float total = 0;
-    for (float& v : p) total += (v = std::exp(v - top));
-    for (float& v : p) v /= total;
-    std::vector<int32_t> order(experts);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + topk, order.end(),
-                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-    float chosen = 0;
-    for (int32_t j = 0; j < topk; ++j) chosen += p[order[j]];
+    std::vector<int32_t> order, ids(topk);
+    std::vector<float> route(topk);
+    RouteRow(p.data(), experts, topk, normalize, order, ids.data(), route.data());
     std::vector<double> acc(hidden, 0.0);
     for (int32_t j = 0; j < topk; ++j) {
-      const int64_t e = order[j];
-      const float weight = normalize ? p[e] / chosen : p[e];
+      const int64_t e = ids[j];
+      const float weight = route[j];
       std::vector<float> act(inter);
       for (int64_t i = 0; i < inter; ++i) {
         double g = 0, u = 0;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/moe_routing.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace inferd {
@@ -27,23 +28,11 @@ struct Routed {
   std::vector<float> weights;
 };
 
-// The cpu backend's routing (CpuBackend::Moe) of one row.
+// The cpu backend's routing of one row (engine/model/moe_routing.h).
 void Reference(const float* logits, int32_t experts, int32_t topk, bool normalize, int32_t* ids, float* weights) {
   std::vector<float> p(logits, logits + experts);
-  const float top = *std::max_element(p.begin(), p.end());
-  float total = 0;
-  for (float& v : p) total += (v = std::exp(v - top));
-  for (float& v : p) v /= total;
-  std::vector<int32_t> order(experts);
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + topk, order.end(),
-                    [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-  float chosen = 0;
-  for (int32_t j = 0; j < topk; ++j) chosen += p[order[j]];
-  for (int32_t j = 0; j < topk; ++j) {
-    ids[j] = order[j];
-    weights[j] = normalize ? p[order[j]] / chosen : p[order[j]];
-  }
+  std::vector<int32_t> order;
+  RouteRow(p.data(), experts, topk, normalize, order, ids, weights);
 }
 
 template <typename T>

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -17,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/backends/cpu/cpu_weights.h"
 #include "engine/check.h"
+#include "engine/model/moe_routing.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/runtime/sampler.h"
 #include "engine/status_macros.h"
@@ -52,6 +52,8 @@ struct Workspace {
   std::vector<float> router, expert_in, expert_gate_up, expert_act, expert_out;
   std::vector<std::vector<std::pair<int32_t, float>>> routed;
   std::vector<int32_t> expert_order;  // [experts]: one row's, by weight
+  std::vector<int32_t> expert_ids;    // [experts per token]: one row's chosen experts
+  std::vector<float> expert_weights;  // and their weights
   int64_t bytes() const {
     return static_cast<int64_t>(sizeof(float)) *
            (x.size() + xn.size() + qkv.size() + attn.size() + gate_up.size() + act.size() + tmp.size() + sum.size() +
@@ -231,6 +233,8 @@ absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
       s.ws.expert_out.resize(T * H);
       s.ws.routed.assign(cfg_.num_experts, {});
       s.ws.expert_order.resize(cfg_.num_experts);
+      s.ws.expert_ids.resize(cfg_.experts_per_token);
+      s.ws.expert_weights.resize(cfg_.experts_per_token);
       for (auto& rows : s.ws.routed) rows.reserve(T);
     }
     for (const CpuLayerWeights& l : s.layers) plan.weight_bytes += l.bytes();
@@ -510,26 +514,14 @@ void CpuBackend::Moe(int64_t T, Shard& s, int layer) {
   Workspace& w = s.ws;
   const int64_t H = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.experts_per_token;
   const int64_t I = s.tp.expert_intermediate.size();
-  // The routing, as transformers does it: softmax over every expert in fp32, the top k (the lower index first
-  // among equals), their weights divided by their sum where the config says so.
+  // The routing (engine/model/moe_routing.h), each row's top k appended to its experts' lists.
   MatMulT(w.xn.data(), L.router, w.router.data(), T, 0.0f);
   for (auto& rows : w.routed) rows.clear();
-  std::vector<int32_t>& order = w.expert_order;
+  int32_t* ids = w.expert_ids.data();
+  float* weights = w.expert_weights.data();
   for (int64_t t = 0; t < T; ++t) {
-    float* p = w.router.data() + t * E;
-    const float top = *std::max_element(p, p + E);
-    float total = 0;
-    for (int64_t e = 0; e < E; ++e) total += (p[e] = std::exp(p[e] - top));
-    for (int64_t e = 0; e < E; ++e) p[e] /= total;
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-    float chosen = 0;
-    for (int64_t k = 0; k < K; ++k) chosen += p[order[k]];
-    for (int64_t k = 0; k < K; ++k) {
-      const float weight = cfg_.normalize_top_k ? p[order[k]] / chosen : p[order[k]];
-      w.routed[order[k]].push_back({static_cast<int32_t>(t), weight});
-    }
+    RouteRow(w.router.data() + t * E, E, K, cfg_.normalize_top_k, w.expert_order, ids, weights);
+    for (int64_t j = 0; j < K; ++j) w.routed[ids[j]].push_back({static_cast<int32_t>(t), weights[j]});
   }
   // Each expert over the rows routed to it, its weighted output added into tmp, expert by expert in order.
   std::fill_n(w.tmp.data(), T * H, 0.0f);
