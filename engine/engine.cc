@@ -140,6 +140,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   e->step_cost_.emplace(mc, plan, config.engine.block_size, config.engine.tensor_parallel_size);
 
   e->pool_ = std::make_unique<BlockPool>(plan.num_blocks);
+  e->kv_groups_ = KvGroupsOf(mc);
+  if (e->kv_groups_.num_groups() > 1) {
+    spdlog::info(
+        "KV blocks hold {} layers each, in {} groups (windows {}): a window group's blocks go back to the "
+        "pool once no position to come attends to them",
+        e->kv_groups_.slots, e->kv_groups_.num_groups(), absl::StrJoin(e->kv_groups_.windows, ", "));
+  }
   if (plan.num_host_cache_blocks > 0 && !config.scheduler.prefix_caching) {
     return absl::InvalidArgumentError(
         absl::StrCat("config: engine.host_kv_cache_gib = ", config.engine.host_kv_cache_gib,
@@ -164,7 +171,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
                       .block_size = config.engine.block_size,
                       .prefix_caching = config.scheduler.prefix_caching,
                       .long_prefill_chunk = config.scheduler.long_prefill_chunk,
-                      .priority_aging_s = config.scheduler.priority_aging_s},
+                      .priority_aging_s = config.scheduler.priority_aging_s,
+                      .kv_windows = e->kv_groups_.windows},
       e->pool_.get(), e->host_pool_.get(),
       HostShares{.swap_blocks = plan.num_swap_blocks, .cache = plan.num_host_cache_blocks > 0});
   int64_t max_len = mc.max_position_embeddings;
@@ -176,12 +184,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
     }
     max_len = config.model.max_model_len;
   }
-  // A request must fit in the pool alone, or it could wait forever.
-  max_len = std::min<int64_t>(max_len, int64_t{plan.num_blocks} * config.engine.block_size);
+  // A request must fit in the pool alone, or it could wait forever: the longest whose blocks, every KV group's,
+  // fit the pool.
+  max_len = e->kv_groups_.MaxTokens(plan.num_blocks, config.engine.block_size, config.scheduler.max_num_batched_tokens,
+                                    max_len);
   e->max_model_len_ = static_cast<int32_t>(max_len);
 
   // Warm-up: one real step through the backend (block 0 is free, so nothing is overwritten).
-  StepInput warm = EmptyStepInput(config.engine.block_size);
+  StepInput warm = EmptyStepInput(config.engine.block_size, e->kv_groups_.num_groups());
   const int32_t zero = 0;
   AddSequence(&warm, {&zero, 1}, 0, 1, {&zero, 1}, /*sampled=*/true);
   warm.sampling.push_back(SamplingRow{.params = SamplingParams{.temperature = 0}, .position = 1});
@@ -552,7 +562,7 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
   auto step = std::make_unique<InFlight>();
   step->scheduled = now - absl::Seconds(schedule_s);
   step->schedule_s = schedule_s;
-  step->input = BuildStepInput(plan, config_.engine.block_size);
+  step->input = BuildStepInput(plan, config_.engine.block_size, kv_groups_.num_groups());
   StepInput& input = step->input;
   std::vector<ConstraintState*> constrained;
   std::vector<std::span<uint32_t>> masks;

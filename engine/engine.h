@@ -19,6 +19,7 @@
 #include "engine/config.h"
 #include "engine/grammar/output_constraint.h"
 #include "engine/kv_cache/block_pool.h"
+#include "engine/model/kv_groups.h"
 #include "engine/model/model.h"
 #include "engine/runtime/backend.h"
 #include "engine/runtime/step_cost.h"
@@ -181,6 +182,7 @@ class Engine {
   int64_t constraint_masked_rows_ = 0;
   std::unique_ptr<Backend> backend_;
   MemoryPlan memory_plan_;  // as allocated
+  KvGroups kv_groups_;      // the model's KV groups: a block table each per sequence
   DeviceCeilings ceilings_;
   std::vector<KernelChoice> kernel_choices_;
   std::optional<StepCostModel> step_cost_;

@@ -169,8 +169,14 @@ int RunPlan(int argc, char** argv) {
     const int64_t other = layout.step_input_bytes() + layout.collective_bytes() + kContextBytes;
     const int64_t per_block = layout.kv_bytes_per_block;
     const int64_t blocks = blocks_in_budget(layout);
-    const int64_t tokens = blocks * limits.block_size;
-    auto seqs = [&](int64_t ctx) { return blocks / ((ctx + limits.block_size - 1) / limits.block_size); };
+    // A block holds KvGroups::slots layers of one KV group: a sequence takes blocks in every group, a window group's
+    // no more than its window and a step's tokens need. KV tokens: the longest one sequence that fits.
+    const KvGroups& groups = layout.kv_groups;
+    const auto seq_blocks = [&](int64_t ctx) {
+      return groups.MaxBlocks(ctx, limits.block_size, limits.max_num_batched_tokens);
+    };
+    const int64_t tokens = groups.MaxTokens(blocks, limits.block_size, limits.max_num_batched_tokens, int64_t{1} << 40);
+    auto seqs = [&](int64_t ctx) { return blocks / seq_blocks(ctx); };
     out["plans"].push_back({{"dtype", dtype},
                             {"kv_cache_dtype", row.fp8_kv ? "fp8_e4m3" : "auto"},
                             {"weight_bytes", weights},
@@ -182,11 +188,11 @@ int RunPlan(int argc, char** argv) {
                             {"sequences_at_4096", seqs(4096)}});
     if (json) continue;
     std::printf("%-9s %12.1f %12.1f %10.1f %12lld %12.1f %10lld %12lld  %lld / %lld / %lld / %lld (at %d)\n", dtype,
-                weights / kMiB, act / kMiB, other / kMiB, static_cast<long long>(per_block / limits.block_size),
-                per_block / 1024.0, static_cast<long long>(blocks), static_cast<long long>(tokens),
-                static_cast<long long>(seqs(1024)), static_cast<long long>(seqs(4096)),
-                static_cast<long long>(seqs(8192)), static_cast<long long>(seqs(c.max_position_embeddings)),
-                c.max_position_embeddings);
+                weights / kMiB, act / kMiB, other / kMiB,
+                static_cast<long long>(per_block * groups.num_groups() / limits.block_size), per_block / 1024.0,
+                static_cast<long long>(blocks), static_cast<long long>(tokens), static_cast<long long>(seqs(1024)),
+                static_cast<long long>(seqs(4096)), static_cast<long long>(seqs(8192)),
+                static_cast<long long>(seqs(c.max_position_embeddings)), c.max_position_embeddings);
     if (blocks == 0) {
       std::printf("  no KV block fits: weights, activations and other take %.1f MiB of the %.1f MiB budget\n",
                   (weights + act + other) / kMiB, budget / kMiB);
@@ -208,12 +214,14 @@ int RunPlan(int argc, char** argv) {
     const DeviceLayout layout = PlanDeviceLayout(m, limits, 2, fp8, 2, n);
     const int64_t used = used_bytes(layout);
     const int64_t blocks = blocks_in_budget(layout);
-    const bool fits = blocks * limits.block_size >= context;
+    const int64_t kv_tokens =
+        layout.kv_groups.MaxTokens(blocks, limits.block_size, limits.max_num_batched_tokens, int64_t{1} << 40);
+    const bool fits = kv_tokens >= context;
     out["tensor_parallel_fits"].push_back(
         {{"tensor_parallel_size", n}, {"weight_bytes", layout.weight_bytes}, {"num_blocks", blocks}, {"fits", fits}});
     if (json) continue;
     std::printf("  %d: weights %.1f GiB a GPU, %lld KV tokens a GPU: %s\n", n, layout.weight_bytes / (kMiB * 1024),
-                static_cast<long long>(blocks * limits.block_size),
+                static_cast<long long>(kv_tokens),
                 fits ? "fits"
                      : (used > budget ? "does not fit (weights and workspace exceed the budget)"
                                       : "does not fit (too few KV blocks for one sequence)"));

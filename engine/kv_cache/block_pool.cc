@@ -13,7 +13,8 @@ BlockPool::BlockPool(int32_t num_blocks)
       on_free_list_(num_blocks, 0),
       key_(num_blocks, 0),
       parent_(num_blocks, 0),
-      tokens_(num_blocks) {
+      tokens_(num_blocks),
+      announced_(num_blocks, 0) {
   INFERD_CHECK(num_blocks > 0, "a block pool has at least one block");
   for (int32_t b = 0; b < num_blocks; ++b) PushBack(b);  // lowest ids handed out first
 }
@@ -44,8 +45,9 @@ void BlockPool::Forget(int32_t b) {
   if (key_[b] == 0) return;
   auto it = by_key_.find(key_[b]);
   if (it != by_key_.end() && it->second == b) by_key_.erase(it);
-  if (events_) events_->push_back({KvCacheEvent::Kind::kRemoved, key_[b], 0, {}, host_});
+  if (events_ && announced_[b]) events_->push_back({KvCacheEvent::Kind::kRemoved, key_[b], 0, {}, host_});
   key_[b] = 0;
+  announced_[b] = 0;
   parent_[b] = 0;
   tokens_[b].clear();
 }
@@ -57,7 +59,7 @@ std::vector<int32_t> BlockPool::Allocate(int32_t n, std::vector<EvictedBlock>* e
   for (int32_t i = 0; i < n; ++i) {
     const int32_t b = head_;
     Unlink(b);
-    if (evicted && key_[b] != 0) evicted->push_back({b, key_[b], parent_[b], tokens_[b]});
+    if (evicted && key_[b] != 0) evicted->push_back({b, key_[b], parent_[b], tokens_[b], announced_[b] != 0});
     Forget(b);  // evicted: its prefix is gone
     INFERD_CHECK(ref_counts_[b] == 0, "a free block has no references");
     ref_counts_[b] = 1;
@@ -99,21 +101,27 @@ uint64_t BlockPool::BlockKey(uint64_t parent_key, std::span<const int32_t> token
   return h == 0 ? 1 : h;
 }
 
-void BlockPool::Remember(int32_t block, uint64_t key, uint64_t parent_key, std::span<const int32_t> tokens) {
+void BlockPool::Remember(int32_t block, uint64_t key, uint64_t parent_key, std::span<const int32_t> tokens,
+                         bool announce) {
   INFERD_CHECK(block >= 0 && block < num_total() && ref_counts_[block] > 0, "a remembered block is held");
   if (key_[block] != 0 || by_key_.count(key)) return;  // already known (this block, or another one)
   key_[block] = key;
   parent_[block] = parent_key;
   tokens_[block].assign(tokens.begin(), tokens.end());
+  announced_[block] = announce;
   by_key_.emplace(key, block);
-  if (events_) events_->push_back({KvCacheEvent::Kind::kStored, key, parent_key, tokens_[block], host_});
+  if (events_ && announce) events_->push_back({KvCacheEvent::Kind::kStored, key, parent_key, tokens_[block], host_});
+}
+
+bool BlockPool::Holds(uint64_t key, std::span<const int32_t> tokens) const {
+  auto it = by_key_.find(key);
+  return it != by_key_.end() &&
+         std::equal(tokens.begin(), tokens.end(), tokens_[it->second].begin(), tokens_[it->second].end());
 }
 
 std::optional<int32_t> BlockPool::Reuse(uint64_t key, std::span<const int32_t> tokens) {
-  auto it = by_key_.find(key);
-  if (it == by_key_.end()) return std::nullopt;
-  const int32_t b = it->second;
-  if (!std::equal(tokens.begin(), tokens.end(), tokens_[b].begin(), tokens_[b].end())) return std::nullopt;
+  if (!Holds(key, tokens)) return std::nullopt;
+  const int32_t b = by_key_.at(key);
   if (ref_counts_[b] == 0) Unlink(b);
   ++ref_counts_[b];
   return b;

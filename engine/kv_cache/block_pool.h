@@ -16,6 +16,7 @@ struct EvictedBlock {
   int32_t block = 0;
   uint64_t key = 0, parent = 0;
   std::vector<int32_t> tokens;
+  bool announced = true;  // its key was an event (Remember's `announce`)
 };
 
 // A change to what a pool's prefix cache can find (vLLM's KV-cache events, which routers subscribe to): a full
@@ -53,16 +54,21 @@ class BlockPool {
   // tokens are kept too, so a hash collision can never hand out a wrong block.
   static uint64_t BlockKey(uint64_t parent_key, std::span<const int32_t> tokens);
   // Marks a full, computed block as holding these tokens after `parent_key` (key = BlockKey(parent_key,
-  // tokens)); the first block with a key wins.
-  void Remember(int32_t block, uint64_t key, uint64_t parent_key, std::span<const int32_t> tokens);
+  // tokens)); the first block with a key wins. `announce`: its key's storing and removal are events (RecordEvents);
+  // the blocks of a model's further KV groups are not (a router knows a prefix by its first group's keys).
+  void Remember(int32_t block, uint64_t key, uint64_t parent_key, std::span<const int32_t> tokens,
+                bool announce = true);
   // A block holding exactly these tokens under this key, with one more reference taken; nullopt if none.
   std::optional<int32_t> Reuse(uint64_t key, std::span<const int32_t> tokens);
+  // Whether Reuse would find a block (nothing taken).
+  bool Holds(uint64_t key, std::span<const int32_t> tokens) const;
   // Whether a block holds this key (whatever its tokens: a collision is not stored twice).
   bool Knows(uint64_t key) const { return by_key_.count(key) > 0; }
   // Up to n cached free blocks, the next to be evicted first, among the `scan` least recently freed.
   std::vector<int32_t> NextEvicted(int32_t n, int32_t scan) const;
   uint64_t KeyOf(int32_t block) const { return key_[block]; }
   uint64_t ParentOf(int32_t block) const { return parent_[block]; }
+  bool AnnouncedOf(int32_t block) const { return announced_[block] != 0; }
   // From now on every key this pool starts or stops holding is appended to *events (null: none), marked as
   // the host tier's when `host`. The caller drains *events.
   void RecordEvents(std::vector<KvCacheEvent>* events, bool host) {
@@ -87,6 +93,7 @@ class BlockPool {
   // Cached prefixes: key of each block (0 = none), its tokens, and the block of each key.
   std::vector<uint64_t> key_, parent_;
   std::vector<std::vector<int32_t>> tokens_;
+  std::vector<char> announced_;
   std::vector<KvCacheEvent>* events_ = nullptr;
   bool host_ = false;
   std::unordered_map<uint64_t, int32_t> by_key_;

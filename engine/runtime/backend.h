@@ -41,24 +41,28 @@ struct SamplingRow {
 
 // One step, packed on the host. Tokens of all sequences are concatenated in plan order; a token id may be a
 // PendingToken (engine/request.h): one the step launched before this one samples, not yet on the host. The page table
-// is in the CSR form paged-attention kernels take: sequence s owns pages kv_indices[kv_indptr[s] .. kv_indptr[s + 1]),
-// the last holding kv_last_page_len[s] tokens. KV slot of position p of sequence s: kv_indices[kv_indptr[s] + p /
-// block_size] * block_size + p % block_size.
+// is in the CSR form paged-attention kernels take: sequence s owns pages [kv_indptr[s], kv_indptr[s + 1]) of each KV
+// group's kv_indices, the last holding kv_last_page_len[s] tokens. A model's layers form KV groups
+// (engine/model/kv_groups.h; one without sliding windows) that hold the same positions in blocks of their own: KV
+// slot of position p of sequence s for a layer of group g: kv_indices[g][kv_indptr[s] + p / block_size] *
+// block_size + p % block_size. A window group's page is -1 where no position of the step attends to it (the block
+// went back to the pool); a backend never reads it (cuda points it at a block of its own).
 struct StepInput {
   int32_t block_size = 0;
-  std::vector<int32_t> token_ids;         // [num_tokens]
-  std::vector<int32_t> positions;         // [num_tokens] position of each token in its sequence
-  std::vector<int32_t> slot_mapping;      // [num_tokens] KV slot each token's K/V is written to
-  std::vector<int32_t> query_start;       // [num_seqs + 1] first token of each sequence; back() = num_tokens
-  std::vector<int32_t> context_lens;      // [num_seqs] tokens in the cache once this step's are written
-  std::vector<int32_t> kv_indptr;         // [num_seqs + 1]
-  std::vector<int32_t> kv_indices;        // [kv_indptr.back()] block ids
-  std::vector<int32_t> kv_last_page_len;  // [num_seqs] in [1, block_size]
+  std::vector<int32_t> token_ids;                  // [num_tokens]
+  std::vector<int32_t> positions;                  // [num_tokens] position of each token in its sequence
+  std::vector<std::vector<int32_t>> slot_mapping;  // [KV groups][num_tokens] KV slot each token's K/V is written to
+  std::vector<int32_t> query_start;                // [num_seqs + 1] first token of each sequence; back() = num_tokens
+  std::vector<int32_t> context_lens;               // [num_seqs] tokens in the cache once this step's are written
+  std::vector<int32_t> kv_indptr;                  // [num_seqs + 1]
+  std::vector<std::vector<int32_t>> kv_indices;    // [KV groups][kv_indptr.back()] block ids
+  std::vector<int32_t> kv_last_page_len;           // [num_seqs] in [1, block_size]
   // [num_logits] token rows whose logits are computed: first the rows that sample, one per sequence that does
   // (a PendingToken names one of these), then prompt rows (SamplingRow::target), at most max_num_seqs of them.
   std::vector<int32_t> logits_indices;
   std::vector<SamplingRow> sampling;  // [num_logits] how each of those rows is sampled
 
+  int32_t num_kv_groups() const { return static_cast<int32_t>(kv_indices.size()); }
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_seqs() const { return static_cast<int32_t>(context_lens.size()); }
   int32_t num_logits() const { return static_cast<int32_t>(logits_indices.size()); }

@@ -75,15 +75,17 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   ArenaBuilder inputs;
   in.token_ids = inputs.Add(T * 4);
   in.positions = inputs.Add(T * 4);
-  in.slots = inputs.Add(T * 4);
+  l.kv_groups = KvGroupsOf(c);
+  const int64_t G = l.kv_groups.num_groups();
+  in.slots = inputs.Add(G * T * 4);
   in.qo_indptr = inputs.Add((R + 1) * 4);
-  in.kv_indptr = inputs.Add((R + 1) * 4);
+  in.kv_indptr = inputs.Add(G * (R + 1) * 4);
   in.kv_last_page_len = inputs.Add(R * 4);
   in.logits_indices = inputs.Add(L * 4);
   in.params = inputs.Add(L * int64_t{sizeof(kernels::SamplingRowParams)});
   in.penalty_indptr = inputs.Add((L + 1) * 4);
   in.masks_ready = inputs.Add(4);
-  in.kv_indices = inputs.Add(in.max_pages * 4);
+  in.kv_indices = inputs.Add(G * in.max_pages * 4);
   in.penalty_tokens = inputs.Add(in.max_penalties * 4);
   in.penalty_counts = inputs.Add(in.max_penalties * 4);
   in.penalty_bias = inputs.Add(in.max_penalties * 4);
@@ -125,7 +127,7 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   l.gemm_workspace_bytes = kGemmWorkspaceBytes;
 
   l.kv_block_bytes = bs * kv_width * l.kv_element_bytes;
-  l.kv_bytes_per_block = 2 * int64_t{c.num_layers} * l.kv_block_bytes;
+  l.kv_bytes_per_block = 2 * int64_t{l.kv_groups.slots} * l.kv_block_bytes;
   for (int32_t b = 1; b < limits.max_num_seqs; b *= 2) l.decode_buckets.push_back(b);
   l.decode_buckets.push_back(limits.max_num_seqs);
   // The sums of a decode step of the largest bucket go through the one-shot peer kernels; larger ones through NCCL.

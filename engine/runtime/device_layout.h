@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/model/kv_groups.h"
 #include "engine/model/model.h"
 #include "engine/runtime/backend.h"
 
@@ -60,18 +61,22 @@ struct OutputRegions {
 };
 
 // Step inputs: packed into pinned host memory, copied to a device mirror of the same layout. kv_indices is the
-// last of the sections that every step copies, so a step copies [0, kv_indices.offset + its pages * 4).
+// last of the sections that every step copies, so a step copies [0, kv_indices.offset + its pages * 4). Per KV
+// group (engine/model/kv_groups.h) the slots and kv_indptr at a fixed stride, and the pages one group after the
+// other: KV group g's page table is kv_indptr's g-th row (the step's pages counted before it added) into kv_indices.
 struct InputRegions {
-  Region token_ids, positions, slots;  // [T] int32: token ids (or pending rows), positions, KV slots
-  Region qo_indptr, kv_indptr;         // [R + 1] int32
-  Region kv_last_page_len;             // [R] int32
-  Region logits_indices;               // [L] int32: token rows whose logits are computed
-  Region params;                       // [L] kernels::SamplingRowParams
-  Region penalty_indptr;               // [L + 1] int32
+  Region token_ids, positions;  // [T] int32: token ids (or pending rows), positions
+  Region slots;                 // [KV groups, T] int32: the KV slot of each token in the group's blocks
+  Region qo_indptr;             // [R + 1] int32
+  Region kv_indptr;             // [KV groups, R + 1] int32
+  Region kv_last_page_len;      // [R] int32
+  Region logits_indices;        // [L] int32: token rows whose logits are computed
+  Region params;                // [L] kernels::SamplingRowParams
+  Region penalty_indptr;        // [L + 1] int32
   // [1] uint32: 1 once the masks of the rows that have one are on the device; 0 while the host still fills those
   // of a step planned ahead (SamplingRow::allowed_later), which its sampling waits for.
   Region masks_ready;
-  Region kv_indices;          // [max_pages] int32 block ids
+  Region kv_indices;          // [KV groups * max_pages] int32 block ids
   Region penalty_tokens;      // [max_penalties] int32
   Region penalty_counts;      // [max_penalties] int32: times in the output
   Region penalty_bias;        // [max_penalties] fp32: logit bias, where the flags say kPenaltyBias
@@ -96,7 +101,8 @@ struct DeviceLayout {
   InputRegions inputs;
   int64_t input_arena_bytes = 0;
   int64_t kv_block_bytes = 0;           // K or V of one layer for one block: [block_size, kv_heads, head_dim] kv e
-  int64_t kv_bytes_per_block = 0;       // K and V of every layer for one block
+  int64_t kv_bytes_per_block = 0;       // K and V of KvGroups::slots layers for one block
+  KvGroups kv_groups;                   // which layers' K and V a block holds, in which group's blocks
   std::vector<int32_t> decode_buckets;  // batch sizes with a captured decode graph: 1, 2, 4, ... max_num_seqs
   int32_t tensor_parallel_size = 1;
   int64_t peer_message_bytes = 0;  // tensor_parallel_size > 1: the largest sum the one-shot peer kernels take

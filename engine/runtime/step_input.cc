@@ -4,42 +4,57 @@
 
 namespace inferd {
 
-StepInput EmptyStepInput(int32_t block_size) {
+StepInput EmptyStepInput(int32_t block_size, int32_t num_kv_groups) {
   StepInput in;
   in.block_size = block_size;
+  in.slot_mapping.resize(num_kv_groups);
+  in.kv_indices.resize(num_kv_groups);
   in.query_start.push_back(0);
   in.kv_indptr.push_back(0);
   return in;
 }
 
 void AddSequence(StepInput* in, std::span<const int32_t> tokens, int32_t start, int32_t context_len,
-                 std::span<const int32_t> pages, bool sampled) {
+                 std::span<const std::vector<int32_t>> tables, bool sampled) {
   const int32_t bs = in->block_size;
   const int32_t num_pages = BlocksFor(context_len, bs);
-  INFERD_CHECK(num_pages <= static_cast<int32_t>(pages.size()),
-               "a sequence of a step has blocks for every token it computes");
+  INFERD_CHECK(static_cast<int32_t>(tables.size()) == in->num_kv_groups(), "a sequence has a block table per KV group");
   INFERD_CHECK(context_len <= static_cast<int32_t>(tokens.size()) && 0 <= start && start < context_len,
                "a sequence of a step has an id for every token it computes, and computes one at least");
+  for (int32_t g = 0; g < in->num_kv_groups(); ++g) {
+    const std::vector<int32_t>& pages = tables[g];
+    INFERD_CHECK(num_pages <= static_cast<int32_t>(pages.size()),
+                 "a sequence of a step has blocks for every token it computes");
+    for (int32_t p = start; p < context_len; ++p) {
+      INFERD_CHECK(pages[p / bs] >= 0, "a token's K/V is written into a block its sequence holds");
+      in->slot_mapping[g].push_back(pages[p / bs] * bs + p % bs);
+    }
+    in->kv_indices[g].insert(in->kv_indices[g].end(), pages.begin(), pages.begin() + num_pages);
+  }
   for (int32_t p = start; p < context_len; ++p) {
     in->token_ids.push_back(tokens[p]);
     in->positions.push_back(p);
-    in->slot_mapping.push_back(pages[p / bs] * bs + p % bs);
   }
   in->query_start.push_back(static_cast<int32_t>(in->token_ids.size()));
   in->context_lens.push_back(context_len);
-  in->kv_indices.insert(in->kv_indices.end(), pages.begin(), pages.begin() + num_pages);
-  in->kv_indptr.push_back(static_cast<int32_t>(in->kv_indices.size()));
+  in->kv_indptr.push_back(static_cast<int32_t>(in->kv_indices[0].size()));
   in->kv_last_page_len.push_back(context_len - (num_pages - 1) * bs);
   if (sampled) in->logits_indices.push_back(in->query_start.back() - 1);
 }
 
-StepInput BuildStepInput(const StepPlan& plan, int32_t block_size) {
-  StepInput in = EmptyStepInput(block_size);
+void AddSequence(StepInput* in, std::span<const int32_t> tokens, int32_t start, int32_t context_len,
+                 std::span<const int32_t> pages, bool sampled) {
+  const std::vector<std::vector<int32_t>> tables(in->num_kv_groups(), std::vector<int32_t>(pages.begin(), pages.end()));
+  AddSequence(in, tokens, start, context_len, tables, sampled);
+}
+
+StepInput BuildStepInput(const StepPlan& plan, int32_t block_size, int32_t num_kv_groups) {
+  StepInput in = EmptyStepInput(block_size, num_kv_groups);
   in.token_ids.reserve(plan.num_tokens);
   in.positions.reserve(plan.num_tokens);
-  in.slot_mapping.reserve(plan.num_tokens);
+  for (std::vector<int32_t>& slots : in.slot_mapping) slots.reserve(plan.num_tokens);
   for (const ScheduledSeq& s : plan.seqs) {
-    AddSequence(&in, s.seq->tokens, s.start, s.start + s.num_new, s.seq->block_table, s.wants_token);
+    AddSequence(&in, s.seq->tokens, s.start, s.start + s.num_new, s.seq->block_tables, s.wants_token);
   }
   // Then the prompt rows, after every sampled row (a PendingToken names a sampled row by its index).
   for (size_t i = 0; i < plan.seqs.size(); ++i) {

@@ -1,23 +1,38 @@
 #include "engine/scheduler/capacity.h"
 
+#include <algorithm>
 #include <optional>
 #include <span>
 
 namespace inferd {
 
+uint64_t Capacity::GroupKey(uint64_t key, int32_t group) {
+  return group == 0 || key == 0 ? key : BlockPool::BlockKey(key, std::span<const int32_t>(&group, 1));
+}
+
+std::vector<int32_t> Capacity::HeldBlocks(const std::vector<std::vector<int32_t>>& tables) {
+  std::vector<int32_t> held;
+  for (const std::vector<int32_t>& table : tables) {
+    for (int32_t b : table) {
+      if (b != kNoBlock) held.push_back(b);
+    }
+  }
+  return held;
+}
+
 std::vector<int32_t> Capacity::AllocateDevice(int32_t n, CopyBatch* batch) {
   if (!shares_.cache) return pool_->Allocate(n);
   std::vector<EvictedBlock> evicted;
   std::vector<int32_t> blocks = pool_->Allocate(n, &evicted);
-  for (const EvictedBlock& e : evicted) WriteBack(e.block, e.key, e.parent, e.tokens, batch);
+  for (const EvictedBlock& e : evicted) WriteBack(e.block, e.key, e.parent, e.tokens, e.announced, batch);
   return blocks;
 }
 
-bool Capacity::WriteBack(int32_t block, uint64_t key, uint64_t parent, std::span<const int32_t> tokens,
+bool Capacity::WriteBack(int32_t block, uint64_t key, uint64_t parent, std::span<const int32_t> tokens, bool announced,
                          CopyBatch* batch) {
   if (host_pool_->Knows(key) || !host_pool_->CanAllocate(1)) return false;
-  const int32_t host = host_pool_->Allocate(1)[0];  // the least recently used host block, cached or not
-  host_pool_->Remember(host, key, parent, tokens);  // a restore copies after this batch's outs wrote it
+  const int32_t host = host_pool_->Allocate(1)[0];             // the least recently used host block, cached or not
+  host_pool_->Remember(host, key, parent, tokens, announced);  // a restore copies after this batch's outs wrote it
   batch->out.push_back({block, host});
   HoldUntilDone(*batch, std::span<const int32_t>(&host, 1));
   counters_.offloaded_blocks++;
@@ -30,7 +45,8 @@ void Capacity::WriteAhead(int32_t max_blocks, CopyBatch* batch) {
   // The scan is bounded: blocks already on the host are passed over, at most a few times max_blocks of them.
   for (int32_t block : pool_->NextEvicted(8 * max_blocks, 8 * max_blocks)) {
     if (written == max_blocks) break;
-    written += WriteBack(block, pool_->KeyOf(block), pool_->ParentOf(block), pool_->TokensOf(block), batch);
+    written += WriteBack(block, pool_->KeyOf(block), pool_->ParentOf(block), pool_->TokensOf(block),
+                         pool_->AnnouncedOf(block), batch);
   }
 }
 
@@ -40,52 +56,119 @@ void Capacity::HoldUntilDone(const CopyBatch& batch, std::span<const int32_t> ho
   in_flight_.back().host_blocks.insert(in_flight_.back().host_blocks.end(), host_blocks.begin(), host_blocks.end());
 }
 
+void Capacity::Trim(Sequence* seq, int32_t start) {
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    std::vector<int32_t>& table = seq->block_tables[g];
+    const int32_t first = std::min<int32_t>(FirstNeeded(g, start), static_cast<int32_t>(table.size()));
+    for (int32_t i = 0; i < first; ++i) {
+      if (table[i] == kNoBlock) continue;
+      pool_->Free(std::span<const int32_t>(&table[i], 1));  // full and computed: it stays cached
+      table[i] = kNoBlock;
+    }
+  }
+}
+
 bool Capacity::Grow(Sequence* seq, int32_t num_tokens, int32_t headroom, CopyBatch* batch) {
-  const int32_t need = BlocksFor(num_tokens, block_size_) - static_cast<int32_t>(seq->block_table.size());
-  if (need <= 0) return true;
+  seq->block_tables.resize(num_groups());
+  const int32_t start = seq->num_computed, end = BlocksFor(num_tokens, block_size_);
+  Trim(seq, start);
+  int32_t need = 0;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const std::vector<int32_t>& table = seq->block_tables[g];
+    for (int32_t i = FirstNeeded(g, start); i < end; ++i) {
+      need += i >= static_cast<int32_t>(table.size()) || table[i] == kNoBlock;
+    }
+  }
+  if (need == 0) return true;
   if (!pool_->CanAllocate(need + headroom)) return false;
   const std::vector<int32_t> blocks = AllocateDevice(need, batch);
-  seq->block_table.insert(seq->block_table.end(), blocks.begin(), blocks.end());
+  size_t next = 0;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    std::vector<int32_t>& table = seq->block_tables[g];
+    if (static_cast<int32_t>(table.size()) < end) table.resize(end, kNoBlock);
+    for (int32_t i = FirstNeeded(g, start); i < end; ++i) {
+      if (table[i] == kNoBlock) table[i] = blocks[next++];
+    }
+  }
   return true;
 }
 
 void Capacity::ReusePrefix(Sequence* seq) {
-  if (!seq->block_table.empty()) return;
-  int32_t found = 0;
+  if (!HeldBlocks(seq->block_tables).empty() || !seq->restoring.empty()) return;
+  seq->block_tables.assign(num_groups(), {});
+  int32_t hit = 0;
+  std::vector<uint64_t> keys;
+  // found[g][i]: group g's block i is on the device (1), on the host tier (2), or neither (0).
+  std::vector<std::vector<char>> found(num_groups());
   if (prefix_caching_) {
     const int32_t max_blocks = (seq->num_tokens() - 1) / block_size_;  // the last token is computed: it samples
     uint64_t parent = 0;
     for (int32_t i = 0; i < max_blocks; ++i) {
       const std::span<const int32_t> tokens(seq->tokens.data() + int64_t{i} * block_size_, block_size_);
       const uint64_t key = BlockPool::BlockKey(parent, tokens);
-      if (seq->restoring.empty()) {  // still on the device tier
-        if (const std::optional<int32_t> block = pool_->Reuse(key, tokens)) {
-          seq->block_table.push_back(*block);
-          seq->block_keys.push_back(key);
-          parent = key;
-          ++found;
-          continue;
-        }
+      bool global_missing = false;
+      for (int32_t g = 0; g < num_groups(); ++g) {
+        const uint64_t group_key = GroupKey(key, g);
+        const char where = pool_->Holds(group_key, tokens)                         ? 1
+                           : shares_.cache && host_pool_->Holds(group_key, tokens) ? 2
+                                                                                   : 0;
+        found[g].push_back(where);
+        global_missing |= windows_[g] == 0 && where == 0;
       }
-      const std::optional<int32_t> host = shares_.cache ? host_pool_->Reuse(key, tokens) : std::nullopt;
-      if (!host) break;
-      seq->restoring.push_back(*host);
+      if (global_missing) break;
+      keys.push_back(key);
       parent = key;
-      ++found;
+    }
+    // The longest prefix h whose blocks [FirstNeeded(g, h * block_size), h) every group found.
+    std::vector<std::vector<int32_t>> missing(num_groups());  // missing[g][i]: blocks not found before i
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      missing[g].assign(keys.size() + 1, 0);
+      for (size_t i = 0; i < keys.size(); ++i) missing[g][i + 1] = missing[g][i] + (found[g][i] == 0);
+    }
+    for (hit = static_cast<int32_t>(keys.size()); hit > 0; --hit) {
+      bool complete = true;
+      for (int32_t g = 0; g < num_groups() && complete; ++g) {
+        complete = missing[g][hit] == missing[g][FirstNeeded(g, hit * block_size_)];
+      }
+      if (complete) break;
     }
   }
-  seq->num_computed = found * block_size_;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    std::vector<int32_t>& table = seq->block_tables[g];
+    table.assign(hit, kNoBlock);
+    for (int32_t i = FirstNeeded(g, hit * block_size_); i < hit; ++i) {
+      const std::span<const int32_t> tokens(seq->tokens.data() + int64_t{i} * block_size_, block_size_);
+      const uint64_t key = GroupKey(keys[i], g);
+      if (found[g][i] == 1) {
+        table[i] = *pool_->Reuse(key, tokens);
+      } else {
+        seq->restoring.push_back({g, i, *host_pool_->Reuse(key, tokens)});
+      }
+    }
+  }
+  seq->block_keys.assign(keys.begin(), keys.begin() + hit);
+  seq->num_computed = hit * block_size_;
 }
 
 bool Capacity::Restore(Sequence* seq, int32_t headroom, CopyBatch* batch) {
-  const int32_t on_device = static_cast<int32_t>(seq->block_table.size());
-  if (!Grow(seq, seq->num_computed, headroom, batch)) return false;
-  for (size_t i = 0; i < seq->restoring.size(); ++i)
-    batch->in.push_back({seq->block_table[on_device + i], seq->restoring[i]});
-  HoldUntilDone(*batch, seq->restoring);
-  counters_.restored_blocks += static_cast<int64_t>(seq->restoring.size());
-  if (seq->num_preemptions == 0)
-    counters_.host_hit_tokens += int64_t{block_size_} * static_cast<int64_t>(seq->restoring.size());
+  const int32_t n = static_cast<int32_t>(seq->restoring.size());
+  if (!pool_->CanAllocate(n + headroom)) return false;
+  const std::vector<int32_t> blocks = AllocateDevice(n, batch);
+  std::vector<int32_t> hosts;
+  std::vector<char> restored_index(seq->block_keys.size(), 0);
+  for (int32_t k = 0; k < n; ++k) {
+    const Sequence::HostBlock& r = seq->restoring[k];
+    seq->block_tables[r.group][r.index] = blocks[k];
+    batch->in.push_back({blocks[k], r.block});
+    hosts.push_back(r.block);
+    restored_index[r.index] = 1;
+  }
+  HoldUntilDone(*batch, hosts);
+  counters_.restored_blocks += n;
+  if (seq->num_preemptions == 0) {
+    const int64_t indices = std::count(restored_index.begin(), restored_index.end(), 1);
+    counters_.host_hit_tokens += int64_t{block_size_} * indices;
+  }
   seq->restoring.clear();
   seq->loading_ticket = batch->ticket;
   return true;
@@ -105,16 +188,23 @@ void Capacity::RememberFullBlocks(Sequence* seq) {
     const std::span<const int32_t> tokens(seq->tokens.data() + int64_t{i} * block_size_, block_size_);
     const uint64_t parent = i == 0 ? 0 : seq->block_keys[i - 1];
     const uint64_t key = BlockPool::BlockKey(parent, tokens);
-    pool_->Remember(seq->block_table[i], key, parent, tokens);
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      const std::vector<int32_t>& table = seq->block_tables[g];
+      if (i < static_cast<int32_t>(table.size()) && table[i] != kNoBlock) {
+        pool_->Remember(table[i], GroupKey(key, g), GroupKey(parent, g), tokens, /*announce=*/g == 0);
+      }
+    }
     seq->block_keys.push_back(key);
   }
 }
 
 void Capacity::Release(Sequence* seq) {
-  pool_->Free(seq->block_table);
-  if (!seq->restoring.empty()) host_pool_->Free(seq->restoring);  // found, not copied: cached again
+  pool_->Free(HeldBlocks(seq->block_tables));
+  for (const Sequence::HostBlock& r : seq->restoring) {
+    host_pool_->Free(std::span<const int32_t>(&r.block, 1));  // found, not copied: cached again
+  }
   seq->restoring.clear();
-  seq->block_table.clear();
+  seq->block_tables.assign(num_groups(), {});
   seq->block_keys.clear();
   seq->num_computed = 0;
 }
@@ -123,13 +213,28 @@ void Capacity::Preempt(Sequence* seq, CopyBatch* batch) {
   counters_.preemptions++;
   seq->num_preemptions++;
   seq->tokens_at_preemption = seq->num_tokens();
+  // The blocks of its computed tokens, every group's that it still holds.
   const int32_t computed = BlocksFor(seq->num_computed, block_size_);
-  if (host_pool_ && computed > 0 && swap_held_ + computed <= shares_.swap_blocks && host_pool_->CanAllocate(computed)) {
-    seq->swapped_blocks = host_pool_->Allocate(computed);
-    swap_held_ += computed;
-    for (int32_t i = 0; i < computed; ++i) batch->out.push_back({seq->block_table[i], seq->swapped_blocks[i]});
+  std::vector<std::vector<int32_t>> kept(num_groups());
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const std::vector<int32_t>& table = seq->block_tables[g];
+    kept[g].assign(table.begin(), table.begin() + std::min<size_t>(computed, table.size()));
+  }
+  const int32_t n = static_cast<int32_t>(HeldBlocks(kept).size());
+  if (host_pool_ && n > 0 && swap_held_ + n <= shares_.swap_blocks && host_pool_->CanAllocate(n)) {
+    const std::vector<int32_t> hosts = host_pool_->Allocate(n);
+    size_t next = 0;
+    for (std::vector<int32_t>& table : kept) {
+      for (int32_t& b : table) {
+        if (b == kNoBlock) continue;
+        batch->out.push_back({b, hosts[next]});
+        b = hosts[next++];
+      }
+    }
+    seq->swapped_blocks = std::move(kept);
+    swap_held_ += n;
     counters_.swapped_preemptions++;
-    counters_.swapped_blocks += computed;
+    counters_.swapped_blocks += n;
     const int32_t keep = seq->num_computed;
     Release(seq);
     seq->num_computed = keep;  // its KV waits on the host
@@ -140,14 +245,22 @@ void Capacity::Preempt(Sequence* seq, CopyBatch* batch) {
 }
 
 bool Capacity::SwapIn(Sequence* seq, int32_t headroom, CopyBatch* batch) {
-  const int32_t need = BlocksFor(seq->num_computed, block_size_);
-  const int32_t swapped = static_cast<int32_t>(seq->swapped_blocks.size());
-  if (!seq->block_table.empty() || need != swapped || !pool_->CanAllocate(need + headroom)) return false;
-  seq->block_table = AllocateDevice(need, batch);
-  for (int32_t i = 0; i < swapped; ++i) batch->in.push_back({seq->block_table[i], seq->swapped_blocks[i]});
-  HoldUntilDone(*batch, seq->swapped_blocks);
-  swap_held_ -= swapped;
-  counters_.swapped_in_blocks += swapped;
+  const std::vector<int32_t> hosts = HeldBlocks(seq->swapped_blocks);
+  const int32_t n = static_cast<int32_t>(hosts.size());
+  if (!HeldBlocks(seq->block_tables).empty() || !pool_->CanAllocate(n + headroom)) return false;
+  const std::vector<int32_t> blocks = AllocateDevice(n, batch);
+  seq->block_tables = seq->swapped_blocks;
+  size_t next = 0;
+  for (std::vector<int32_t>& table : seq->block_tables) {
+    for (int32_t& b : table) {
+      if (b == kNoBlock) continue;
+      batch->in.push_back({blocks[next], b});
+      b = blocks[next++];
+    }
+  }
+  HoldUntilDone(*batch, hosts);
+  swap_held_ -= n;
+  counters_.swapped_in_blocks += n;
   seq->swapped_blocks.clear();
   seq->loading_ticket = batch->ticket;
   return true;
@@ -168,8 +281,9 @@ std::vector<int32_t> Capacity::host_blocks_in_flight() const {
 
 void Capacity::Finish(Sequence* seq) {
   if (!seq->swapped_blocks.empty()) {
-    host_pool_->Free(seq->swapped_blocks);
-    swap_held_ -= static_cast<int32_t>(seq->swapped_blocks.size());
+    const std::vector<int32_t> hosts = HeldBlocks(seq->swapped_blocks);
+    host_pool_->Free(hosts);
+    swap_held_ -= static_cast<int32_t>(hosts.size());
   }
   seq->swapped_blocks.clear();
   Release(seq);

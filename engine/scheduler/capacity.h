@@ -3,9 +3,11 @@
 // max_num_seqs, order — is the scheduler's (scheduler.h). Pure logic over a BlockPool.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "engine/kv_cache/block_pool.h"
@@ -38,17 +40,35 @@ struct HostShares {
 class Capacity {
  public:
   // host_pool: the host pool (swap space and host tier), or null when preemption always recomputes and the
-  // prefix cache has one tier.
+  // prefix cache has one tier. kv_windows: per KV group (engine/model/kv_groups.h) its sliding window in tokens, 0
+  // for global attention; a sequence holds a block table per group.
   Capacity(int32_t block_size, bool prefix_caching, BlockPool* pool, BlockPool* host_pool = nullptr,
-           HostShares shares = {})
-      : block_size_(block_size), prefix_caching_(prefix_caching), pool_(pool), host_pool_(host_pool), shares_(shares) {}
+           HostShares shares = {}, std::vector<int32_t> kv_windows = {0})
+      : block_size_(block_size),
+        prefix_caching_(prefix_caching),
+        pool_(pool),
+        host_pool_(host_pool),
+        shares_(shares),
+        windows_(std::move(kv_windows)) {}
 
-  // Gives seq blocks for its first num_tokens tokens, if `headroom` blocks stay free after; false (nothing
-  // taken) otherwise. Cached blocks it takes are written back to the host tier (copies appended to batch->out).
+  int32_t num_groups() const { return static_cast<int32_t>(windows_.size()); }
+  // The first block of group g that a step computing from position `start` on reads: 0 for a global group; a
+  // window group's positions before start - window + 1 are seen by no later position.
+  int32_t FirstNeeded(int32_t group, int32_t start) const {
+    const int32_t w = windows_[group];
+    return w == 0 ? 0 : std::max(0, start - w + 1) / block_size_;
+  }
+  // A prefix-cache key as group g's blocks are remembered under: the group's own key (group 0: the key itself).
+  static uint64_t GroupKey(uint64_t key, int32_t group);
+
+  // Gives seq blocks for its tokens up to num_tokens (every group's that the step from seq->num_computed on reads or
+  // writes; a window group's blocks behind them go back first), if `headroom` blocks stay free after; false (no
+  // block taken) otherwise. Cached blocks it takes are written back to the host tier (copies appended to batch->out).
   bool Grow(Sequence* seq, int32_t num_tokens, int32_t headroom, CopyBatch* batch);
-  // Takes the cached blocks of seq's longest known prefix (all but its last token) and counts them computed:
-  // the device tier's, then the host tier's (held in seq->restoring until Restore or Release). For a sequence
-  // holding no blocks.
+  // Takes the cached blocks of seq's longest known prefix (all but its last token) and counts them computed: each
+  // from the device tier, else the host tier's (held in seq->restoring until Restore or Release). The prefix is the
+  // longest whose blocks every global group finds, and each window group those its window reaches back to. For a
+  // sequence holding no blocks.
   void ReusePrefix(Sequence* seq);
   // For a sequence with host-tier blocks to restore: device blocks for its computed tokens if `headroom` stay
   // free after, the host blocks copied in (batch->in); it loads until the batch completes. False (nothing
@@ -94,7 +114,12 @@ class Capacity {
   std::vector<int32_t> AllocateDevice(int32_t n, CopyBatch* batch);
   // Copies a cached device block's contents to a host block that then holds its prefix (if the host tier does not
   // know the key and has a block to give); returns whether it did.
-  bool WriteBack(int32_t block, uint64_t key, uint64_t parent, std::span<const int32_t> tokens, CopyBatch* batch);
+  bool WriteBack(int32_t block, uint64_t key, uint64_t parent, std::span<const int32_t> tokens, bool announced,
+                 CopyBatch* batch);
+  // Lets go of the window groups' blocks that no position from `start` on attends to.
+  void Trim(Sequence* seq, int32_t start);
+  // Every held block of seq's tables (all groups).
+  static std::vector<int32_t> HeldBlocks(const std::vector<std::vector<int32_t>>& tables);
   // Host blocks a batch reads or writes stay held until it completes.
   void HoldUntilDone(const CopyBatch& batch, std::span<const int32_t> host_blocks);
 
@@ -103,7 +128,8 @@ class Capacity {
   BlockPool* pool_;
   BlockPool* host_pool_;
   HostShares shares_;
-  int32_t swap_held_ = 0;  // host blocks held by swapped-out sequences
+  std::vector<int32_t> windows_;  // [KV groups]
+  int32_t swap_held_ = 0;         // host blocks held by swapped-out sequences
   struct Held {
     uint64_t ticket;
     std::vector<int32_t> host_blocks;

@@ -10,7 +10,7 @@
 namespace inferd {
 
 Scheduler::Scheduler(SchedulerLimits limits, BlockPool* pool, BlockPool* host_pool, HostShares shares)
-    : limits_(limits), capacity_(limits.block_size, limits.prefix_caching, pool, host_pool, shares) {
+    : limits_(limits), capacity_(limits.block_size, limits.prefix_caching, pool, host_pool, shares, limits.kv_windows) {
   INFERD_CHECK(limits_.max_num_batched_tokens >= limits_.max_num_seqs, "the token budget covers one decode per seq");
   if (limits_.long_prefill_chunk <= 0) limits_.long_prefill_chunk = std::max(1, limits_.max_num_batched_tokens / 4);
 }
@@ -158,9 +158,9 @@ void Scheduler::Admit(StepPlan* plan, bool ahead) {
     }
     // A request that scores its prompt computes all of it: cached blocks have no logits.
     if (!swapped && !seq->scoring()) capacity_.ReusePrefix(seq);
-    // A newcomer leaves one block free per running sequence, for their next tokens: admitting into the last
-    // free blocks would only preempt someone at the next block boundary (a preemption storm).
-    const auto headroom = [&] { return static_cast<int32_t>(running_.size()); };
+    // A newcomer leaves a block per KV group free per running sequence, for their next tokens: admitting into the
+    // last free blocks would only preempt someone at the next block boundary (a preemption storm).
+    const auto headroom = [&] { return static_cast<int32_t>(running_.size()) * capacity_.num_groups(); };
     if (swapped || !seq->restoring.empty()) {
       // Its KV comes in on the copy stream (swap-in, or host-tier blocks of its prefix): it is admitted with
       // blocks for its computed tokens and runs from the first step after the copies completed.

@@ -29,6 +29,9 @@ struct SchedulerLimits {
   // With the prefix cache's host tier: cached device blocks written back ahead of their eviction, at most this
   // many a step (Capacity::WriteAhead).
   int32_t write_ahead_blocks = 16;
+  // Per KV group (engine/model/kv_groups.h) its sliding window in tokens, 0 for global attention: a sequence holds
+  // a block table per group, and a window group's blocks go back once no position to come attends to them.
+  std::vector<int32_t> kv_windows = {0};
 };
 
 struct ScheduledSeq {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/backends/cpu/cpu_weights.h"
 #include "engine/check.h"
+#include "engine/model/kv_groups.h"
 #include "engine/model/moe_routing.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/runtime/sampler.h"
@@ -68,16 +69,18 @@ struct Shard {
   TensorParallelShard tp;
   std::vector<CpuLayerWeights> layers;
   int64_t q_dim = 0, kv_dim = 0, qkv_dim = 0, inter = 0;  // its widths
-  std::vector<std::unique_ptr<float[]>> k_cache;          // [layers][num_blocks, block_size, its KV heads, head_dim]
-  std::vector<std::unique_ptr<float[]>> v_cache;          // same layout as k_cache
-  std::unique_ptr<float[]> host;  // [host blocks][layers][K, V][block_size, its KV heads, head_dim]
-  Workspace ws;                   // x is the residual stream, equal on every rank after each sum
+  // [KV slots][num_blocks, block_size, its KV heads, head_dim]: a layer's K is k_cache[KvGroups::slot_of[layer]],
+  // its group's blocks
+  std::vector<std::unique_ptr<float[]>> k_cache;
+  std::vector<std::unique_ptr<float[]>> v_cache;  // same layout as k_cache
+  std::unique_ptr<float[]> host;                  // [host blocks][KV slots][K, V][block_size, its KV heads, head_dim]
+  Workspace ws;                                   // x is the residual stream, equal on every rank after each sum
 };
 
 class CpuBackend : public Backend {
  public:
   CpuBackend(const Model& model, const EngineSection& engine, CpuWeights weights)
-      : cfg_(model.config), weights_(std::move(weights)) {
+      : cfg_(model.config), kv_groups_(KvGroupsOf(model.config)), weights_(std::move(weights)) {
     if (engine.num_threads > 0) {
       openblas_set_num_threads(engine.num_threads);
       omp_set_num_threads(engine.num_threads);
@@ -136,6 +139,7 @@ class CpuBackend : public Backend {
   void SumOverShards(Shard& s, int64_t rows);
 
   const ModelConfig& cfg_;
+  KvGroups kv_groups_;  // which blocks and KV slot each layer's K/V live in
   CpuWeights weights_;  // the embeddings, final norm and LM head; the layers are in the shards
   std::vector<Shard> shards_;
   int32_t threads_per_shard_ = 1;
@@ -239,7 +243,7 @@ absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
     }
     for (const CpuLayerWeights& l : s.layers) plan.weight_bytes += l.bytes();
     plan.activation_bytes += s.ws.bytes();
-    plan.kv_bytes_per_block += 2 * int64_t{cfg_.num_layers} * block_size_ * s.kv_dim * 4;
+    plan.kv_bytes_per_block += 2 * int64_t{kv_groups_.slots} * block_size_ * s.kv_dim * 4;
   }
   ws_.last.resize(R * H);
   ws_.last_n.resize(R * H);
@@ -254,7 +258,7 @@ absl::Status CpuBackend::AllocateKvCache(const MemoryPlan& plan) {
   // Not zeroed: every slot is written before it is read, and untouched pages cost nothing.
   for (Shard& s : shards_) {
     const size_t per_layer = size_t(num_slots_) * s.kv_dim;
-    for (int l = 0; l < cfg_.num_layers; ++l) {
+    for (int l = 0; l < kv_groups_.slots; ++l) {
       s.k_cache.emplace_back(new (std::nothrow) float[per_layer]);
       s.v_cache.emplace_back(new (std::nothrow) float[per_layer]);
       if (!s.k_cache.back() || !s.v_cache.back()) {
@@ -269,7 +273,7 @@ absl::Status CpuBackend::AllocateKvCache(const MemoryPlan& plan) {
 absl::Status CpuBackend::AllocateHostBlocks(int32_t num_blocks) {
   for (Shard& s : shards_) {
     const size_t block = size_t(block_size_) * s.kv_dim;
-    s.host.reset(new (std::nothrow) float[size_t(num_blocks) * cfg_.num_layers * 2 * block]);
+    s.host.reset(new (std::nothrow) float[size_t(num_blocks) * kv_groups_.slots * 2 * block]);
     if (!s.host) {
       return absl::ResourceExhaustedError(absl::StrCat("a host KV pool of ", num_blocks, " blocks does not fit"));
     }
@@ -282,23 +286,23 @@ absl::Status CpuBackend::StartCopies(const CopyBatch& batch) {
   const int64_t num_blocks = num_slots_ / block_size_;
   for (Shard& s : shards_) {
     const size_t block = size_t(block_size_) * s.kv_dim;
-    auto host = [&](int32_t h, int layer, int kv) {
-      return s.host.get() + ((size_t(h) * cfg_.num_layers + layer) * 2 + kv) * block;
+    auto host = [&](int32_t h, int slot, int kv) {
+      return s.host.get() + ((size_t(h) * kv_groups_.slots + slot) * 2 + kv) * block;
     };
     for (const auto* copies : {&batch.out, &batch.in}) {
       for (const BlockCopy& c : *copies) {
         INFERD_CHECK(
             c.device_block >= 0 && c.device_block < num_blocks && c.host_block >= 0 && c.host_block < num_host_blocks_,
             "block copies name blocks of the pool and the host pool");
-        for (int layer = 0; layer < cfg_.num_layers; ++layer) {
-          float* k = s.k_cache[layer].get() + size_t(c.device_block) * block;
-          float* v = s.v_cache[layer].get() + size_t(c.device_block) * block;
+        for (int slot = 0; slot < kv_groups_.slots; ++slot) {
+          float* k = s.k_cache[slot].get() + size_t(c.device_block) * block;
+          float* v = s.v_cache[slot].get() + size_t(c.device_block) * block;
           if (copies == &batch.out) {
-            std::copy_n(k, block, host(c.host_block, layer, 0));
-            std::copy_n(v, block, host(c.host_block, layer, 1));
+            std::copy_n(k, block, host(c.host_block, slot, 0));
+            std::copy_n(v, block, host(c.host_block, slot, 1));
           } else {
-            std::copy_n(host(c.host_block, layer, 0), block, k);
-            std::copy_n(host(c.host_block, layer, 1), block, v);
+            std::copy_n(host(c.host_block, slot, 0), block, k);
+            std::copy_n(host(c.host_block, slot, 1), block, v);
           }
         }
       }
@@ -331,9 +335,12 @@ absl::Status CpuBackend::Step(const StepInput& in, StepOutput* out) {
 
 void CpuBackend::Forward(const StepInput& in) {
   const int64_t T = in.num_tokens(), H = cfg_.hidden_size;
+  INFERD_CHECK(in.num_kv_groups() == kv_groups_.num_groups(), "a step has pages for every KV group");
   for (int64_t t = 0; t < T; ++t) {
     INFERD_CHECK(in.token_ids[t] >= 0 && in.token_ids[t] < cfg_.vocab_size, "step token ids are in the vocabulary");
-    INFERD_CHECK(in.slot_mapping[t] >= 0 && in.slot_mapping[t] < num_slots_, "slot mapping points into the pool");
+    for (const std::vector<int32_t>& slots : in.slot_mapping) {
+      INFERD_CHECK(slots[t] >= 0 && slots[t] < num_slots_, "slot mapping points into the pool");
+    }
   }
   if (shards_.size() == 1) {
     ShardForward(in, shards_[0]);
@@ -455,9 +462,9 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
     case LayerOp::kWriteKv:
       for (int64_t t = 0; t < T; ++t) {
         const float* row = w.qkv.data() + t * qkv_dim;
-        const int64_t slot = in.slot_mapping[t];
-        std::copy_n(row + q_dim, kv_dim, s.k_cache[layer].get() + slot * kv_dim);
-        std::copy_n(row + q_dim + kv_dim, kv_dim, s.v_cache[layer].get() + slot * kv_dim);
+        const int64_t slot = in.slot_mapping[kv_groups_.group_of[layer]][t];
+        std::copy_n(row + q_dim, kv_dim, s.k_cache[kv_groups_.slot_of[layer]].get() + slot * kv_dim);
+        std::copy_n(row + q_dim + kv_dim, kv_dim, s.v_cache[kv_groups_.slot_of[layer]].get() + slot * kv_dim);
       }
       return;
     case LayerOp::kAttention:
@@ -553,11 +560,12 @@ void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
   const int32_t window = cfg_.window(layer);
   const float* qkv = sh.ws.qkv.data();
   float* out = sh.ws.attn.data();
-  const float* kc = sh.k_cache[layer].get();
-  const float* vc = sh.v_cache[layer].get();
+  const float* kc = sh.k_cache[kv_groups_.slot_of[layer]].get();
+  const float* vc = sh.v_cache[kv_groups_.slot_of[layer]].get();
+  const std::vector<int32_t>& pages = in.kv_indices[kv_groups_.group_of[layer]];
   for (int32_t s = 0; s < in.num_seqs(); ++s) {
     const int32_t begin = in.query_start[s], end = in.query_start[s + 1];
-    const int32_t* table = in.kv_indices.data() + in.kv_indptr[s];
+    const int32_t* table = pages.data() + in.kv_indptr[s];
 #pragma omp parallel for collapse(2)
     for (int32_t t = begin; t < end; ++t) {
       for (int64_t h = 0; h < num_heads; ++h) {

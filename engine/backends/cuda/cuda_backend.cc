@@ -302,8 +302,8 @@ absl::StatusOr<MemoryPlan> CudaBackend::MeasureMemory(const StepLimits& limits) 
   std::vector<int32_t> history(lens[0]), pages(num_pages);
   for (int32_t i = 0; i < lens[0]; ++i) history[i] = (i * 7919) % cfg_.vocab_size;
   for (int32_t p = 0; p < num_pages; ++p) pages[p] = p;
-  INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) { return r.kv.Allocate(layout_, cfg_.num_layers, num_pages); }));
-  StepInput in = EmptyStepInput(bs);
+  INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) { return r.kv.Allocate(layout_, num_pages); }));
+  StepInput in = EmptyStepInput(bs, layout_.kv_groups.num_groups());
   size_t next_page = 0;
   for (int32_t s = 0; s < R; ++s) {
     const int32_t len = lens[s];
@@ -438,7 +438,7 @@ void CudaBackend::ChooseKernels() {
 
 absl::Status CudaBackend::AllocateKvCache(const MemoryPlan& plan) {
   INFERD_RETURN_IF_ERROR(OnRanks(  // and the reserved block
-      [&](Rank& r) { return r.kv.Allocate(layout_, cfg_.num_layers, plan.num_blocks + 1); }));
+      [&](Rank& r) { return r.kv.Allocate(layout_, plan.num_blocks + 1); }));
   INFERD_RETURN_IF_ERROR(ChoosePeerLimit());
   ChooseKernels();
   if (use_graphs_) INFERD_RETURN_IF_ERROR(CaptureDecodeGraphs());
@@ -518,12 +518,12 @@ absl::Status CudaBackend::CaptureDecodeGraphs() {
   const int64_t kv_heads = ranks_[0]->cfg.num_kv_heads;
   std::vector<int32_t> unsplit;
   for (int32_t rows : buckets) {
-    const StepInput in =
-        cuda::DecodeGraphs::Pad(EmptyStepInput(layout_.limits.block_size), rows, kv0().reserved_block());
+    const StepInput in = cuda::DecodeGraphs::Pad(
+        EmptyStepInput(layout_.limits.block_size, layout_.kv_groups.num_groups()), rows, kv0().reserved_block());
     for (bool unsplit_kv : {false, true}) {
       if (unsplit_kv && !k::DecodeKvUnsplit(rows, kv_heads, num_sms, 1, rows)) continue;
       const cuda::PackedStep packed =
-          cuda::PackStepInputs(in, layout_.inputs, cfg_.vocab_size, inputs_host_.get<char>());
+          cuda::PackStepInputs(in, layout_.inputs, cfg_.vocab_size, kv0().reserved_block(), inputs_host_.get<char>());
       INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) {
         cuda::AttentionPlans plans;
         INFERD_RETURN_IF_ERROR(Stage(r, in, packed, /*decode_graph=*/true, unsplit_kv, &plans));
@@ -564,10 +564,12 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
     } else {
       INFERD_CHECK(id < cfg_.vocab_size, "step token ids are in the vocabulary");
     }
-    INFERD_CHECK(in.slot_mapping[t] >= 0 && in.slot_mapping[t] < num_slots, "slot mapping points into the pool");
+    for (const std::vector<int32_t>& slots : in.slot_mapping) {
+      INFERD_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot mapping points into the pool");
+    }
   }
-  INFERD_CHECK(static_cast<int64_t>(in.kv_indices.size()) <= layout_.inputs.max_pages,
-               "a step's pages fit the page table");
+  INFERD_CHECK(in.num_kv_groups() == layout_.kv_groups.num_groups() && in.kv_indptr.back() <= layout_.inputs.max_pages,
+               "a step's pages, a table per KV group, fit the page table");
   const auto prepare_start = std::chrono::steady_clock::now();
   const cuda::DecodeGraphs& graphs0 = *ranks_[0]->graphs;
   const int32_t bucket = graphs0.BucketFor(in, layout_.inputs.max_pages);
@@ -597,7 +599,8 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
     // The pinned inputs are rewritten only once every rank's copies of the last launch have read them (they ran
     // when that step started, so this rarely waits).
     for (const auto& r : ranks_) INFERD_CUDA(cudaEventSynchronize(r->inputs_consumed));
-    packed = cuda::PackStepInputs(run, layout_.inputs, cfg_.vocab_size, inputs_host_.get<char>());
+    packed =
+        cuda::PackStepInputs(run, layout_.inputs, cfg_.vocab_size, kv0().reserved_block(), inputs_host_.get<char>());
   }
   bool ordered = false;
   INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) -> absl::Status {
@@ -606,7 +609,11 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
     {
       TraceRange range("copy inputs, plan attention");
       // A block this step writes that a copy still reads (a swap-out, a write-back) or fills: after the copy.
-      INFERD_ASSIGN_OR_RETURN(const bool waits, r.kv.OrderWrites(in.slot_mapping, in.block_size, r.compute));
+      bool waits = false;
+      for (const std::vector<int32_t>& slots : in.slot_mapping) {
+        INFERD_ASSIGN_OR_RETURN(const bool group_waits, r.kv.OrderWrites(slots, in.block_size, r.compute));
+        waits |= group_waits;
+      }
       if (rank0) ordered = waits;
       INFERD_RETURN_IF_ERROR(Stage(r, run, packed, /*decode_graph=*/bucket > 0, unsplit, &plans));
       INFERD_CUDA(cudaEventRecord(r.inputs_consumed, r.compute));

@@ -19,7 +19,7 @@ int32_t DecodeGraphs::BucketFor(const StepInput& in, int64_t max_pages) const {
   }
   auto it = split_.lower_bound(in.num_seqs());
   if (it == split_.end()) return 0;
-  const int64_t padded_pages = static_cast<int64_t>(in.kv_indices.size()) + (it->first - in.num_seqs());
+  const int64_t padded_pages = int64_t{in.kv_indptr.back()} + (it->first - in.num_seqs());
   return padded_pages <= max_pages ? it->first : 0;  // padding takes one page per row
 }
 

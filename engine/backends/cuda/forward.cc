@@ -53,7 +53,6 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   T* gate_up = b.act<T>(a.gate_up);
   T* act = b.act<T>(a.act);
   const int32_t* positions = b.in<int32_t>(ir.positions);
-  const int32_t* slots = b.in<int32_t>(ir.slots);
   // The rotary tables (CudaBackend uploads them): global, the sliding-window layers', LongRoPE's long positions.
   const float* inv_freq = b.act<float>(a.inv_freq);
   const float* inv_freq_local = inv_freq + cfg.head_dim / 2;
@@ -134,9 +133,9 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
         case LayerOp::kQkvProj: {
           const T* bias = L.qkv_bias.bytes() ? L.qkv_bias.get<T>() : nullptr;
           if (fused_qkv_rope) {  // one kernel: the product, RoPE and the K/V write
-            INFERD_KERNEL(k::GemvQkvRope<T>(xn, L.qkv.data.get<T>(), bias, qkv, Tn, H, positions, slots, inv_freq,
-                                            static_cast<T*>(b.k(layer)), static_cast<T*>(b.v(layer)), cfg.num_heads,
-                                            cfg.num_kv_heads, cfg.head_dim, s));
+            INFERD_KERNEL(k::GemvQkvRope<T>(xn, L.qkv.data.get<T>(), bias, qkv, Tn, H, positions, b.slots(layer),
+                                            inv_freq, static_cast<T*>(b.k(layer)), static_cast<T*>(b.v(layer)),
+                                            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, s));
           } else {
             INFERD_RETURN_IF_ERROR(gemm.Run(normed, L.qkv.operand(), qkv, Tn, qkv_dim, H, bias, false, s));
           }
@@ -156,8 +155,8 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           INFERD_RETURN_IF_ERROR(over_cache(layer, [&](auto* k_cache, auto* v_cache, float ks, float vs) {
             using C = std::remove_pointer_t<decltype(k_cache)>;
             return FromCuda(
-                k::RopeWriteKv<T, C>(qkv, positions, slots, window > 0 ? inv_freq_local : inv_freq, k_cache, v_cache,
-                                     Tn, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, ks, vs, s, options),
+                k::RopeWriteKv<T, C>(qkv, positions, b.slots(layer), window > 0 ? inv_freq_local : inv_freq, k_cache,
+                                     v_cache, Tn, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, ks, vs, s, options),
                 "RopeWriteKv");
           }));
           break;
@@ -171,7 +170,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
             void* int_ws = b.act<void>(window > 0 ? a.attn_int_ws_window : a.attn_int_ws);
             return FromCuda(k::RunPagedAttention<T, C>(
                                 plan, b.act<void>(a.attn_float_ws), int_ws, qkv, qkv_dim, k_cache, v_cache,
-                                b.in<int32_t>(ir.qo_indptr), b.in<int32_t>(ir.kv_indptr), b.in<int32_t>(ir.kv_indices),
+                                b.in<int32_t>(ir.qo_indptr), b.kv_indptr(layer), b.in<int32_t>(ir.kv_indices),
                                 b.in<int32_t>(ir.kv_last_page_len), attn, in.num_seqs(), cfg.num_heads,
                                 cfg.num_kv_heads, cfg.head_dim, in.block_size, ks * sm_scale, vs,
                                 /*early_launch=*/Tn <= gemm.streaming_rows(w.fp8), s, window - 1),

@@ -31,8 +31,8 @@ struct ForwardBuffers {
   const DeviceLayout* layout = nullptr;
   char* activations = nullptr;   // the activation arena (layout->activations)
   char* inputs = nullptr;        // the device copy of the input arena (layout->inputs)
-  char* kv = nullptr;            // per layer K then V, each [num_blocks, block_size, num_kv_heads, head_dim]
-  int64_t layer_kv_bytes = 0;    // one layer's K (or V): num_blocks * layout->kv_block_bytes
+  char* kv = nullptr;            // per KV slot K then V, each [num_blocks, block_size, num_kv_heads, head_dim]
+  int64_t layer_kv_bytes = 0;    // one slot's K (or V): num_blocks * layout->kv_block_bytes
   char* rank0_logits = nullptr;  // rank 0's logits (layout->activations.logits), as this rank addresses them
 
   template <typename U>
@@ -44,8 +44,18 @@ struct ForwardBuffers {
     return reinterpret_cast<U*>(inputs + r.offset);
   }
   char* outputs() const { return activations + layout->activations.outputs.offset; }
-  void* k(int layer) const { return kv + int64_t{layer} * 2 * layer_kv_bytes; }
-  void* v(int layer) const { return kv + (int64_t{layer} * 2 + 1) * layer_kv_bytes; }
+  // A layer's K and V: its slot's (KvGroups::slot_of) in its group's blocks.
+  void* k(int layer) const { return kv + int64_t{layout->kv_groups.slot_of[layer]} * 2 * layer_kv_bytes; }
+  void* v(int layer) const { return kv + (int64_t{layout->kv_groups.slot_of[layer]} * 2 + 1) * layer_kv_bytes; }
+  // A layer's group's KV slots of the step's tokens, and its page table's indptr (InputRegions).
+  const int32_t* slots(int layer) const {
+    return in<int32_t>(layout->inputs.slots) +
+           int64_t{layout->kv_groups.group_of[layer]} * layout->limits.max_num_batched_tokens;
+  }
+  const int32_t* kv_indptr(int layer) const {
+    return in<int32_t>(layout->inputs.kv_indptr) +
+           int64_t{layout->kv_groups.group_of[layer]} * (layout->limits.max_num_seqs + 1);
+  }
 };
 
 // A step's attention plans: the global layers', and for a model with sliding windows its window layers' (FlashInfer

@@ -24,10 +24,10 @@ KvPool::~KvPool() {
   if (copy_) cudaStreamDestroy(copy_);
 }
 
-absl::Status KvPool::Allocate(const DeviceLayout& layout, int32_t num_layers, int32_t num_blocks) {
+absl::Status KvPool::Allocate(const DeviceLayout& layout, int32_t num_blocks) {
   kv_ = DeviceBuffer();
   num_blocks_ = num_blocks;
-  num_layers_ = num_layers;
+  num_slots_ = layout.kv_groups.slots;
   block_bytes_ = layout.kv_block_bytes;
   block_ticket_.assign(num_blocks, 0);
   INFERD_RETURN_IF_ERROR(kv_.Allocate(int64_t{num_blocks} * layout.kv_bytes_per_block));
@@ -46,7 +46,7 @@ double KvPool::DeviceClockMs(cudaEvent_t e) const {
 
 absl::Status KvPool::AllocateHostBlocks(int32_t num_blocks) {
   INFERD_CHECK(allocated(), "the KV pool is allocated before the host pool (it sets the block geometry)");
-  INFERD_RETURN_IF_ERROR(host_.Allocate(int64_t{num_blocks} * 2 * num_layers_ * block_bytes_));
+  INFERD_RETURN_IF_ERROR(host_.Allocate(int64_t{num_blocks} * 2 * num_slots_ * block_bytes_));
   num_host_blocks_ = num_blocks;
   if (!copy_) {
     INFERD_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
@@ -69,7 +69,7 @@ absl::Status KvPool::StartCopies(const CopyBatch& batch, cudaStream_t compute) {
   INFERD_ASSIGN_OR_RETURN(b.start, TakeEvent());
   INFERD_ASSIGN_OR_RETURN(b.done, TakeEvent());
   INFERD_CUDA(cudaEventRecord(b.start, copy_));
-  const int64_t rows = 2 * int64_t{num_layers_};  // K and V of every layer: one row each, layer_bytes apart
+  const int64_t rows = 2 * int64_t{num_slots_};  // K and V of every slot: one row each, layer_bytes apart
   char* host = host_.get<char>();
   for (const auto* copies : {&batch.out, &batch.in}) {
     const bool out = copies == &batch.out;

@@ -1,7 +1,8 @@
-// The KV pool on the device and the host pool beside it (swap space and the prefix cache's host tier). Per layer
-// K then V, each [num_blocks, block_size, num_kv_heads, head_dim] (FlashInfer's NHD pages); the last block is
-// reserved for the padding rows of decode graphs, outside the scheduler's pool. The host pool is pinned memory
-// laid out [host block][layer][K, V][block]. Blocks move on a copy stream of their own (DMA, no SM time), one
+// The KV pool on the device and the host pool beside it (swap space and the prefix cache's host tier). Per KV slot
+// (a layer of each KV group, engine/model/kv_groups.h) K then V, each [num_blocks, block_size, num_kv_heads,
+// head_dim] (FlashInfer's NHD pages); the last block is reserved for the padding rows of decode graphs and the
+// pages a window group let go, outside the scheduler's pool. The host pool is pinned memory laid out [host
+// block][slot][K, V][block]. Blocks move on a copy stream of their own (DMA, no SM time), one
 // 2D copy per block; CUDA events order the copies after the steps launched before them, and a step that writes
 // a block a copy still touches waits for that copy's event — nothing else waits.
 #pragma once
@@ -28,8 +29,8 @@ class KvPool {
   KvPool& operator=(const KvPool&) = delete;
   ~KvPool();
 
-  // num_blocks, the reserved block included; any pool held before is freed first.
-  absl::Status Allocate(const DeviceLayout& layout, int32_t num_layers, int32_t num_blocks);
+  // num_blocks, the reserved block included, of layout.kv_bytes_per_block each; any pool held before is freed first.
+  absl::Status Allocate(const DeviceLayout& layout, int32_t num_blocks);
   void Free() { kv_ = DeviceBuffer(); }
   absl::Status AllocateHostBlocks(int32_t num_blocks);
   // Starts a batch on the copy stream after everything queued on `compute` so far: outs, then ins.
@@ -59,13 +60,13 @@ class KvPool {
   int32_t reserved_block() const { return num_blocks_ - 1; }
   int64_t bytes() const { return static_cast<int64_t>(kv_.bytes()); }
   char* data() const { return kv_.get<char>(); }
-  int64_t layer_bytes() const { return int64_t{num_blocks_} * block_bytes_; }  // one layer's K (or V)
+  int64_t layer_bytes() const { return int64_t{num_blocks_} * block_bytes_; }  // one slot's K (or V)
 
  private:
   DeviceBuffer kv_;
   int32_t num_blocks_ = 0;
-  int32_t num_layers_ = 0;
-  int64_t block_bytes_ = 0;  // K or V of one layer for one block
+  int32_t num_slots_ = 0;
+  int64_t block_bytes_ = 0;  // K or V of one slot for one block
   absl::StatusOr<cudaEvent_t> TakeEvent();
 
   PinnedBuffer host_;

@@ -24,15 +24,29 @@ void Put(char* arena, const Region& r, const std::vector<int32_t>& v) {
 
 }  // namespace
 
-PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32_t vocab_size, char* arena) {
+PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32_t vocab_size, int32_t no_block,
+                          char* arena) {
+  const int64_t groups = in.num_kv_groups(), pages = in.kv_indptr.back();
+  INFERD_CHECK(groups >= 1 && layout.slots.bytes % groups == 0 && layout.kv_indptr.bytes % groups == 0,
+               "the layout has a row of slots and of kv_indptr per KV group of the step");
+  const int64_t slots_stride = layout.slots.bytes / groups / 4, indptr_stride = layout.kv_indptr.bytes / groups / 4;
+  INFERD_CHECK(in.num_tokens() <= slots_stride && in.num_seqs() + 1 <= indptr_stride &&
+                   groups * pages * 4 <= layout.kv_indices.bytes,
+               "a step's arrays fit their input regions");
   Put(arena, layout.token_ids, in.token_ids);
   Put(arena, layout.positions, in.positions);
-  Put(arena, layout.slots, in.slot_mapping);
   Put(arena, layout.qo_indptr, in.query_start);
-  Put(arena, layout.kv_indptr, in.kv_indptr);
   Put(arena, layout.kv_last_page_len, in.kv_last_page_len);
   Put(arena, layout.logits_indices, in.logits_indices);
-  Put(arena, layout.kv_indices, in.kv_indices);
+  for (int64_t g = 0; g < groups; ++g) {
+    std::memcpy(At<int32_t>(arena, layout.slots) + g * slots_stride, in.slot_mapping[g].data(),
+                in.slot_mapping[g].size() * sizeof(int32_t));
+    int32_t* indptr = At<int32_t>(arena, layout.kv_indptr) + g * indptr_stride;
+    for (size_t s = 0; s < in.kv_indptr.size(); ++s) indptr[s] = in.kv_indptr[s] + static_cast<int32_t>(g * pages);
+    // A page no position of the step attends to (a window group's, let go) points at the backend's own block.
+    int32_t* indices = At<int32_t>(arena, layout.kv_indices) + g * pages;
+    for (int64_t p = 0; p < pages; ++p) indices[p] = in.kv_indices[g][p] >= 0 ? in.kv_indices[g][p] : no_block;
+  }
   const int32_t R = in.num_logits();
   INFERD_CHECK(static_cast<int64_t>(R * sizeof(kernels::SamplingRowParams)) <= layout.params.bytes &&
                    in.sampling.size() == static_cast<size_t>(R),
@@ -105,7 +119,7 @@ PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32
     indptr[r + 1] = static_cast<int32_t>(n);
   }
   *At<uint32_t>(arena, layout.masks_ready) = masks_later ? 0 : 1;
-  return {layout.kv_indices.offset + static_cast<int64_t>(in.kv_indices.size() * sizeof(int32_t)), n, masked_rows};
+  return {layout.kv_indices.offset + groups * pages * static_cast<int64_t>(sizeof(int32_t)), n, masked_rows};
 }
 
 }  // namespace inferd::cuda

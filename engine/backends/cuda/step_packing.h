@@ -17,7 +17,9 @@ struct PackedStep {
   int64_t masked_rows = 0;      // rows [0, masked_rows) of `allowed` hold masks; copied only when there are any
 };
 
-// `arena` holds layout.inputs' regions (input_arena_bytes). The step fits the layout's limits (checked).
-PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32_t vocab_size, char* arena);
+// `arena` holds layout.inputs' regions (input_arena_bytes). The step fits the layout's limits (checked). Pages a
+// window group let go (-1) become `no_block`, a block of the backend's own that no sequence holds.
+PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32_t vocab_size, int32_t no_block,
+                          char* arena);
 
 }  // namespace inferd::cuda

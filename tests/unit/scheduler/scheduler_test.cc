@@ -14,6 +14,15 @@
 namespace inferd {
 namespace {
 
+// Every block a sequence's tables hold (all KV groups).
+std::vector<int32_t> HeldBlocks(const std::vector<std::vector<int32_t>>& tables) {
+  std::vector<int32_t> held;
+  for (const std::vector<int32_t>& table : tables)
+    for (int32_t b : table)
+      if (b != kNoBlock) held.push_back(b);
+  return held;
+}
+
 // Sequences are named by one letter; the fake "model" samples token 100 for everyone.
 class SchedulerHarness {
  public:
@@ -257,7 +266,7 @@ TEST(Scheduler, PromptRowsCapAScoringSequencesChunksAndAreNeverScoredTwice) {
   // Preempted (recompute) after scoring 3 positions: they are computed again, without rows.
   h.scheduler_.Finish(&d);
   d.num_computed = 0;
-  d.block_table.clear();
+  d.block_tables.clear();
   d.block_keys.clear();
   h.scheduler_.Add(&d);
   const StepPlan again = h.scheduler_.Schedule(h.now_);
@@ -303,7 +312,7 @@ TEST(Scheduler, SwapPreemptionKeepsTheKvOnTheHostAndResumesWithoutRecomputing) {
                   {{}, "A1+ B1+", "", "AB", "", 0},
                   {{}, "A1+ B1+", "", "AB", "", 0},
               });
-  const std::vector<int32_t> b_blocks = h.seqs_.at('B')->block_table;
+  const std::vector<int32_t> b_blocks = h.seqs_.at('B')->block_tables[0];
   StepPlan plan = h.Step();  // A needs a 3rd block: B goes to the host, both of its computed blocks
   EXPECT_EQ(SchedulerHarness::Describe(plan), "A1+");
   EXPECT_EQ(PreemptedNames(plan), "B");
@@ -312,15 +321,16 @@ TEST(Scheduler, SwapPreemptionKeepsTheKvOnTheHostAndResumesWithoutRecomputing) {
   EXPECT_EQ(plan.copies.out[1].device_block, b_blocks[1]);
   const Sequence& b = *h.seqs_.at('B');
   EXPECT_EQ(b.num_computed, 8) << "nothing is lost";
-  EXPECT_EQ(b.swapped_blocks.size(), 2u);
+  ASSERT_EQ(b.swapped_blocks.size(), 1u) << "one KV group";
+  EXPECT_EQ(b.swapped_blocks[0].size(), 2u);
   EXPECT_EQ(h.swap_pool_.num_free(), 2);
   h.Finish('A');
   plan = h.Step();  // B comes back: its 8 tokens are copied in while it loads
   EXPECT_EQ(SchedulerHarness::Describe(plan), "");
   EXPECT_EQ(SchedulerHarness::Names(h.scheduler_.running()), "B");
   ASSERT_EQ(plan.copies.in.size(), 2u);
-  EXPECT_EQ(plan.copies.in[0].device_block, b.block_table[0]);
-  EXPECT_EQ(plan.copies.in[1].device_block, b.block_table[1]);
+  EXPECT_EQ(plan.copies.in[0].device_block, b.block_tables[0][0]);
+  EXPECT_EQ(plan.copies.in[1].device_block, b.block_tables[0][1]);
   EXPECT_EQ(h.swap_pool_.num_free(), 4) << "the copies completed: the host blocks are free";
   plan = h.Step();
   EXPECT_EQ(SchedulerHarness::Describe(plan), "B1+") << "it computes only its 9th";
@@ -347,7 +357,8 @@ TEST(Scheduler, AbortingASwappedOutSequenceFreesItsHostBlocks) {
   h.Add('A', 3);
   h.Add('B', 3);
   for (int i = 0; i < 7; ++i) h.Step();
-  ASSERT_EQ(h.seqs_.at('B')->swapped_blocks.size(), 2u);
+  ASSERT_EQ(h.seqs_.at('B')->swapped_blocks.size(), 1u);
+  ASSERT_EQ(h.seqs_.at('B')->swapped_blocks[0].size(), 2u);
   h.Finish('B');
   EXPECT_EQ(h.swap_pool_.num_free(), 4);
   h.Finish('A');
@@ -449,6 +460,53 @@ TEST(Scheduler, AbortWhileWaitingFreesNothingAndLeavesQueue) {
   EXPECT_EQ(h.pool_.num_free(), 4);
 }
 
+// A model with sliding windows: a global KV group and one of window 8 (block_size 4). The window group lets go of
+// the blocks no position to come attends to; the global group keeps every block.
+TEST(Scheduler, AWindowGroupLetsGoOfBlocksBehindItsWindow) {
+  SchedulerHarness h({.max_num_seqs = 2, .max_num_batched_tokens = 32, .block_size = 4, .kv_windows = {0, 8}}, 32);
+  h.Add('A', 20);
+  EXPECT_EQ(SchedulerHarness::Describe(h.Step()), "A20+");
+  const Sequence& a = *h.seqs_.at('A');
+  EXPECT_EQ(h.pool_.num_free(), 32 - 2 * 5) << "the prompt's 5 blocks in both groups";
+  EXPECT_EQ(SchedulerHarness::Describe(h.Step()), "A1+");  // position 20 sees 13..20: blocks 3..5
+  EXPECT_EQ(a.block_tables[1], (std::vector<int32_t>{kNoBlock, kNoBlock, kNoBlock, 8, 9, 11}));
+  EXPECT_EQ(a.block_tables[0].size(), 6u);
+  for (int i = 0; i < 8; ++i) h.Step();  // positions 21..28
+  // Position 28 sees 21..28 (blocks 5..7); the global group holds all 8 blocks.
+  EXPECT_EQ(HeldBlocks({a.block_tables[1]}).size(), 3u);
+  EXPECT_EQ(HeldBlocks({a.block_tables[0]}).size(), 8u);
+  EXPECT_EQ(h.pool_.num_free(), 32 - 11);
+  h.Finish('A');
+  EXPECT_EQ(h.pool_.num_free(), 32);
+}
+
+// The blocks a window group let go stay cached: a second request with the same prompt finds the global group's
+// blocks and, of the window group's, those its window reaches back to from the first position it computes.
+TEST(Scheduler, PrefixReuseWithWindowsTakesTheWindowBehindTheHit) {
+  SchedulerHarness h(
+      {.max_num_seqs = 2, .max_num_batched_tokens = 32, .block_size = 4, .prefix_caching = true, .kv_windows = {0, 8}},
+      32);
+  h.Add('A', 20);
+  h.Step();
+  h.Step();  // A lets go of window blocks 0..2 (cached)
+  const Sequence& a = *h.seqs_.at('A');
+  ASSERT_EQ(a.block_tables[1][2], kNoBlock);
+  h.Add('B', 20);
+  EXPECT_EQ(SchedulerHarness::Describe(h.Step()), "A1+ B4+") << "B reuses 16 tokens (the last one is computed)";
+  const Sequence& b = *h.seqs_.at('B');
+  EXPECT_EQ(b.num_cached_tokens, 16);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(b.block_tables[0][i], a.block_tables[0][i]) << "global block " << i;
+  // Position 16 sees 9..16: window blocks 2 (cached, let go by A) and 3 (A's); 0 and 1 are not taken.
+  EXPECT_EQ(b.block_tables[1][0], kNoBlock);
+  EXPECT_EQ(b.block_tables[1][1], kNoBlock);
+  EXPECT_NE(b.block_tables[1][2], kNoBlock);
+  EXPECT_EQ(b.block_tables[1][3], a.block_tables[1][3]);
+  EXPECT_EQ(h.pool_.RefCount(b.block_tables[1][3]), 2);
+  h.Finish('A');
+  h.Finish('B');
+  EXPECT_EQ(h.pool_.num_free(), 32);
+}
+
 TEST(Scheduler, PrefixCachingReusesFullBlocksOfAKnownPrefix) {
   // block_size 4, 8 blocks. Every prompt is token 7 repeated, so equal lengths share their prefix.
   SchedulerHarness h({.max_num_seqs = 4, .max_num_batched_tokens = 32, .block_size = 4, .prefix_caching = true}, 8);
@@ -461,10 +519,10 @@ TEST(Scheduler, PrefixCachingReusesFullBlocksOfAKnownPrefix) {
   const Sequence& a = *h.seqs_.at('A');
   const Sequence& b = *h.seqs_.at('B');
   EXPECT_EQ(b.num_cached_tokens, 8);
-  EXPECT_EQ(b.block_table[0], a.block_table[0]);
-  EXPECT_EQ(b.block_table[1], a.block_table[1]);
-  EXPECT_NE(b.block_table[2], a.block_table[2]) << "the partly filled block is never shared";
-  EXPECT_EQ(h.pool_.RefCount(a.block_table[0]), 2);
+  EXPECT_EQ(b.block_tables[0][0], a.block_tables[0][0]);
+  EXPECT_EQ(b.block_tables[0][1], a.block_tables[0][1]);
+  EXPECT_NE(b.block_tables[0][2], a.block_tables[0][2]) << "the partly filled block is never shared";
+  EXPECT_EQ(h.pool_.RefCount(a.block_tables[0][0]), 2);
   EXPECT_EQ(h.pool_.num_free(), 4);
   // Both finish: every block is free again, the full ones still cached for the next request.
   h.Finish('A');
@@ -537,18 +595,25 @@ TEST(BlockPool, EvictsTheLeastRecentlyFreedCachedBlockFirstAndNeverAWrongOne) {
 }
 
 // (prefix caching, swap space, the prefix cache's host tier, steps a copy batch takes)
-class RandomizedScheduler : public ::testing::TestWithParam<std::tuple<bool, bool, bool, int32_t>> {};
+// prefix caching, swap space, the host tier, copy delay (steps), and sliding windows (a global KV group and two of
+// window 8, as a Gemma-like model's layers form them).
+class RandomizedScheduler : public ::testing::TestWithParam<std::tuple<bool, bool, bool, int32_t, bool>> {};
 
 TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
   std::mt19937 rng(42);
+  const bool windows = std::get<4>(GetParam());
   const SchedulerLimits limits{.max_num_seqs = 5,
                                .max_num_batched_tokens = 24,
                                .block_size = 4,
                                .prefix_caching = std::get<0>(GetParam()),
                                .long_prefill_chunk = 6,
-                               .priority_aging_s = 5};
+                               .priority_aging_s = 5,
+                               .kv_windows = windows ? std::vector<int32_t>{0, 8, 8} : std::vector<int32_t>{0}};
   const bool host_tier = std::get<2>(GetParam());
-  SchedulerHarness h(limits, 20, std::get<1>(GetParam()) ? 12 : 0, host_tier ? 10 : 0, std::get<3>(GetParam()));
+  // The pool holds the longest sequence alone: 18 blocks, and with windows 9 more in each window group.
+  SchedulerHarness h(limits, windows ? 40 : 20, std::get<1>(GetParam()) ? 12 : 0, host_tier ? 10 : 0,
+                     std::get<3>(GetParam()));
+  const Capacity& capacity = h.scheduler_.capacity();
   std::map<char, int32_t> target;  // total length at which the test finishes the sequence
   char next = 'A';
   int finished = 0;
@@ -568,17 +633,34 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
     preemptions += static_cast<int64_t>(plan.preempted.size());
     ASSERT_EQ(h.scheduler_.counters().preemptions, preemptions);
     ASSERT_LE(plan.num_tokens, limits.max_num_batched_tokens);
-    ASSERT_LE(BuildStepInput(plan, limits.block_size).num_logits(), 2 * limits.max_num_seqs);
+    ASSERT_LE(BuildStepInput(plan, limits.block_size, capacity.num_groups()).num_logits(), 2 * limits.max_num_seqs);
+    // A step's sequence holds every block it reads or writes, in every KV group, and a window group nothing behind
+    // its window.
+    for (const ScheduledSeq& s : plan.seqs) {
+      ASSERT_EQ(static_cast<int32_t>(s.seq->block_tables.size()), capacity.num_groups());
+      for (int32_t g = 0; g < capacity.num_groups(); ++g) {
+        const std::vector<int32_t>& table = s.seq->block_tables[g];
+        const int32_t first = capacity.FirstNeeded(g, s.start), end = BlocksFor(s.start + s.num_new, 4);
+        ASSERT_GE(static_cast<int32_t>(table.size()), end);
+        for (int32_t i = 0; i < end; ++i) {
+          ASSERT_EQ(table[i] != kNoBlock, i >= first) << s.seq->request.id << " group " << g << " block " << i;
+        }
+      }
+    }
     // Every live sequence is in exactly one queue, and only running ones hold blocks.
     ASSERT_EQ(h.scheduler_.running().size() + h.scheduler_.waiting().size(), h.seqs_.size());
-    for (const Sequence* seq : h.scheduler_.waiting()) ASSERT_TRUE(seq->block_table.empty()) << seq->request.id;
+    for (const Sequence* seq : h.scheduler_.waiting()) {
+      ASSERT_TRUE(HeldBlocks(seq->block_tables).empty()) << seq->request.id;
+    }
     // Host blocks: each held by one swapped-out sequence, or by copy batches in flight (a host-tier block may be
     // read by several), within the swap share; the rest free (cached or not).
     std::map<int32_t, int32_t> host_holders;
     int32_t swap_held = 0;
     for (const auto& [name, seq] : h.seqs_) {
-      for (int32_t b : seq->swapped_blocks) ASSERT_EQ(++host_holders[b], 1) << "host block " << b << " held twice";
-      swap_held += static_cast<int32_t>(seq->swapped_blocks.size());
+      for (int32_t b : HeldBlocks(seq->swapped_blocks)) {
+        ASSERT_EQ(++host_holders[b], 1) << "host block " << b << " held twice";
+      }
+      swap_held += static_cast<int32_t>(HeldBlocks(seq->swapped_blocks).size());
       ASSERT_TRUE(seq->restoring.empty()) << "host-tier blocks are copied in or given back within a step";
     }
     ASSERT_EQ(h.scheduler_.capacity().swap_blocks_held(), swap_held);
@@ -598,7 +680,7 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
     }
     std::map<int32_t, int32_t> holders;  // block -> sequences holding it (shared prefix blocks: several)
     for (const auto& [name, seq] : h.seqs_)
-      for (int32_t b : seq->block_table) holders[b]++;
+      for (int32_t b : HeldBlocks(seq->block_tables)) holders[b]++;
     for (const auto& [b, n] : holders) ASSERT_EQ(h.pool_.RefCount(b), n) << "block " << b;
     ASSERT_EQ(static_cast<int32_t>(holders.size()) + h.pool_.num_free(), h.pool_.num_total())
         << "every block is held or free";
@@ -715,10 +797,10 @@ TEST(Scheduler, APrefixBlockIsRememberedOnceItsPendingTokenIsKnown) {
 
 INSTANTIATE_TEST_SUITE_P(PrefixCachingAndSwap, RandomizedScheduler,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Values(false),
-                                            ::testing::Values(0, 2)));
+                                            ::testing::Values(0, 2), ::testing::Bool()));
 INSTANTIATE_TEST_SUITE_P(HostTier, RandomizedScheduler,
                          ::testing::Combine(::testing::Values(true), ::testing::Bool(), ::testing::Values(true),
-                                            ::testing::Values(0, 1, 3)));
+                                            ::testing::Values(0, 1, 3), ::testing::Bool()));
 
 }  // namespace
 }  // namespace inferd

@@ -63,7 +63,8 @@ TEST(StepPacking, PenaltiesBansSeedsAndLogprobRowsLandWhereTheKernelsReadThem) {
   r1.params.logit_bias = {{40, 1.5f}, {50, -2.f}};  // 40 is also in the output; 50 only biased
   in.sampling = {r0, r1};
 
-  const cuda::PackedStep packed = cuda::PackStepInputs(in, layout.inputs, model.config.vocab_size, arena.data());
+  const cuda::PackedStep packed =
+      cuda::PackStepInputs(in, layout.inputs, model.config.vocab_size, /*no_block=*/99, arena.data());
   const InputRegions& ir = layout.inputs;
   EXPECT_EQ(packed.head_bytes, ir.kv_indices.offset + 5 * 4) << "the head copy ends after the step's 5 pages";
   EXPECT_EQ(std::vector<int32_t>(At<int32_t>(arena, ir.token_ids), At<int32_t>(arena, ir.token_ids) + 7),
@@ -108,6 +109,39 @@ TEST(StepPacking, PenaltiesBansSeedsAndLogprobRowsLandWhereTheKernelsReadThem) {
   EXPECT_EQ(flags[6], kernels::kPenaltyBias);
 }
 
+// A model with sliding windows: each KV group's slots and page-table row at their stride, its pages one group after
+// the other, a page the window group let go pointing at the backend's own block.
+TEST(StepPacking, KvGroupsEachGetSlotsAnIndptrRowAndTheirPages) {
+  Model model = TinyModel();
+  model.config.num_layers = 3;
+  model.config.layer_window = {8, 0, 8};  // one global layer, two of window 8: 3 groups of one layer
+  const DeviceLayout layout = PlanDeviceLayout(model, StepLimits{4, 32, 4}, 2);
+  ASSERT_EQ(layout.kv_groups.num_groups(), 3);
+  ASSERT_EQ(layout.kv_groups.slots, 1);
+  EXPECT_EQ(layout.kv_bytes_per_block, 2 * layout.kv_block_bytes) << "a block holds one layer's K and V";
+  std::vector<char> arena(layout.input_arena_bytes, '\x7f');
+  const std::vector<int32_t> tokens(13, 1);
+  StepInput in = EmptyStepInput(4, 3);
+  AddSequence(&in, tokens, 12, 13,
+              std::vector<std::vector<int32_t>>{{0, 1, 2, 3}, {kNoBlock, 5, 6, 7}, {kNoBlock, 9, 10, 11}}, true);
+  AddSequence(&in, tokens, 0, 2, std::vector<std::vector<int32_t>>{{20}, {21}, {22}}, true);
+  in.sampling.resize(2);
+  const cuda::PackedStep packed = cuda::PackStepInputs(in, layout.inputs, model.config.vocab_size, 99, arena.data());
+  const InputRegions& ir = layout.inputs;
+  EXPECT_EQ(packed.head_bytes, ir.kv_indices.offset + 3 * 5 * 4) << "three groups of 5 pages";
+  const int32_t* slots = At<int32_t>(arena, ir.slots);
+  EXPECT_EQ(std::vector<int32_t>(slots, slots + 3), (std::vector<int32_t>{3 * 4, 20 * 4, 20 * 4 + 1}));
+  EXPECT_EQ(slots[32], 7 * 4) << "group 1's slots, a row of max_num_batched_tokens on";
+  EXPECT_EQ(slots[64 + 2], 22 * 4 + 1);
+  const int32_t* indptr = At<int32_t>(arena, ir.kv_indptr);
+  EXPECT_EQ(std::vector<int32_t>(indptr, indptr + 3), (std::vector<int32_t>{0, 4, 5}));
+  EXPECT_EQ(std::vector<int32_t>(indptr + 5, indptr + 8), (std::vector<int32_t>{5, 9, 10})) << "row 1: 5 pages on";
+  EXPECT_EQ(std::vector<int32_t>(indptr + 10, indptr + 13), (std::vector<int32_t>{10, 14, 15}));
+  const int32_t* pages = At<int32_t>(arena, ir.kv_indices);
+  EXPECT_EQ(std::vector<int32_t>(pages, pages + 15),
+            (std::vector<int32_t>{0, 1, 2, 3, 20, 99, 5, 6, 7, 21, 99, 9, 10, 11, 22}));
+}
+
 TEST(StepPacking, RowsWithoutPenaltiesOrBansAddNoEntries) {
   const Model model = TinyModel();
   const DeviceLayout layout = PlanDeviceLayout(model, StepLimits{4, 32, 4}, 2);
@@ -119,7 +153,8 @@ TEST(StepPacking, RowsWithoutPenaltiesOrBansAddNoEntries) {
   row.tokens = tokens;
   row.num_prompt_tokens = 3;
   in.sampling = {row};
-  const cuda::PackedStep packed = cuda::PackStepInputs(in, layout.inputs, model.config.vocab_size, arena.data());
+  const cuda::PackedStep packed =
+      cuda::PackStepInputs(in, layout.inputs, model.config.vocab_size, /*no_block=*/99, arena.data());
   EXPECT_EQ(packed.penalty_entries, 0);
   EXPECT_EQ(At<int32_t>(arena, layout.inputs.penalty_indptr)[1], 0);
 }
@@ -143,7 +178,8 @@ TEST(StepPacking, MasksNowAreReadyAndMasksLaterAreWaitedFor) {
     } else {
       in.sampling[1].allowed = mask;
     }
-    const cuda::PackedStep packed = cuda::PackStepInputs(in, layout.inputs, model.config.vocab_size, arena.data());
+    const cuda::PackedStep packed =
+        cuda::PackStepInputs(in, layout.inputs, model.config.vocab_size, /*no_block=*/99, arena.data());
     const auto* params = At<kernels::SamplingRowParams>(arena, layout.inputs.params);
     EXPECT_EQ(params[0].masked, 0) << later;
     EXPECT_EQ(params[1].masked, 1) << later;
