@@ -25,9 +25,18 @@ int64_t WeightBytes(const Model& model, int64_t e, bool fp8, const TensorParalle
   const double q = static_cast<double>(shard.q_heads.size()) / c.num_heads;
   const double kv = static_cast<double>(shard.kv_heads.size()) / c.num_kv_heads;
   const double cols = static_cast<double>(shard.intermediate.size()) / c.intermediate_size;
+  const double expert_cols =
+      c.has_experts() ? static_cast<double>(shard.expert_intermediate.size()) / c.moe_intermediate_size : 1.0;
   int64_t n = 0;
   for (const TensorDesc* d : AllTensors(t)) n += d->numel() * e;  // numel() is 0 for an absent tensor
   for (const LayerTensors& L : t.layers) {
+    // Each expert's intermediate columns split as the dense MLP's (the router whole on every rank); the experts
+    // stay in the compute dtype with fp8 (kernels/moe_products.h streams them as stored).
+    for (const LayerTensors::Expert& x : L.experts) {
+      for (const TensorDesc* d : {&x.gate, &x.up, &x.down}) {
+        n -= (d->numel() - static_cast<int64_t>(d->numel() * expert_cols)) * e;
+      }
+    }
     struct Part {
       const TensorDesc* d;
       double share;       // of its elements on this device
@@ -123,6 +132,20 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   a.attn_int_ws_window = act.Add(!c.has_windows() ? 0 : static_cast<int64_t>(kernels::kAttentionIntWorkspaceBytes));
   a.outputs = act.Add(l.output_arena_bytes);
   a.penalty_raw = act.Add(in.max_penalties * 4);
+  if (c.has_experts()) {
+    const int64_t E = c.num_experts, S = T * c.experts_per_token, Ie = shard.expert_intermediate.size();
+    a.moe_logits = act.Add(T * E * 4);
+    a.moe_ids = act.Add(S * 4);
+    a.moe_weights = act.Add(S * 4);
+    a.moe_counts = act.Add(E * 4);
+    a.moe_offsets = act.Add((E + 1) * 4);
+    a.moe_sorted = act.Add(S * 4);
+    a.moe_positions = act.Add(S * 4);
+    a.moe_x = act.Add(S * H * e);
+    a.moe_gate_up = act.Add(S * 2 * Ie * e);
+    a.moe_act = act.Add(S * Ie * e);
+    a.moe_y = act.Add(S * H * e);
+  }
   l.activation_arena_bytes = act.size();
   l.gemm_workspace_bytes = kGemmWorkspaceBytes;
 

@@ -50,6 +50,12 @@ struct ActivationRegions {
   Region attn_int_ws_window;
   Region outputs;      // the OutputRegions arena
   Region penalty_raw;  // [max penalty entries] fp32: raw logits of penalized ids
+  // A mixture of experts (0 bytes without): the router's logits [T, experts] fp32; MoeRoute's top k [T * k] ids
+  // and fp32 weights, its counts [experts] (zero between calls), offsets [experts + 1], slots in expert order and
+  // their places [T * k]; then the rows gathered in that order [T * k, hidden] e, their gate/up [T * k, 2 *
+  // expert intermediate] e, SiLU·mul [T * k, expert intermediate] e and outputs [T * k, hidden] e.
+  Region moe_logits, moe_ids, moe_weights, moe_counts, moe_offsets, moe_sorted, moe_positions;
+  Region moe_x, moe_gate_up, moe_act, moe_y;
 };
 
 // What a step samples, one arena copied back to pinned host memory.

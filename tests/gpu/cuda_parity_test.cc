@@ -234,6 +234,18 @@ std::vector<CudaCase> AllCases() {
           // 0.28; four H200s, 2026-11-26).
           {"qwen3-hd128", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.5, "auto", 0.75},
           {"gemma3-hd256", "-fp8a8", 16, 2048, "auto", true, 8, 1, "fp8", 0.5, 0.5, "auto", 0.75},
+          // Mixtures of experts (kernels/moe_routing.h, moe_products.h): Mixtral's layer and Qwen3-MoE's (128 experts,
+          // top 8, a dense layer among them); alone (decode rows one at a time), in a crowd, on small pages and
+          // budgets (prefill chunks of many rows per expert), in fp16.
+          {"mixtral-hd128", "", 16, 2048},
+          {"mixtral-hd128", "-bf16", 16, 2048},
+          {"mixtral-hd128", "-bf16", 3, 24},
+          {"mixtral-hd128", "", 16, 2048, "auto", true, 1},
+          {"mixtral-hd128", "", 16, 2048, "float16"},
+          {"qwen3-moe-hd128", "", 16, 2048},
+          {"qwen3-moe-hd128", "-bf16", 16, 2048},
+          {"qwen3-moe-hd128", "-bf16", 3, 24, "auto", true, 8, 4},
+          {"qwen3-moe-hd128", "", 16, 2048, "auto", true, 1},
           {"llama3-hd64", "-bf16", 1, 13},
           {"qwen2-hd128", "-bf16", 3, 24},
           {"mistral-hd128-g3", "", 16, 2048, "float16"},

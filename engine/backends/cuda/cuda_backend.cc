@@ -33,6 +33,7 @@
 #include "engine/status_macros.h"
 #include "engine/trace.h"
 #include "kernels/dependent_launch.h"
+#include "kernels/moe_routing.h"
 #include "kernels/paged_attention.h"
 #include "spdlog/spdlog.h"
 
@@ -237,6 +238,10 @@ absl::Status CudaBackend::Allocate(Rank& r) {
     INFERD_CUDA(cudaEventCreateWithFlags(&masks_copied_, cudaEventDisableTiming));
   }
   INFERD_RETURN_IF_ERROR(r.activations.Allocate(layout_.activation_arena_bytes));
+  if (layout_.activations.moe_counts.bytes > 0) {  // MoeRoute's counts: zero before its first call (it leaves them so)
+    INFERD_CUDA(cudaMemset(r.activations.get<char>() + layout_.activations.moe_counts.offset, 0,
+                           layout_.activations.moe_counts.bytes));
+  }
   INFERD_RETURN_IF_ERROR(r.attn_int_ws_host.Allocate(layout_.activations.attn_int_ws.bytes));
   if (layout_.activations.attn_int_ws_window.bytes > 0) {
     INFERD_RETURN_IF_ERROR(r.attn_int_ws_window_host.Allocate(layout_.activations.attn_int_ws_window.bytes));
@@ -751,10 +756,13 @@ std::string CudaUnsupportedReason(const ModelConfig& config) {
                         " (run padded to ", run_head_dim,
                         ") are not run by the cuda backend; engine.backend: cpu runs them");
   }
-  if (config.has_experts()) {
+  if (config.has_experts() && (config.num_experts > k::kMoeMaxExperts || config.experts_per_token > k::kMoeMaxTopK ||
+                               config.hidden_size % 8 != 0 || config.moe_intermediate_size % 8 != 0)) {
     return absl::StrCat(config.architecture, "'s mixture of experts (", config.num_experts, " experts, ",
-                        config.experts_per_token,
-                        " a token) is not run by the cuda backend yet; engine.backend: cpu runs it");
+                        config.experts_per_token, " a token, hidden ", config.hidden_size, ", expert width ",
+                        config.moe_intermediate_size, ") is not run by the cuda backend; it runs up to ",
+                        k::kMoeMaxExperts, " experts, ", k::kMoeMaxTopK,
+                        " a token, widths that are multiples of 8; engine.backend: cpu runs it");
   }
   if (config.attn_logit_softcap > 0 || config.final_logit_softcap > 0) {
     return absl::StrCat(config.architecture, "'s soft caps (attn_logit_softcapping ", config.attn_logit_softcap,
@@ -824,6 +832,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& given, c
         "engine.quantization = 'fp8' needs the products' inner dimensions to be multiples of 16 (fp8 tensor "
         "cores); this model has hidden_size ",
         c.hidden_size, ", intermediate_size ", c.intermediate_size, ", heads x head_dim ", c.q_width()));
+  }
+  if (fp8 && c.has_experts()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("engine.quantization = 'fp8' is not run with a mixture of experts on cuda yet (", c.architecture,
+                     "'s experts stream as stored); allowed for it: none"));
   }
   const bool fp8_kv = engine.kv_cache_dtype == "fp8_e4m3";
   if (fp8_kv && fp16) {

@@ -217,7 +217,7 @@ struct Part {
 
 // Allocates dst for the parts stacked row-wise and cuts them into pieces of at most one staging buffer. With
 // scale, dst holds fp8 rows and scale one fp32 per row.
-absl::Status Stack(std::initializer_list<Part> parts, DeviceBuffer* dst, int64_t* bytes, std::vector<Piece>* pieces,
+absl::Status Stack(const std::vector<Part>& parts, DeviceBuffer* dst, int64_t* bytes, std::vector<Piece>* pieces,
                    DeviceBuffer* scale = nullptr) {
   const int64_t e = scale ? 1 : 2;  // bytes per element on the device
   int64_t numel = 0, rows = 0;
@@ -248,7 +248,7 @@ absl::Status Stack(std::initializer_list<Part> parts, DeviceBuffer* dst, int64_t
   return absl::OkStatus();
 }
 
-absl::Status StackLinear(std::initializer_list<Part> parts, bool fp8, LinearWeight* dst, int64_t* bytes,
+absl::Status StackLinear(const std::vector<Part>& parts, bool fp8, LinearWeight* dst, int64_t* bytes,
                          std::vector<Piece>* pieces) {
   return Stack(parts, &dst->data, bytes, pieces, fp8 ? &dst->scale : nullptr);
 }
@@ -295,9 +295,23 @@ absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& t, cudaDataType_t 
     }
     INFERD_RETURN_IF_ERROR(StackLinear({{&L.o_proj, all_hidden, q}}, fp8, &l.o, b, &pieces));
     INFERD_RETURN_IF_ERROR(Stack({&L.post_norm}, &l.post_norm, b, &pieces));
-    INFERD_RETURN_IF_ERROR(
-        StackLinear({{&L.gate_proj, mlp, all_hidden}, {&L.up_proj, mlp, all_hidden}}, fp8, &l.gate_up, b, &pieces));
-    INFERD_RETURN_IF_ERROR(StackLinear({{&L.down_proj, all_hidden, mlp}}, fp8, &l.down, b, &pieces));
+    if (L.gate_proj.present()) {
+      INFERD_RETURN_IF_ERROR(
+          StackLinear({{&L.gate_proj, mlp, all_hidden}, {&L.up_proj, mlp, all_hidden}}, fp8, &l.gate_up, b, &pieces));
+      INFERD_RETURN_IF_ERROR(StackLinear({{&L.down_proj, all_hidden, mlp}}, fp8, &l.down, b, &pieces));
+    }
+    if (L.router.present()) {  // the router whole on every rank; each expert's intermediate columns split
+      INFERD_RETURN_IF_ERROR(StackLinear({&L.router}, /*fp8=*/false, &l.router, b, &pieces));
+      const IndexRange& cols = shard.expert_intermediate;
+      std::vector<Part> gate_up, down;
+      for (const LayerTensors::Expert& e : L.experts) {
+        gate_up.push_back({&e.gate, cols, all_hidden});
+        gate_up.push_back({&e.up, cols, all_hidden});
+        down.push_back({&e.down, all_hidden, cols});
+      }
+      INFERD_RETURN_IF_ERROR(Stack(gate_up, &l.experts_gate_up, b, &pieces));
+      INFERD_RETURN_IF_ERROR(Stack(down, &l.experts_down, b, &pieces));
+    }
     l.k_cache_scale = L.k_cache_scale;
     l.v_cache_scale = L.v_cache_scale;
   }

@@ -17,6 +17,8 @@
 #include "kernels/elementwise.h"
 #include "kernels/fp8.h"
 #include "kernels/gemv.h"
+#include "kernels/moe_products.h"
+#include "kernels/moe_routing.h"
 #include "kernels/sampling.h"
 #include "spdlog/spdlog.h"
 
@@ -31,6 +33,7 @@ ModelConfig ShardConfig(const ModelConfig& model, const TensorParallelShard& sha
   c.num_heads = static_cast<int32_t>(shard.q_heads.size());
   c.num_kv_heads = static_cast<int32_t>(shard.kv_heads.size());
   c.intermediate_size = static_cast<int32_t>(shard.intermediate.size());
+  c.moe_intermediate_size = static_cast<int32_t>(shard.expert_intermediate.size());
   return c;
 }
 
@@ -101,7 +104,6 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   if (fp8_kv && !std::is_same_v<T, __nv_bfloat16>) return absl::InternalError("an fp8 KV cache needs bf16 activations");
   // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product (bf16/fp16
   // weights, a cache of the same dtype, the plain rotary embedding right after the product).
-  const std::vector<LayerOp>& program = cfg.arch->layer;
   const bool fused_qkv_rope = !w.fp8 && !fp8_kv && plain_rope && !cfg.arch->qk_norm() && !cfg.has_windows() &&
                               Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
                               k::GemvSupports(xn, w.layers[0].qkv.data.get(), Tn, H);
@@ -125,6 +127,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     TraceRange range("layer");
     const CudaLayerWeights& L = w.layers[layer];
     const int32_t window = cfg.window(layer);
+    const std::vector<LayerOp>& program = cfg.program(layer);  // a dense or a sparse layer's
     for (size_t i = 0; i < program.size(); ++i) {
       switch (program[i]) {
         case LayerOp::kInputNorm:
@@ -236,8 +239,34 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           }
           break;
         }
-        case LayerOp::kMoe:  // refused before a model loads (CudaUnsupportedReason)
-          return absl::InternalError("a mixture of experts on the cuda backend");
+        case LayerOp::kMoe: {
+          // The router's logits, each row's top k and the rows grouped by expert (on the device: a decode graph
+          // holds any routing), each expert's run times its gate/up, SiLU·mul, times its down, and each row's k
+          // outputs weighted back in k order (kernels/moe_routing.h, moe_products.h). bf16/fp16 weights only.
+          TraceRange experts("experts");
+          const int32_t E = cfg.num_experts, K = cfg.experts_per_token;
+          const int64_t S = Tn * K, Ie = cfg.moe_intermediate_size;
+          float* logits = b.act<float>(a.moe_logits);
+          int32_t* offsets = b.act<int32_t>(a.moe_offsets);
+          int32_t* sorted = b.act<int32_t>(a.moe_sorted);
+          int32_t* positions = b.act<int32_t>(a.moe_positions);
+          float* weights = b.act<float>(a.moe_weights);
+          T* rows = b.act<T>(a.moe_x);
+          T* expert_gate_up = b.act<T>(a.moe_gate_up);
+          T* expert_act = b.act<T>(a.moe_act);
+          T* expert_out = b.act<T>(a.moe_y);
+          INFERD_RETURN_IF_ERROR(
+              gemm.Run(Operand(xn), L.router.operand(), logits, Tn, E, H, nullptr, /*out_fp32=*/true, s));
+          INFERD_KERNEL(k::MoeRoute(logits, Tn, E, K, cfg.normalize_top_k, b.act<int32_t>(a.moe_ids), weights,
+                                    b.act<int32_t>(a.moe_counts), offsets, sorted, positions, s));
+          INFERD_KERNEL(k::MoeGather(xn, sorted, S, K, H, rows, s));
+          INFERD_KERNEL(k::MoeExpertGemv(rows, L.experts_gate_up.get<T>(), offsets, E, expert_gate_up, 2 * Ie, H, s));
+          INFERD_KERNEL(k::ActivateMul(expert_gate_up, expert_act, S, Ie, k::GatedActivation::kSilu, s));
+          INFERD_KERNEL(k::MoeExpertGemv(expert_act, L.experts_down.get<T>(), offsets, E, expert_out, H, Ie, s));
+          INFERD_KERNEL(k::MoeCombine(expert_out, positions, weights, Tn, K, H, tmp, s));
+          delta = tmp;
+          break;
+        }
       }
     }
   }
@@ -328,13 +357,15 @@ absl::Status TuneProducts(const ModelConfig& cfg, const CudaWeights& w, Gemm& ge
     products[0].weights.push_back(L.qkv.operand());
     products[0].bias = L.qkv_bias.bytes() ? L.qkv_bias.get() : nullptr;
     products[1].weights.push_back(L.o.operand());
-    products[2].weights.push_back(L.gate_up.operand());
-    products[3].weights.push_back(L.down.operand());
+    if (L.gate_up.data.bytes() > 0) {  // a dense layer's MLP (a sparse layer's experts stream their weights)
+      products[2].weights.push_back(L.gate_up.operand());
+      products[3].weights.push_back(L.down.operand());
+    }
   }
   std::vector<std::string> gains;
   for (int32_t m : rows) {
     for (const Product& p : products) {
-      if (m <= gemm.streaming_rows(p.weights[0].fp8()) || p.n == 0) continue;  // the streaming kernel's
+      if (p.weights.empty() || m <= gemm.streaming_rows(p.weights[0].fp8()) || p.n == 0) continue;
       INFERD_ASSIGN_OR_RETURN(const double gain,
                               gemm.Tune(p.x, p.weights, p.y, m, p.n, p.k, p.bias, p.out_fp32, stream, p.ldy));
       if (gain > 1.02) gains.push_back(absl::StrFormat("%s at %d rows %.2fx", p.name, m, gain));

@@ -6,9 +6,10 @@
 
 namespace inferd {
 
-std::string LayerWalkProblem(const Architecture& arch) {
+namespace {
+
+std::string ProgramProblem(const std::vector<LayerOp>& p) {
   using enum LayerOp;
-  const std::vector<LayerOp>& p = arch.layer;
   if (p.empty() || p.front() != kInputNorm || p.back() != kResidual) {
     return "the cuda backend runs layers that begin with the input norm and end with a residual add";
   }
@@ -25,9 +26,16 @@ std::string LayerWalkProblem(const Architecture& arch) {
       return "the rotary embedding not right before the K/V write (one kernel on cuda)";
     }
     if (p[i] == kQkNorm && next != kRope) return "the per-head q/k norms not right before the rotary embedding";
-    if (p[i] == kMoe) return "a mixture of experts (not yet on cuda)";
   }
   return "";
+}
+
+}  // namespace
+
+std::string LayerWalkProblem(const Architecture& arch) {
+  std::string why = ProgramProblem(arch.layer);
+  if (why.empty() && !arch.dense_layer.empty()) why = ProgramProblem(arch.dense_layer);
+  return why;
 }
 
 }  // namespace inferd

@@ -11,14 +11,18 @@ using enum LayerOp;
 
 TEST(LayerWalk, EveryFamilysLayerIsWalked) {
   for (const Architecture* arch :
-       {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Gemma3Architecture(), &Phi3Architecture()}) {
+       {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Gemma3Architecture(), &Phi3Architecture(),
+        &MixtralArchitecture(), &Qwen3MoeArchitecture()}) {
     EXPECT_EQ(LayerWalkProblem(*arch), "") << arch->name;
   }
-  // Qwen3-MoE's dense layers are walked; a mixture of experts is not yet.
-  EXPECT_EQ(LayerWalkProblem(Architecture{.layer = Qwen3MoeArchitecture().dense_layer}), "");
-  for (const Architecture* arch : {&MixtralArchitecture(), &Qwen3MoeArchitecture()}) {
-    EXPECT_NE(LayerWalkProblem(*arch).find("mixture of experts"), std::string::npos) << LayerWalkProblem(*arch);
-  }
+}
+
+// A family's dense layers (a mixture's layers without experts) are checked as its sparse ones are.
+TEST(LayerWalk, ADenseLayerProgramIsCheckedToo) {
+  Architecture arch = Qwen3MoeArchitecture();
+  arch.dense_layer = {kInputNorm, kQkvProj,    kRope,    kWriteKv,  kAttention, kOutProj,
+                      kResidual,  kGateUpProj, kSiluMul, kDownProj, kResidual};
+  EXPECT_NE(LayerWalkProblem(arch).find("'gate_up_proj'"), std::string::npos) << LayerWalkProblem(arch);
 }
 
 TEST(LayerWalk, ProgramsThatBreakItsFusionsAreRefusedNamingTheOp) {
