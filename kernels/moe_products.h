@@ -20,4 +20,14 @@ template <typename T>
 cudaError_t MoeExpertGemv(const T* x, const T* w, const int32_t* offsets, int32_t experts, T* y, int64_t n, int64_t k,
                           cudaStream_t stream);
 
+// The same products for steps of many rows (prefill): a block takes a tile of 64 rows of one expert's run against
+// 128 of its weights' rows on the tensor cores, so each expert's weights are read once per tile of its rows, not
+// once per 8. Which expert and tile a block takes is found on the device from the offsets (the grid covers
+// max_slots rows plus a partial tile per expert). Same layouts; fp32 accumulation, Y rounded once to T; k a
+// multiple of 32 (MoeExpertGemmSupports).
+bool MoeExpertGemmSupports(const void* x, const void* w, int64_t n, int64_t k);
+template <typename T>
+cudaError_t MoeExpertGemm(const T* x, const T* w, const int32_t* offsets, int32_t experts, int64_t max_slots, T* y,
+                          int64_t n, int64_t k, cudaStream_t stream);
+
 }  // namespace inferd::kernels

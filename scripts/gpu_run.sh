@@ -36,7 +36,8 @@
 #   dummy), bf16 and fp8, decode at 1, 64 and 128 rows and prefill (the model layer's per-head norms at full size);
 #   Phi-3.5-mini's shape (heads of 96, run padded to 128; FAMILIES_PHI3=0 leaves it out); then Gemma 3 4B's shape
 #   decoding at 32k context with its sliding windows and with every layer global; and `inferd plan` against the
-#   Phi-3, Qwen3 and Gemma runs' real plans. FAMILIES_SECTIONS, FAMILIES_QUANTIZATIONS, FAMILIES_GEMMA and
+#   Phi-3, Qwen3 and Gemma runs' real plans; Qwen3-30B-A3B's shape (a mixture of experts; FAMILIES_MOE=0 leaves
+#   it out, FAMILIES_MOE_SECTIONS narrows it). FAMILIES_SECTIONS, FAMILIES_QUANTIZATIONS, FAMILIES_GEMMA and
 #   FAMILIES_GEMMA_SECTIONS narrow it (e.g. latency, none, windows, latency: the plans alone).
 # frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
 #   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
@@ -378,6 +379,16 @@ if [[ "$what" == families ]]; then
       grep -v "^\[20" "$OUT/families_phi3_$q.txt" | grep -E "decode|latency|prefill|ceiling|padded" | head -n 12
     done
     compare_plan "model: {path: /tmp/phi3-mini-config, load_format: dummy}" "$OUT/families_phi3_none.json" phi3_mini
+  fi
+  # Qwen3-30B-A3B's shape: a mixture of 128 experts, 8 a token (FAMILIES_MOE=0 leaves it out).
+  if [[ ${FAMILIES_MOE:-1} == 1 ]]; then
+    python3 tools/make_llama3_8b_random.py /tmp/qwen3-30b-a3b-config --config-only --qwen3-30b-a3b >/dev/null || status=1
+    "$BUNDLE/bin/inferd-bench" --model /tmp/qwen3-30b-a3b-config --load-format dummy \
+      --sections "${FAMILIES_MOE_SECTIONS:-latency,prefill,decode}" --batches 1,64,128 \
+      --json "$OUT/families_qwen3_moe.json" > "$OUT/families_qwen3_moe.txt" 2>&1 || status=1
+    echo "-- qwen3-30b-a3b shape (128 experts, 8 a token)"
+    grep -v "^\[20" "$OUT/families_qwen3_moe.txt" | grep -E "decode|latency|prefill|ceiling" | head -n 12
+    compare_plan "model: {path: /tmp/qwen3-30b-a3b-config, load_format: dummy}" "$OUT/families_qwen3_moe.json" qwen3_moe
   fi
   echo "-- inferd plan against the real plans of the Qwen3 and Gemma 3 runs"
   compare_plan "model: {path: /tmp/qwen3-8b-config, load_format: dummy}" "$OUT/families_qwen3_none.json" qwen3_8b

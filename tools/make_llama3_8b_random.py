@@ -4,7 +4,7 @@ intermediate 14336, vocab 128256, llama3 rope) in Hugging Face layout, for bench
 16 GB cannot travel. Weights are drawn on the GPU with torch and written as 4 safetensors shards.
 
     python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-random [--config-only | --sparse]
-        [--70b | --qwen3-8b | --gemma3-4b [--full-attention] | --phi3-mini]
+        [--70b | --qwen3-8b | --gemma3-4b [--full-attention] | --phi3-mini | --qwen3-30b-a3b]
 
 --config-only writes config.json alone (enough for `inferd-bench --sections products`); --sparse writes one
 model.safetensors whose header lists every tensor and whose data is a sparse file of zeros (instant, no disk
@@ -16,7 +16,9 @@ per-head q/k norms), for benchmarks from weights made on the GPU (model.load_for
 vocabulary 262,208, five 1024-token sliding-window layers to one global), or with --full-attention the same with
 every layer global. --phi3-mini (with --config-only): Phi-3.5-mini's shape (hidden 3072, 32 layers, 32 heads and
 32 KV heads of 96, intermediate 8192, vocabulary 32,064, LongRoPE from 4,096 of 131,072 positions), whose heads the
-cuda backend runs padded to 128.
+cuda backend runs padded to 128. --qwen3-30b-a3b (with --config-only): Qwen3-30B-A3B's shape (hidden 2048, 48
+layers, 32 heads and 4 KV heads of 128, every layer a mixture of 128 experts of width 768, 8 a token, renormalised;
+vocabulary 151,936).
 """
 import json
 import os
@@ -26,7 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_test_models import LLAMA3_PATTERN, byte_level  # noqa: E402
 
 QWEN3, GEMMA3, PHI3 = "--qwen3-8b" in sys.argv, "--gemma3-4b" in sys.argv, "--phi3-mini" in sys.argv
+MOE = "--qwen3-30b-a3b" in sys.argv
 H, I, L, NH, NKV, V, D = (8192, 28672, 80, 64, 8, 128256, 128) if "--70b" in sys.argv else \
+    (2048, 6144, 48, 32, 4, 151936, 128) if MOE else \
     (4096, 12288, 36, 32, 8, 151936, 128) if QWEN3 else (2560, 10240, 34, 8, 4, 262208, 256) if GEMMA3 else \
     (3072, 8192, 32, 32, 32, 32064, 96) if PHI3 else (4096, 14336, 32, 32, 8, 128256, 128)
 
@@ -48,6 +52,12 @@ def main():
         del cfg["rope_scaling"]
         cfg.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=D, rope_theta=1e6,
                    rms_norm_eps=1e-6, max_position_embeddings=40960, attention_bias=False)
+    if MOE:
+        del cfg["rope_scaling"]
+        cfg.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=D, rope_theta=1e6,
+                   rms_norm_eps=1e-6, max_position_embeddings=40960, attention_bias=False, num_experts=128,
+                   num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1,
+                   mlp_only_layers=[])
     if GEMMA3:
         del cfg["rope_scaling"], cfg["hidden_act"]
         full = "--full-attention" in sys.argv

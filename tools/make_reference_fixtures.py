@@ -207,11 +207,14 @@ def main():
                        f"{f' --fp8-activation-shards {args.fp8_activation_shards}' if args.fp8_activation_shards > 1 else ''} "
                        f"{args.models_dir} {args.out_dir}")
         prompts, cut = PROMPTS, None
-        if name.endswith("-sharp"):
+        # The large-activation models and the mixtures of experts (whose bf16 runs may route a row to another
+        # expert) get long prompts too, and bf16 references along fp32's tokens (the parity suite's SharpParity).
+        forced_kind = name.endswith("-sharp") or "-moe" in name or name.startswith("mixtral")
+        if forced_kind:
             prompts = PROMPTS + [long_prompt_text(n) for n in LONG_PROMPT_TOKENS]
             cut = [None] * len(PROMPTS) + LONG_PROMPT_TOKENS
         forced_on = None
-        if name.endswith("-sharp") and args.forced_on_fp32:
+        if forced_kind and args.forced_on_fp32:
             with open(os.path.join(args.out_dir, f"{name}.json")) as f:
                 forced_on = json.load(f)
             command += " --forced-on-fp32"

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -22,8 +23,9 @@ using testing::HaveGpu;
 using testing::ToFloatHost;
 namespace k = kernels;
 
+// gemm: kernels::MoeExpertGemm (the tensor cores' tiles for long runs), else MoeExpertGemv.
 template <typename T>
-void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim) {
+void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim, bool gemm = false) {
   const int32_t experts = static_cast<int32_t>(counts.size());
   std::vector<int32_t> offsets(experts + 1, 0);
   std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
@@ -41,8 +43,12 @@ void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim) {
   cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(doff, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice);
-  ASSERT_EQ(k::MoeExpertGemv<T>(static_cast<const T*>(dx), static_cast<const T*>(dw), static_cast<const int32_t*>(doff),
-                                experts, static_cast<T*>(dy), n, kdim, nullptr),
+  const auto* xs = static_cast<const T*>(dx);
+  const auto* ws = static_cast<const T*>(dw);
+  const auto* offs = static_cast<const int32_t*>(doff);
+  ASSERT_EQ(gemm ? k::MoeExpertGemm<T>(xs, ws, offs, experts, std::max<int64_t>(slots, 1), static_cast<T*>(dy), n, kdim,
+                                       nullptr)
+                 : k::MoeExpertGemv<T>(xs, ws, offs, experts, static_cast<T*>(dy), n, kdim, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<T> y(slots * n);
@@ -67,7 +73,7 @@ void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim) {
       }
     }
   }
-  EXPECT_EQ(wrong, 0) << slots << " slots, n " << n << ", k " << kdim << ": " << first;
+  EXPECT_EQ(wrong, 0) << (gemm ? "gemm " : "gemv ") << slots << " slots, n " << n << ", k " << kdim << ": " << first;
   for (void* p : {dx, dw, dy, doff}) cudaFree(p);
 }
 
@@ -81,6 +87,21 @@ TEST(MoeExpertGemv, EachExpertsRunTimesItsOwnWeights) {
   }
   Check<__nv_bfloat16>({2}, 64, 64);                           // one expert
   Check<__nv_bfloat16>(std::vector<int32_t>(128, 0), 64, 64);  // no slots at all: nothing read or written
+}
+
+// A prefill's long runs through the tensor cores' tiles: runs of 0, 1, a tile (64), a tile and a row, more than two
+// tiles; widths no tile divides (37, 200) and k of one step (32) to many.
+TEST(MoeExpertGemm, EachExpertsLongRunTimesItsOwnWeights) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  const std::vector<int32_t> counts = {0, 1, 64, 65, 0, 130, 7, 200};
+  for (auto [n, kdim] : {std::pair<int64_t, int64_t>{96, 64}, {37, 544}, {512, 1024}, {200, 32}}) {
+    Check<__nv_bfloat16>(counts, n, kdim, true);
+    Check<__half>(counts, n, kdim, true);
+  }
+  Check<__nv_bfloat16>(std::vector<int32_t>(128, 0), 64, 64, true);  // no slots: every block returns
+  alignas(16) static __nv_bfloat16 host[64];
+  EXPECT_EQ(k::MoeExpertGemm<__nv_bfloat16>(host, host, nullptr, 2, 8, nullptr, 8, 48, nullptr), cudaErrorInvalidValue)
+      << "k not a multiple of 32";
 }
 
 TEST(MoeExpertGemv, ShapesItCannotTakeAreRefused) {

@@ -260,9 +260,16 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           INFERD_KERNEL(k::MoeRoute(logits, Tn, E, K, cfg.normalize_top_k, b.act<int32_t>(a.moe_ids), weights,
                                     b.act<int32_t>(a.moe_counts), offsets, sorted, positions, s));
           INFERD_KERNEL(k::MoeGather(xn, sorted, S, K, H, rows, s));
-          INFERD_KERNEL(k::MoeExpertGemv(rows, L.experts_gate_up.get<T>(), offsets, E, expert_gate_up, 2 * Ie, H, s));
+          // Runs of a few rows (decode) stream each chosen expert's weights; longer ones (more than one streaming
+          // pass of 8 rows an expert on average) go through the tensor cores' tiles.
+          const auto products = [&](const T* in, const T* weights, T* out, int64_t n, int64_t kdim) {
+            return S > 8 * int64_t{E} && k::MoeExpertGemmSupports(in, weights, n, kdim)
+                       ? k::MoeExpertGemm(in, weights, offsets, E, S, out, n, kdim, s)
+                       : k::MoeExpertGemv(in, weights, offsets, E, out, n, kdim, s);
+          };
+          INFERD_KERNEL(products(rows, L.experts_gate_up.get<T>(), expert_gate_up, 2 * Ie, H));
           INFERD_KERNEL(k::ActivateMul(expert_gate_up, expert_act, S, Ie, k::GatedActivation::kSilu, s));
-          INFERD_KERNEL(k::MoeExpertGemv(expert_act, L.experts_down.get<T>(), offsets, E, expert_out, H, Ie, s));
+          INFERD_KERNEL(products(expert_act, L.experts_down.get<T>(), expert_out, H, Ie));
           INFERD_KERNEL(k::MoeCombine(expert_out, positions, weights, Tn, K, H, tmp, s));
           delta = tmp;
           break;
