@@ -295,12 +295,13 @@ def gpu_models(out_dir):
 def moe_gpu_models(out_dir):
     """Mixtures of experts at head dims the cuda backend serves: Mixtral's layer (every layer sparse, 8 experts, top
     2 renormalised) and Qwen3-MoE's like Qwen3-30B-A3B's (128 experts, top 8 renormalised, q/k norms, Qwen3-8B's
-    grouping), with a dense layer among them (mlp_only_layers); enough experts that a step leaves some unchosen."""
+    grouping), with a dense layer among them (mlp_only_layers); enough experts that a step leaves some unchosen, and
+    contexts for the long prompts their references take."""
     tok = sentencepiece_like(metaspace=False, vocab_size=700)
     cfg = base_config("MixtralForCausalLM", "mixtral", 704, hidden_size=512, intermediate_size=256,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=128, rope_theta=1e6,
                       num_local_experts=8, num_experts_per_tok=2, sliding_window=None, router_jitter_noise=0.0,
-                      bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+                      bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16", max_position_embeddings=4096)
     write_model(out_dir, "mixtral-hd128", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
                 "BF16", seed=18, scale=0.3)
     tok = byte_level(QWEN2_PATTERN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], nfc=True, template_bos=None,
@@ -311,7 +312,8 @@ def moe_gpu_models(out_dir):
                       rope_theta=1e6, tie_word_embeddings=True, eos_token_id=eos, bos_token_id=eos,
                       torch_dtype="bfloat16", attention_bias=False, use_sliding_window=False, sliding_window=None,
                       num_experts=128, num_experts_per_tok=8, moe_intermediate_size=64, norm_topk_prob=True,
-                      decoder_sparse_step=1, mlp_only_layers=[1], router_aux_loss_coef=0.0)
+                      decoder_sparse_step=1, mlp_only_layers=[1], router_aux_loss_coef=0.0,
+                      max_position_embeddings=4096)
     write_model(out_dir, "qwen3-moe-hd128", cfg, tok, {"eos_token": "<|endoftext|>"}, "BF16", seed=19, scale=0.3,
                 embed_std=0.3)  # tied: wider embeddings, wider logit margins
 
