@@ -248,6 +248,15 @@ absl::StatusOr<RequestHandle> Engine::Submit(Request request) {
         "the waiting queue is full (scheduler.max_queue = ", config_.scheduler.max_queue, "); retry later"));
   }
   const int64_t prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  // A sequence never outgrows max_model_len, what the backend sized its page tables and the pool for: a prompt
+  // that reaches it is refused, and a request ends there (FinishReason::kLength) whatever its max_tokens. The front
+  // ends refuse both first, naming the field (server/request_builder.cc); this holds for any other caller.
+  if (prompt_tokens >= max_model_len_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt has ", prompt_tokens, " tokens; allowed: fewer than max_model_len = ", max_model_len_));
+  }
+  request.stopping.max_tokens =
+      static_cast<int32_t>(std::min<int64_t>(request.stopping.max_tokens, max_model_len_ - prompt_tokens));
   if (not_started_tokens_ + prompt_tokens > config_.scheduler.max_queued_tokens) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the waiting queue holds ", not_started_tokens_, " prompt tokens; this request's ", prompt_tokens,

@@ -99,7 +99,8 @@ class Engine {
 
   // Queues a request; fails with RESOURCE_EXHAUSTED when scheduler.max_queue requests are already accepted
   // and not yet started (exactly, at every instant), UNAVAILABLE while draining, ALREADY_EXISTS when its id
-  // is in use. Outputs go to request.sink.
+  // is in use, INVALID_ARGUMENT when its prompt reaches max_model_len. It ends with kLength at max_model_len
+  // tokens whatever its max_tokens. Outputs go to request.sink.
   absl::StatusOr<RequestHandle> Submit(Request request);
   // Aborts the waiting or running request with this id at the next step boundary (the public Abort RPC, for
   // ids the caller chose); false if no such request is live.

@@ -249,6 +249,23 @@ TEST_P(EngineWithFakeBackend, ALateCancelOfAFinishedRequestNeverTouchesANewOneWi
   EXPECT_EQ(engine_->Stats().free_blocks, 64);
 }
 
+// Whoever submits, a sequence never outgrows max_model_len (256 here: 64 blocks of 4): a prompt that reaches it is
+// refused naming it, and a request asking for more tokens than fit ends with kLength at max_model_len.
+TEST_P(EngineWithFakeBackend, ASequenceNeverOutgrowsMaxModelLen) {
+  ASSERT_EQ(engine_->max_model_len(), 256);
+  Request r;
+  r.id = "long";
+  r.prompt.assign(256, 7);
+  r.sink = std::make_shared<CollectingSink>();
+  const auto refused = engine_->Submit(std::move(r));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("max_model_len = 256"), std::string::npos) << refused.status();
+  auto sink = Submit("grows", 1000);
+  sink->Wait();
+  EXPECT_EQ(sink->finish, FinishReason::kLength);
+  EXPECT_EQ(sink->tokens.size(), 256u - 6) << "the 6-token prompt and its output fill max_model_len exactly";
+}
+
 TEST_P(EngineWithFakeBackend, TheQueueBoundHoldsExactly) {
   Start(/*max_num_seqs=*/1, /*max_queue=*/2);
   control_.step_ms = 5;
