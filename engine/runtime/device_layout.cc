@@ -86,9 +86,11 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   in.positions = inputs.Add(T * 4);
   l.kv_groups = KvGroupsOf(c);
   const int64_t G = l.kv_groups.num_groups();
-  in.slots = inputs.Add(G * T * 4);
+  in.slots_stride = T;
+  in.indptr_stride = R + 1;
+  in.slots = inputs.Add(G * in.slots_stride * 4);
   in.qo_indptr = inputs.Add((R + 1) * 4);
-  in.kv_indptr = inputs.Add(G * (R + 1) * 4);
+  in.kv_indptr = inputs.Add(G * in.indptr_stride * 4);
   in.kv_last_page_len = inputs.Add(R * 4);
   in.logits_indices = inputs.Add(L * 4);
   in.params = inputs.Add(L * int64_t{sizeof(kernels::SamplingRowParams)});

@@ -82,13 +82,15 @@ struct InputRegions {
   // [1] uint32: 1 once the masks of the rows that have one are on the device; 0 while the host still fills those
   // of a step planned ahead (SamplingRow::allowed_later), which its sampling waits for.
   Region masks_ready;
-  Region kv_indices;          // [KV groups * max_pages] int32 block ids
-  Region penalty_tokens;      // [max_penalties] int32
-  Region penalty_counts;      // [max_penalties] int32: times in the output
-  Region penalty_bias;        // [max_penalties] fp32: logit bias, where the flags say kPenaltyBias
-  Region penalty_flags;       // [max_penalties] uint8 kernels::kPenalty*
-  Region allowed;             // [R, mask_words] uint32: structured output's masks of the sampled rows
-  int64_t mask_words = 0;     // ⌈vocab / 32⌉
+  Region kv_indices;       // [KV groups * max_pages] int32 block ids
+  Region penalty_tokens;   // [max_penalties] int32
+  Region penalty_counts;   // [max_penalties] int32: times in the output
+  Region penalty_bias;     // [max_penalties] fp32: logit bias, where the flags say kPenaltyBias
+  Region penalty_flags;    // [max_penalties] uint8 kernels::kPenalty*
+  Region allowed;          // [R, mask_words] uint32: structured output's masks of the sampled rows
+  int64_t mask_words = 0;  // ⌈vocab / 32⌉
+  // Elements from one KV group's row to the next: of slots (T) and of kv_indptr (R + 1).
+  int64_t slots_stride = 0, indptr_stride = 0;
   int64_t max_pages = 0;      // every sequence at the model's longest context (at most 2^22)
   int64_t max_penalties = 0;  // every sequence's distinct ids: context, stop, eos and biased ids
 };

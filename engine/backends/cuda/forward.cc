@@ -249,7 +249,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           float* logits = b.act<float>(a.moe_logits);
           int32_t* offsets = b.act<int32_t>(a.moe_offsets);
           int32_t* sorted = b.act<int32_t>(a.moe_sorted);
-          int32_t* positions = b.act<int32_t>(a.moe_positions);
+          int32_t* slot_positions = b.act<int32_t>(a.moe_positions);
           float* weights = b.act<float>(a.moe_weights);
           T* rows = b.act<T>(a.moe_x);
           T* expert_gate_up = b.act<T>(a.moe_gate_up);
@@ -258,7 +258,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           INFERD_RETURN_IF_ERROR(
               gemm.Run(Operand(xn), L.router.operand(), logits, Tn, E, H, nullptr, /*out_fp32=*/true, s));
           INFERD_KERNEL(k::MoeRoute(logits, Tn, E, K, cfg.normalize_top_k, b.act<int32_t>(a.moe_ids), weights,
-                                    b.act<int32_t>(a.moe_counts), offsets, sorted, positions, s));
+                                    b.act<int32_t>(a.moe_counts), offsets, sorted, slot_positions, s));
           INFERD_KERNEL(k::MoeGather(xn, sorted, S, K, H, rows, s));
           // Runs of a few rows (decode) stream each chosen expert's weights; longer ones (more than one streaming
           // pass of 8 rows an expert on average) go through the tensor cores' tiles.
@@ -270,7 +270,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           INFERD_KERNEL(products(rows, L.experts_gate_up.get<T>(), expert_gate_up, 2 * Ie, H));
           INFERD_KERNEL(k::ActivateMul(expert_gate_up, expert_act, S, Ie, k::GatedActivation::kSilu, s));
           INFERD_KERNEL(products(expert_act, L.experts_down.get<T>(), expert_out, H, Ie));
-          INFERD_KERNEL(k::MoeCombine(expert_out, positions, weights, Tn, K, H, tmp, s));
+          INFERD_KERNEL(k::MoeCombine(expert_out, slot_positions, weights, Tn, K, H, tmp, s));
           delta = tmp;
           break;
         }

@@ -49,12 +49,10 @@ struct ForwardBuffers {
   void* v(int layer) const { return kv + (int64_t{layout->kv_groups.slot_of[layer]} * 2 + 1) * layer_kv_bytes; }
   // A layer's group's KV slots of the step's tokens, and its page table's indptr (InputRegions).
   const int32_t* slots(int layer) const {
-    return in<int32_t>(layout->inputs.slots) +
-           int64_t{layout->kv_groups.group_of[layer]} * layout->limits.max_num_batched_tokens;
+    return in<int32_t>(layout->inputs.slots) + layout->kv_groups.group_of[layer] * layout->inputs.slots_stride;
   }
   const int32_t* kv_indptr(int layer) const {
-    return in<int32_t>(layout->inputs.kv_indptr) +
-           int64_t{layout->kv_groups.group_of[layer]} * (layout->limits.max_num_seqs + 1);
+    return in<int32_t>(layout->inputs.kv_indptr) + layout->kv_groups.group_of[layer] * layout->inputs.indptr_stride;
   }
 };
 

@@ -27,9 +27,10 @@ void Put(char* arena, const Region& r, const std::vector<int32_t>& v) {
 PackedStep PackStepInputs(const StepInput& in, const InputRegions& layout, int32_t vocab_size, int32_t no_block,
                           char* arena) {
   const int64_t groups = in.num_kv_groups(), pages = in.kv_indptr.back();
-  INFERD_CHECK(groups >= 1 && layout.slots.bytes % groups == 0 && layout.kv_indptr.bytes % groups == 0,
+  const int64_t slots_stride = layout.slots_stride, indptr_stride = layout.indptr_stride;
+  INFERD_CHECK(groups >= 1 && groups * slots_stride * 4 <= layout.slots.bytes &&
+                   groups * indptr_stride * 4 <= layout.kv_indptr.bytes,
                "the layout has a row of slots and of kv_indptr per KV group of the step");
-  const int64_t slots_stride = layout.slots.bytes / groups / 4, indptr_stride = layout.kv_indptr.bytes / groups / 4;
   INFERD_CHECK(in.num_tokens() <= slots_stride && in.num_seqs() + 1 <= indptr_stride &&
                    groups * pages * 4 <= layout.kv_indices.bytes,
                "a step's arrays fit their input regions");
