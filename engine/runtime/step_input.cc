@@ -14,15 +14,18 @@ StepInput EmptyStepInput(int32_t block_size, int32_t num_kv_groups) {
   return in;
 }
 
-void AddSequence(StepInput* in, std::span<const int32_t> tokens, int32_t start, int32_t context_len,
-                 std::span<const std::vector<int32_t>> tables, bool sampled) {
+namespace {
+
+// AddSequence over `pages_of(g)`, group g's block ids: the step's one copy of the packing rule.
+template <typename PagesOf>
+void AddSequenceTo(StepInput* in, std::span<const int32_t> tokens, int32_t start, int32_t context_len, PagesOf pages_of,
+                   bool sampled) {
   const int32_t bs = in->block_size;
   const int32_t num_pages = BlocksFor(context_len, bs);
-  INFERD_CHECK(static_cast<int32_t>(tables.size()) == in->num_kv_groups(), "a sequence has a block table per KV group");
   INFERD_CHECK(context_len <= static_cast<int32_t>(tokens.size()) && 0 <= start && start < context_len,
                "a sequence of a step has an id for every token it computes, and computes one at least");
   for (int32_t g = 0; g < in->num_kv_groups(); ++g) {
-    const std::vector<int32_t>& pages = tables[g];
+    const std::span<const int32_t> pages = pages_of(g);
     INFERD_CHECK(num_pages <= static_cast<int32_t>(pages.size()),
                  "a sequence of a step has blocks for every token it computes");
     for (int32_t p = start; p < context_len; ++p) {
@@ -42,10 +45,19 @@ void AddSequence(StepInput* in, std::span<const int32_t> tokens, int32_t start, 
   if (sampled) in->logits_indices.push_back(in->query_start.back() - 1);
 }
 
+}  // namespace
+
+void AddSequence(StepInput* in, std::span<const int32_t> tokens, int32_t start, int32_t context_len,
+                 std::span<const std::vector<int32_t>> tables, bool sampled) {
+  INFERD_CHECK(static_cast<int32_t>(tables.size()) == in->num_kv_groups(), "a sequence has a block table per KV group");
+  AddSequenceTo(
+      in, tokens, start, context_len, [&](int32_t g) { return std::span<const int32_t>(tables[g]); }, sampled);
+}
+
 void AddSequence(StepInput* in, std::span<const int32_t> tokens, int32_t start, int32_t context_len,
                  std::span<const int32_t> pages, bool sampled) {
-  const std::vector<std::vector<int32_t>> tables(in->num_kv_groups(), std::vector<int32_t>(pages.begin(), pages.end()));
-  AddSequence(in, tokens, start, context_len, tables, sampled);
+  AddSequenceTo(
+      in, tokens, start, context_len, [&](int32_t) { return pages; }, sampled);
 }
 
 StepInput BuildStepInput(const StepPlan& plan, int32_t block_size, int32_t num_kv_groups) {

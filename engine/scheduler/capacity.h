@@ -60,6 +60,8 @@ class Capacity {
   }
   // A prefix-cache key as group g's blocks are remembered under: the group's own key (group 0: the key itself).
   static uint64_t GroupKey(uint64_t key, int32_t group);
+  // Every block a sequence's tables (block_tables or swapped_blocks: all groups) hold.
+  static std::vector<int32_t> HeldBlocks(const std::vector<std::vector<int32_t>>& tables);
 
   // Gives seq blocks for its tokens up to num_tokens (every group's that the step from seq->num_computed on reads or
   // writes; a window group's blocks behind them go back first), if `headroom` blocks stay free after; false (no
@@ -118,8 +120,6 @@ class Capacity {
                  CopyBatch* batch);
   // Lets go of the window groups' blocks that no position from `start` on attends to.
   void Trim(Sequence* seq, int32_t start);
-  // Every held block of seq's tables (all groups).
-  static std::vector<int32_t> HeldBlocks(const std::vector<std::vector<int32_t>>& tables);
   // Host blocks a batch reads or writes stay held until it completes.
   void HoldUntilDone(const CopyBatch& batch, std::span<const int32_t> host_blocks);
 

@@ -14,15 +14,6 @@
 namespace inferd {
 namespace {
 
-// Every block a sequence's tables hold (all KV groups).
-std::vector<int32_t> HeldBlocks(const std::vector<std::vector<int32_t>>& tables) {
-  std::vector<int32_t> held;
-  for (const std::vector<int32_t>& table : tables)
-    for (int32_t b : table)
-      if (b != kNoBlock) held.push_back(b);
-  return held;
-}
-
 // Sequences are named by one letter; the fake "model" samples token 100 for everyone.
 class SchedulerHarness {
  public:
@@ -473,8 +464,8 @@ TEST(Scheduler, AWindowGroupLetsGoOfBlocksBehindItsWindow) {
   EXPECT_EQ(a.block_tables[0].size(), 6u);
   for (int i = 0; i < 8; ++i) h.Step();  // positions 21..28
   // Position 28 sees 21..28 (blocks 5..7); the global group holds all 8 blocks.
-  EXPECT_EQ(HeldBlocks({a.block_tables[1]}).size(), 3u);
-  EXPECT_EQ(HeldBlocks({a.block_tables[0]}).size(), 8u);
+  EXPECT_EQ(Capacity::HeldBlocks({a.block_tables[1]}).size(), 3u);
+  EXPECT_EQ(Capacity::HeldBlocks({a.block_tables[0]}).size(), 8u);
   EXPECT_EQ(h.pool_.num_free(), 32 - 11);
   h.Finish('A');
   EXPECT_EQ(h.pool_.num_free(), 32);
@@ -650,17 +641,17 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
     // Every live sequence is in exactly one queue, and only running ones hold blocks.
     ASSERT_EQ(h.scheduler_.running().size() + h.scheduler_.waiting().size(), h.seqs_.size());
     for (const Sequence* seq : h.scheduler_.waiting()) {
-      ASSERT_TRUE(HeldBlocks(seq->block_tables).empty()) << seq->request.id;
+      ASSERT_TRUE(Capacity::HeldBlocks(seq->block_tables).empty()) << seq->request.id;
     }
     // Host blocks: each held by one swapped-out sequence, or by copy batches in flight (a host-tier block may be
     // read by several), within the swap share; the rest free (cached or not).
     std::map<int32_t, int32_t> host_holders;
     int32_t swap_held = 0;
     for (const auto& [name, seq] : h.seqs_) {
-      for (int32_t b : HeldBlocks(seq->swapped_blocks)) {
+      for (int32_t b : Capacity::HeldBlocks(seq->swapped_blocks)) {
         ASSERT_EQ(++host_holders[b], 1) << "host block " << b << " held twice";
       }
-      swap_held += static_cast<int32_t>(HeldBlocks(seq->swapped_blocks).size());
+      swap_held += static_cast<int32_t>(Capacity::HeldBlocks(seq->swapped_blocks).size());
       ASSERT_TRUE(seq->restoring.empty()) << "host-tier blocks are copied in or given back within a step";
     }
     ASSERT_EQ(h.scheduler_.capacity().swap_blocks_held(), swap_held);
@@ -680,7 +671,7 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
     }
     std::map<int32_t, int32_t> holders;  // block -> sequences holding it (shared prefix blocks: several)
     for (const auto& [name, seq] : h.seqs_)
-      for (int32_t b : HeldBlocks(seq->block_tables)) holders[b]++;
+      for (int32_t b : Capacity::HeldBlocks(seq->block_tables)) holders[b]++;
     for (const auto& [b, n] : holders) ASSERT_EQ(h.pool_.RefCount(b), n) << "block " << b;
     ASSERT_EQ(static_cast<int32_t>(holders.size()) + h.pool_.num_free(), h.pool_.num_total())
         << "every block is held or free";
