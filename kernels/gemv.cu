@@ -2,6 +2,7 @@
 #include <utility>
 
 #include "kernels/dependent_launch.cuh"
+#include "kernels/float_convert.cuh"
 #include "kernels/gemv.h"
 #include "kernels/row_access.cuh"
 
@@ -140,6 +141,30 @@ struct RopeColumns {
   }
 };
 
+// The gate/up product with the gated activation after it: a warp computes column i of the gate and of the up
+// halves (R = 2), rounds each as the plain product would and writes act(gate) · up as ActivateMul does.
+template <int kActivation>
+struct GatedColumns {
+  int64_t inter;
+
+  template <int R>
+  __device__ int64_t Col(int64_t warp, int j) const {
+    return warp + j * inter;
+  }
+  template <typename T, typename Out, int M, int R>
+  __device__ void Store(const float (&acc)[R][M], int64_t warp, int lane, const T*, T* out, int64_t) const {
+    static_assert(R == 2, "a warp holds one gate and one up column");
+    if (warp >= inter) return;
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+      if (lane != r) continue;
+      const float gate = F(Cast(acc[0][r] + 0.f, static_cast<T*>(nullptr)));  // + 0.f: the plain product's
+      const float up = F(Cast(acc[1][r] + 0.f, static_cast<T*>(nullptr)));    // bias-less rounding
+      out[r * inter + warp] = To<T>(Round<T>(Activate<kActivation>(gate)) * up);
+    }
+  }
+};
+
 // Each warp computes R output columns for all M rows: its lanes sweep k in 16-byte chunks, each X chunk loaded
 // once for the R rows of W (so L1 serves M / R bytes of X per byte of W), kInFlight loads of W in flight.
 template <typename T, typename Out, int M, int R, typename Columns>
@@ -257,12 +282,29 @@ cudaError_t GemvQkvRope(const T* x, const T* w, const T* bias, T* qkv, int64_t m
                 : LaunchRows<T, T, 2>(x, w, bias, qkv, n, k, stream, columns);
 }
 
+template <typename T>
+cudaError_t GemvGatedAct(const T* x, const T* w, T* out, int64_t m, int64_t inter, int64_t k, GatedActivation act,
+                         cudaStream_t stream) {
+  if (m < 1 || m > 2 || inter <= 0 || !GemvSupports(x, w, m, k) || (2 * inter + 7) / 8 > 0x7fffffff) {
+    return cudaErrorInvalidValue;
+  }
+  const auto launch = [&](auto columns) {
+    return m == 1 ? LaunchRows<T, T, 1>(x, w, nullptr, out, 2 * inter, k, stream, columns)
+                  : LaunchRows<T, T, 2>(x, w, nullptr, out, 2 * inter, k, stream, columns);
+  };
+  return act == GatedActivation::kGeluTanh ? launch(GatedColumns<1>{inter}) : launch(GatedColumns<0>{inter});
+}
+
 template cudaError_t GemvQkvRope(const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
                                  int64_t, int64_t, const int32_t*, const int32_t*, const float*, __nv_bfloat16*,
                                  __nv_bfloat16*, int32_t, int32_t, int32_t, cudaStream_t);
 template cudaError_t GemvQkvRope(const __half*, const __half*, const __half*, __half*, int64_t, int64_t, const int32_t*,
                                  const int32_t*, const float*, __half*, __half*, int32_t, int32_t, int32_t,
                                  cudaStream_t);
+template cudaError_t GemvGatedAct(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int64_t, int64_t, int64_t,
+                                  GatedActivation, cudaStream_t);
+template cudaError_t GemvGatedAct(const __half*, const __half*, __half*, int64_t, int64_t, int64_t, GatedActivation,
+                                  cudaStream_t);
 template cudaError_t Gemv(const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int64_t,
                           int64_t, int64_t, cudaStream_t, int64_t);
 template cudaError_t Gemv(const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, float*, int64_t, int64_t,

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "kernels/elementwise.h"
+
 namespace inferd::kernels {
 
 inline constexpr int kGemvMaxRows = 8;
@@ -33,5 +35,12 @@ template <typename T>
 cudaError_t GemvQkvRope(const T* x, const T* w, const T* bias, T* qkv, int64_t m, int64_t k, const int32_t* positions,
                         const int32_t* slots, const float* inv_freq, T* k_cache, T* v_cache, int32_t num_heads,
                         int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream);
+
+// The gate/up product of a decode step of m ≤ 2 tokens with the gated activation fused into it: out[r, i] =
+// act(x·w_gateᵢ) · x·w_upᵢ, the same values, bit for bit, as Gemv into gate_up then ActivateMul
+// (kernels/elementwise.h). w: [2 · inter, k] (the gate's rows, then the up rows), out: [m, inter].
+template <typename T>
+cudaError_t GemvGatedAct(const T* x, const T* w, T* out, int64_t m, int64_t inter, int64_t k, GatedActivation act,
+                         cudaStream_t stream);
 
 }  // namespace inferd::kernels

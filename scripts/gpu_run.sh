@@ -3,7 +3,7 @@
 # kernel, sampler and whole-model parity tests, the CPU tests, one serving run under compute-sanitizer, then
 # writes the Llama-3-8B-shaped random model, benchmarks it, and checks the served model's live efficiency
 # metrics against the benchmark's ratios. Results go to $OUT (or ./gpu-results).
-#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|smollm2|bench|efficiency|sweep|multiturn|copies|tp|families|all]
+#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|smollm2|bench|efficiency|sweep|multiturn|copies|tp|families|ab|all]
 # image: the CUDA image's own inferd from its root filesystem in a chroot, serving the 8B model (needs
 #   `bash docker/build-images.sh cuda && bash docker/export-payload.sh` here instead of the bundle; root there).
 # parity: the test models and references, then the precision and whole-model parity tests alone.
@@ -39,6 +39,8 @@
 #   Phi-3, Qwen3 and Gemma runs' real plans; Qwen3-30B-A3B's shape (a mixture of experts; FAMILIES_MOE=0 leaves
 #   it out, FAMILIES_MOE_SECTIONS narrows it). FAMILIES_SECTIONS, FAMILIES_QUANTIZATIONS, FAMILIES_GEMMA and
 #   FAMILIES_GEMMA_SECTIONS narrow it (e.g. latency, none, windows, latency: the plans alone).
+# ab: the build before (.bundle/base.tar.xz, its bin/inferd-bench) against this one, in turn, on the Llama-3-8B
+#   and Qwen3-8B shapes (AB_* narrow it; AB_TESTS runs those GPU tests first).
 # frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
 #   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
 set -uo pipefail
@@ -344,6 +346,34 @@ for c in sorted({k[0] for k in rows}):
         print(f"{c:>7} openai/grpc: throughput {o['output_throughput'] / g['output_throughput']:.3f}, "
               f"TPOT {o['tpot']['median_ms'] - g['tpot']['median_ms']:+.3f} ms per token")
 PY
+fi
+if [[ "$what" == ab ]]; then
+  # The build before against this one, in turn (AB_ROUNDS, default 2), one machine, one call: inferd-bench of each
+  # (.bundle/base.tar.xz holds the build before's bin/inferd-bench, and lib/ where its libraries differ) on the
+  # Llama-3-8B and Qwen3-8B shapes from weights made on the GPU (AB_MODELS, AB_QUANTIZATIONS, AB_SECTIONS,
+  # AB_BATCHES narrow it). First the GPU tests that AB_TESTS names (a gtest filter), if any.
+  if [[ -n ${AB_TESTS:-} ]]; then
+    "$BUNDLE/bin/gpu_tests" --gtest_filter="$AB_TESTS" > "$OUT/ab_gpu_tests.log" 2>&1 || status=1
+    echo "-- gpu_tests $AB_TESTS" && summarize_gpu_tests "$OUT/ab_gpu_tests.log" | tail -n 20
+  fi
+  BASE=/tmp/inferd-base && rm -rf "$BASE" && mkdir -p "$BASE" && tar -C "$BASE" -xJf .bundle/base.tar.xz
+  base_libs="$BUNDLE/lib" && [[ -d "$BASE/lib" ]] && base_libs="$BASE/lib"
+  python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-config --config-only >/dev/null || status=1
+  python3 tools/make_llama3_8b_random.py /tmp/qwen3-8b-config --config-only --qwen3-8b >/dev/null || status=1
+  for i in $(seq 1 "${AB_ROUNDS:-2}"); do
+    for m in ${AB_MODELS:-llama3 qwen3}; do
+      for q in ${AB_QUANTIZATIONS:-none}; do
+        for side in base new; do
+          bin="$BUNDLE/bin/inferd-bench" libs="$BUNDLE/lib" && [[ $side == base ]] && bin="$BASE/bin/inferd-bench" libs="$base_libs"
+          name="ab_${m}_${q}_${side}_$i"
+          LD_LIBRARY_PATH="$libs" "$bin" --model "/tmp/$m-8b-config" --load-format dummy --quantization "$q" \
+            --sections "${AB_SECTIONS:-latency}" --batches "${AB_BATCHES:-1}" --json "$OUT/$name.json" \
+            > "$OUT/$name.txt" 2>&1 || status=1
+          echo "-- $name" && grep -v "^\[20" "$OUT/$name.txt" | grep -E "decode|latency|prefill" | head -n 6
+        done
+      done
+    done
+  done
 fi
 if [[ "$what" == families ]]; then
   python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-config --config-only >/dev/null || status=1

@@ -32,6 +32,6 @@ mkdir -p "$B/pystubs"
   proto/inferd/v1/inferd.proto
 cp -r .venv/lib/python3*/site-packages/grpc_health "$B/pystubs/"
 # Compressed, it travels well under the device tool's 64 MiB limit (OpenBLAS alone is 36 MB).
-rm -rf .bundle && mkdir -p .bundle
+mkdir -p .bundle && rm -f .bundle/bundle.tar.xz  # base.tar.xz, the build before for A/B runs, stays
 tar -C "$B" -cJf .bundle/bundle.tar.xz bin lib pystubs
 du -sh .bundle/bundle.tar.xz

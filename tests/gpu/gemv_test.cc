@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <tuple>
 
@@ -180,6 +182,56 @@ TEST_P(GemvQkvRopeTest, Fp16EqualsProductThenRope) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GemvQkvRopeTest,
                          ::testing::Values(RopeShape{1, 128, false}, RopeShape{2, 128, true}, RopeShape{1, 64, true},
                                            RopeShape{2, 64, false}));
+
+// The fused gate/up product with the gated activation against the two kernels it replaces (Gemv into gate_up,
+// then ActivateMul), bit for bit, with the output poisoned first.
+// (rows, inter, k, activation)
+using GatedShape = std::tuple<int, int, int, kernels::GatedActivation>;
+class GemvGatedActTest : public ::testing::TestWithParam<GatedShape> {};
+
+template <typename T>
+void CheckGatedAct(const GatedShape& shape, uint32_t seed) {
+  const auto [m, inter, k, act] = shape;
+  std::mt19937 rng(seed);
+  const std::vector<T> x = Round<T>(Random(size_t(m) * k, rng));
+  const std::vector<T> w = Round<T>(Random(size_t(2) * inter * k, rng, 0.05f));
+  Dev<T> dx(x), dw(w), gate_up(size_t(m) * 2 * inter), out_a(size_t(m) * inter), out_b(size_t(m) * inter);
+  CUDA_OK(cudaMemset(out_b.get(), 0x5A, size_t(m) * inter * sizeof(T)));
+  CUDA_OK((kernels::Gemv<T, T>(dx.get(), dw.get(), nullptr, gate_up.get(), m, 2 * inter, k, nullptr)));
+  CUDA_OK(kernels::ActivateMul(gate_up.get(), out_a.get(), m, inter, act, nullptr));
+  CUDA_OK(kernels::GemvGatedAct(dx.get(), dw.get(), out_b.get(), m, inter, k, act, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<T> a = out_a.Host(), b = out_b.Host();
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(T)), 0);
+  float largest = 0.f;
+  for (T v : b) largest = std::max(largest, std::abs(ToF(v)));
+  EXPECT_GT(largest, 0.f) << "the outputs carry values";
+}
+
+TEST_P(GemvGatedActTest, Bf16EqualsProductThenActivation) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  CheckGatedAct<__nv_bfloat16>(GetParam(), 7);
+}
+TEST_P(GemvGatedActTest, Fp16EqualsProductThenActivation) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  CheckGatedAct<__half>(GetParam(), 8);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemvGatedActTest,
+                         ::testing::Values(GatedShape{1, 1, 8, kernels::GatedActivation::kSilu},
+                                           GatedShape{2, 37, 200, kernels::GatedActivation::kSilu},
+                                           GatedShape{1, 1000, 4104, kernels::GatedActivation::kGeluTanh},
+                                           GatedShape{2, 515, 264, kernels::GatedActivation::kGeluTanh}));
+
+TEST(GemvGatedAct, RefusesShapesItCannotRun) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  Dev<__nv_bfloat16> x(3 * 16), w(2 * 4 * 16), out(3 * 4);
+  const auto silu = kernels::GatedActivation::kSilu;
+  EXPECT_EQ(kernels::GemvGatedAct(x.get(), w.get(), out.get(), 3, 4, 16, silu, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::GemvGatedAct(x.get(), w.get(), out.get(), 1, 4, 12, silu, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::GemvGatedAct(x.get(), w.get(), out.get(), 1, 0, 16, silu, nullptr), cudaErrorInvalidValue);
+}
 
 }  // namespace
 }  // namespace inferd

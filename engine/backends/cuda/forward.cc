@@ -37,6 +37,14 @@ ModelConfig ShardConfig(const ModelConfig& model, const TensorParallelShard& sha
   return c;
 }
 
+namespace {
+
+k::GatedActivation GatedOf(LayerOp op) {
+  return op == LayerOp::kGeluTanhMul ? k::GatedActivation::kGeluTanh : k::GatedActivation::kSilu;
+}
+
+}  // namespace
+
 template <typename T>
 absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm, const ForwardBuffers& b,
                         const StepInput& in, const AttentionPlans& plans, const Collectives* comm, cudaStream_t s) {
@@ -107,6 +115,9 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   const bool fused_qkv_rope = !w.fp8 && !fp8_kv && plain_rope && !cfg.arch->qk_norm() && !cfg.has_windows() &&
                               Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
                               k::GemvSupports(xn, w.layers[0].qkv.data.get(), Tn, H);
+  // Steps of one or two rows fuse the gated activation into the gate/up product (bf16/fp16 weights).
+  const bool fused_gated_act = !w.fp8 && Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
+                               k::GemvSupports(xn, w.layers[0].gate_up.data.get(), Tn, H);
   // RoPE and the K/V write (one kernel), or attention, over the cache's element type C.
   auto over_cache = [&](int layer, auto&& run) -> absl::Status {
     const CudaLayerWeights& L = w.layers[layer];
@@ -226,12 +237,17 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
         case LayerOp::kPostNorm:  // with the residual add before it
           break;
         case LayerOp::kGateUpProj:
+          if (fused_gated_act) {  // one kernel: the product and the activation after it (the program's next op)
+            const k::GatedActivation gated = GatedOf(program[i + 1]);
+            INFERD_KERNEL(k::GemvGatedAct<T>(xn, L.gate_up.data.get<T>(), act, Tn, I, H, gated, s));
+            ++i;
+            break;
+          }
           INFERD_RETURN_IF_ERROR(gemm.Run(normed, L.gate_up.operand(), gate_up, Tn, 2 * I, H, nullptr, false, s));
           break;
         case LayerOp::kSiluMul:
         case LayerOp::kGeluTanhMul: {
-          const k::GatedActivation gated =
-              program[i] == LayerOp::kGeluTanhMul ? k::GatedActivation::kGeluTanh : k::GatedActivation::kSilu;
+          const k::GatedActivation gated = GatedOf(program[i]);
           if (quantize) {
             INFERD_KERNEL(k::ActivateMulFp8(gate_up, xq, xs, Tn, I, gated, s));
           } else {

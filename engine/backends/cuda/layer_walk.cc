@@ -26,6 +26,10 @@ std::string ProgramProblem(const std::vector<LayerOp>& p) {
       return "the rotary embedding not right before the K/V write (one kernel on cuda)";
     }
     if (p[i] == kQkNorm && next != kRope) return "the per-head q/k norms not right before the rotary embedding";
+    const auto gated = [](LayerOp op) { return op == kSiluMul || op == kGeluTanhMul; };
+    if ((p[i] == kGateUpProj) != gated(next) || (gated(p[i]) && prev != kGateUpProj)) {
+      return "the gated activation not right after the gate/up product (one kernel on cuda at decode)";
+    }
   }
   return "";
 }

@@ -1,5 +1,5 @@
 // The cuda backend's check of the layer programs it walks (engine/backends/cuda/layer_walk.h): every family's
-// program passes; programs that break its fusions are refused, naming the op.
+// program passes; programs that break its fusions are refused, naming the op or the fusion.
 #include "engine/backends/cuda/layer_walk.h"
 
 #include <gtest/gtest.h>
@@ -39,6 +39,13 @@ TEST(LayerWalk, ProgramsThatBreakItsFusionsAreRefusedNamingTheOp) {
   EXPECT_NE(LayerWalkProblem(arch).find("input norm"), std::string::npos) << LayerWalkProblem(arch);
   arch.layer = {kInputNorm, kQkvProj, kRope, kWriteKv, kAttention, kOutProj, kPostNorm, kResidual};
   EXPECT_NE(LayerWalkProblem(arch).find("post-attention norm"), std::string::npos) << LayerWalkProblem(arch);
+  // The gate/up product and its activation are one kernel at decode.
+  arch.layer = {kInputNorm, kQkvProj,  kRope,       kWriteKv,  kAttention, kOutProj,
+                kResidual,  kPostNorm, kGateUpProj, kDownProj, kResidual};
+  EXPECT_NE(LayerWalkProblem(arch).find("gated activation"), std::string::npos) << LayerWalkProblem(arch);
+  arch.layer = {kInputNorm, kQkvProj,  kRope,    kWriteKv,    kAttention, kOutProj,
+                kResidual,  kPostNorm, kSiluMul, kGateUpProj, kDownProj,  kResidual};
+  EXPECT_NE(LayerWalkProblem(arch).find("gated activation"), std::string::npos) << LayerWalkProblem(arch);
 }
 
 }  // namespace
