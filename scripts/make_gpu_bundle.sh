@@ -3,9 +3,11 @@
 # shared libraries they need in lib/ (gRPC, protobuf, abseil, spdlog, yaml-cpp, openblas, ...). The GPU
 # machine has CUDA, cuBLAS and libstdc++ but none of Debian's C++ libraries.
 #   bash scripts/make_gpu_bundle.sh    then, on the device:  bash scripts/gpu_run.sh
-# INFERD_CUDA_ARCHS picks the code it carries (CMake's CUDA_ARCHITECTURES; default 90a): e.g. 80-virtual, PTX for
-# compute_80 alone, which a Hopper GPU's driver compiles at load, to run the Ampere code path on an H100. Each choice
-# builds in a directory of its own (build-gpu, build-gpu-80-virtual, ...).
+# INFERD_CUDA_ARCHS picks the code it carries (CMake's CUDA_ARCHITECTURES; default 90a, the Hopper host's): e.g.
+# 80-virtual or 89-virtual, PTX for compute_80 or compute_89 alone, which a Hopper GPU's driver compiles at load, to
+# run the Ampere or Ada code path on an H100; inferd-all, every generation's (as the CUDA image; about seven times
+# the device code and compile time). Each choice builds in a directory of its own (build-gpu, build-gpu-80-virtual,
+# ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

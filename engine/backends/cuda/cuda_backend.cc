@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/backends/cuda/architectures.h"
 #include "engine/backends/cuda/ceilings.h"
 #include "engine/backends/cuda/collectives.h"
 #include "engine/backends/cuda/cuda_check.h"
@@ -33,6 +34,7 @@
 #include "engine/status_macros.h"
 #include "engine/trace.h"
 #include "kernels/dependent_launch.h"
+#include "kernels/device_code.h"
 #include "kernels/moe_routing.h"
 #include "kernels/paged_attention.h"
 #include "spdlog/spdlog.h"
@@ -86,7 +88,7 @@ class CudaBackend : public Backend {
   // padded: the model with its heads padded for the attention kernels (PaddedForAttentionKernels), or null.
   CudaBackend(const Model& model, std::unique_ptr<Model> padded, std::vector<std::unique_ptr<Rank>> ranks,
               std::unique_ptr<cuda::RankThreads> threads, cudaDataType_t dtype, bool fp8_kv, std::string device,
-              bool cuda_graphs, CudaRankOptions options)
+              std::string device_code, bool cuda_graphs, CudaRankOptions options)
       : use_graphs_(cuda_graphs),
         options_(options),
         fp8_kv_(fp8_kv),
@@ -97,6 +99,7 @@ class CudaBackend : public Backend {
         threads_(std::move(threads)),
         dtype_(dtype),
         device_(std::move(device)),
+        device_code_(std::move(device_code)),
         nvml_(cuda::Nvml::Open(0)) {}
 
   ~CudaBackend() override {
@@ -178,6 +181,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<cuda::RankThreads> threads_;
   cudaDataType_t dtype_;
   std::string device_;
+  std::string device_code_;            // the GPU's architecture and the code of this build it runs
   std::vector<KernelChoice> choices_;  // KernelChoices, set by AllocateKvCache
   int64_t peer_limit_bytes_ = 0;       // the largest sum the peer kernels take (ChoosePeerLimit)
   std::unique_ptr<cuda::Nvml> nvml_;   // null where NVML cannot be loaded
@@ -420,6 +424,7 @@ void CudaBackend::ChooseKernels() {
   const cuda::Gemm& gemm = *ranks_[0]->gemm;
   const bool fp8 = ranks_[0]->w.fp8;
   choices_ = {
+      {"gpu code", device_code_},
       {"attention",
        absl::StrCat("FlashInfer's paged prefill kernels (FA2, the sm80 code path, on every GPU) for prefill and "
                     "decode, the KV split by its planner",
@@ -820,11 +825,27 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& given, c
   if (model.tensors.fp8_checkpoint && engine.quantization != "fp8") {
     spdlog::info("cuda: the checkpoint is FP8 ({}): engine.quantization = fp8", model.config.quantization.description);
   }
-  if (fp8 && prop.major * 10 + prop.minor < 89) {
+  // The GPU's row of the architecture table and the code of this build it runs: a GPU the build has no code for is
+  // refused here, naming what to build, instead of failing at its first launch.
+  const GpuArchitecture* arch = ArchitectureFor(prop.major * 10 + prop.minor);
+  if (arch == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(prop.name, " is compute capability ", prop.major, ".", prop.minor,
+                                                      ", which inferd does not run on; it runs on ",
+                                                      GpuArchitectureList()));
+  }
+  int ptx_version = 0, binary_version = 0;
+  if (const cudaError_t e = k::DeviceCode(&ptx_version, &binary_version); e != cudaSuccess) {
     return absl::FailedPreconditionError(
-        absl::StrCat("engine.quantization = 'fp8' needs fp8 tensor cores (compute "
-                     "capability 8.9 or later); ",
-                     prop.name, " is ", prop.major, ".", prop.minor));
+        absl::StrCat("this build carries no GPU code that ", prop.name, " (compute capability ", prop.major, ".",
+                     prop.minor, ") runs: it was built with CUDA_ARCHITECTURES ", k::BuiltCudaArchitectures(), " (",
+                     cudaGetErrorString(e), "); build with -DCMAKE_CUDA_ARCHITECTURES=", arch->code, " or inferd-all"));
+  }
+  std::string device_code = absl::StrCat(arch->name, "; ", prop.name, " runs ",
+                                         DescribeDeviceCode(k::BuiltCudaArchitectures(), ptx_version, binary_version));
+  if (fp8 && !arch->fp8) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("engine.quantization = 'fp8' needs fp8 tensor cores (compute capability 8.9 or later); ",
+                     prop.name, " is ", prop.major, ".", prop.minor, "; allowed on it: none"));
   }
   const ModelConfig& c = model.config;
   if (fp8 && (c.hidden_size % 16 != 0 || c.intermediate_size % 16 != 0 || c.q_width() % 16 != 0)) {
@@ -895,8 +916,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& given, c
       num_ranks > 1 ? absl::StrCat(prop.name, " x", num_ranks, " (tensor parallel; memory per GPU)") : prop.name;
   // Ranks sharing a GPU wait for each other on the host before each sum: no graphs (collectives.h).
   const bool graphs = engine.cuda_graphs && !(options.ranks_share_gpu && num_ranks > 1);
+  spdlog::info("cuda: {}", device_code);
   return std::make_unique<CudaBackend>(given, std::move(padded), std::move(ranks), std::move(threads), dtype, fp8_kv,
-                                       device, graphs, options);
+                                       device, std::move(device_code), graphs, options);
 }
 
 }  // namespace inferd
