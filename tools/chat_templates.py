@@ -211,7 +211,8 @@ PHI3 = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}")
 
 MODEL_TEMPLATES = {"llama2-tiny": LLAMA2, "llama3-tiny": LLAMA3, "mistral-tiny": MISTRAL, "qwen2-tiny": QWEN2,
-                   "qwen3-tiny": QWEN3, "gemma3-tiny": GEMMA3, "phi3-tiny": PHI3}
+                   "qwen3-tiny": QWEN3, "gemma3-tiny": GEMMA3, "phi3-tiny": PHI3, "mixtral-tiny": MISTRAL,
+                   "qwen3-moe-tiny": QWEN3}
 
 # Templates that are not any model's: each stresses Jinja features (scoping, namespace, slicing, filters,
 # tests, whitespace control with trim_blocks/lstrip_blocks, loop variables, string methods, tojson).

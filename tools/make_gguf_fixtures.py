@@ -9,6 +9,11 @@
   tests/fixtures/models/qwen3-tiny.gguf    qwen3-tiny: the same tokenizer, per-head q/k norms, head_dim 32
   tests/fixtures/models/gemma3-tiny.gguf   gemma3-tiny: norms stored as 1 + w, sliding window, sandwich norms
   tests/fixtures/models/phi3-tiny.gguf     phi3-tiny: fused attn_qkv and ffn_up, LongRoPE factors as tensors
+  tests/fixtures/models/mixtral-tiny.gguf  mixtral-tiny as llama.cpp writes Mixtral: "llama" with expert_count,
+                                           the router (ffn_gate_inp) and the experts stacked in 3-D tensors
+  tests/fixtures/models/qwen3-moe-tiny.gguf
+                                           qwen3-moe-tiny: "qwen3moe", expert_feed_forward_length,
+                                           expert_weights_norm false, its dense layer without a router
   tests/fixtures/gguf/quants.gguf + .json  random blocks of every quantized type inferd reads and the values
                                            gguf.quants.dequantize gives for them
   tests/fixtures/tokenizer/smollm2-gguf.json
@@ -108,6 +113,13 @@ def convert(name, arch, tokenizer_kind):
         writer.add_tensor("rope_factors_long.weight", np.array(scaling["long_factor"], np.float32), raw_dtype=Q.F32)
         writer.add_tensor("rope_factors_short.weight", np.array(scaling["short_factor"], np.float32), raw_dtype=Q.F32)
     writer.add_vocab_size(cfg["vocab_size"])
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    if experts:  # as llama.cpp's converters write Mixtral ("llama") and Qwen3-MoE ("qwen3moe")
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        writer.add_bool(f"{arch}.expert_weights_norm", bool(cfg.get("norm_topk_prob", True)))
 
     vocab = tok["model"]["vocab"]
     for a in tok["added_tokens"]:
@@ -184,12 +196,20 @@ def convert(name, arch, tokenizer_kind):
             add(writer, g + "post_ffw_norm.weight", t(p + "post_feedforward_layernorm.weight")[0], dtype)
         else:
             add(writer, g + "ffn_norm.weight", t(p + "post_attention_layernorm.weight")[0], dtype)
-        if arch == "phi3":
+        moe = next((m for m in ("mlp.", "block_sparse_moe.") if p + m + "gate.weight" in w), None)
+        if moe:  # a sparse layer: the router, and each of gate, up and down stacked over the experts
+            add(writer, g + "ffn_gate_inp.weight", t(p + moe + "gate.weight")[0], dtype)
+            names = {"mlp.": ("gate_proj", "up_proj", "down_proj"), "block_sparse_moe.": ("w1", "w3", "w2")}[moe]
+            for stacked, hf in zip(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), names):
+                arr = np.stack([t(p + f"{moe}experts.{e}.{hf}.weight")[0] for e in range(experts)])
+                add(writer, g + stacked + ".weight", arr, dtype)
+        elif arch == "phi3":
             add(writer, g + "ffn_up.weight", t(p + "mlp.gate_up_proj.weight")[0], dtype)
         else:
             add(writer, g + "ffn_gate.weight", t(p + "mlp.gate_proj.weight")[0], dtype)
             add(writer, g + "ffn_up.weight", t(p + "mlp.up_proj.weight")[0], dtype)
-        add(writer, g + "ffn_down.weight", t(p + "mlp.down_proj.weight")[0], dtype)
+        if not moe:
+            add(writer, g + "ffn_down.weight", t(p + "mlp.down_proj.weight")[0], dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -281,6 +301,8 @@ def main():
     convert("qwen3-tiny", "qwen3", "gpt2")
     convert("gemma3-tiny", "gemma3", "llama")
     convert("phi3-tiny", "phi3", "llama")
+    convert("mixtral-tiny", "llama", "llama")
+    convert("qwen3-moe-tiny", "qwen3moe", "gpt2")
     quants()
     smollm2_tokenizer()
 

@@ -12,11 +12,11 @@ const std::vector<const Architecture*>& Families() {
   return families;
 }
 
-template <typename Names>
-const Architecture* Find(std::string_view name, Names Architecture::*names) {
+template <typename Names, typename Also>
+const Architecture* Find(std::string_view name, Names Architecture::*names, Also also) {
   for (const Architecture* a : Families()) {
     const auto& list = a->*names;
-    if (std::find(list.begin(), list.end(), name) != list.end()) return a;
+    if (std::find(list.begin(), list.end(), name) != list.end() && also(*a)) return a;
   }
   return nullptr;
 }
@@ -119,6 +119,16 @@ std::vector<TensorSpec> QkNormTensors() {
           {"self_attn.k_norm.weight", "attn_k_norm.weight", kOne, kHeadDim, kKNorm}};
 }
 
+std::vector<TensorSpec> MoeTensors(std::string_view router, std::string_view gate, std::string_view up,
+                                   std::string_view down) {
+  using enum Dim;
+  using enum LayerRole;
+  return {{router, "ffn_gate_inp.weight", kExperts, kHidden, kRouter},
+          {gate, "ffn_gate_exps.weight", kMoeFf, kHidden, kExpertGate},
+          {up, "ffn_up_exps.weight", kMoeFf, kHidden, kExpertUp},
+          {down, "ffn_down_exps.weight", kHidden, kMoeFf, kExpertDown}};
+}
+
 std::vector<TensorSpec> InsertAfter(std::vector<TensorSpec> specs, LayerRole after, std::vector<TensorSpec> added) {
   auto at = std::find_if(specs.begin(), specs.end(), [&](const TensorSpec& t) { return t.role == after; });
   specs.insert(at == specs.end() ? at : at + 1, added.begin(), added.end());
@@ -134,11 +144,12 @@ std::vector<TensorSpec> Rename(std::vector<TensorSpec> specs, LayerRole role, st
 }
 
 const Architecture* FindArchitecture(std::string_view hf_architecture) {
-  return Find(hf_architecture, &Architecture::hf_architectures);
+  return Find(hf_architecture, &Architecture::hf_architectures, [](const Architecture&) { return true; });
 }
 
-const Architecture* FindGgufArchitecture(std::string_view gguf_architecture) {
-  return Find(gguf_architecture, &Architecture::gguf_architectures);
+const Architecture* FindGgufArchitecture(std::string_view gguf_architecture, bool experts) {
+  return Find(gguf_architecture, &Architecture::gguf_architectures,
+              [&](const Architecture& a) { return a.expert_tensors.empty() != experts; });
 }
 
 std::string SupportedArchitectures() {
@@ -146,7 +157,13 @@ std::string SupportedArchitectures() {
 }
 
 std::string SupportedGgufArchitectures() {
-  return Join(&Architecture::gguf_architectures);
+  std::string all;
+  for (const Architecture* a : Families()) {
+    for (std::string_view n : a->gguf_architectures) {
+      all.append(all.empty() ? "" : ", ").append(n).append(a->expert_tensors.empty() ? "" : " (with experts)");
+    }
+  }
+  return all;
 }
 
 }  // namespace inferd

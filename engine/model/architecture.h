@@ -75,6 +75,8 @@ enum class Dim : uint8_t { kOne, kHidden, kQ, kKv, kFf, kHeadDim, kExperts, kMoe
 // fills. Consecutive specs with the same names are the parts of one stored tensor, its rows in the order listed
 // (Phi-3's qkv_proj: q, k and v), cut from it over the same bytes. An expert's tensors (roles kExpertGate, kExpertUp,
 // kExpertDown) name each expert by "{e}" in their names.
+// A GGUF file stacks a layer's experts in one 3-D tensor (llama.cpp's ffn_gate_exps: [experts, rows, cols]): an
+// expert spec whose GGUF name has no "{e}" names it, each expert's rows a slice of it over the same bytes.
 struct TensorSpec {
   std::string_view hf, gguf;
   Dim rows, cols;
@@ -118,6 +120,10 @@ struct Architecture {
 std::vector<TensorSpec> LlamaTensors();
 // Per-head q and k norms over head_dim (Qwen3, Gemma 3).
 std::vector<TensorSpec> QkNormTensors();
+// A sparse layer's router and experts under their Hugging Face names (each expert's with "{e}"); in GGUF files
+// llama.cpp's names: ffn_gate_inp, and the experts stacked in ffn_gate_exps, ffn_up_exps and ffn_down_exps.
+std::vector<TensorSpec> MoeTensors(std::string_view router, std::string_view gate, std::string_view up,
+                                   std::string_view down);
 // `specs` without the dense MLP's tensors (gate, up, down): a mixture-of-experts family's sparse layers.
 std::vector<TensorSpec> WithoutDenseMlp(std::vector<TensorSpec> specs);
 // Whether a role is an expert's (named per expert).
@@ -128,9 +134,10 @@ std::vector<TensorSpec> InsertAfter(std::vector<TensorSpec> specs, LayerRole aft
 std::vector<TensorSpec> Rename(std::vector<TensorSpec> specs, LayerRole role, std::string_view hf,
                                std::string_view gguf);
 
-// The family that serves a config.json architecture, or a GGUF general.architecture; null for none.
+// The family that serves a config.json architecture, or a GGUF general.architecture (one name may serve a dense
+// family and a mixture: llama.cpp writes Mixtral as "llama" with experts); null for none.
 const Architecture* FindArchitecture(std::string_view hf_architecture);
-const Architecture* FindGgufArchitecture(std::string_view gguf_architecture);
+const Architecture* FindGgufArchitecture(std::string_view gguf_architecture, bool experts = false);
 // Every served name, for error messages: "LlamaForCausalLM, MistralForCausalLM, …".
 std::string SupportedArchitectures();
 std::string SupportedGgufArchitectures();

@@ -266,13 +266,20 @@ absl::Status DescribeLayer(const ModelConfig& c, bool gguf, int32_t index, const
         specs.push_back(t);
         continue;
       }
+      const std::string_view name = gguf ? t.gguf : t.hf;
+      const size_t at = name.find("{e}");
+      const int64_t rows = DimOf(c, t.rows), cols = DimOf(c, t.cols);
+      if (at == std::string_view::npos) {  // the experts stacked in one [experts, rows, cols] tensor
+        TensorDesc stacked;
+        INFERD_RETURN_IF_ERROR(describe(prefix + std::string(name), {c.num_experts, rows, cols}, &stacked));
+        for (int32_t e = 0; e < c.num_experts; ++e) {
+          INFERD_ASSIGN_OR_RETURN(RoleOf(*L, t.role, e),
+                                  RowsOf(stacked, e * rows, rows, absl::StrCat(stacked.name, "[", e, "]")));
+        }
+        continue;
+      }
       for (int32_t e = 0; e < c.num_experts; ++e) {
-        const std::string_view name = gguf ? t.gguf : t.hf;
-        const size_t at = name.find("{e}");
-        const std::string full = at == std::string_view::npos ? std::string(name)
-                                                              : std::string(name.substr(0, at)) + std::to_string(e) +
-                                                                    std::string(name.substr(at + 3));
-        const int64_t rows = DimOf(c, t.rows), cols = DimOf(c, t.cols);
+        const std::string full = std::string(name.substr(0, at)) + std::to_string(e) + std::string(name.substr(at + 3));
         INFERD_RETURN_IF_ERROR(describe(prefix + full, {rows, cols}, &RoleOf(*L, t.role, e)));
       }
     }

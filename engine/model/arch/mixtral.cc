@@ -6,17 +6,16 @@ namespace inferd {
 
 const Architecture& MixtralArchitecture() {
   using enum LayerOp;
-  using enum Dim;
   static const Architecture arch{
       .name = "mixtral",
       .hf_architectures = {"MixtralForCausalLM"},
+      .gguf_architectures = {"llama"},  // llama.cpp's converter writes Mixtral as llama with experts
+      .gguf_interleaved_rotary = true,
       .tensors = WithoutDenseMlp(LlamaTensors()),
       .layer = {kInputNorm, kQkvProj, kRope, kWriteKv, kAttention, kOutProj, kSumRanks, kResidual, kPostNorm, kMoe,
                 kSumRanks, kResidual},
-      .expert_tensors = {{"block_sparse_moe.gate.weight", "", kExperts, kHidden, LayerRole::kRouter},
-                         {"block_sparse_moe.experts.{e}.w1.weight", "", kMoeFf, kHidden, LayerRole::kExpertGate},
-                         {"block_sparse_moe.experts.{e}.w3.weight", "", kMoeFf, kHidden, LayerRole::kExpertUp},
-                         {"block_sparse_moe.experts.{e}.w2.weight", "", kHidden, kMoeFf, LayerRole::kExpertDown}},
+      .expert_tensors = MoeTensors("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight",
+                                   "block_sparse_moe.experts.{e}.w3.weight", "block_sparse_moe.experts.{e}.w2.weight"),
   };
   return arch;
 }

@@ -7,17 +7,15 @@ namespace inferd {
 
 const Architecture& Qwen3MoeArchitecture() {
   using enum LayerOp;
-  using enum Dim;
   static const Architecture arch{
       .name = "qwen3_moe",
       .hf_architectures = {"Qwen3MoeForCausalLM"},
+      .gguf_architectures = {"qwen3moe"},
       .tensors = InsertAfter(LlamaTensors(), LayerRole::kVProj, QkNormTensors()),
       .layer = {kInputNorm, kQkvProj, kQkNorm, kRope, kWriteKv, kAttention, kOutProj, kSumRanks, kResidual, kPostNorm,
                 kMoe, kSumRanks, kResidual},
-      .expert_tensors = {{"mlp.gate.weight", "", kExperts, kHidden, LayerRole::kRouter},
-                         {"mlp.experts.{e}.gate_proj.weight", "", kMoeFf, kHidden, LayerRole::kExpertGate},
-                         {"mlp.experts.{e}.up_proj.weight", "", kMoeFf, kHidden, LayerRole::kExpertUp},
-                         {"mlp.experts.{e}.down_proj.weight", "", kHidden, kMoeFf, LayerRole::kExpertDown}},
+      .expert_tensors = MoeTensors("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
+                                   "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
       .dense_layer = {kInputNorm, kQkvProj, kQkNorm, kRope, kWriteKv, kAttention, kOutProj, kSumRanks, kResidual,
                       kPostNorm, kGateUpProj, kSiluMul, kDownProj, kSumRanks, kResidual},
       .normalize_top_k = false,  // transformers' Qwen3MoeConfig default; the released models set norm_topk_prob

@@ -63,11 +63,41 @@ absl::Status Describe(const GgufFile& f, const std::string& name, std::vector<in
   }
   out->name = name;
   out->cols = dims[0];
-  out->rows = dims.size() == 2 ? dims[1] : 1;
+  out->rows = 1;
+  for (size_t i = 1; i < dims.size(); ++i) out->rows *= dims[i];  // [experts, rows, cols]: experts × rows rows
   out->ggml = true;
   out->ggml_type = t->type;
   out->bytes = f.Bytes(*t);
   ++(*type_counts)[GgmlTypeName(t->type)];
+  return absl::OkStatus();
+}
+
+// A mixture's experts as llama.cpp writes them: expert_count, expert_used_count, expert_feed_forward_length (else
+// feed_forward_length), expert_weights_norm (whether the top k weights are divided by their sum; llama.cpp's
+// Mixtral and Qwen3-MoE do); a layer is sparse where it has a router (ffn_gate_inp), as llama.cpp decides it.
+absl::Status ReadExperts(const GgufContents& g, const std::string& p, int64_t experts, ModelConfig* c) {
+  c->num_experts = static_cast<int32_t>(experts);
+  INFERD_ASSIGN_OR_RETURN(c->experts_per_token, GetInt(g, p + "expert_used_count", 1, experts));
+  INFERD_ASSIGN_OR_RETURN(c->moe_intermediate_size,
+                          GetInt(g, p + "expert_feed_forward_length", 1, kMaxDim, c->intermediate_size));
+  c->normalize_top_k = true;
+  if (const GgufValue* v = g.Find(p + "expert_weights_norm")) {
+    if (v->type != GgufType::kBool) {
+      return Bad(absl::StrCat("metadata '", p, "expert_weights_norm' is a ", GgufTypeName(v->type), ", not a bool"));
+    }
+    c->normalize_top_k = v->i != 0;
+  }
+  c->sparse_layers.assign(c->num_layers, false);
+  for (int32_t l = 0; l < c->num_layers; ++l) {
+    c->sparse_layers[l] = g.FindTensor(absl::StrCat("blk.", l, ".ffn_gate_inp.weight")) != nullptr;
+  }
+  if (std::find(c->sparse_layers.begin(), c->sparse_layers.end(), true) == c->sparse_layers.end()) {
+    return Bad(absl::StrCat(p, "expert_count = ", experts, " but no layer has a router (blk.N.ffn_gate_inp.weight)"));
+  }
+  if (c->arch->dense_layer.empty() &&
+      std::find(c->sparse_layers.begin(), c->sparse_layers.end(), false) != c->sparse_layers.end()) {
+    return Bad(absl::StrCat(c->architecture, " has no dense layers, but a layer of this file has no router"));
+  }
   return absl::OkStatus();
 }
 
@@ -82,21 +112,15 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
   const GgufContents& g = file.contents();
   const std::string arch = GgufString(g, "general.architecture");
   ModelConfig c;
-  c.arch = FindGgufArchitecture(arch);
+  const std::string p = arch + ".";
+  // A mixture of experts (Mixtral's files are "llama" with experts, Qwen3-MoE's "qwen3moe"), stacked in 3-D tensors.
+  INFERD_ASSIGN_OR_RETURN(const int64_t experts, GetInt(g, p + "expert_count", 0, 4096, 0));
+  c.arch = FindGgufArchitecture(arch, experts > 0);
   if (!c.arch) {
-    return Bad(absl::StrCat("general.architecture '", arch.substr(0, 80),
-                            "' is not supported; supported: ", SupportedGgufArchitectures()));
+    return Bad(absl::StrCat("general.architecture '", arch.substr(0, 80), "'", experts > 0 ? " with experts" : "",
+                            " is not supported; supported: ", SupportedGgufArchitectures()));
   }
   c.architecture = std::string(c.arch->hf_architectures.front());
-  const std::string p = arch + ".";
-  if (g.Find(p + "expert_count")) {  // Mixtral's files are "llama" with experts, stacked in 3-D tensors
-    INFERD_ASSIGN_OR_RETURN(const int32_t experts, GetInt(g, p + "expert_count", 0, 1 << 16, 0));
-    if (experts > 0) {
-      return Bad(absl::StrCat(p, "expert_count = ", experts,
-                              ": GGUF mixtures of experts are not read yet; the model's Hugging Face directory serves "
-                              "on the cpu backend"));
-    }
-  }
   INFERD_ASSIGN_OR_RETURN(c.num_layers, GetInt(g, p + "block_count", 1, 4096));
   INFERD_ASSIGN_OR_RETURN(c.hidden_size, GetInt(g, p + "embedding_length", 1, kMaxDim));
   INFERD_ASSIGN_OR_RETURN(c.intermediate_size, GetInt(g, p + "feed_forward_length", 1, kMaxDim));
@@ -172,6 +196,7 @@ absl::StatusOr<ModelConfig> GgufModelConfig(const GgufFile& file) {
         GetFloat(g, p + "rope.scaling.attn_factor",
                  LongRopeAttentionFactor(c.max_position_embeddings, c.rope.original_max_position_embeddings)));
   }
+  if (experts > 0) INFERD_RETURN_IF_ERROR(ReadExperts(g, p, experts, &c));
   c.torch_dtype = "gguf";
   if (const GgufValue* v = g.Find("tokenizer.ggml.eos_token_id"); v && v->is_integer()) {
     c.eos_token_ids.push_back(static_cast<int32_t>(v->i));

@@ -252,9 +252,11 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.index == 0 ? "smollm2" : info.index == 1 ? "llama2" : "qwen2");
     });
 
-// The GGUF conversion holds the same weights as the Hugging Face directory, q/k rows included.
+// The GGUF conversion holds the same weights as the Hugging Face directory, q/k rows included; the mixtures' routers
+// and experts (stacked in the GGUF file) too, and their experts' settings (qwen3-moe-tiny's layer 1 is dense).
 TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {
-  for (const char* name : {"llama2-tiny", "qwen2-tiny", "qwen3-tiny", "gemma3-tiny", "phi3-tiny"}) {
+  for (const char* name :
+       {"llama2-tiny", "qwen2-tiny", "qwen3-tiny", "gemma3-tiny", "phi3-tiny", "mixtral-tiny", "qwen3-moe-tiny"}) {
     SCOPED_TRACE(name);
     auto hf = LoadModel(testing::ModelDir(name));
     auto gg = LoadModel(testing::ModelDir(name) + ".gguf");
@@ -282,6 +284,21 @@ TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {
     EXPECT_EQ(hw->layers[1].attn_out_norm.data, gw->layers[1].attn_out_norm.data);
     EXPECT_EQ(hw->layers[1].mlp_out_norm.data, gw->layers[1].mlp_out_norm.data);
     EXPECT_EQ(hw->final_norm.data, gw->final_norm.data);
+    EXPECT_EQ(a.num_experts, b.num_experts);
+    EXPECT_EQ(a.experts_per_token, b.experts_per_token);
+    EXPECT_EQ(a.moe_intermediate_size, b.moe_intermediate_size);
+    EXPECT_EQ(a.normalize_top_k, b.normalize_top_k);
+    EXPECT_EQ(a.sparse_layers, b.sparse_layers);
+    for (size_t l = 0; l < hw->layers.size(); ++l) {
+      EXPECT_EQ(hw->layers[l].gate_up.data, gw->layers[l].gate_up.data);
+      EXPECT_EQ(hw->layers[l].router.data, gw->layers[l].router.data);
+      ASSERT_EQ(hw->layers[l].expert_gate_up.size(), size_t(a.sparse(l) ? a.num_experts : 0));
+      ASSERT_EQ(hw->layers[l].expert_gate_up.size(), gw->layers[l].expert_gate_up.size());
+      for (size_t e = 0; e < hw->layers[l].expert_gate_up.size(); ++e) {
+        EXPECT_EQ(hw->layers[l].expert_gate_up[e].data, gw->layers[l].expert_gate_up[e].data);
+        EXPECT_EQ(hw->layers[l].expert_down[e].data, gw->layers[l].expert_down[e].data);
+      }
+    }
     EXPECT_EQ(a.layer_window, b.layer_window);
     EXPECT_EQ(a.rope_local_theta, b.rope_local_theta);
     EXPECT_EQ(a.embedding_scale(), b.embedding_scale());
@@ -312,16 +329,16 @@ TEST(GgufModel, MetadataOfTheWrongTypeOrArchitectureIsRefusedByName) {
   wrong_arch.Header(3, 0, 1).KvStr("general.architecture", "gpt-neox");
   GgufBuilder missing;
   missing.Header(3, 0, 1).KvStr("general.architecture", "llama");
-  GgufBuilder experts;  // Mixtral's GGUF: "llama" with experts
+  GgufBuilder experts;  // experts in a family that has none
   experts.Header(3, 0, 3)
-      .KvStr("general.architecture", "llama")
-      .KvU32("llama.expert_count", 8)
-      .KvU32("llama.block_count", 32);
+      .KvStr("general.architecture", "qwen2")
+      .KvU32("qwen2.expert_count", 8)
+      .KvU32("qwen2.block_count", 32);
   const std::pair<GgufBuilder*, const char*> cases[] = {
       {&wrong_type, "'llama.block_count' is a string, not an integer"},
       {&wrong_arch, "'gpt-neox' is not supported"},
       {&missing, "'llama.block_count' is missing"},
-      {&experts, "llama.expert_count = 8: GGUF mixtures of experts are not read yet"}};
+      {&experts, "'qwen2' with experts is not supported"}};
   for (const auto& [b, msg] : cases) {
     const std::string path = WriteTemp(b->bytes);
     auto m = LoadModel(path);

@@ -68,6 +68,12 @@ TEST(ModelConfig, EachArchitectureFindsItsFamilyAndItsLayerProgram) {
   EXPECT_FALSE(Qwen3Architecture().qkv_bias());
   EXPECT_EQ(FindGgufArchitecture("qwen3"), &Qwen3Architecture());
   EXPECT_EQ(FindGgufArchitecture("gpt2"), nullptr);
+  // One GGUF name, a dense family and a mixture: llama.cpp writes Mixtral as "llama" with experts.
+  EXPECT_EQ(FindGgufArchitecture("llama"), &LlamaArchitecture());
+  EXPECT_EQ(FindGgufArchitecture("llama", /*experts=*/true), &MixtralArchitecture());
+  EXPECT_EQ(FindGgufArchitecture("qwen3moe", /*experts=*/true), &Qwen3MoeArchitecture());
+  EXPECT_EQ(FindGgufArchitecture("qwen3moe"), nullptr);
+  EXPECT_NE(SupportedGgufArchitectures().find("qwen3moe (with experts)"), std::string::npos);
   EXPECT_NE(SupportedArchitectures().find("Qwen3ForCausalLM"), std::string::npos);
 }
 

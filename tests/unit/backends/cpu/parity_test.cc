@@ -115,6 +115,8 @@ INSTANTIATE_TEST_SUITE_P(
         ParityCase{"qwen3-tiny", 16, 2048, "tests/fixtures/models/qwen3-tiny.gguf"},
         ParityCase{"gemma3-tiny", 16, 2048, "tests/fixtures/models/gemma3-tiny.gguf"},
         ParityCase{"phi3-tiny", 16, 2048, "tests/fixtures/models/phi3-tiny.gguf"},
+        ParityCase{"mixtral-tiny", 16, 2048, "tests/fixtures/models/mixtral-tiny.gguf"},
+        ParityCase{"qwen3-moe-tiny", 16, 2048, "tests/fixtures/models/qwen3-moe-tiny.gguf"},
         ParityCase{"smollm2-135m-instruct", 16, 2048, "models/SmolLM2-135M-Instruct.Q4_1.gguf"},
         // Google's Gemma 3 270M (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0), fetched by scripts/setup.sh.
         ParityCase{"gemma3-270m", 16, 2048, "models/gemma-3-270m-q4_k_m.gguf"}),
