@@ -892,6 +892,24 @@ TEST(CudaParity, Gemma3_270mRealWeightsMatchTransformersOnTheSameGguf) {
   }
 }
 
+// A mixture of experts from its GGUF file (Mixtral as llama.cpp writes it: "llama" with experts stacked in 3-D
+// tensors) on cuda agrees with transformers' fp32 as its Hugging Face directory does, up to each prompt's first
+// margin under 0.1 (its heads of 16 run padded to 64).
+TEST(CudaBackend, AMixtureServesFromItsGgufFile) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no GPU";
+  const nlohmann::json ref = testing::ReadJson(testing::SourcePath("tests/fixtures/reference/mixtral-tiny.json"));
+  std::vector<std::shared_ptr<testing::CollectingSink>> sinks;
+  RunReferencePrompts(CudaConfig(testing::ModelDir("mixtral-tiny") + ".gguf", "float16", 16, 2048, 8, true), ref,
+                      &sinks);
+  std::vector<std::vector<int32_t>> tokens;
+  for (const auto& sink : sinks) tokens.push_back(sink->tokens);
+  const Agreement got = Agree(tokens, ref);
+  std::printf("[ parity   ] mixtral-tiny.gguf float16 on cuda: %d of %d positions agree\n", got.agreed, got.compared);
+  EXPECT_TRUE(got.first_mismatch.empty()) << got.first_mismatch;
+  EXPECT_GE(got.compared, static_cast<int>(tokens.size()) * 2) << "positions are compared";
+}
+
 // Heads the attention kernels have no head dim for run padded with zeros to the next one (head_padding.h): the
 // tiny fixtures' heads of 16 at 64, with partial rotary and LongRoPE on phi3-tiny, agree with transformers' fp32
 // (their committed references) in fp16 up to each prompt's first margin under 0.1. A head dim above every kernel's
