@@ -423,6 +423,13 @@ void CudaBackend::ChooseKernels() {
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ranks_[0]->device);
   const cuda::Gemm& gemm = *ranks_[0]->gemm;
   const bool fp8 = ranks_[0]->w.fp8;
+  const GpuArchitecture* arch = ArchitectureFor(cc * 10 + minor);  // CreateCudaBackend checked there is one
+  const std::string launch = k::DependentLaunchAllowed() ? absl::StrCat("on (compute capability ", cc, ".", minor, ")")
+                             : arch && arch->dependent_launch
+                                 ? absl::StrCat("off (compute capability ", cc, ".", minor,
+                                                " has it, but the code it runs was built for one "
+                                                "before 9.0)")
+                                 : absl::StrCat("off (compute capability ", cc, ".", minor, " predates it)");
   choices_ = {
       {"gpu code", device_code_},
       {"attention",
@@ -433,9 +440,7 @@ void CudaBackend::ChooseKernels() {
       {"products",
        absl::StrCat("the weight-streaming kernel up to ", fp8 ? gemm.fp8_gemv_max_rows() : gemm.gemv_max_rows(),
                     " rows, cuBLASLt beyond", fp8 ? " (fp8 e4m3 weights, per-channel scales)" : "")},
-      {"dependent launch", k::DependentLaunchAllowed() ? absl::StrCat("on (compute capability ", cc, ".", minor, ")")
-                                                       : absl::StrCat("off (compute capability ", cc, ".", minor,
-                                                                      ", or code built for one before 9.0)")},
+      {"dependent launch", launch},
       {"decode graphs", use_graphs_ ? "CUDA graphs per decode bucket" : "off (engine.cuda_graphs)"}};
   if (ranks_.size() > 1) {
     const cuda::Collectives* comm = ranks_[0]->comm.get();

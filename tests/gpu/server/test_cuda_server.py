@@ -88,6 +88,7 @@ def test_serves_on_cuda_with_a_memory_plan_equal_to_the_pool(server):
     kernels = {k.op: k.choice for k in info.kernels}
     assert "FlashInfer" in kernels["attention"] and "cuBLASLt" in kernels["products"], kernels
     assert kernels["dependent launch"].startswith(("on (compute capability", "off (compute capability")), kernels
+    assert " runs sm_" in kernels["gpu code"] or " runs compute_" in kernels["gpu code"], kernels
     assert ("all-reduce" in kernels) == (int(TP["tensor_parallel_size"]) > 1), kernels
     assert "cuda kernels on NVIDIA" in server.logs()
 
