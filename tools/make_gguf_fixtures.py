@@ -14,6 +14,8 @@
   tests/fixtures/models/qwen3-moe-tiny.gguf
                                            qwen3-moe-tiny: "qwen3moe", expert_feed_forward_length,
                                            expert_weights_norm false, its dense layer without a router
+  tests/fixtures/models/qwen3-moe-tiny-experts-q8_0.gguf
+                                           the same with its stacked experts in Q8_0
   tests/fixtures/gguf/quants.gguf + .json  random blocks of every quantized type inferd reads and the values
                                            gguf.quants.dequantize gives for them
   tests/fixtures/tokenizer/smollm2-gguf.json
@@ -76,13 +78,14 @@ def add(writer, name, arr, dtype):
         writer.add_tensor(name, arr, raw_dtype=ggml)
 
 
-def convert(name, arch, tokenizer_kind):
+def convert(name, arch, tokenizer_kind, experts_q8_0=False):
     d = os.path.join(MODELS, name)
     cfg = json.load(open(os.path.join(d, "config.json")))
     tok = json.load(open(os.path.join(d, "tokenizer.json")))
     tok_cfg = json.load(open(os.path.join(d, "tokenizer_config.json")))
     w = read_safetensors(d)
-    writer = gguf.GGUFWriter(os.path.join(MODELS, f"{name}.gguf"), arch)
+    out_name = f"{name}-experts-q8_0" if experts_q8_0 else name
+    writer = gguf.GGUFWriter(os.path.join(MODELS, f"{out_name}.gguf"), arch)
     writer.add_name(name)
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     writer.add_context_length(cfg["max_position_embeddings"])
@@ -202,7 +205,11 @@ def convert(name, arch, tokenizer_kind):
             names = {"mlp.": ("gate_proj", "up_proj", "down_proj"), "block_sparse_moe.": ("w1", "w3", "w2")}[moe]
             for stacked, hf in zip(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), names):
                 arr = np.stack([t(p + f"{moe}experts.{e}.{hf}.weight")[0] for e in range(experts)])
-                add(writer, g + stacked + ".weight", arr, dtype)
+                if experts_q8_0:  # as a quantized file holds them: Q8_0 blocks along each row
+                    f32 = (arr.astype(np.uint32) << 16).view(np.float32) if dtype == "BF16" else arr.astype(np.float32)
+                    writer.add_tensor(g + stacked + ".weight", gguf.quants.quantize(f32, Q.Q8_0), raw_dtype=Q.Q8_0)
+                else:
+                    add(writer, g + stacked + ".weight", arr, dtype)
         elif arch == "phi3":
             add(writer, g + "ffn_up.weight", t(p + "mlp.gate_up_proj.weight")[0], dtype)
         else:
@@ -214,7 +221,7 @@ def convert(name, arch, tokenizer_kind):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    print(f"{name}.gguf: {arch}, {dtype}, {len(tokens)} tokens")
+    print(f"{out_name}.gguf: {arch}, {dtype}{', experts Q8_0' if experts_q8_0 else ''}, {len(tokens)} tokens")
 
 
 def random_blocks(qtype, rows, cols, rng):
@@ -303,6 +310,7 @@ def main():
     convert("phi3-tiny", "phi3", "llama")
     convert("mixtral-tiny", "llama", "llama")
     convert("qwen3-moe-tiny", "qwen3moe", "gpt2")
+    convert("qwen3-moe-tiny", "qwen3moe", "gpt2", experts_q8_0=True)
     quants()
     smollm2_tokenizer()
 

@@ -313,6 +313,41 @@ TEST(GgufModel, WeightsEqualTheHuggingFaceDirectory) {
   }
 }
 
+// Quantized stacked experts: each expert's rows are whole Q8_0 blocks cut from the 3-D tensor, and decode to that
+// expert's own weights within Q8_0's rounding (half a step of each 32-value block's scale, the scale itself fp16:
+// under 0.6 of a step), nowhere near another expert's.
+TEST(GgufModel, QuantizedStackedExpertsDecodeToEachExpertsWeights) {
+  auto hf = LoadModel(testing::ModelDir("qwen3-moe-tiny"));
+  auto gg = LoadModel(testing::ModelDir("qwen3-moe-tiny") + "-experts-q8_0.gguf");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  ASSERT_TRUE(gg.ok()) << gg.status();
+  auto hw = BuildCpuWeights((*hf)->tensors);
+  auto gw = BuildCpuWeights((*gg)->tensors);
+  ASSERT_TRUE(hw.ok()) << hw.status();
+  ASSERT_TRUE(gw.ok()) << gw.status();
+  int checked = 0;
+  for (size_t l = 0; l < hw->layers.size(); ++l) {
+    ASSERT_EQ(hw->layers[l].expert_down.size(), gw->layers[l].expert_down.size());
+    for (size_t e = 0; e < hw->layers[l].expert_down.size(); ++e) {
+      for (auto part : {&CpuLayerWeights::expert_gate_up, &CpuLayerWeights::expert_down}) {
+        const Matrix &want = (hw->layers[l].*part)[e], &got = (gw->layers[l].*part)[e];
+        ASSERT_EQ(want.data.size(), got.data.size());
+        for (size_t b = 0; b < want.data.size(); b += 32) {  // rows are whole blocks: cols % 32 == 0
+          float amax = 0.f;
+          for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::abs(want.data[i]));
+          for (size_t i = b; i < b + 32; ++i) {
+            ASSERT_LE(std::abs(got.data[i] - want.data[i]), amax / 127.f * 0.6f + 1e-6f)
+                << "layer " << l << " expert " << e << " element " << i;
+          }
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+  EXPECT_NE(gw->layers[0].expert_down[0].data, hw->layers[0].expert_down[0].data) << "the file's experts are Q8_0";
+}
+
 std::string WriteTemp(const std::vector<uint8_t>& bytes) {
   char path[] = "/tmp/inferd-gguf-XXXXXX";
   const int fd = mkstemp(path);
