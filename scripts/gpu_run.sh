@@ -53,6 +53,9 @@ BUNDLE=/tmp/inferd-bundle
 export LD_LIBRARY_PATH="$BUNDLE/lib:${LD_LIBRARY_PATH:-}"
 export INFERD_SOURCE_DIR="$PWD"
 export PYTHONUNBUFFERED=1
+# A PTX-only bundle (INFERD_CUDA_ARCHS=80-virtual, 89-virtual) is compiled by the driver at first use, minutes for
+# the attention and fp8 kernels: a cache large enough to hold all of it lets each later process start at once.
+export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
 export PYTHONPATH="$BUNDLE/pystubs${PYTHONPATH:+:$PYTHONPATH}"  # gRPC stubs and grpc_health for the black-box tests
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/device.txt"
 status=0

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <tuple>
 
 #include "kernels/elementwise.h"
@@ -189,6 +190,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvQkvRopeTest,
 using GatedShape = std::tuple<int, int, int, kernels::GatedActivation>;
 class GemvGatedActTest : public ::testing::TestWithParam<GatedShape> {};
 
+std::string GatedName(const GatedShape& shape) {
+  const auto [m, inter, k, act] = shape;
+  return std::string(act == kernels::GatedActivation::kSilu ? "silu" : "gelu_tanh") + "_m" + std::to_string(m) +
+         "_inter" + std::to_string(inter) + "_k" + std::to_string(k);
+}
+
 template <typename T>
 void CheckGatedAct(const GatedShape& shape, uint32_t seed) {
   const auto [m, inter, k, act] = shape;
@@ -222,7 +229,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvGatedActTest,
                          ::testing::Values(GatedShape{1, 1, 8, kernels::GatedActivation::kSilu},
                                            GatedShape{2, 37, 200, kernels::GatedActivation::kSilu},
                                            GatedShape{1, 1000, 4104, kernels::GatedActivation::kGeluTanh},
-                                           GatedShape{2, 515, 264, kernels::GatedActivation::kGeluTanh}));
+                                           GatedShape{2, 515, 264, kernels::GatedActivation::kGeluTanh}),
+                         [](const auto& info) { return GatedName(info.param); });
 
 TEST(GemvGatedAct, RefusesShapesItCannotRun) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
