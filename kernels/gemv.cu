@@ -292,7 +292,8 @@ cudaError_t GemvGatedAct(const T* x, const T* w, T* out, int64_t m, int64_t inte
     return m == 1 ? LaunchRows<T, T, 1>(x, w, nullptr, out, 2 * inter, k, stream, columns)
                   : LaunchRows<T, T, 2>(x, w, nullptr, out, 2 * inter, k, stream, columns);
   };
-  return act == GatedActivation::kGeluTanh ? launch(GatedColumns<1>{inter}) : launch(GatedColumns<0>{inter});
+  constexpr int kSilu = static_cast<int>(GatedActivation::kSilu), kGelu = static_cast<int>(GatedActivation::kGeluTanh);
+  return act == GatedActivation::kGeluTanh ? launch(GatedColumns<kGelu>{inter}) : launch(GatedColumns<kSilu>{inter});
 }
 
 template cudaError_t GemvQkvRope(const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
