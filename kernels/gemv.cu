@@ -66,6 +66,7 @@ __device__ __forceinline__ void Accumulate(const uint4 (&wv)[R], const T* __rest
 // Where a warp's R output columns lie and what becomes of them. Plain products: R adjacent columns, written to Y
 // (rows ldy apart) rounded once, the stores spread over the lanes.
 struct PlainColumns {
+  static constexpr bool kNextStartsEarly = false;  // see RopeColumns
   int64_t ldy;
 
   template <int R>
@@ -92,6 +93,8 @@ struct PlainColumns {
 // into the token's cache slot.
 template <typename T>
 struct RopeColumns {
+  // Attention follows: it may start (and stream the cache's earlier K/V) while this product runs.
+  static constexpr bool kNextStartsEarly = true;
   const int32_t* positions;
   const int32_t* slots;
   const float* inv_freq;
@@ -145,6 +148,7 @@ struct RopeColumns {
 // halves (R = 2), rounds each as the plain product would and writes act(gate) · up as ActivateMul does.
 template <int kActivation>
 struct GatedColumns {
+  static constexpr bool kNextStartsEarly = false;
   int64_t inter;
 
   template <int R>
@@ -199,6 +203,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   WaitForPrerequisites();
+  if constexpr (Columns::kNextStartsEarly) AllowDependentsToLaunch();
   for (bool first = true; c + (kSteps - 1) * 32 < chunks; c += kSteps * 32, first = false) {
     if (!first) {
 #pragma unroll

@@ -40,7 +40,8 @@
 #   it out, FAMILIES_MOE_SECTIONS narrows it). FAMILIES_SECTIONS, FAMILIES_QUANTIZATIONS, FAMILIES_GEMMA and
 #   FAMILIES_GEMMA_SECTIONS narrow it (e.g. latency, none, windows, latency: the plans alone).
 # ab: the build before (.bundle/base.tar.xz, its bin/inferd-bench) against this one, in turn, on the Llama-3-8B
-#   and Qwen3-8B shapes (AB_* narrow it; AB_TESTS runs those GPU tests first).
+#   and Qwen3-8B shapes (AB_* narrow it; AB_TESTS runs those GPU tests first); variants in .bundle/side-NAME.tar.xz
+#   run between them.
 # frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
 #   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
 set -uo pipefail
@@ -361,13 +362,21 @@ if [[ "$what" == ab ]]; then
   fi
   BASE=/tmp/inferd-base && rm -rf "$BASE" && mkdir -p "$BASE" && tar -C "$BASE" -xJf .bundle/base.tar.xz
   base_libs="$BUNDLE/lib" && [[ -d "$BASE/lib" ]] && base_libs="$BASE/lib"
+  # Variants timed between the two: each .bundle/side-NAME.tar.xz (its bin/inferd-bench, on this bundle's libraries).
+  sides=""
+  for f in .bundle/side-*.tar.xz; do
+    [[ -f $f ]] || continue
+    side=$(basename "$f" .tar.xz) && sides="$sides $side"
+    rm -rf "/tmp/inferd-$side" && mkdir -p "/tmp/inferd-$side" && tar -C "/tmp/inferd-$side" -xJf "$f"
+  done
   python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-config --config-only >/dev/null || status=1
   python3 tools/make_llama3_8b_random.py /tmp/qwen3-8b-config --config-only --qwen3-8b >/dev/null || status=1
   for i in $(seq 1 "${AB_ROUNDS:-2}"); do
     for m in ${AB_MODELS:-llama3 qwen3}; do
       for q in ${AB_QUANTIZATIONS:-none}; do
-        for side in base new; do
+        for side in base $sides new; do
           bin="$BUNDLE/bin/inferd-bench" libs="$BUNDLE/lib" && [[ $side == base ]] && bin="$BASE/bin/inferd-bench" libs="$base_libs"
+          [[ $side == side-* ]] && bin="/tmp/inferd-$side/bin/inferd-bench"
           name="ab_${m}_${q}_${side}_$i"
           LD_LIBRARY_PATH="$libs" "$bin" --model "/tmp/$m-8b-config" --load-format dummy --quantization "$q" \
             --sections "${AB_SECTIONS:-latency}" --batches "${AB_BATCHES:-1}" --json "$OUT/$name.json" \

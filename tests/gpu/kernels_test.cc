@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "engine/model/model_tensors.h"
+#include "kernels/decode_attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/fill_random.h"
 #include "kernels/paged_attention.h"
@@ -456,6 +457,29 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   const std::vector<double> ref = testing::PagedAttentionReference(q, q_stride, k, v, c.seqs, qo_indptr, kv_indptr,
                                                                    pages, bs, c.heads, c.kv_heads, D, scale, c.window);
   EXPECT_LT(RelError(FromBf16(out.Host()), ref), 1e-2);
+  // Rows of one query token over a bf16 cache without a window: the one-launch decode kernel too, in bf16 and fp16.
+  const bool decode_rows = T == S && !c.fp8_kv && c.window == 0;
+  if (decode_rows && kernels::DecodeAttentionSupports(c.heads, c.kv_heads, D)) {
+    Dev<bf16> decode_out(T * int64_t{c.heads} * D);
+    CUDA_OK(kernels::RunDecodeAttention<bf16>(dq.get(), q_stride, dk.get(), dv.get(), d_kv.get(), d_pages.get(),
+                                              d_last.get(), decode_out.get(), S, c.heads, c.kv_heads, D, bs, scale,
+                                              /*early_launch=*/true, nullptr));
+    auto to_half = [](const std::vector<float>& x) {
+      std::vector<__half> h(x.size());
+      for (size_t i = 0; i < x.size(); ++i) h[i] = __float2half(x[i]);
+      return h;
+    };
+    // fp16 holds these values exactly where bf16 does (|x| < 4, 8 significant bits).
+    Dev<__half> hq(to_half(q)), hk(to_half(k)), hv(to_half(v)), half_out(T * int64_t{c.heads} * D);
+    CUDA_OK(kernels::RunDecodeAttention<__half>(hq.get(), q_stride, hk.get(), hv.get(), d_kv.get(), d_pages.get(),
+                                                d_last.get(), half_out.get(), S, c.heads, c.kv_heads, D, bs, scale,
+                                                /*early_launch=*/false, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_LT(RelError(FromBf16(decode_out.Host()), ref), 1e-2) << "the decode kernel, bf16";
+    std::vector<float> half_values;
+    for (__half e : half_out.Host()) half_values.push_back(__half2float(e));
+    EXPECT_LT(RelError(half_values, ref), 2e-3) << "the decode kernel, fp16";
+  }
   cudaFree(fws);
   cudaFree(iws);
   cudaFreeHost(iws_host);
@@ -482,6 +506,10 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{128, 32, 8, 16, {{256, 1}}, true}, AttentionCase{64, 4, 4, 1, {{17, 1}, {97, 1}}},
         AttentionCase{256, 4, 2, 8, {{1, 1}, {700, 1}}}, AttentionCase{128, 6, 2, 16, {{1, 1}}, true},
         AttentionCase{128, 32, 4, 16, {{5000, 1}, {33, 1}}},
+        // one or two decode rows of groups the decode kernel holds two to a warp (7, 8), many KV heads of one query
+        // head each, and the 70B shape's group at a long context (all splits of a 16-block cluster busy)
+        AttentionCase{128, 14, 2, 16, {{700, 1}, {1, 1}}}, AttentionCase{128, 32, 32, 16, {{1000, 1}}},
+        AttentionCase{128, 64, 8, 16, {{20000, 1}}}, AttentionCase{256, 16, 2, 16, {{640, 1}, {1152, 1}}, true},
         // many decode rows, more CTAs than the GPU holds at once, graph and not
         AttentionCase{128, 32, 8, 16, ManyDecodeRows(300), true},
         AttentionCase{128, 16, 4, 16, ManyDecodeRows(200), false},

@@ -33,6 +33,7 @@
 #include "engine/runtime/step_input.h"
 #include "engine/status_macros.h"
 #include "engine/trace.h"
+#include "kernels/decode_attention.h"
 #include "kernels/dependent_launch.h"
 #include "kernels/device_code.h"
 #include "kernels/moe_routing.h"
@@ -436,7 +437,14 @@ void CudaBackend::ChooseKernels() {
        absl::StrCat("FlashInfer's paged prefill kernels (FA2, the sm80 code path, on every GPU) for prefill and "
                     "decode, the KV split by its planner",
                     cfg_.has_windows() ? "; the window layers through its sliding-window variant, planned apart" : "",
-                    fp8_kv_ ? "; over an fp8 e4m3 cache" : "")},
+                    fp8_kv_ ? "; over an fp8 e4m3 cache" : "",
+                    !fp8_kv_ && k::DecodeAttentionSupports(ranks_[0]->cfg.num_heads, ranks_[0]->cfg.num_kv_heads,
+                                                           ranks_[0]->cfg.head_dim)
+                        ? absl::StrCat("; decode steps of up to ", gemm.streaming_rows(fp8), " rows",
+                                       cfg_.has_windows() ? " in the global layers" : "",
+                                       " through inferd's one-launch split-KV kernel (a thread-block cluster per "
+                                       "row and KV head, kernels/decode_attention.h)")
+                        : "")},
       {"products",
        absl::StrCat("the weight-streaming kernel up to ", fp8 ? gemm.fp8_gemv_max_rows() : gemm.gemv_max_rows(),
                     " rows, cuBLASLt beyond", fp8 ? " (fp8 e4m3 weights, per-channel scales)" : "")},

@@ -14,6 +14,7 @@
 #include "engine/status_macros.h"
 #include "engine/trace.h"
 #include "kernels/ceilings.h"
+#include "kernels/decode_attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8.h"
 #include "kernels/gemv.h"
@@ -118,6 +119,10 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   // Steps of one or two rows fuse the gated activation into the gate/up product (bf16/fp16 weights).
   const bool fused_gated_act = !w.fp8 && Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
                                k::GemvSupports(xn, w.layers[0].gate_up.data.get(), Tn, H);
+  // Steps of a few decode rows (one query token per sequence) run attention as one cluster launch
+  // (kernels/decode_attention.h) where the device and shape allow, except in sliding-window layers.
+  const bool decode_attention = Tn <= gemm.streaming_rows(w.fp8) && in.num_seqs() == Tn &&
+                                k::DecodeAttentionSupports(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
   // RoPE and the K/V write (one kernel), or attention, over the cache's element type C.
   auto over_cache = [&](int layer, auto&& run) -> absl::Status {
     const CudaLayerWeights& L = w.layers[layer];
@@ -179,6 +184,16 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           TraceRange attention("attention");
           INFERD_RETURN_IF_ERROR(over_cache(layer, [&](auto* k_cache, auto* v_cache, float ks, float vs) {
             using C = std::remove_pointer_t<decltype(k_cache)>;
+            if constexpr (std::is_same_v<C, T>) {
+              if (decode_attention && window <= 0) {
+                return FromCuda(
+                    k::RunDecodeAttention<T>(qkv, qkv_dim, k_cache, v_cache, b.kv_indptr(layer),
+                                             b.in<int32_t>(ir.kv_indices), b.in<int32_t>(ir.kv_last_page_len), attn, Tn,
+                                             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, in.block_size, sm_scale,
+                                             /*early_launch=*/true, s),
+                    "RunDecodeAttention");
+              }
+            }
             // A window layer runs on the window layers' plan and schedule, a global one on the global plan.
             const k::AttentionPlan& plan = window > 0 ? plans.window : plans.global;
             void* int_ws = b.act<void>(window > 0 ? a.attn_int_ws_window : a.attn_int_ws);
