@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads)
                           const T* __restrict__ v_cache, const int32_t* __restrict__ kv_indptr,
                           const int32_t* __restrict__ kv_indices, const int32_t* __restrict__ last_len,
                           T* __restrict__ out, int32_t num_qo_heads, int32_t num_kv_heads, int32_t page_size,
-                          float scale_log2) {
+                          float q_scale, float cap_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using S = Smem<T, D>;
   using P = Pair<T>;
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
   CommitCopies();
   for (int i = threadIdx.x; i < group * D; i += kThreads) {
     const int g = i / D, d = i % D;
-    q_s[i] = F(q[row * q_stride + (int64_t{kvh} * group + g) * D + d]) * scale_log2;
+    q_s[i] = F(q[row * q_stride + (int64_t{kvh} * group + g) * D + d]) * q_scale;
   }
 
   float m[kHeadsPerWarp], l[kHeadsPerWarp], o[kHeadsPerWarp][kPerLane];
@@ -201,7 +201,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int h = 0; h < kHeadsPerWarp; ++h) {
       const int g = warp + h * kWarps;
       if (g >= group) break;
-      const float s = lane < count ? score[h] : -INFINITY;
+      float s = lane < count ? score[h] : -INFINITY;
+      if (cap_log2 > 0.f && lane < count) s = tanhf(s) * cap_log2;  // q came scaled by sm_scale / cap
       const float m_new = fmaxf(m[h], WarpMax(s));
       const float p = lane < count ? exp2f(s - m_new) : 0.f;
       const float alpha = exp2f(m[h] - m_new);
@@ -271,7 +272,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int D>
 cudaError_t Launch(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, const int32_t* kv_indptr,
                    const int32_t* kv_indices, const int32_t* last_len, T* out, int32_t rows, int32_t num_qo_heads,
-                   int32_t num_kv_heads, int32_t page_size, float sm_scale, bool early_launch, cudaStream_t stream) {
+                   int32_t num_kv_heads, int32_t page_size, float sm_scale, float soft_cap, bool early_launch,
+                   cudaStream_t stream) {
   auto* kernel = DecodeAttentionKernel<T, D>;
   constexpr size_t kBytes = Smem<T, D>::kBytes;
   // Set on every launch: the attributes belong to the device current now (each tensor-parallel rank has its own).
@@ -316,9 +318,12 @@ cudaError_t Launch(const T* q, int64_t q_stride, const T* k_cache, const T* v_ca
       attrs[0].val.clusterDim.x = splits;
     }
   }
+  // Scores in log2 units: q scaled by sm_scale · log2 e, or with a soft cap by sm_scale / cap and tanh's result by
+  // cap · log2 e.
   constexpr float kLog2e = 1.4426950408889634f;
+  const float q_scale = soft_cap > 0.f ? sm_scale / soft_cap : sm_scale * kLog2e;
   return cudaLaunchKernelEx(&config, kernel, q, q_stride, k_cache, v_cache, kv_indptr, kv_indices, last_len, out,
-                            num_qo_heads, num_kv_heads, page_size, sm_scale * kLog2e);
+                            num_qo_heads, num_kv_heads, page_size, q_scale, soft_cap > 0.f ? soft_cap * kLog2e : 0.f);
 }
 
 }  // namespace
@@ -342,30 +347,32 @@ template <typename T>
 cudaError_t RunDecodeAttention(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_cache,
                                const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
                                T* out, int32_t num_rows, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
-                               int32_t page_size, float sm_scale, bool early_launch, cudaStream_t stream) {
-  if (num_rows < 0 || page_size <= 0 || !DecodeAttentionSupports(num_qo_heads, num_kv_heads, head_dim)) {
+                               int32_t page_size, float sm_scale, bool early_launch, cudaStream_t stream,
+                               float soft_cap) {
+  if (num_rows < 0 || page_size <= 0 || soft_cap < 0.f ||
+      !DecodeAttentionSupports(num_qo_heads, num_kv_heads, head_dim)) {
     return cudaErrorInvalidValue;
   }
   if (num_rows == 0) return cudaSuccess;
   switch (head_dim) {
     case 64:
       return Launch<T, 64>(q, q_row_stride, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, num_rows,
-                           num_qo_heads, num_kv_heads, page_size, sm_scale, early_launch, stream);
+                           num_qo_heads, num_kv_heads, page_size, sm_scale, soft_cap, early_launch, stream);
     case 128:
       return Launch<T, 128>(q, q_row_stride, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, num_rows,
-                            num_qo_heads, num_kv_heads, page_size, sm_scale, early_launch, stream);
+                            num_qo_heads, num_kv_heads, page_size, sm_scale, soft_cap, early_launch, stream);
     default:
       return Launch<T, 256>(q, q_row_stride, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, num_rows,
-                            num_qo_heads, num_kv_heads, page_size, sm_scale, early_launch, stream);
+                            num_qo_heads, num_kv_heads, page_size, sm_scale, soft_cap, early_launch, stream);
   }
 }
 
 template cudaError_t RunDecodeAttention<__nv_bfloat16>(const __nv_bfloat16*, int64_t, const __nv_bfloat16*,
                                                        const __nv_bfloat16*, const int32_t*, const int32_t*,
                                                        const int32_t*, __nv_bfloat16*, int32_t, int32_t, int32_t,
-                                                       int32_t, int32_t, float, bool, cudaStream_t);
+                                                       int32_t, int32_t, float, bool, cudaStream_t, float);
 template cudaError_t RunDecodeAttention<__half>(const __half*, int64_t, const __half*, const __half*, const int32_t*,
                                                 const int32_t*, const int32_t*, __half*, int32_t, int32_t, int32_t,
-                                                int32_t, int32_t, float, bool, cudaStream_t);
+                                                int32_t, int32_t, float, bool, cudaStream_t, float);
 
 }  // namespace inferd::kernels

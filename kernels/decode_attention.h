@@ -24,12 +24,14 @@ bool DecodeAttentionSupports(int32_t num_qo_heads, int32_t num_kv_heads, int32_t
 // out[r, h · head_dim + d] = softmax(q_r,h · Kᵀ · sm_scale) · V over row r's whole context, for num_rows rows each
 // the only query of its sequence (sequence r's pages kv_indices[kv_indptr[r] .. kv_indptr[r + 1]), its last page
 // holding kv_last_page_len[r] tokens). q rows are q_row_stride elements apart. A row with no context gets zeros.
-// early_launch: a programmatic dependent of the kernel before it (which writes q and the newest K/V).
+// early_launch: a programmatic dependent of the kernel before it (which writes q and the newest K/V). soft_cap > 0:
+// scores s become soft_cap · tanh(s / soft_cap) (RunPagedAttention's logits_soft_cap).
 // cudaErrorInvalidValue where DecodeAttentionSupports is false.
 template <typename T>
 cudaError_t RunDecodeAttention(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_cache,
                                const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
                                T* out, int32_t num_rows, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
-                               int32_t page_size, float sm_scale, bool early_launch, cudaStream_t stream);
+                               int32_t page_size, float sm_scale, bool early_launch, cudaStream_t stream,
+                               float soft_cap = 0.f);
 
 }  // namespace inferd::kernels

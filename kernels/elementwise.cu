@@ -268,6 +268,24 @@ cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, 
                          v_cache, num_heads, num_kv_heads, head_dim, k_scale, v_scale, options);
 }
 
+namespace {
+
+__global__ void SoftCapKernel(float* __restrict__ x, int64_t n, float cap) {
+  WaitForPrerequisites();
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] = cap * tanhf(x[i] / cap);
+  }
+}
+
+}  // namespace
+
+cudaError_t SoftCap(float* x, int64_t n, float cap, cudaStream_t stream) {
+  if (n < 0 || !(cap > 0.f)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 4096);
+  return LaunchDependent(SoftCapKernel, static_cast<unsigned>(blocks), 256, stream, x, n, cap);
+}
+
 #define INFERD_INSTANTIATE(T)                                                                                          \
   template cudaError_t GatherRows<T>(const T*, const int32_t*, T*, int64_t, int64_t, cudaStream_t);                    \
   template cudaError_t EmbedTokens<T>(const T*, const int32_t*, const int32_t*, T*, int64_t, int64_t, cudaStream_t,    \

@@ -43,6 +43,9 @@ template <typename T>
 cudaError_t ActivateMul(const T* gate_up, T* out, int64_t rows, int64_t inter, GatedActivation act,
                         cudaStream_t stream);
 
+// x[i] = cap · tanh(x[i] / cap) over n fp32 values (Gemma 2's final_logit_softcapping on the logits); cap > 0.
+cudaError_t SoftCap(float* x, int64_t n, float cap, cudaStream_t stream);
+
 // The rotary embedding's options beyond the plain one: the leading rotary_dim of each head rotate (0: all of it;
 // Phi-3's partial rotary); LongRoPE: positions from long_from on use inv_freq_long, and cos and sin are multiplied
 // by mscale (before rounding to T); and per-head RMSNorm of every q and k head before the rotation (Qwen3, Gemma 3):

@@ -65,12 +65,14 @@ inline bool DecodeKvUnsplit(int64_t num_seqs, int64_t num_kv_heads, int64_t num_
 // window_left ≥ 0: a sliding window, row t (at position p) attends to positions p − window_left .. p only
 // (FlashInfer's window option; a cache of T only; a plan made with the same window_left); −1: the whole causal
 // context.
+// logits_soft_cap > 0: each score s = q·k · sm_scale becomes cap · tanh(s / cap) before the softmax (Gemma 2's
+// attn_logit_softcapping; FlashInfer's soft-cap variant, a cache of T only); 0: none.
 template <typename T, typename C = T>
 cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q,
                               int64_t q_row_stride, const C* k_cache, const C* v_cache, const int32_t* qo_indptr,
                               const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
                               T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
                               int32_t page_size, float sm_scale, float v_scale, bool early_launch, cudaStream_t stream,
-                              int32_t window_left = -1);
+                              int32_t window_left = -1, float logits_soft_cap = 0.f);
 
 }  // namespace inferd::kernels

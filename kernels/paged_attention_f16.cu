@@ -5,5 +5,5 @@ template cudaError_t RunPagedAttention<__half, __half>(const AttentionPlan&, voi
                                                        const __half*, const __half*, const int32_t*, const int32_t*,
                                                        const int32_t*, const int32_t*, __half*, int32_t, int32_t,
                                                        int32_t, int32_t, int32_t, float, float, bool, cudaStream_t,
-                                                       int32_t);
+                                                       int32_t, float);
 }  // namespace inferd::kernels

@@ -5,6 +5,7 @@
 #include <flashinfer/attention/prefill.cuh>
 #include <flashinfer/attention/scheduler.cuh>
 #include <flashinfer/attention/variants.cuh>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/dependent_launch.cuh"
@@ -69,15 +70,15 @@ struct ScaledVParams : flashinfer::BatchPrefillPagedParams<T, C, T, int32_t> {
   float v_scale = 1.f;
 };
 
-template <typename T, typename C, uint32_t HEAD_DIM, bool kWindow>
+template <typename T, typename C, uint32_t HEAD_DIM, bool kWindow, bool kSoftCap>
 cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, void* int_ws, const T* q,
                      int64_t q_row_stride, const C* k, const C* v, const int32_t* qo_indptr, const int32_t* kv_indptr,
                      const int32_t* kv_indices, const int32_t* kv_last_page_len, T* out, int32_t num_seqs,
                      int32_t num_qo_heads, int32_t num_kv_heads, int32_t page_size, float sm_scale, float v_scale,
-                     bool early_launch, int32_t window_left, cudaStream_t stream) {
+                     bool early_launch, int32_t window_left, float soft_cap, cudaStream_t stream) {
   using Params = ScaledVParams<T, C>;
   using Variant = flashinfer::DefaultAttention</*custom_mask=*/false, /*sliding_window=*/kWindow,
-                                               /*soft_cap=*/false, /*alibi=*/false>;
+                                               /*soft_cap=*/kSoftCap, /*alibi=*/false>;
   T* tmp_v = nullptr;
   float* tmp_s = nullptr;
   Params p = MakeParams<Params>(info, float_ws, int_ws, const_cast<T*>(q), q_row_stride, const_cast<C*>(k),
@@ -86,6 +87,7 @@ cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, vo
                                 num_qo_heads, num_kv_heads, HEAD_DIM, page_size, sm_scale, &tmp_v, &tmp_s);
   p.v_scale = v_scale;
   p.window_left = kWindow ? window_left : -1;
+  p.logits_soft_cap = kSoftCap ? soft_cap : 0.f;
   switch (info.cta_tile_q) {
 #define INFERD_CTA_TILE(TILE)                                                                                     \
   case TILE:                                                                                                      \
@@ -102,15 +104,14 @@ cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, vo
   }
 }
 
-}  // namespace
-
-template <typename T, typename C>
-cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q,
+// One variant family (soft-capped scores or not) over every compiled head dim.
+template <typename T, typename C, bool kSoftCap>
+cudaError_t RunVariant(const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q,
                               int64_t q_row_stride, const C* k_cache, const C* v_cache, const int32_t* qo_indptr,
                               const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
                               T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
                               int32_t page_size, float sm_scale, float v_scale, bool early_launch, cudaStream_t stream,
-                              int32_t window_left) {
+                              int32_t window_left, float soft_cap) {
   try {
     flashinfer::PrefillPlanInfo info;
     info.FromVector(std::vector<int64_t>(plan.words, plan.words + 15));
@@ -121,18 +122,18 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
       return cudaErrorInvalidValue;                                                                                    \
     } else if constexpr (sizeof(C) == 1) { /* no sliding windows over an fp8 cache */                                  \
       if (window_left >= 0) return cudaErrorInvalidValue;                                                              \
-      return Dispatch<T, C, D, false>(info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache,         \
+      return Dispatch<T, C, D, false, kSoftCap>(info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache,         \
                                       qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads, \
-                                      num_kv_heads, page_size, sm_scale, v_scale, early_launch, -1, stream);           \
+                                      num_kv_heads, page_size, sm_scale, v_scale, early_launch, -1, soft_cap, stream);           \
     } else {                                                                                                           \
-      return window_left >= 0 ? Dispatch<T, C, D, true>(                                                               \
+      return window_left >= 0 ? Dispatch<T, C, D, true, kSoftCap>(                                                               \
                                     info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache,           \
                                     qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads,   \
-                                    num_kv_heads, page_size, sm_scale, v_scale, early_launch, window_left, stream)     \
-                              : Dispatch<T, C, D, false>(info, float_workspace, int_workspace, q, q_row_stride,        \
+                                    num_kv_heads, page_size, sm_scale, v_scale, early_launch, window_left, soft_cap, stream)     \
+                              : Dispatch<T, C, D, false, kSoftCap>(info, float_workspace, int_workspace, q, q_row_stride,        \
                                                          k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,           \
                                                          kv_last_page_len, out, num_seqs, num_qo_heads, num_kv_heads,  \
-                                                         page_size, sm_scale, v_scale, early_launch, -1, stream);      \
+                                                         page_size, sm_scale, v_scale, early_launch, -1, soft_cap, stream);      \
     }
       INFERD_HEAD_DIM(64)
       INFERD_HEAD_DIM(128)
@@ -144,6 +145,41 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
   } catch (...) {
     return cudaErrorLaunchFailure;  // nothing thrown by FlashInfer escapes
   }
+}
+
+}  // namespace
+
+// Soft-capped scores over a cache of T: translation units of their own (paged_attention_softcap_*.cu), since they
+// double the attention kernels compiled.
+#define INFERD_SOFT_CAPPED(T)                                                                                         \
+  cudaError_t RunPagedAttentionSoftCapped(                                                                            \
+      const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q, int64_t q_row_stride,        \
+      const T* k_cache, const T* v_cache, const int32_t* qo_indptr, const int32_t* kv_indptr,                         \
+      const int32_t* kv_indices, const int32_t* kv_last_page_len, T* out, int32_t num_seqs, int32_t num_qo_heads,     \
+      int32_t num_kv_heads, int32_t head_dim, int32_t page_size, float sm_scale, float v_scale, bool early_launch,    \
+      cudaStream_t stream, int32_t window_left, float soft_cap)
+INFERD_SOFT_CAPPED(__nv_bfloat16);
+INFERD_SOFT_CAPPED(__half);
+
+template <typename T, typename C>
+cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q,
+                              int64_t q_row_stride, const C* k_cache, const C* v_cache, const int32_t* qo_indptr,
+                              const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
+                              T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
+                              int32_t page_size, float sm_scale, float v_scale, bool early_launch, cudaStream_t stream,
+                              int32_t window_left, float logits_soft_cap) {
+  if (logits_soft_cap > 0.f) {
+    if constexpr (std::is_same_v<T, C>) {
+      return RunPagedAttentionSoftCapped(plan, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache,
+                                            qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out, num_seqs,
+                                            num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, v_scale,
+                                            early_launch, stream, window_left, logits_soft_cap);
+    }
+    return cudaErrorInvalidValue;  // no soft caps over an fp8 cache
+  }
+  return RunVariant<T, C, false>(plan, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache, qo_indptr,
+                                 kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads, num_kv_heads,
+                                 head_dim, page_size, sm_scale, v_scale, early_launch, stream, window_left, 0.f);
 }
 
 }  // namespace inferd::kernels

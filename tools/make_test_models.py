@@ -142,7 +142,7 @@ def make_weights(cfg, seed, scale=1.0, embed_std=1.0, init_std=None):
             return rng.normal(0.0, init_std, size=shape).astype(np.float32)
         return rng.normal(0.0, std * (scale if scaled else 1.0), size=shape).astype(np.float32)
 
-    gemma = cfg["model_type"] == "gemma3_text"
+    gemma = cfg["model_type"] in ("gemma3_text", "gemma2")
 
     def norm_weight(n):  # Gemma stores w of its 1 + w multiplier
         if init_std is not None:
@@ -248,6 +248,20 @@ def gemma3_config(**kw):
     return cfg
 
 
+def gemma2_config(**kw):
+    """Gemma 2 over base_config: 6 layers alternating a 16-token window and global attention on one rotary base,
+    GeGLU, no per-head norms, soft caps on the attention scores and the logits (by default small enough to move the
+    tiny model's logits by up to 3.3, measured with transformers), bf16; kw sets the shape."""
+    kw = {"attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0, **kw}
+    cfg = base_config("Gemma2ForCausalLM", "gemma2", 704, num_hidden_layers=6, num_key_value_heads=1,
+                      rms_norm_eps=1e-6, sliding_window=16, layer_types=["sliding_attention", "full_attention"] * 3,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                      hidden_activation="gelu_pytorch_tanh", bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                      torch_dtype="bfloat16", **kw)
+    del cfg["hidden_act"]
+    return cfg
+
+
 def smollm2_shaped(out_dir):
     """A random-weight model with SmolLM2-135M's shape (not committed): for CPU speed measurements."""
     tok = byte_level(LLAMA3_PATTERN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], nfc=False, template_bos=None,
@@ -339,6 +353,15 @@ def family_gpu_models(out_dir):
                         query_pre_attn_scalar=256, tie_word_embeddings=False)
     write_model(out_dir, "gemma3-hd256", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
                 "BF16", seed=15, scale=0.3, embed_std=0.15)
+    # Gemma 2 at the same width (head_dim 256 as Gemma 2 2B and 9B): soft-capped scores, in window and global
+    # layers; Gemma 2's own final cap, 30 (at 4 every top logit of this model sat at the cap, margins 0). Caps on
+    # the scores of 1, 2, 4, 8 and 16 each gave other tokens; from 4 up the greedy runs keep margins over 0.25 long
+    # enough to compare (at 1 the first margins fell under it).
+    cfg = gemma2_config(hidden_size=512, intermediate_size=1024, num_attention_heads=4, head_dim=256,
+                        query_pre_attn_scalar=256, tie_word_embeddings=False, attn_logit_softcapping=4.0,
+                        final_logit_softcapping=30.0)
+    write_model(out_dir, "gemma2-hd256", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+                "BF16", seed=15, scale=0.3, embed_std=0.15)
     rng = np.random.default_rng(16)
     short = [round(float(x), 4) for x in 1.0 + rng.uniform(0, 0.5, 48)]
     long = [round(float(x), 4) for x in 1.0 + rng.uniform(0, 8, 48)]
@@ -411,6 +434,15 @@ def sharp_models(out_dir):
                 {"bos_token": "<s>", "eos_token": "</s>"}, "F16", seed=25, init_std=0.2)
 
 
+def gemma2_tiny(out):
+    """Gemma 2 at gemma3-tiny's shape: one KV head of head_dim 32, tied, window and global layers alternating, soft
+    caps on the scores and the logits."""
+    tok = sentencepiece_like(metaspace=False, vocab_size=700)
+    cfg = gemma2_config(head_dim=32, query_pre_attn_scalar=32, tie_word_embeddings=True)
+    write_model(out, "gemma2-tiny", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+                "BF16", seed=6, embed_std=0.15)
+
+
 def main():
     if len(sys.argv) > 2 and sys.argv[1] == "--smollm2-shape":
         smollm2_shaped(sys.argv[2])
@@ -463,6 +495,7 @@ def main():
     cfg = gemma3_config(head_dim=32, query_pre_attn_scalar=32, tie_word_embeddings=True)
     write_model(out, "gemma3-tiny", cfg, tok, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
                 "BF16", seed=6, embed_std=0.15)
+    gemma2_tiny(out)
     # Phi-3: fused qkv_proj and gate_up_proj, LongRoPE (short factors below 256 positions, long from there; cos
     # and sin scaled for 2048 / 256) on 12 of each head's 16 dimensions (partial_rotary_factor, as Phi-4-mini),
     # GQA, untied, bf16.

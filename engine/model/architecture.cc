@@ -7,8 +7,8 @@ namespace {
 
 const std::vector<const Architecture*>& Families() {
   static const std::vector<const Architecture*> families = {
-      &LlamaArchitecture(), &Qwen2Architecture(),   &Qwen3Architecture(),   &Gemma3Architecture(),
-      &Phi3Architecture(),  &MixtralArchitecture(), &Qwen3MoeArchitecture()};
+      &LlamaArchitecture(),  &Qwen2Architecture(), &Qwen3Architecture(),   &Gemma2Architecture(),
+      &Gemma3Architecture(), &Phi3Architecture(),  &MixtralArchitecture(), &Qwen3MoeArchitecture()};
   return families;
 }
 

@@ -96,8 +96,12 @@ struct Architecture {
   bool scaled_embeddings = false;  // the embedding rows are multiplied by √hidden (Gemma)
   // > 0: sliding-window layers interleaved with global ones (config.json's layer_types, else every
   // sliding_window_pattern-th layer global, this its default), with a rotary base of their own (this default).
+  // 0: the window layers rotate as the global ones (Gemma 2).
   int32_t sliding_window_pattern = 0;
   double sliding_rope_theta = 0;
+  // Scores soft-capped by config.json's attn_logit_softcapping (Gemma 2). Other families leave the key unapplied, as
+  // transformers does (its Gemma 3 reads it and never applies it); final_logit_softcapping applies to every family.
+  bool attn_softcap = false;
   std::vector<TensorSpec> tensors;  // one decoder layer's, where the files keep them
   std::vector<LayerOp> layer;       // one decoder layer, in order
   // Mixture-of-experts families: `layer` is a sparse layer's program (with kMoe), `expert_tensors` its router and
@@ -146,6 +150,7 @@ std::string SupportedGgufArchitectures();
 const Architecture& LlamaArchitecture();     // Llama 2/3, Mistral, SmolLM
 const Architecture& Qwen2Architecture();     // Qwen2, Qwen2.5
 const Architecture& Qwen3Architecture();     // Qwen3 (dense)
+const Architecture& Gemma2Architecture();    // Gemma 2
 const Architecture& Gemma3Architecture();    // Gemma 3 (text)
 const Architecture& Phi3Architecture();      // Phi-3, Phi-3.5, Phi-4-mini
 const Architecture& MixtralArchitecture();   // Mixtral (mixture of experts)

@@ -151,6 +151,7 @@ absl::Status ParseWindows(const json& j, bool windowed, ModelConfig* c) {
 // The sliding layers' rotary base: rope_local_base_freq (transformers 4), or rope_parameters.sliding_attention
 // (transformers 5, whose rope_parameters.full_attention is then the global layers' rope).
 absl::Status ParseLocalRope(const json& j, ModelConfig* c) {
+  if (c->arch->sliding_rope_theta <= 0) return absl::OkStatus();  // one base for every layer (Gemma 2)
   c->rope_local_theta = c->arch->sliding_rope_theta;
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
       j["rope_parameters"].contains("full_attention")) {
@@ -169,7 +170,8 @@ absl::Status ParseLocalRope(const json& j, ModelConfig* c) {
   return absl::OkStatus();
 }
 
-// query_pre_attn_scalar (the softmax scale is its inverse square root) and the soft caps.
+// query_pre_attn_scalar (the softmax scale is its inverse square root) and the soft caps (attention's only where
+// the family applies it: Architecture::attn_softcap).
 absl::Status ParseScales(const json& j, ModelConfig* c) {
   if (j.contains("query_pre_attn_scalar") && j["query_pre_attn_scalar"].is_number()) {
     const double q = j["query_pre_attn_scalar"].get<double>();
@@ -179,6 +181,7 @@ absl::Status ParseScales(const json& j, ModelConfig* c) {
   for (auto [key, out] : {std::pair{"attn_logit_softcapping", &c->attn_logit_softcap},
                           std::pair{"final_logit_softcapping", &c->final_logit_softcap}}) {
     if (!j.contains(key) || j[key].is_null()) continue;
+    if (out == &c->attn_logit_softcap && !c->arch->attn_softcap) continue;  // the family does not apply it
     if (!j[key].is_number() || !(j[key].get<double>() > 0)) {
       return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, " must be null or > 0"));
     }

@@ -207,6 +207,11 @@ std::vector<CudaCase> AllCases() {
           // fp32 at a margin of 0.125 where inferd's bf16 agrees with fp32 (at every compared position, above).
           {"gemma3-hd256", "-bf16", 16, 2048, "auto", true, 8, 1, "none", 0.25},
           {"gemma3-hd256", "-bf16", 3, 24, "auto", true, 8, 1, "none", 0.25},
+          // Gemma 2: soft-capped scores and logits, window and global layers alternating; in crowds (FlashInfer's
+          // soft-cap variants) and one request at a time (the decode kernel in the global layers).
+          {"gemma2-hd256", "", 16, 2048, "auto", true, 8, 1, "none", 0.25},
+          {"gemma2-hd256", "-bf16", 16, 2048, "auto", true, 8, 1, "none", 0.25},
+          {"gemma2-hd256", "", 16, 2048, "auto", true, 1, 1, "none", 0.25},
           // phi3-hd128 in bf16 is compared from a margin of 0.25: transformers' own bf16 run misses 1 of 152
           // positions at 0.1 and moves chosen logprobs by up to 0.14 (measured on the CPU, teacher-forced along the
           // fp32 tokens), and inferd's bf16 first differed at margins 0.100 and 0.125 (fp16 agrees everywhere).

@@ -102,14 +102,13 @@ class Dev {
 // Causal attention over paged K/V in fp64, from the kernel's own inputs (values already representable in its
 // dtype). Sequence s has context seqs[s].first, its queries are its last seqs[s].second tokens, rows
 // qo_indptr[s]..; its K/V slots are pages[kv_indptr[s] + j / bs] * bs + j % bs. q: [rows, q_stride], head h at
-// h * D; k, v: [slots, kv_heads * D]. Returns [rows, heads * D].
-inline std::vector<double> PagedAttentionReference(const std::vector<float>& q, int64_t q_stride,
-                                                   const std::vector<float>& k, const std::vector<float>& v,
-                                                   const std::vector<std::pair<int32_t, int32_t>>& seqs,
-                                                   const std::vector<int32_t>& qo_indptr,
-                                                   const std::vector<int32_t>& kv_indptr,
-                                                   const std::vector<int32_t>& pages, int32_t bs, int32_t heads,
-                                                   int32_t kv_heads, int32_t D, double scale, int32_t window = 0) {
+// h * D; k, v: [slots, kv_heads * D]. soft_cap > 0: scores s become soft_cap · tanh(s / soft_cap). Returns [rows,
+// heads * D].
+inline std::vector<double> PagedAttentionReference(
+    const std::vector<float>& q, int64_t q_stride, const std::vector<float>& k, const std::vector<float>& v,
+    const std::vector<std::pair<int32_t, int32_t>>& seqs, const std::vector<int32_t>& qo_indptr,
+    const std::vector<int32_t>& kv_indptr, const std::vector<int32_t>& pages, int32_t bs, int32_t heads,
+    int32_t kv_heads, int32_t D, double scale, int32_t window = 0, double soft_cap = 0) {
   const int64_t kv_dim = int64_t{kv_heads} * D;
   const int32_t group = heads / kv_heads;
   std::vector<double> ref(int64_t{qo_indptr.back()} * heads * D, 0.0);
@@ -127,7 +126,7 @@ inline std::vector<double> PagedAttentionReference(const std::vector<float>& q, 
           const int64_t slot = int64_t{pages[kv_indptr[s] + j / bs]} * bs + j % bs;
           double dot = 0;
           for (int32_t d = 0; d < D; ++d) dot += double{q[t * q_stride + h * D + d]} * k[slot * kv_dim + kvh * D + d];
-          p[j] = dot * scale;
+          p[j] = soft_cap > 0 ? soft_cap * std::tanh(dot * scale / soft_cap) : dot * scale;
           mx = std::max(mx, p[j]);
         }
         double sum = 0;

@@ -369,6 +369,24 @@ TEST(Kernels, RopeRotatesQAndKAndWritesKvIntoTheirSlots) {
             cudaErrorInvalidValue);
 }
 
+TEST(Kernels, SoftCapBendsEachValueTowardsTheCap) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(31);
+  const std::vector<float> x = Random(5003, rng, 20.f);
+  const float cap = 7.5f;
+  Dev<float> d(x);
+  CUDA_OK(kernels::SoftCap(d.get(), static_cast<int64_t>(x.size()), cap, nullptr));
+  const std::vector<float> y = d.Host();
+  int bent = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = cap * std::tanh(double{x[i]} / cap);
+    ASSERT_NEAR(y[i], want, 1e-5 * cap) << "value " << i << ": " << x[i];
+    bent += std::abs(x[i]) > cap;
+  }
+  EXPECT_GT(bent, 1000) << "the case reaches past the cap";
+  EXPECT_EQ(kernels::SoftCap(d.get(), 4, 0.f, nullptr), cudaErrorInvalidValue);
+}
+
 // Sequences given by (context length, query length); queries are the last tokens of the context.
 struct AttentionCase {
   int32_t head_dim, heads, kv_heads, block_size;
@@ -378,6 +396,7 @@ struct AttentionCase {
   bool fp8_kv = false;                 // K and V in fp8 e4m3 (engine.kv_cache_dtype: fp8_e4m3)
   float k_scale = 1.f, v_scale = 1.f;  // the fp8 cache holds K / k_scale and V / v_scale
   int32_t window = 0;                  // > 0: a sliding window of this many tokens (Gemma 3's local layers)
+  float soft_cap = 0.f;                // > 0: scores soft-capped (Gemma 2's attn_logit_softcapping)
 };
 
 // n decode rows at contexts spread over 1 .. 700.
@@ -451,11 +470,12 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   } else {
     CUDA_OK(kernels::RunPagedAttention<bf16>(plan, fws, iws, dq.get(), q_stride, dk.get(), dv.get(), d_qo.get(),
                                              d_kv.get(), d_pages.get(), d_last.get(), out.get(), S, c.heads, c.kv_heads,
-                                             D, bs, scale, 1.f, /*early_launch=*/T <= 3, nullptr, c.window - 1));
+                                             D, bs, scale, 1.f, /*early_launch=*/T <= 3, nullptr, c.window - 1,
+                                             c.soft_cap));
   }
   CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<double> ref = testing::PagedAttentionReference(q, q_stride, k, v, c.seqs, qo_indptr, kv_indptr,
-                                                                   pages, bs, c.heads, c.kv_heads, D, scale, c.window);
+  const std::vector<double> ref = testing::PagedAttentionReference(
+      q, q_stride, k, v, c.seqs, qo_indptr, kv_indptr, pages, bs, c.heads, c.kv_heads, D, scale, c.window, c.soft_cap);
   EXPECT_LT(RelError(FromBf16(out.Host()), ref), 1e-2);
   // Rows of one query token over a bf16 cache without a window: the one-launch decode kernel too, in bf16 and fp16.
   const bool decode_rows = T == S && !c.fp8_kv && c.window == 0;
@@ -463,7 +483,7 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
     Dev<bf16> decode_out(T * int64_t{c.heads} * D);
     CUDA_OK(kernels::RunDecodeAttention<bf16>(dq.get(), q_stride, dk.get(), dv.get(), d_kv.get(), d_pages.get(),
                                               d_last.get(), decode_out.get(), S, c.heads, c.kv_heads, D, bs, scale,
-                                              /*early_launch=*/true, nullptr));
+                                              /*early_launch=*/true, nullptr, c.soft_cap));
     auto to_half = [](const std::vector<float>& x) {
       std::vector<__half> h(x.size());
       for (size_t i = 0; i < x.size(); ++i) h[i] = __float2half(x[i]);
@@ -473,7 +493,7 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
     Dev<__half> hq(to_half(q)), hk(to_half(k)), hv(to_half(v)), half_out(T * int64_t{c.heads} * D);
     CUDA_OK(kernels::RunDecodeAttention<__half>(hq.get(), q_stride, hk.get(), hv.get(), d_kv.get(), d_pages.get(),
                                                 d_last.get(), half_out.get(), S, c.heads, c.kv_heads, D, bs, scale,
-                                                /*early_launch=*/false, nullptr));
+                                                /*early_launch=*/false, nullptr, c.soft_cap));
     CUDA_OK(cudaDeviceSynchronize());
     EXPECT_LT(RelError(FromBf16(decode_out.Host()), ref), 1e-2) << "the decode kernel, bf16";
     std::vector<float> half_values;
@@ -539,7 +559,14 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{256, 8, 4, 16, {{5000, 1}}, true, false, false, 1.f, 1.f, 1024},
         AttentionCase{256, 8, 4, 16, {{5000, 1}, {33, 1}}, false, false, false, 1.f, 1.f, 1024},
         AttentionCase{256, 4, 1, 16, {{3001, 1}, {2048, 5}, {700, 1}}, false, false, false, 1.f, 1.f, 200},
-        AttentionCase{128, 16, 4, 16, ManyDecodeRows(200), true, false, false, 1.f, 1.f, 100}));
+        AttentionCase{128, 16, 4, 16, ManyDecodeRows(200), true, false, false, 1.f, 1.f, 100},
+        // soft-capped scores (Gemma 2), caps small enough to bend most scores: prefill chunks and decodes, with a
+        // window (head_dim 256, Gemma 2's), the decode graph's plan, one and two decode rows (the decode kernel)
+        AttentionCase{128, 8, 2, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}, false, false, false, 1.f, 1.f, 0, 0.5f},
+        AttentionCase{256, 8, 4, 16, {{300, 300}, {700, 1}, {2048, 5}}, false, false, false, 1.f, 1.f, 64, 1.f},
+        AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true, false, false, 1.f, 1.f, 0, 0.5f},
+        AttentionCase{64, 8, 2, 16, {{700, 1}, {33, 1}}, false, false, false, 1.f, 1.f, 0, 0.75f},
+        AttentionCase{256, 8, 4, 16, {{3001, 1}}, true, false, false, 1.f, 1.f, 0, 1.f}));
 
 TEST(PagedAttention, DecodeKvUnsplitWhenTheRowsFillTheGpuAndNoneIsFarLongerThanTheMean) {
   // 132 SMs, 8 KV heads: 17 rows give 136 CTAs, 16 give 128.

@@ -438,6 +438,7 @@ void CudaBackend::ChooseKernels() {
                     "decode, the KV split by its planner",
                     cfg_.has_windows() ? "; the window layers through its sliding-window variant, planned apart" : "",
                     fp8_kv_ ? "; over an fp8 e4m3 cache" : "",
+                    cfg_.attn_logit_softcap > 0 ? "; scores soft-capped (its soft-cap variant)" : "",
                     !fp8_kv_ && k::DecodeAttentionSupports(ranks_[0]->cfg.num_heads, ranks_[0]->cfg.num_kv_heads,
                                                            ranks_[0]->cfg.head_dim)
                         ? absl::StrCat("; decode steps of up to ", gemm.streaming_rows(fp8), " rows",
@@ -782,11 +783,6 @@ std::string CudaUnsupportedReason(const ModelConfig& config) {
                         k::kMoeMaxExperts, " experts, ", k::kMoeMaxTopK,
                         " a token, widths that are multiples of 8; engine.backend: cpu runs it");
   }
-  if (config.attn_logit_softcap > 0 || config.final_logit_softcap > 0) {
-    return absl::StrCat(config.architecture, "'s soft caps (attn_logit_softcapping ", config.attn_logit_softcap,
-                        ", final_logit_softcapping ", config.final_logit_softcap,
-                        ") are not run by the cuda backend yet; engine.backend: cpu runs them");
-  }
   if (config.sliding_window() < 0) {
     return absl::StrCat(config.architecture,
                         "'s layers have sliding windows of different sizes, which the cuda backend does not plan one "
@@ -887,6 +883,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& given, c
     return absl::FailedPreconditionError(
         absl::StrCat("engine.kv_cache_dtype = 'fp8_e4m3' is not run with sliding-window attention on cuda (",
                      c.architecture, "'s layers); allowed for it: auto"));
+  }
+  if (fp8_kv && c.attn_logit_softcap > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("engine.kv_cache_dtype = 'fp8_e4m3' is not run with soft-capped attention on cuda (",
+                     c.architecture, "'s attn_logit_softcapping ", c.attn_logit_softcap, "); allowed for it: auto"));
   }
   // Rank r on GPU r, each on its own thread (rank 0 on this one); their collectives come once the layout is known.
   std::vector<std::unique_ptr<Rank>> ranks;

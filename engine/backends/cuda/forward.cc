@@ -78,6 +78,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   const bool plain_rope = rotary.inv_freq_long == nullptr && (cfg.rotary_dim == 0 || cfg.rotary_dim == cfg.head_dim);
   const float sm_scale = cfg.attention_scale > 0 ? static_cast<float>(cfg.attention_scale)
                                                  : 1.f / std::sqrt(static_cast<float>(cfg.head_dim));
+  const float soft_cap = static_cast<float>(cfg.attn_logit_softcap);  // 0: none
   char* out = b.outputs();
   const int32_t* sampled = reinterpret_cast<const int32_t*>(out + o.tokens.offset);
   INFERD_KERNEL(k::EmbedTokens(w.embed.get<T>(), b.in<int32_t>(ir.token_ids), sampled, x, Tn, H, s,
@@ -190,7 +191,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
                     k::RunDecodeAttention<T>(qkv, qkv_dim, k_cache, v_cache, b.kv_indptr(layer),
                                              b.in<int32_t>(ir.kv_indices), b.in<int32_t>(ir.kv_last_page_len), attn, Tn,
                                              cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, in.block_size, sm_scale,
-                                             /*early_launch=*/true, s),
+                                             /*early_launch=*/true, s, soft_cap),
                     "RunDecodeAttention");
               }
             }
@@ -202,7 +203,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
                                 b.in<int32_t>(ir.qo_indptr), b.kv_indptr(layer), b.in<int32_t>(ir.kv_indices),
                                 b.in<int32_t>(ir.kv_last_page_len), attn, in.num_seqs(), cfg.num_heads,
                                 cfg.num_kv_heads, cfg.head_dim, in.block_size, ks * sm_scale, vs,
-                                /*early_launch=*/Tn <= gemm.streaming_rows(w.fp8), s, window - 1),
+                                /*early_launch=*/Tn <= gemm.streaming_rows(w.fp8), s, window - 1, soft_cap),
                             "RunPagedAttention");
           }));
           break;
@@ -329,6 +330,9 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
     if (comm->rank() > 0) return comm->Broadcast(tokens_out, R * sizeof(int32_t), s);
   } else {
     INFERD_RETURN_IF_ERROR(gemm.Run(last_n, w.lm_head(), logits, R, cfg.vocab_size, H, nullptr, true, s));
+  }
+  if (cfg.final_logit_softcap > 0) {
+    INFERD_KERNEL(k::SoftCap(logits, R * cfg.vocab_size, static_cast<float>(cfg.final_logit_softcap), s));
   }
   INFERD_KERNEL(k::SampleRows(
       logits, static_cast<int32_t>(R), cfg.vocab_size, b.in<k::SamplingRowParams>(ir.params),

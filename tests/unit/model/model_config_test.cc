@@ -82,8 +82,9 @@ TEST(ModelConfig, EachArchitectureFindsItsFamilyAndItsLayerProgram) {
 // program exactly when its tensor is in the table. The parts of a fused tensor share both names.
 TEST(ModelConfig, EveryFamilysTensorsFillEachRoleOnceAndAgreeWithItsProgram) {
   using enum LayerRole;
-  for (const Architecture* a : {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Gemma3Architecture(),
-                                &Phi3Architecture(), &MixtralArchitecture(), &Qwen3MoeArchitecture()}) {
+  for (const Architecture* a :
+       {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Gemma2Architecture(), &Gemma3Architecture(),
+        &Phi3Architecture(), &MixtralArchitecture(), &Qwen3MoeArchitecture()}) {
     std::set<LayerRole> roles;
     for (const TensorSpec& t : a->tensors)
       EXPECT_TRUE(roles.insert(t.role).second) << a->name << " " << LayerRoleName(t.role);

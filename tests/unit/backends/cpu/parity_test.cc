@@ -107,7 +107,9 @@ INSTANTIATE_TEST_SUITE_P(
         ParityCase{"llama2-tiny", 16, 2048}, ParityCase{"llama3-tiny", 16, 2048}, ParityCase{"mistral-tiny", 16, 2048},
         ParityCase{"qwen2-tiny", 16, 2048}, ParityCase{"qwen3-tiny", 16, 2048}, ParityCase{"qwen3-tiny", 3, 13},
         ParityCase{"gemma3-tiny", 16, 2048}, ParityCase{"gemma3-tiny", 3, 13},
-        ParityCase{"gemma3-tiny", 4, 24, nullptr, /*twice=*/true}, ParityCase{"phi3-tiny", 16, 2048},
+        ParityCase{"gemma3-tiny", 4, 24, nullptr, /*twice=*/true},
+        // Gemma 2: soft caps on the attention scores and the logits, window and global layers alternating
+        ParityCase{"gemma2-tiny", 16, 2048}, ParityCase{"gemma2-tiny", 3, 13}, ParityCase{"phi3-tiny", 16, 2048},
         ParityCase{"phi3-tiny", 3, 13}, ParityCase{"mixtral-tiny", 16, 2048}, ParityCase{"mixtral-tiny", 3, 13},
         ParityCase{"qwen3-moe-tiny", 16, 2048}, ParityCase{"qwen3-moe-tiny", 3, 13}, ParityCase{"llama3-tiny", 3, 13},
         ParityCase{"qwen2-tiny", 1, 8}, ParityCase{"llama2-tiny", 16, 2048, "tests/fixtures/models/llama2-tiny.gguf"},

@@ -11,8 +11,8 @@ using enum LayerOp;
 
 TEST(LayerWalk, EveryFamilysLayerIsWalked) {
   for (const Architecture* arch :
-       {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Gemma3Architecture(), &Phi3Architecture(),
-        &MixtralArchitecture(), &Qwen3MoeArchitecture()}) {
+       {&LlamaArchitecture(), &Qwen2Architecture(), &Qwen3Architecture(), &Gemma2Architecture(), &Gemma3Architecture(),
+        &Phi3Architecture(), &MixtralArchitecture(), &Qwen3MoeArchitecture()}) {
     EXPECT_EQ(LayerWalkProblem(*arch), "") << arch->name;
   }
 }
