@@ -66,8 +66,8 @@ __device__ __forceinline__ void Accumulate(const uint4 (&wv)[R], const T* __rest
 // Where a warp's R output columns lie and what becomes of them. Plain products: R adjacent columns, written to Y
 // (rows ldy apart) rounded once, the stores spread over the lanes.
 struct PlainColumns {
-  static constexpr bool kNextStartsEarly = false;  // see RopeColumns
   int64_t ldy;
+  __device__ bool NextStartsEarly() const { return false; }  // see RopeColumns
 
   template <int R>
   __device__ int64_t Col(int64_t warp, int j) const {
@@ -93,15 +93,16 @@ struct PlainColumns {
 // into the token's cache slot.
 template <typename T>
 struct RopeColumns {
-  // Attention follows: it may start (and stream the cache's earlier K/V) while this product runs.
-  static constexpr bool kNextStartsEarly = true;
   const int32_t* positions;
   const int32_t* slots;
   const float* inv_freq;
   T* k_cache;
   T* v_cache;
   int32_t num_heads, num_kv_heads, head_dim;
+  // Attention follows and reads the cache's earlier K/V before it waits: it may start while this product runs.
+  bool attention_starts_early;
 
+  __device__ bool NextStartsEarly() const { return attention_starts_early; }
   template <int R>
   __device__ int64_t Col(int64_t warp, int j) const {
     const int32_t half = head_dim / 2;
@@ -148,8 +149,8 @@ struct RopeColumns {
 // halves (R = 2), rounds each as the plain product would and writes act(gate) · up as ActivateMul does.
 template <int kActivation>
 struct GatedColumns {
-  static constexpr bool kNextStartsEarly = false;
   int64_t inter;
+  __device__ bool NextStartsEarly() const { return false; }
 
   template <int R>
   __device__ int64_t Col(int64_t warp, int j) const {
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   WaitForPrerequisites();
-  if constexpr (Columns::kNextStartsEarly) AllowDependentsToLaunch();
+  if (columns.NextStartsEarly()) AllowDependentsToLaunch();
   for (bool first = true; c + (kSteps - 1) * 32 < chunks; c += kSteps * 32, first = false) {
     if (!first) {
 #pragma unroll
@@ -277,12 +278,13 @@ cudaError_t Gemv(const T* x, const T* w, const T* bias, Out* y, int64_t m, int64
 template <typename T>
 cudaError_t GemvQkvRope(const T* x, const T* w, const T* bias, T* qkv, int64_t m, int64_t k, const int32_t* positions,
                         const int32_t* slots, const float* inv_freq, T* k_cache, T* v_cache, int32_t num_heads,
-                        int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream) {
+                        int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream, bool attention_starts_early) {
   const int64_t n = int64_t{num_heads + 2 * num_kv_heads} * head_dim;
   if (m < 1 || m > 2 || !GemvSupports(x, w, m, k) || head_dim % 2 != 0 || num_kv_heads <= 0) {
     return cudaErrorInvalidValue;
   }
-  const RopeColumns<T> columns{positions, slots, inv_freq, k_cache, v_cache, num_heads, num_kv_heads, head_dim};
+  const RopeColumns<T> columns{
+      positions, slots, inv_freq, k_cache, v_cache, num_heads, num_kv_heads, head_dim, attention_starts_early};
   return m == 1 ? LaunchRows<T, T, 1>(x, w, bias, qkv, n, k, stream, columns)
                 : LaunchRows<T, T, 2>(x, w, bias, qkv, n, k, stream, columns);
 }
@@ -303,10 +305,10 @@ cudaError_t GemvGatedAct(const T* x, const T* w, T* out, int64_t m, int64_t inte
 
 template cudaError_t GemvQkvRope(const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
                                  int64_t, int64_t, const int32_t*, const int32_t*, const float*, __nv_bfloat16*,
-                                 __nv_bfloat16*, int32_t, int32_t, int32_t, cudaStream_t);
+                                 __nv_bfloat16*, int32_t, int32_t, int32_t, cudaStream_t, bool);
 template cudaError_t GemvQkvRope(const __half*, const __half*, const __half*, __half*, int64_t, int64_t, const int32_t*,
                                  const int32_t*, const float*, __half*, __half*, int32_t, int32_t, int32_t,
-                                 cudaStream_t);
+                                 cudaStream_t, bool);
 template cudaError_t GemvGatedAct(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, int64_t, int64_t, int64_t,
                                   GatedActivation, cudaStream_t);
 template cudaError_t GemvGatedAct(const __half*, const __half*, __half*, int64_t, int64_t, int64_t, GatedActivation,

@@ -30,11 +30,13 @@ cudaError_t Gemv(const T* x, const T* w, const T* bias, Out* y, int64_t m, int64
 // The q/k/v product of a decode step of m ≤ 2 tokens with RoPE and the K/V cache write fused into it: qkv =
 // x · wᵀ (+ bias), q and k heads rotated, K and V written to each token's slot — the same values, bit for bit,
 // as Gemv then RopeWriteKv (kernels/elementwise.h, whose layouts these arguments follow). w: [(num_heads +
-// 2 num_kv_heads) · head_dim, k].
+// 2 num_kv_heads) · head_dim, k]. attention_starts_early: the kernel after it (the decode attention of
+// kernels/decode_attention.h, which reads only earlier K/V before it waits) may launch once this one's blocks run.
 template <typename T>
 cudaError_t GemvQkvRope(const T* x, const T* w, const T* bias, T* qkv, int64_t m, int64_t k, const int32_t* positions,
                         const int32_t* slots, const float* inv_freq, T* k_cache, T* v_cache, int32_t num_heads,
-                        int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream);
+                        int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream,
+                        bool attention_starts_early = false);
 
 // The gate/up product of a decode step of m ≤ 2 tokens with the gated activation fused into it: out[r, i] =
 // act(x·w_gateᵢ) · x·w_upᵢ, the same values, bit for bit, as Gemv into gate_up then ActivateMul

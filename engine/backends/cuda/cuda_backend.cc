@@ -439,10 +439,10 @@ void CudaBackend::ChooseKernels() {
                     cfg_.has_windows() ? "; the window layers through its sliding-window variant, planned apart" : "",
                     fp8_kv_ ? "; over an fp8 e4m3 cache" : "",
                     cfg_.attn_logit_softcap > 0 ? "; scores soft-capped (its soft-cap variant)" : "",
-                    !fp8_kv_ && k::DecodeAttentionSupports(ranks_[0]->cfg.num_heads, ranks_[0]->cfg.num_kv_heads,
-                                                           ranks_[0]->cfg.head_dim)
-                        ? absl::StrCat("; decode steps of up to ", gemm.streaming_rows(fp8), " rows",
-                                       cfg_.has_windows() ? " in the global layers" : "",
+                    !fp8_kv_ && !fp8 &&
+                            k::DecodeAttentionSupports(ranks_[0]->cfg.num_heads, ranks_[0]->cfg.num_kv_heads,
+                                                       ranks_[0]->cfg.head_dim)
+                        ? absl::StrCat("; decode steps of one row", cfg_.has_windows() ? " in the global layers" : "",
                                        " through inferd's one-launch split-KV kernel (a thread-block cluster per "
                                        "row and KV head, kernels/decode_attention.h)")
                         : "")},

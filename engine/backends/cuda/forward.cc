@@ -120,9 +120,10 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   // Steps of one or two rows fuse the gated activation into the gate/up product (bf16/fp16 weights).
   const bool fused_gated_act = !w.fp8 && Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
                                k::GemvSupports(xn, w.layers[0].gate_up.data.get(), Tn, H);
-  // Steps of a few decode rows (one query token per sequence) run attention as one cluster launch
-  // (kernels/decode_attention.h) where the device and shape allow, except in sliding-window layers.
-  const bool decode_attention = Tn <= gemm.streaming_rows(w.fp8) && in.num_seqs() == Tn &&
+  // Steps of one decode row with bf16/fp16 weights run attention as one cluster launch (kernels/decode_attention.h)
+  // where the device and shape allow, except in sliding-window layers; at 2–4 rows and behind fp8 products it
+  // measured slower than FlashInfer's (kernels/NOTES.md).
+  const bool decode_attention = Tn == 1 && in.num_seqs() == 1 && !w.fp8 &&
                                 k::DecodeAttentionSupports(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
   // RoPE and the K/V write (one kernel), or attention, over the cache's element type C.
   auto over_cache = [&](int layer, auto&& run) -> absl::Status {
@@ -155,7 +156,8 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           if (fused_qkv_rope) {  // one kernel: the product, RoPE and the K/V write
             INFERD_KERNEL(k::GemvQkvRope<T>(xn, L.qkv.data.get<T>(), bias, qkv, Tn, H, positions, b.slots(layer),
                                             inv_freq, static_cast<T*>(b.k(layer)), static_cast<T*>(b.v(layer)),
-                                            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, s));
+                                            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, s,
+                                            /*attention_starts_early=*/decode_attention));
           } else {
             INFERD_RETURN_IF_ERROR(gemm.Run(normed, L.qkv.operand(), qkv, Tn, qkv_dim, H, bias, false, s));
           }
