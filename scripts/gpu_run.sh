@@ -467,7 +467,7 @@ if [[ "$what" == tp ]]; then
       for n in ${TP_AB_SIZES:-1 2}; do
         (( n <= gpus )) || continue
         for q in ${TP_AB_QUANTIZATIONS:-none}; do
-          LD_LIBRARY_PATH="$BASE/lib" bench_tp "$BASE" $n "8b_${q}_tp${n}_base_$i" --load-format dummy --quantization "$q"
+          LD_LIBRARY_PATH="$BASE/lib:$BUNDLE/lib" bench_tp "$BASE" $n "8b_${q}_tp${n}_base_$i" --load-format dummy --quantization "$q"
           bench_tp "$BUNDLE" $n "8b_${q}_tp${n}_new_$i" --load-format dummy --quantization "$q"
         done
       done
