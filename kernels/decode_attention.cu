@@ -20,19 +20,6 @@ constexpr int kStages = 3;      // tiles in flight
 constexpr int kMaxSplits = 16;  // blocks per cluster (16 needs the non-portable cluster size)
 constexpr int kHeadsPerWarp = kDecodeAttentionMaxGroup / kWarps;
 
-template <typename T>
-struct Pair;
-template <>
-struct Pair<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  static __device__ float2 ToFloat2(type v) { return __bfloat1622float2(v); }
-};
-template <>
-struct Pair<__half> {
-  using type = __half2;
-  static __device__ float2 ToFloat2(type v) { return __half22float2(v); }
-};
-
 // Shared memory of one block: kStages tiles of K and V rows (each row padded by 16 bytes, so that the lanes of a warp
 // reading one column of 8 rows hit different banks), the group's query rows in fp32, each head's probabilities for
 // the tile, and the block's partial result (unnormalised output, running max and sum per head) the cluster merges.

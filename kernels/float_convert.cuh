@@ -26,6 +26,20 @@ template <>
 __device__ __forceinline__ float To<float>(float v) {
   return v;
 }
+// Two values of T in one 32-bit register (16-byte loads hold four), and both in fp32.
+template <typename T>
+struct Pair;
+template <>
+struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ float2 ToFloat2(type v) { return __bfloat1622float2(v); }
+};
+template <>
+struct Pair<__half> {
+  using type = __half2;
+  static __device__ float2 ToFloat2(type v) { return __half22float2(v); }
+};
+
 // Rounds through T, as a tensor of dtype T would.
 template <typename T>
 __device__ __forceinline__ float Round(float v) {

@@ -12,19 +12,6 @@ namespace {
 constexpr int kWarps = 4;     // warps per block
 constexpr int kInFlight = 8;  // 16-byte loads of W in flight per lane
 
-template <typename T>
-struct Pair;
-template <>
-struct Pair<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  static __device__ float2 ToFloat2(type v) { return __bfloat1622float2(v); }
-};
-template <>
-struct Pair<__half> {
-  using type = __half2;
-  static __device__ float2 ToFloat2(type v) { return __half22float2(v); }
-};
-
 __device__ float Cast(float v, float*) {
   return v;
 }
