@@ -55,9 +55,9 @@ TEST_P(TensorParallel, ShardsOnThreadsGiveTheUnshardedGreedyTokensAndLogprobs) {
 
 INSTANTIATE_TEST_SUITE_P(Models, TensorParallel,
                          ::testing::Values("llama2-tiny", "llama3-tiny", "mistral-tiny", "qwen2-tiny", "qwen3-tiny",
-                                           "gemma3-tiny", "phi3-tiny", "llama2-tiny.gguf", "qwen2-tiny.gguf",
-                                           "qwen3-tiny.gguf", "gemma3-tiny.gguf", "phi3-tiny.gguf", "llama3-tiny-fp8",
-                                           "mixtral-tiny", "qwen3-moe-tiny", "mixtral-tiny.gguf",
+                                           "gemma2-tiny", "gemma3-tiny", "phi3-tiny", "llama2-tiny.gguf",
+                                           "qwen2-tiny.gguf", "qwen3-tiny.gguf", "gemma3-tiny.gguf", "phi3-tiny.gguf",
+                                           "llama3-tiny-fp8", "mixtral-tiny", "qwen3-moe-tiny", "mixtral-tiny.gguf",
                                            "qwen3-moe-tiny.gguf"),
                          [](const auto& info) {
                            std::string n = info.param;
