@@ -1,25 +1,18 @@
 #include "kernels/dependent_launch.cuh"
+#include "kernels/device_code.h"
 
 namespace inferd::kernels {
-namespace {
-
-__global__ void ProbeKernel() {
-  WaitForPrerequisites();
-}
-
-}  // namespace
 
 bool DependentLaunchAllowed() {
   static const bool allowed = [] {
-    int device = 0, major = 0;
-    cudaFuncAttributes attributes = {};
+    int device = 0, major = 0, ptx = 0, binary = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaFuncGetAttributes(&attributes, ProbeKernel) != cudaSuccess) {
+        DeviceCode(&ptx, &binary) != cudaSuccess) {
       cudaGetLastError();  // a failed query leaves nothing behind: launches go in plain stream order
       return false;
     }
-    return major >= 9 && attributes.ptxVersion >= 90;
+    return major >= 9 && ptx >= 90;  // the kernels' code, as the driver runs it, was compiled for 9.0 or later
   }();
   return allowed;
 }
