@@ -263,48 +263,51 @@ cudaError_t Launch(const T* q, int64_t q_stride, const T* k_cache, const T* v_ca
                    cudaStream_t stream) {
   auto* kernel = DecodeAttentionKernel<T, D>;
   constexpr size_t kBytes = Smem<T, D>::kBytes;
-  // Set on every launch: the attributes belong to the device current now (each tensor-parallel rank has its own).
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-      e != cudaSuccess) {
-    return e;
-  }
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-      e != cudaSuccess) {
-    return e;
-  }
-  int device = 0, sms = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) {
-    return e;
-  }
-  // About one block per SM: as many splits of each row's tokens as the (row, KV head) pairs leave room for.
-  const int64_t pairs = std::max<int64_t>(1, int64_t{rows} * num_kv_heads);
-  int splits = kMaxSplits;
-  while (splits > 1 && splits * pairs > sms) splits /= 2;
-
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(splits, num_kv_heads, rows);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kBytes;
   config.stream = stream;
   cudaLaunchAttribute attrs[2];
   attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = splits;
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
+  attrs[0].val.clusterDim = {kMaxSplits, 1, 1};
   attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attrs;
-  config.numAttrs = early_launch && DependentLaunchAllowed() ? 2 : 1;
-  if (splits > 8) {  // a cluster of 16 where the device can hold one, else 8
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters < 1) {
-      cudaGetLastError();
-      splits = 8;
-      config.gridDim.x = splits;
-      attrs[0].val.clusterDim.x = splits;
+  config.numAttrs = 1;
+  // Once per device (the kernel's attributes belong to the device current when they are set) and thread (a
+  // tensor-parallel rank keeps its thread and its GPU): the shared memory and cluster size allowed, the SM count,
+  // and whether the device holds a cluster of kMaxSplits blocks (else 8).
+  struct DeviceSetup {
+    int device = -1, sms = 0, max_splits = 0;
+  };
+  thread_local DeviceSetup setup;
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (setup.device != device) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+        e != cudaSuccess) {
+      return e;
     }
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        e != cudaSuccess) {
+      return e;
+    }
+    int sms = 0;
+    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) {
+      return e;
+    }
+    config.gridDim = dim3(kMaxSplits);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) cudaGetLastError();
+    setup = {device, sms, clusters >= 1 ? kMaxSplits : 8};
   }
+  // About one block per SM: as many splits of each row's tokens as the (row, KV head) pairs leave room for.
+  const int64_t pairs = std::max<int64_t>(1, int64_t{rows} * num_kv_heads);
+  int splits = setup.max_splits;
+  while (splits > 1 && splits * pairs > setup.sms) splits /= 2;
+  config.gridDim = dim3(splits, num_kv_heads, rows);
+  attrs[0].val.clusterDim.x = splits;
+  config.numAttrs = early_launch && DependentLaunchAllowed() ? 2 : 1;
   // Scores in log2 units: q scaled by sm_scale · log2 e, or with a soft cap by sm_scale / cap and tanh's result by
   // cap · log2 e.
   constexpr float kLog2e = 1.4426950408889634f;

@@ -107,11 +107,11 @@ cudaError_t Dispatch(const flashinfer::PrefillPlanInfo& info, void* float_ws, vo
 // One variant family (soft-capped scores or not) over every compiled head dim.
 template <typename T, typename C, bool kSoftCap>
 cudaError_t RunVariant(const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q,
-                              int64_t q_row_stride, const C* k_cache, const C* v_cache, const int32_t* qo_indptr,
-                              const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len,
-                              T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
-                              int32_t page_size, float sm_scale, float v_scale, bool early_launch, cudaStream_t stream,
-                              int32_t window_left, float soft_cap) {
+                       int64_t q_row_stride, const C* k_cache, const C* v_cache, const int32_t* qo_indptr,
+                       const int32_t* kv_indptr, const int32_t* kv_indices, const int32_t* kv_last_page_len, T* out,
+                       int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
+                       int32_t page_size, float sm_scale, float v_scale, bool early_launch, cudaStream_t stream,
+                       int32_t window_left, float soft_cap) {
   try {
     flashinfer::PrefillPlanInfo info;
     info.FromVector(std::vector<int64_t>(plan.words, plan.words + 15));
@@ -122,18 +122,20 @@ cudaError_t RunVariant(const AttentionPlan& plan, void* float_workspace, void* i
       return cudaErrorInvalidValue;                                                                                    \
     } else if constexpr (sizeof(C) == 1) { /* no sliding windows over an fp8 cache */                                  \
       if (window_left >= 0) return cudaErrorInvalidValue;                                                              \
-      return Dispatch<T, C, D, false, kSoftCap>(info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache,         \
-                                      qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads, \
-                                      num_kv_heads, page_size, sm_scale, v_scale, early_launch, -1, soft_cap, stream);           \
+      return Dispatch<T, C, D, false, kSoftCap>(info, float_workspace, int_workspace, q, q_row_stride, k_cache,        \
+                                                v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out,      \
+                                                num_seqs, num_qo_heads, num_kv_heads, page_size, sm_scale, v_scale,    \
+                                                early_launch, -1, soft_cap, stream);                                   \
     } else {                                                                                                           \
-      return window_left >= 0 ? Dispatch<T, C, D, true, kSoftCap>(                                                               \
-                                    info, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache,           \
-                                    qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out, num_seqs, num_qo_heads,   \
-                                    num_kv_heads, page_size, sm_scale, v_scale, early_launch, window_left, soft_cap, stream)     \
-                              : Dispatch<T, C, D, false, kSoftCap>(info, float_workspace, int_workspace, q, q_row_stride,        \
-                                                         k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,           \
-                                                         kv_last_page_len, out, num_seqs, num_qo_heads, num_kv_heads,  \
-                                                         page_size, sm_scale, v_scale, early_launch, -1, soft_cap, stream);      \
+      return window_left >= 0                                                                                          \
+                 ? Dispatch<T, C, D, true, kSoftCap>(info, float_workspace, int_workspace, q, q_row_stride, k_cache,   \
+                                                     v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out, \
+                                                     num_seqs, num_qo_heads, num_kv_heads, page_size, sm_scale,        \
+                                                     v_scale, early_launch, window_left, soft_cap, stream)             \
+                 : Dispatch<T, C, D, false, kSoftCap>(info, float_workspace, int_workspace, q, q_row_stride, k_cache,  \
+                                                      v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,     \
+                                                      out, num_seqs, num_qo_heads, num_kv_heads, page_size, sm_scale,  \
+                                                      v_scale, early_launch, -1, soft_cap, stream);                    \
     }
       INFERD_HEAD_DIM(64)
       INFERD_HEAD_DIM(128)
@@ -151,12 +153,12 @@ cudaError_t RunVariant(const AttentionPlan& plan, void* float_workspace, void* i
 
 // Soft-capped scores over a cache of T: translation units of their own (paged_attention_softcap_*.cu), since they
 // double the attention kernels compiled.
-#define INFERD_SOFT_CAPPED(T)                                                                                         \
-  cudaError_t RunPagedAttentionSoftCapped(                                                                            \
-      const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q, int64_t q_row_stride,        \
-      const T* k_cache, const T* v_cache, const int32_t* qo_indptr, const int32_t* kv_indptr,                         \
-      const int32_t* kv_indices, const int32_t* kv_last_page_len, T* out, int32_t num_seqs, int32_t num_qo_heads,     \
-      int32_t num_kv_heads, int32_t head_dim, int32_t page_size, float sm_scale, float v_scale, bool early_launch,    \
+#define INFERD_SOFT_CAPPED(T)                                                                                      \
+  cudaError_t RunPagedAttentionSoftCapped(                                                                         \
+      const AttentionPlan& plan, void* float_workspace, void* int_workspace, const T* q, int64_t q_row_stride,     \
+      const T* k_cache, const T* v_cache, const int32_t* qo_indptr, const int32_t* kv_indptr,                      \
+      const int32_t* kv_indices, const int32_t* kv_last_page_len, T* out, int32_t num_seqs, int32_t num_qo_heads,  \
+      int32_t num_kv_heads, int32_t head_dim, int32_t page_size, float sm_scale, float v_scale, bool early_launch, \
       cudaStream_t stream, int32_t window_left, float soft_cap)
 INFERD_SOFT_CAPPED(__nv_bfloat16);
 INFERD_SOFT_CAPPED(__half);
@@ -171,9 +173,9 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
   if (logits_soft_cap > 0.f) {
     if constexpr (std::is_same_v<T, C>) {
       return RunPagedAttentionSoftCapped(plan, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache,
-                                            qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out, num_seqs,
-                                            num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, v_scale,
-                                            early_launch, stream, window_left, logits_soft_cap);
+                                         qo_indptr, kv_indptr, kv_indices, kv_last_page_len, out, num_seqs,
+                                         num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, v_scale,
+                                         early_launch, stream, window_left, logits_soft_cap);
     }
     return cudaErrorInvalidValue;  // no soft caps over an fp8 cache
   }
