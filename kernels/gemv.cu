@@ -4,13 +4,12 @@
 #include "kernels/dependent_launch.cuh"
 #include "kernels/float_convert.cuh"
 #include "kernels/gemv.h"
-#include "kernels/row_access.cuh"
+#include "kernels/gemv_rows.cuh"
 
 namespace inferd::kernels {
 namespace {
 
-constexpr int kWarps = 4;     // warps per block
-constexpr int kInFlight = 8;  // 16-byte loads of W in flight per lane
+constexpr int kWarps = 4;  // warps per block
 
 __device__ float Cast(float v, float*) {
   return v;
@@ -26,28 +25,6 @@ __device__ float ToFloat(__nv_bfloat16 v) {
 }
 __device__ float ToFloat(__half v) {
   return __half2float(v);
-}
-
-// acc[j][r] += W row j's chunk (8 values) · X row r's chunk, for the R rows of W and M rows of X at chunk c.
-template <typename T, int M, int R>
-__device__ __forceinline__ void Accumulate(const uint4 (&wv)[R], const T* __restrict__ x, int64_t k, int64_t c,
-                                           float (&acc)[R][M]) {
-  using P = Pair<T>;
-#pragma unroll
-  for (int r = 0; r < M; ++r) {
-    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + r * k) + c);
-    const auto* xp = reinterpret_cast<const typename P::type*>(&xv);
-#pragma unroll
-    for (int j = 0; j < R; ++j) {
-      const auto* wp = reinterpret_cast<const typename P::type*>(&wv[j]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 xf = P::ToFloat2(xp[i]);
-        const float2 wf = P::ToFloat2(wp[i]);
-        acc[j][r] = fmaf(wf.x, xf.x, fmaf(wf.y, xf.y, acc[j][r]));
-      }
-    }
-  }
 }
 
 // Where a warp's R output columns lie and what becomes of them. Plain products: R adjacent columns, written to Y
@@ -149,21 +126,18 @@ struct GatedColumns {
     if (warp >= inter) return;
 #pragma unroll
     for (int r = 0; r < M; ++r) {
-      if (lane != r) continue;
-      const float gate = F(Cast(acc[0][r] + 0.f, static_cast<T*>(nullptr)));  // + 0.f: the plain product's
-      const float up = F(Cast(acc[1][r] + 0.f, static_cast<T*>(nullptr)));    // bias-less rounding
-      out[r * inter + warp] = To<T>(Round<T>(Activate<kActivation>(gate)) * up);
+      if (lane == r) out[r * inter + warp] = GatedValue<T, kActivation>(acc[0][r], acc[1][r]);
     }
   }
 };
 
 // Each warp computes R output columns for all M rows: its lanes sweep k in 16-byte chunks, each X chunk loaded
-// once for the R rows of W (so L1 serves M / R bytes of X per byte of W), kInFlight loads of W in flight.
+// once for the R rows of W (so L1 serves M / R bytes of X per byte of W), kGemvInFlight loads of W in flight.
 template <typename T, typename Out, int M, int R, typename Columns>
 __global__ void __launch_bounds__(kWarps * 32)
     GemvKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, Out* __restrict__ y,
                int64_t n, int64_t k, Columns columns) {
-  constexpr int kSteps = kInFlight / R;  // chunk steps per batch of loads
+  constexpr int kSteps = kGemvInFlight / R;  // chunk steps per batch of loads
   const int lane = threadIdx.x % 32;
   const int64_t warp = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
   if (columns.template Col<R>(warp, 0) >= n) return;
@@ -209,13 +183,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int j = 0; j < R; ++j) wv[j] = LoadOnce(wr[j] + c);
     Accumulate<T, M, R>(wv, x, k, c, acc);
   }
-#pragma unroll
-  for (int j = 0; j < R; ++j) {
-#pragma unroll
-    for (int r = 0; r < M; ++r) {
-      for (int off = 16; off > 0; off /= 2) acc[j][r] += __shfl_xor_sync(0xffffffff, acc[j][r], off);
-    }
-  }
+  WarpSum<M, R>(acc);
   columns.template Store<T, Out, M, R>(acc, warp, lane, bias, y, n);
 }
 

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "kernels/elementwise.h"
+
 namespace inferd::kernels {
 
 // x: [slots, k] and y: [slots, n] in the grouped order; w: [experts, n, k]; offsets: [experts + 1] (MoeRoute's).
@@ -29,5 +31,21 @@ bool MoeExpertGemmSupports(const void* x, const void* w, int64_t n, int64_t k);
 template <typename T>
 cudaError_t MoeExpertGemm(const T* x, const T* w, const int32_t* offsets, int32_t experts, int64_t max_slots, T* y,
                           int64_t n, int64_t k, cudaStream_t stream);
+
+// The same block for steps whose rows are few enough that reading an expert's weights once per row that chose it
+// costs less than grouping the rows by expert (a single row: its experts are distinct), in slot order (s = row ·
+// top_k + j, as MoeTopK writes them), with no gather and no separate combine:
+//   MoeRowGatedGemv: out[s] = act(x[s / top_k] · Wg_eᵀ) · (x[s / top_k] · Wu_eᵀ), e = topk_ids[s], w: [experts,
+//     2 · inter, k] (each expert's gate rows, then its up rows), out: [rows · top_k, inter];
+//   MoeRowDownCombine: out[r] = Σ_j topk_weights[s] · (act[s] · W_eᵀ rounded to T), s = r · top_k + j in j order,
+//     w: [experts, n, k], act: [rows · top_k, k], out: [rows, n].
+// Bit for bit MoeExpertGemv, ActivateMul, MoeExpertGemv and MoeCombine (the same sums in the same order).
+// k a multiple of 8, x, act and w 16-byte aligned.
+template <typename T>
+cudaError_t MoeRowGatedGemv(const T* x, const T* w, const int32_t* topk_ids, int64_t rows, int32_t top_k, T* out,
+                            int64_t inter, int64_t k, GatedActivation act, cudaStream_t stream);
+template <typename T>
+cudaError_t MoeRowDownCombine(const T* act, const T* w, const int32_t* topk_ids, const float* topk_weights,
+                              int64_t rows, int32_t top_k, T* out, int64_t n, int64_t k, cudaStream_t stream);
 
 }  // namespace inferd::kernels

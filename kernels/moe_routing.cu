@@ -17,7 +17,7 @@ __device__ __forceinline__ bool Before(float w, int e, float w2, int e2) {
 }
 
 // One warp per row: the softmax, then k rounds of a warp-wide arg-max over what is left; every lane counts its
-// row's experts into `counts`.
+// row's experts into `counts` (where given).
 __global__ void __launch_bounds__(kWarp* kRowsPerBlock)
     TopKKernel(const float* __restrict__ logits, int64_t rows, int32_t experts, int32_t k, bool normalize,
                int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights, int32_t* __restrict__ counts) {
@@ -77,25 +77,37 @@ __global__ void __launch_bounds__(kWarp* kRowsPerBlock)
     }
     topk_ids[row * k + lane] = e;
     topk_weights[row * k + lane] = normalize ? w / sum : w;
-    atomicAdd(counts + e, 1);
+    if (counts) atomicAdd(counts + e, 1);
   }
 }
 
-// One block: the experts' runs (an exclusive prefix sum of the counts), then every slot into its expert's run.
-__global__ void __launch_bounds__(1024)
+// One block: the experts' runs (an exclusive prefix sum of the counts, a thread an expert, in log2(experts) steps),
+// then every slot into its expert's run.
+constexpr int kGroupThreads = 1024;
+static_assert(kMoeMaxExperts <= kGroupThreads, "a thread an expert");
+
+__global__ void __launch_bounds__(kGroupThreads)
     GroupKernel(const int32_t* __restrict__ topk_ids, int64_t slots, int32_t experts, int32_t* __restrict__ counts,
                 int32_t* __restrict__ offsets, int32_t* __restrict__ sorted, int32_t* __restrict__ positions) {
   WaitForPrerequisites();
   __shared__ int32_t cursor[kMoeMaxExperts];
-  if (threadIdx.x == 0) {
-    int32_t at = 0;
-    for (int e = 0; e < experts; ++e) {
-      offsets[e] = at;
-      cursor[e] = at;
-      at += counts[e];
-    }
-    offsets[experts] = at;
+  const int e = threadIdx.x;
+  const int32_t count = e < experts ? counts[e] : 0;
+  if (e < experts) cursor[e] = count;
+  __syncthreads();
+  for (int step = 1; step < experts; step *= 2) {  // cursor[e]: the sum of counts[0..e]
+    const int32_t before = e < experts && e >= step ? cursor[e - step] : 0;
+    __syncthreads();
+    if (e < experts) cursor[e] += before;
+    __syncthreads();
   }
+  if (e < experts) {
+    const int32_t through = cursor[e];
+    offsets[e] = through - count;
+    if (e == experts - 1) offsets[experts] = through;
+  }
+  __syncthreads();
+  if (e < experts) cursor[e] = offsets[e];
   __syncthreads();
   for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) {
     const int32_t at = atomicAdd(&cursor[topk_ids[s]], 1);
@@ -118,8 +130,18 @@ cudaError_t MoeRoute(const float* logits, int64_t rows, int32_t experts, int32_t
   cudaError_t err = LaunchDependent(TopKKernel, blocks, kWarp * kRowsPerBlock, stream, logits, rows, experts, k,
                                     normalize, topk_ids, topk_weights, counts);
   if (err != cudaSuccess) return err;
-  return LaunchDependent(GroupKernel, 1, 1024, stream, topk_ids, rows * k, experts, counts, expert_offsets,
+  return LaunchDependent(GroupKernel, 1, kGroupThreads, stream, topk_ids, rows * k, experts, counts, expert_offsets,
                          sorted_slots, slot_positions);
+}
+
+cudaError_t MoeTopK(const float* logits, int64_t rows, int32_t experts, int32_t k, bool normalize, int32_t* topk_ids,
+                    float* topk_weights, cudaStream_t stream) {
+  if (rows < 1 || k < 1 || k > experts || experts > kMoeMaxExperts || k > kMoeMaxTopK || rows * k > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  return LaunchDependent(TopKKernel, blocks, kWarp * kRowsPerBlock, stream, logits, rows, experts, k, normalize,
+                         topk_ids, topk_weights, static_cast<int32_t*>(nullptr));
 }
 
 namespace {
@@ -150,20 +172,19 @@ __device__ __forceinline__ void Store(float v, __half* p) {
   *p = __float2half(v);
 }
 
-// One block a row: its k slots' outputs, weighted, summed in k order.
+// Block (row, column tile): its k slots' outputs, weighted, summed in k order, a column a thread.
 template <typename T>
 __global__ void __launch_bounds__(kVecThreads)
     CombineKernel(const T* __restrict__ y, const int32_t* __restrict__ positions, const float* __restrict__ weights,
                   int32_t k, int64_t n, T* __restrict__ out) {
   WaitForPrerequisites();
-  const int64_t r = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < n; c += kVecThreads) {
-    float acc = 0;
-    for (int32_t j = 0; j < k; ++j) {
-      acc += weights[r * k + j] * AsFloat(y[int64_t{positions[r * k + j]} * n + c]);
-    }
-    Store(acc, out + r * n + c);
+  const int64_t r = blockIdx.x, c = int64_t{blockIdx.y} * kVecThreads + threadIdx.x;
+  if (c >= n) return;
+  float acc = 0;
+  for (int32_t j = 0; j < k; ++j) {
+    acc = fmaf(weights[r * k + j], AsFloat(y[int64_t{positions[r * k + j]} * n + c]), acc);
   }
+  Store(acc, out + r * n + c);
 }
 
 }  // namespace
@@ -182,9 +203,10 @@ cudaError_t MoeGather(const T* x, const int32_t* sorted_slots, int64_t slots, in
 template <typename T>
 cudaError_t MoeCombine(const T* y, const int32_t* slot_positions, const float* topk_weights, int64_t rows, int32_t k,
                        int64_t n, T* out, cudaStream_t stream) {
-  if (rows < 1 || rows > INT32_MAX || k < 1 || k > kMoeMaxTopK || n < 1) return cudaErrorInvalidValue;
-  return LaunchDependent(CombineKernel<T>, static_cast<unsigned>(rows), kVecThreads, stream, y, slot_positions,
-                         topk_weights, k, n, out);
+  const int64_t tiles = (n + kVecThreads - 1) / kVecThreads;
+  if (rows < 1 || rows > INT32_MAX || k < 1 || k > kMoeMaxTopK || n < 1 || tiles > 65535) return cudaErrorInvalidValue;
+  return LaunchDependent(CombineKernel<T>, dim3(static_cast<unsigned>(rows), static_cast<unsigned>(tiles)), kVecThreads,
+                         stream, y, slot_positions, topk_weights, k, n, out);
 }
 
 template cudaError_t MoeGather(const __nv_bfloat16*, const int32_t*, int64_t, int32_t, int64_t, __nv_bfloat16*,

@@ -31,6 +31,10 @@ cudaError_t MoeRoute(const float* logits, int64_t rows, int32_t experts, int32_t
                      float* topk_weights, int32_t* counts, int32_t* expert_offsets, int32_t* sorted_slots,
                      int32_t* slot_positions, cudaStream_t stream);
 
+// Step 1 alone, for steps that do not group their rows (MoeRowGatedGemv, MoeRowDownCombine: kernels/moe_products.h).
+cudaError_t MoeTopK(const float* logits, int64_t rows, int32_t experts, int32_t k, bool normalize, int32_t* topk_ids,
+                    float* topk_weights, cudaStream_t stream);
+
 // The rows each slot of the grouped order reads: out[i] = x[sorted_slots[i] / k] ([rows, n] in, [rows * k, n]
 // out), in T (__nv_bfloat16 or __half). n a multiple of 8, x and out 16-byte aligned.
 template <typename T>

@@ -40,8 +40,8 @@
 #   it out, FAMILIES_MOE_SECTIONS narrows it). FAMILIES_SECTIONS, FAMILIES_QUANTIZATIONS, FAMILIES_GEMMA and
 #   FAMILIES_GEMMA_SECTIONS narrow it (e.g. latency, none, windows, latency: the plans alone).
 # ab: the build before (.bundle/base.tar.xz, its bin/inferd-bench) against this one, in turn, on the Llama-3-8B
-#   and Qwen3-8B shapes (AB_* narrow it; AB_TESTS runs those GPU tests first); variants in .bundle/side-NAME.tar.xz
-#   run between them.
+#   and Qwen3-8B shapes, or Qwen3-30B-A3B's (AB_MODELS=qwen3moe; AB_* narrow it; AB_TESTS runs those GPU tests
+#   first); variants in .bundle/side-NAME.tar.xz run between them.
 # frontends: the 8B model served once, `inferd-bench serve` through gRPC and through the OpenAI HTTP API (SSE) on
 #   the same requests, alternating, at 1, 64 and 256 concurrent streams: the per-token cost of HTTP+SSE.
 set -uo pipefail
@@ -369,8 +369,11 @@ if [[ "$what" == ab ]]; then
     side=$(basename "$f" .tar.xz) && sides="$sides $side"
     rm -rf "/tmp/inferd-$side" && mkdir -p "/tmp/inferd-$side" && tar -C "/tmp/inferd-$side" -xJf "$f"
   done
-  python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-config --config-only >/dev/null || status=1
-  python3 tools/make_llama3_8b_random.py /tmp/qwen3-8b-config --config-only --qwen3-8b >/dev/null || status=1
+  # AB_MODELS: llama3, qwen3 (8B shapes) and qwen3moe (Qwen3-30B-A3B's: 128 experts, 8 a token).
+  declare -A ab_flags=([llama3]="" [qwen3]="--qwen3-8b" [qwen3moe]="--qwen3-30b-a3b")
+  for m in ${AB_MODELS:-llama3 qwen3}; do
+    python3 tools/make_llama3_8b_random.py "/tmp/ab-$m-config" --config-only ${ab_flags[$m]} >/dev/null || status=1
+  done
   for i in $(seq 1 "${AB_ROUNDS:-2}"); do
     for m in ${AB_MODELS:-llama3 qwen3}; do
       for q in ${AB_QUANTIZATIONS:-none}; do
@@ -378,7 +381,7 @@ if [[ "$what" == ab ]]; then
           bin="$BUNDLE/bin/inferd-bench" libs="$BUNDLE/lib" && [[ $side == base ]] && bin="$BASE/bin/inferd-bench" libs="$base_libs"
           [[ $side == side-* ]] && bin="/tmp/inferd-$side/bin/inferd-bench"
           name="ab_${m}_${q}_${side}_$i"
-          LD_LIBRARY_PATH="$libs" "$bin" --model "/tmp/$m-8b-config" --load-format dummy --quantization "$q" \
+          LD_LIBRARY_PATH="$libs" "$bin" --model "/tmp/ab-$m-config" --load-format dummy --quantization "$q" \
             --sections "${AB_SECTIONS:-latency}" --batches "${AB_BATCHES:-1}" --json "$OUT/$name.json" \
             > "$OUT/$name.txt" 2>&1 || status=1
           echo "-- $name" && grep -v "^\[20" "$OUT/$name.txt" | grep -E "decode|latency|prefill" | head -n 6

@@ -1,7 +1,8 @@
 // A whole mixture-of-experts block on the device, from the router's logits to the layer's output, composed of the
 // kernels the cuda backend's kMoe will run: MoeRoute, MoeGather, MoeExpertGemv (gate/up), ActivateMul (SiLU·mul),
 // MoeExpertGemv (down), MoeCombine; against the same arithmetic on the CPU (the cpu backend's routing, products in
-// fp32 rounded to bf16 where the device rounds). Mixtral's 8 experts / top 2 renormalised and Qwen3-MoE's
+// fp32 rounded to bf16 where the device rounds); and the few-row path (MoeTopK, MoeRowGatedGemv,
+// MoeRowDownCombine) against the grouped one, bit for bit. Mixtral's 8 experts / top 2 renormalised and Qwen3-MoE's
 // 128 / top 8 not, over a decode step's rows.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -117,6 +119,21 @@ void RunBlock(int64_t rows, int32_t experts, int32_t topk, bool normalize, int64
   EXPECT_LT(worst, 4.0 / 128 * scale) << rows << " rows, " << experts << " experts, top " << topk << ": worst " << worst
                                       << " against outputs up to " << scale;
   EXPECT_GT(scale, 0.0);
+  // The few-row path (MoeTopK, MoeRowGatedGemv, MoeRowDownCombine: no grouping, gather or combine of its own) sums
+  // in the same order: bit for bit the grouped path's output.
+  __nv_bfloat16* row_out = Scratch<__nv_bfloat16>(rows * hidden);
+  ASSERT_EQ(k::MoeTopK(dlogits, rows, experts, topk, normalize, ids, weights, nullptr), cudaSuccess);
+  ASSERT_EQ(k::MoeRowGatedGemv(dx, dgu, ids, rows, topk, acts, inter, hidden, k::GatedActivation::kSilu, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(k::MoeRowDownCombine(acts, ddown, ids, weights, rows, topk, row_out, hidden, inter, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<__nv_bfloat16> by_row(rows * hidden);
+  cudaMemcpy(by_row.data(), row_out, by_row.size() * 2, cudaMemcpyDeviceToHost);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < rows * hidden; ++i) differ += std::memcmp(&by_row[i], &got[i], 2) != 0;
+  EXPECT_EQ(differ, 0) << rows << " rows, " << experts << " experts, top " << topk
+                       << ": the few-row path against the grouped one";
+  cudaFree(row_out);
   for (void* p : std::initializer_list<void*>{dx, dlogits, dgu, ddown, ids, weights, counts, offsets, sorted, positions,
                                               xs, gus, acts, ys, out}) {
     cudaFree(p);
@@ -129,6 +146,7 @@ TEST(MoeBlock, TheDevicesKernelsComposeToTheCpuArithmetic) {
   RunBlock(5, 8, 2, true, 256, 96);
   RunBlock(4, 128, 8, false, 128, 32);
   RunBlock(37, 16, 4, true, 64, 40);
+  RunBlock(3, 16, 4, true, 2056, 200);  // rows of 257 16-byte chunks: several batches of loads and a partial one
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// A mixture of experts' routing on the device (kernels::MoeRoute) against the cpu backend's arithmetic: the softmax
-// over the experts, the top k (the larger weight first, the lower expert among equals), the weights renormalised or
-// not, and every (row, k) slot grouped by expert. Random logits of odd row counts and expert counts up to the
-// largest taken, ties (every logit equal), calls in a row (the counts must be left zero), and refused shapes.
+// A mixture of experts' routing on the device (kernels::MoeRoute, and MoeTopK alone) against the cpu backend's
+// arithmetic: the softmax over the experts, the top k (the larger weight first, the lower expert among equals), the
+// weights renormalised or not, and every (row, k) slot grouped by expert. Random logits of odd row counts and expert
+// counts up to the largest taken, ties (every logit equal), calls in a row (the counts must be left zero), and refused
+// shapes.
 #include "kernels/moe_routing.h"
 
 #include <cuda_runtime.h>
@@ -101,6 +102,19 @@ void RouteAndCheck(const std::vector<float>& logits, int64_t rows, int32_t exper
     for (int64_t slot = 0; slot < rows * topk; ++slot) misplaced += got_sorted[got_positions[slot]] != slot;
     EXPECT_EQ(misplaced, 0) << where << ": each slot's position is where the grouped order holds it";
     EXPECT_EQ(std::count(left.begin(), left.end(), 0), experts) << where << ": the counts are left zero";
+    // MoeTopK alone: the same experts and weights, bit for bit, and no counts touched.
+    int32_t* ids2 = Device<int32_t>(rows * topk);
+    float* weights2 = Device<float>(rows * topk);
+    ASSERT_EQ(k::MoeTopK(d_logits, rows, experts, topk, normalize, ids2, weights2, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<int32_t> top_ids(rows * topk);
+    std::vector<float> top_weights(rows * topk);
+    cudaMemcpy(top_ids.data(), ids2, top_ids.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(top_weights.data(), weights2, top_weights.size() * 4, cudaMemcpyDeviceToHost);
+    EXPECT_EQ(top_ids, got_ids) << where << ": MoeTopK";
+    EXPECT_EQ(top_weights, got_weights) << where << ": MoeTopK";
+    cudaFree(ids2);
+    cudaFree(weights2);
   }
   for (void* p : std::initializer_list<void*>{d_logits, ids, weights, counts, offsets, sorted, positions}) cudaFree(p);
 }

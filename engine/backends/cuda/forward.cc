@@ -276,7 +276,8 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
         case LayerOp::kMoe: {
           // The router's logits, each row's top k and the rows grouped by expert (on the device: a decode graph
           // holds any routing), each expert's run times its gate/up, SiLU·mul, times its down, and each row's k
-          // outputs weighted back in k order (kernels/moe_routing.h, moe_products.h). bf16/fp16 weights only.
+          // outputs weighted back in k order (kernels/moe_routing.h, moe_products.h); one row, ungrouped in four
+          // launches. bf16/fp16 weights only.
           TraceRange experts("experts");
           const int32_t E = cfg.num_experts, K = cfg.experts_per_token;
           const int64_t S = Tn * K, Ie = cfg.moe_intermediate_size;
@@ -291,6 +292,18 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           T* expert_out = b.act<T>(a.moe_y);
           INFERD_RETURN_IF_ERROR(
               gemm.Run(Operand(xn), L.router.operand(), logits, Tn, E, H, nullptr, /*out_fp32=*/true, s));
+          if (Tn == 1) {
+            // One row: its k experts are distinct, so each is read once without grouping; the products read the
+            // row and the routing where they lie and the down product sums the k outputs itself.
+            int32_t* ids = b.act<int32_t>(a.moe_ids);
+            INFERD_KERNEL(k::MoeTopK(logits, Tn, E, K, cfg.normalize_top_k, ids, weights, s));
+            INFERD_KERNEL(k::MoeRowGatedGemv(xn, L.experts_gate_up.get<T>(), ids, Tn, K, expert_act, Ie, H,
+                                             k::GatedActivation::kSilu, s));
+            INFERD_KERNEL(
+                k::MoeRowDownCombine(expert_act, L.experts_down.get<T>(), ids, weights, Tn, K, tmp, H, Ie, s));
+            delta = tmp;
+            break;
+          }
           INFERD_KERNEL(k::MoeRoute(logits, Tn, E, K, cfg.normalize_top_k, b.act<int32_t>(a.moe_ids), weights,
                                     b.act<int32_t>(a.moe_counts), offsets, sorted, slot_positions, s));
           INFERD_KERNEL(k::MoeGather(xn, sorted, S, K, H, rows, s));
