@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Fetches FlashInfer's CUDA headers (Apache-2.0) from its PyPI wheel, checks the wheel's SHA-256, and extracts
-# the headers and the CCCL they are built with into third_party/flashinfer (git-ignored). Idempotent.
+# the headers, the CCCL they are built with and the CUTLASS they ship (BSD-3-Clause: include/ and
+# tools/util/include/) into third_party/flashinfer (git-ignored). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.7.2.post1
 SHA256=bfdc18b9e1e4d8d0730fe4343dc0e284cd0c160086de80f99888bc4867922d49
 DEST=third_party/flashinfer
-if [[ "$(cat "$DEST/.sha256" 2>/dev/null)" == "$SHA256" ]]; then
+MARK="$SHA256 cutlass"  # what an extraction holds: an older one without CUTLASS is redone
+if [[ "$(cat "$DEST/.sha256" 2>/dev/null)" == "$MARK" ]]; then
   exit 0
 fi
 work=$(mktemp -d)
@@ -22,10 +24,15 @@ python3 - "$wheel" "$work/x" <<'PY'
 import sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z:
     z.extractall(sys.argv[2], [n for n in z.namelist()
-                               if n.startswith(("flashinfer/data/include/", "flashinfer/data/cccl/"))])
+                               if n.startswith(("flashinfer/data/include/", "flashinfer/data/cccl/",
+                                                "flashinfer/data/cutlass/include/",
+                                                "flashinfer/data/cutlass/tools/util/include/"))])
 PY
 rm -rf "$DEST" && mkdir -p "$DEST"
 mv "$work/x/flashinfer/data/include" "$DEST/include"
 mv "$work/x/flashinfer/data/cccl" "$DEST/cccl"
-echo "$SHA256" > "$DEST/.sha256"
+mkdir -p "$DEST/cutlass"
+mv "$work/x/flashinfer/data/cutlass/include" "$DEST/cutlass/include"
+mv "$work/x/flashinfer/data/cutlass/tools/util/include" "$DEST/cutlass/util_include"
+echo "$MARK" > "$DEST/.sha256"
 echo "fetch_flashinfer: flashinfer-python $VERSION headers in $DEST ($(du -sh "$DEST" | cut -f1))"

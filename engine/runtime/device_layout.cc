@@ -147,6 +147,7 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
     a.moe_gate_up = act.Add(S * 2 * Ie * e);
     a.moe_act = act.Add(S * Ie * e);
     a.moe_y = act.Add(S * H * e);
+    a.moe_gemm_ws = act.Add(kernels::kMoeGroupedGemmWorkspaceBytes);
   }
   l.activation_arena_bytes = act.size();
   l.gemm_workspace_bytes = kGemmWorkspaceBytes;

@@ -56,6 +56,7 @@ struct ActivationRegions {
   // expert intermediate] e, SiLU·mul [T * k, expert intermediate] e and outputs [T * k, hidden] e.
   Region moe_logits, moe_ids, moe_weights, moe_counts, moe_offsets, moe_sorted, moe_positions;
   Region moe_x, moe_gate_up, moe_act, moe_y;
+  Region moe_gemm_ws;  // the experts' grouped GEMM's workspace (kernels::kMoeGroupedGemmWorkspaceBytes)
 };
 
 // What a step samples, one arena copied back to pinned host memory.

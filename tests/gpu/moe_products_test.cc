@@ -1,6 +1,6 @@
-// The experts' products of a decode step (kernels::MoeExpertGemv) against fp32 products on the CPU: every expert's
-// run of rows times its own weights, runs of 0 (experts no row chose), 1, 2, 3 and more than a pass takes (13),
-// widths no tile divides, bf16 and fp16, and the runs' bounds read from the device.
+// The experts' products (kernels::MoeExpertGemv, MoeExpertGemm, MoeGroupedGemm) against fp32 products on the CPU: every
+// expert's run of rows times its own weights, runs of 0 (experts no row chose), 1, 2, 3 and more than a pass takes
+// (13), widths no tile divides, bf16 and fp16, and the runs' bounds read from the device.
 #include "kernels/moe_products.h"
 
 #include <cuda_runtime.h>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/moe_grouped_gemm.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace inferd {
@@ -23,9 +24,13 @@ using testing::HaveGpu;
 using testing::ToFloatHost;
 namespace k = kernels;
 
-// gemm: kernels::MoeExpertGemm (the tensor cores' tiles for long runs), else MoeExpertGemv.
+// The kernel under test: MoeExpertGemv (a decode step's streaming passes), MoeExpertGemm (the tensor cores' tiles
+// for long runs) or MoeGroupedGemm (CUTLASS's grouped GEMM, Hopper).
+enum class Kernel { kGemv, kTiles, kGrouped };
+
 template <typename T>
-void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim, bool gemm = false) {
+void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim, Kernel kernel = Kernel::kGemv) {
+  const bool gemm = kernel != Kernel::kGemv;
   const int32_t experts = static_cast<int32_t>(counts.size());
   std::vector<int32_t> offsets(experts + 1, 0);
   std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
@@ -46,10 +51,25 @@ void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim, bool gem
   const auto* xs = static_cast<const T*>(dx);
   const auto* ws = static_cast<const T*>(dw);
   const auto* offs = static_cast<const int32_t*>(doff);
-  ASSERT_EQ(gemm ? k::MoeExpertGemm<T>(xs, ws, offs, experts, std::max<int64_t>(slots, 1), static_cast<T*>(dy), n, kdim,
-                                       nullptr)
-                 : k::MoeExpertGemv<T>(xs, ws, offs, experts, static_cast<T*>(dy), n, kdim, nullptr),
-            cudaSuccess);
+  if (kernel == Kernel::kGrouped) {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    const size_t scratch_bytes = k::MoeGroupedGemmWorkspaceBytes(experts, sms);
+    void* scratch = nullptr;
+    ASSERT_EQ(cudaMalloc(&scratch, scratch_bytes), cudaSuccess);
+    for (int call = 0; call < 2; ++call) {  // the groups are rebuilt on the device each call
+      ASSERT_EQ(k::MoeGroupedGemm<T>(xs, ws, offs, experts, static_cast<T*>(dy), n, kdim, scratch, scratch_bytes, sms,
+                                     nullptr),
+                cudaSuccess);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaFree(scratch);
+  } else {
+    ASSERT_EQ(gemm ? k::MoeExpertGemm<T>(xs, ws, offs, experts, std::max<int64_t>(slots, 1), static_cast<T*>(dy), n,
+                                         kdim, nullptr)
+                   : k::MoeExpertGemv<T>(xs, ws, offs, experts, static_cast<T*>(dy), n, kdim, nullptr),
+              cudaSuccess);
+  }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<T> y(slots * n);
   cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost);
@@ -73,7 +93,10 @@ void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim, bool gem
       }
     }
   }
-  EXPECT_EQ(wrong, 0) << (gemm ? "gemm " : "gemv ") << slots << " slots, n " << n << ", k " << kdim << ": " << first;
+  EXPECT_EQ(wrong, 0) << (kernel == Kernel::kGrouped ? "grouped "
+                          : gemm                     ? "gemm "
+                                                     : "gemv ")
+                      << slots << " slots, n " << n << ", k " << kdim << ": " << first;
   for (void* p : {dx, dw, dy, doff}) cudaFree(p);
 }
 
@@ -95,13 +118,30 @@ TEST(MoeExpertGemm, EachExpertsLongRunTimesItsOwnWeights) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   const std::vector<int32_t> counts = {0, 1, 64, 65, 0, 130, 7, 200};
   for (auto [n, kdim] : {std::pair<int64_t, int64_t>{96, 64}, {37, 544}, {512, 1024}, {200, 32}}) {
-    Check<__nv_bfloat16>(counts, n, kdim, true);
-    Check<__half>(counts, n, kdim, true);
+    Check<__nv_bfloat16>(counts, n, kdim, Kernel::kTiles);
+    Check<__half>(counts, n, kdim, Kernel::kTiles);
   }
-  Check<__nv_bfloat16>(std::vector<int32_t>(128, 0), 64, 64, true);  // no slots: every block returns
+  Check<__nv_bfloat16>(std::vector<int32_t>(128, 0), 64, 64, Kernel::kTiles);  // no slots: every block returns
   alignas(16) static __nv_bfloat16 host[64];
   EXPECT_EQ(k::MoeExpertGemm<__nv_bfloat16>(host, host, nullptr, 2, 8, nullptr, 8, 48, nullptr), cudaErrorInvalidValue)
       << "k not a multiple of 32";
+}
+
+// The same long runs through CUTLASS's grouped GEMM, where the GPU has it (sm_90a): runs of 0, 1, a tile (128) and
+// a row, many tiles; widths of a tile and not (96, 200), k of one step (64) to many, and no slots at all.
+TEST(MoeGroupedGemm, EachExpertsLongRunTimesItsOwnWeights) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  if (!k::MoeGroupedGemmAvailable(0)) GTEST_SKIP() << "not a Hopper GPU (sm_90a)";
+  const std::vector<int32_t> counts = {0, 1, 128, 129, 0, 300, 7, 64};
+  for (auto [n, kdim] : {std::pair<int64_t, int64_t>{96, 64}, {200, 72}, {512, 1024}, {768, 2048}}) {
+    Check<__nv_bfloat16>(counts, n, kdim, Kernel::kGrouped);
+    Check<__half>(counts, n, kdim, Kernel::kGrouped);
+  }
+  Check<__nv_bfloat16>(std::vector<int32_t>(128, 0), 64, 64, Kernel::kGrouped);
+  alignas(16) static __nv_bfloat16 host[64];
+  EXPECT_EQ(k::MoeGroupedGemm<__nv_bfloat16>(host, host, nullptr, 2, host, 12, 64, nullptr, 0, 132, nullptr),
+            cudaErrorInvalidValue)
+      << "n not a multiple of 8";
 }
 
 TEST(MoeExpertGemv, ShapesItCannotTakeAreRefused) {

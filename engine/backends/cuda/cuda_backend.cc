@@ -36,6 +36,7 @@
 #include "kernels/decode_attention.h"
 #include "kernels/dependent_launch.h"
 #include "kernels/device_code.h"
+#include "kernels/moe_grouped_gemm.h"
 #include "kernels/moe_routing.h"
 #include "kernels/paged_attention.h"
 #include "spdlog/spdlog.h"
@@ -70,6 +71,7 @@ struct Rank {
   DeviceBuffer inputs_dev;                // layout.inputs, the device copy
   cuda::KvPool kv;
   int64_t free_at_start = 0;  // the device's free memory before the weights
+  int moe_grouped_sms = 0;    // ForwardBuffers::moe_grouped_sms
 
   ~Rank() {
     cudaSetDevice(device);
@@ -222,6 +224,7 @@ cuda::ForwardBuffers CudaBackend::Buffers(const Rank& r) const {
   b.kv = r.kv.data();
   b.layer_kv_bytes = r.kv.layer_bytes();
   b.rank0_logits = ranks_[0]->activations.get<char>() + layout_.activations.logits.offset;
+  b.moe_grouped_sms = r.moe_grouped_sms;
   return b;
 }
 
@@ -246,6 +249,12 @@ absl::Status CudaBackend::Allocate(Rank& r) {
   if (layout_.activations.moe_counts.bytes > 0) {  // MoeRoute's counts: zero before its first call (it leaves them so)
     INFERD_CUDA(cudaMemset(r.activations.get<char>() + layout_.activations.moe_counts.offset, 0,
                            layout_.activations.moe_counts.bytes));
+    int sms = 0;
+    INFERD_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, r.device));
+    if (k::MoeGroupedGemmAvailable(r.device) && k::MoeGroupedGemmWorkspaceBytes(r.cfg.num_experts, sms) <=
+                                                    static_cast<size_t>(layout_.activations.moe_gemm_ws.bytes)) {
+      r.moe_grouped_sms = sms;
+    }
   }
   INFERD_RETURN_IF_ERROR(r.attn_int_ws_host.Allocate(layout_.activations.attn_int_ws.bytes));
   if (layout_.activations.attn_int_ws_window.bytes > 0) {
@@ -450,6 +459,13 @@ void CudaBackend::ChooseKernels() {
        absl::StrCat("the weight-streaming kernel up to ", fp8 ? gemm.fp8_gemv_max_rows() : gemm.gemv_max_rows(),
                     " rows, cuBLASLt beyond", fp8 ? " (fp8 e4m3 weights, per-channel scales)" : "")},
       {"dependent launch", launch},
+      {"experts", !cfg_.has_experts()
+                      ? "none (a dense model)"
+                      : absl::StrCat("one row: its k experts' products and weighted sum in two launches; a few rows an "
+                                     "expert: streamed per expert (kernels/moe_products.h); longer runs (prefill): ",
+                                     ranks_[0]->moe_grouped_sms > 0
+                                         ? "CUTLASS's grouped GEMM (sm_90a, TMA and wgmma; kernels/moe_grouped_gemm.h)"
+                                         : "inferd's tensor-core tiles (wmma)")},
       {"decode graphs", use_graphs_ ? "CUDA graphs per decode bucket" : "off (engine.cuda_graphs)"}};
   if (ranks_.size() > 1) {
     const cuda::Collectives* comm = ranks_[0]->comm.get();

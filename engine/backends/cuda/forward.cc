@@ -18,6 +18,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/fp8.h"
 #include "kernels/gemv.h"
+#include "kernels/moe_grouped_gemm.h"
 #include "kernels/moe_products.h"
 #include "kernels/moe_routing.h"
 #include "kernels/sampling.h"
@@ -308,9 +309,15 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
                                     b.act<int32_t>(a.moe_counts), offsets, sorted, slot_positions, s));
           INFERD_KERNEL(k::MoeGather(xn, sorted, S, K, H, rows, s));
           // Runs of a few rows (decode) stream each chosen expert's weights; longer ones (more than one streaming
-          // pass of 8 rows an expert on average) go through the tensor cores' tiles.
+          // pass of 8 rows an expert on average) go through the tensor cores: CUTLASS's grouped GEMM on Hopper,
+          // else tiles of our own.
           const auto products = [&](const T* in, const T* weights, T* out, int64_t n, int64_t kdim) {
-            return S > 8 * int64_t{E} && k::MoeExpertGemmSupports(in, weights, n, kdim)
+            if (S <= 8 * int64_t{E}) return k::MoeExpertGemv(in, weights, offsets, E, out, n, kdim, s);
+            if (b.moe_grouped_sms > 0 && n % 8 == 0 && kdim % 8 == 0) {
+              return k::MoeGroupedGemm(in, weights, offsets, E, out, n, kdim, b.act<void>(a.moe_gemm_ws),
+                                       a.moe_gemm_ws.bytes, b.moe_grouped_sms, s);
+            }
+            return k::MoeExpertGemmSupports(in, weights, n, kdim)
                        ? k::MoeExpertGemm(in, weights, offsets, E, S, out, n, kdim, s)
                        : k::MoeExpertGemv(in, weights, offsets, E, out, n, kdim, s);
           };

@@ -34,6 +34,7 @@ struct ForwardBuffers {
   char* kv = nullptr;            // per KV slot K then V, each [num_blocks, block_size, num_kv_heads, head_dim]
   int64_t layer_kv_bytes = 0;    // one slot's K (or V): num_blocks * layout->kv_block_bytes
   char* rank0_logits = nullptr;  // rank 0's logits (layout->activations.logits), as this rank addresses them
+  int moe_grouped_sms = 0;       // > 0: the experts' long runs go through kernels::MoeGroupedGemm on this many SMs
 
   template <typename U>
   U* act(const Region& r) const {
