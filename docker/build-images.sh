@@ -21,6 +21,7 @@ if ((${#need[@]})); then
 fi
 [[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ]] || bash scripts/fetch_model.sh
 bash scripts/fetch_xgrammar.sh  # structured output's grammar engine, built into inferd (checked by its SHA-256)
+bash scripts/fetch_ggml.sh      # llama.cpp's ggml: the cpu backend's kernels over GGUF's blocks (SHA-256 checked)
 
 cache=build/images
 mkdir -p "$cache"

@@ -29,6 +29,7 @@ struct EngineSection {
   double swap_space_gib = 0;            // host memory for preempted requests' KV (swap instead of recompute)
   double host_kv_cache_gib = 0;         // host tier of the prefix cache (evicted prefix blocks kept on the host)
   int32_t num_threads = 0;              // cpu backend threads; 0 = all cores
+  std::string cpu_weights = "fp32";     // fp32 (the reference arithmetic), as_stored (GGUF blocks, bf16: fast)
   int32_t tensor_parallel_size = 1;     // devices one model is split across (tensor parallelism): 1, 2, 4, 8
   int32_t profile_steps = 0;            // log a time breakdown of each of the first N steps
   int64_t structured_output_max_bytes = 64 << 10;        // of a schema, regex, grammar or choice list: 1..2^24

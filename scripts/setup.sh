@@ -36,6 +36,8 @@ fi
 bash scripts/fetch_flashinfer.sh
 # xgrammar's C++ sources (structured output: JSON schemas, regexes, grammars).
 bash scripts/fetch_xgrammar.sh
+# ggml's sources from llama.cpp (the cpu backend's kernels over GGUF's quantized formats).
+bash scripts/fetch_ggml.sh
 # The bundled default model (configs/default.yaml serves it), and Gemma 3 270M, whose parity with transformers
 # the tests check (Gemma terms of use; fetched, never committed).
 bash scripts/fetch_model.sh

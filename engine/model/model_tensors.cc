@@ -80,27 +80,9 @@ absl::Status DecodeRowsAsStored(const TensorDesc& t, int64_t first, int64_t coun
     return absl::OutOfRangeError(
         absl::StrCat("tensor '", t.name, "': rows [", first, ", ", first + count, ") outside [0, ", t.rows, ")"));
   }
-  int64_t row_bytes = t.cols * static_cast<int64_t>(DTypeSize(t.dtype));
-  if (t.ggml) {
-    int64_t block_elems = 0, block_bytes = 0;
-    if (!GgmlBlockLayout(t.ggml_type, &block_elems, &block_bytes) || t.cols % block_elems != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", GgmlTypeName(t.ggml_type), " rows of ",
-                                                     t.cols, " elements are not whole blocks"));
-    }
-    row_bytes = t.cols / block_elems * block_bytes;
-  }
-  if (static_cast<int64_t>(t.bytes.size()) != row_bytes * t.rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", t.name, "' holds ", t.bytes.size(), " bytes, not ", row_bytes * t.rows));
-  }
-  const int64_t head_rows = t.rotary_heads > 0 ? t.rows / t.rotary_heads : 0;
+  INFERD_ASSIGN_OR_RETURN(const int64_t row_bytes, StoredRowBytes(t));
   for (int64_t r = first; r < first + count; ++r) {
-    // llama.cpp's rotary order: Hugging Face row (half i, pair j) of a head is stored at 2j + i.
-    int64_t src = r;
-    if (head_rows > 0) {
-      const int64_t h = r / head_rows, within = r % head_rows, half = head_rows / 2;
-      src = h * head_rows + 2 * (within % half) + within / half;
-    }
+    const int64_t src = StoredRow(t, r);
     const std::span<const uint8_t> row = t.bytes.subspan(src * row_bytes, row_bytes);
     float* dst = out + (r - first) * t.cols;
     if (t.ggml) {
@@ -117,6 +99,30 @@ absl::Status DecodeRowsAsStored(const TensorDesc& t, int64_t first, int64_t coun
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> StoredRowBytes(const TensorDesc& t) {
+  int64_t row_bytes = t.cols * static_cast<int64_t>(DTypeSize(t.dtype));
+  if (t.ggml) {
+    int64_t block_elems = 0, block_bytes = 0;
+    if (!GgmlBlockLayout(t.ggml_type, &block_elems, &block_bytes) || t.cols % block_elems != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", GgmlTypeName(t.ggml_type), " rows of ",
+                                                     t.cols, " elements are not whole blocks"));
+    }
+    row_bytes = t.cols / block_elems * block_bytes;
+  }
+  if (static_cast<int64_t>(t.bytes.size()) != row_bytes * t.rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", t.name, "' holds ", t.bytes.size(), " bytes, not ", row_bytes * t.rows));
+  }
+  return row_bytes;
+}
+
+int64_t StoredRow(const TensorDesc& t, int64_t r) {
+  if (t.rotary_heads <= 0) return r;
+  // llama.cpp's rotary order: Hugging Face row (half i, pair j) of a head is stored at 2j + i.
+  const int64_t head_rows = t.rows / t.rotary_heads, h = r / head_rows, within = r % head_rows, half = head_rows / 2;
+  return h * head_rows + 2 * (within % half) + within / half;
+}
 
 absl::StatusOr<TensorDesc> RowsOf(const TensorDesc& t, int64_t first, int64_t count, std::string name) {
   if (first < 0 || count <= 0 || first + count > t.rows || t.rotary_heads > 0 || t.padded()) {

@@ -97,6 +97,11 @@ std::vector<const TensorDesc*> AllTensors(const ModelTensors& tensors);
 // Decodes rows [first, first + count) of a tensor to fp32 into out[count, cols].
 absl::Status DecodeRows(const TensorDesc& tensor, int64_t first, int64_t count, float* out);
 
+// How the stored bytes hold a tensor's rows (before padding, scales or `add`): the bytes of one row, checked
+// against the tensor's size (whole ggml blocks), and which stored row holds logical row r (GGUF's rotary order).
+absl::StatusOr<int64_t> StoredRowBytes(const TensorDesc& tensor);
+int64_t StoredRow(const TensorDesc& tensor, int64_t r);
+
 // Rows [first, first + count) of a tensor as a tensor of their own, over the same bytes: the parts of a
 // checkpoint's fused projection (Phi-3's qkv_proj, gate_up_proj). Not for GGUF rows in llama.cpp's rotary order.
 absl::StatusOr<TensorDesc> RowsOf(const TensorDesc& tensor, int64_t first, int64_t count, std::string name);

@@ -85,7 +85,7 @@ TEST(Config, TheReadmeReferenceIsTheFieldTable) {
 TEST(Config, EveryKeySurvivesTheDumpWithAValueOtherThanItsDefault) {
   const std::string yaml = R"(model: {path: /models/x, name: served-x, max_model_len: 4096, load_format: dummy}
 engine: {backend: cpu, dtype: float16, quantization: fp8, kv_cache_dtype: fp8_e4m3, cuda_graphs: false, plan_ahead: "off", block_size: 32, num_blocks: 1000,
-         gpu_memory_utilization: 0.75, cpu_kv_cache_gib: 2.5, swap_space_gib: 1.5, host_kv_cache_gib: 2.25, num_threads: 3, tensor_parallel_size: 4, profile_steps: 7,
+         gpu_memory_utilization: 0.75, cpu_kv_cache_gib: 2.5, swap_space_gib: 1.5, host_kv_cache_gib: 2.25, num_threads: 3, cpu_weights: as_stored, tensor_parallel_size: 4, profile_steps: 7,
          structured_output_max_bytes: 1000, structured_output_cache_mib: 32,
          structured_output_compile_timeout_ms: 2500, structured_output_in_reasoning: true}
 scheduler: {max_num_seqs: 12, max_num_batched_tokens: 640, prefix_caching: false, max_queue: 99,
@@ -118,6 +118,7 @@ kv_events: {enabled: true, endpoint: 'tcp://127.0.0.1:6000', replay_endpoint: 't
     EXPECT_DOUBLE_EQ(x->engine.swap_space_gib, 1.5);
     EXPECT_DOUBLE_EQ(x->engine.host_kv_cache_gib, 2.25);
     EXPECT_EQ(x->engine.num_threads, 3);
+    EXPECT_EQ(x->engine.cpu_weights, "as_stored");
     EXPECT_EQ(x->engine.tensor_parallel_size, 4);
     EXPECT_EQ(x->engine.profile_steps, 7);
     EXPECT_EQ(x->engine.structured_output_max_bytes, 1000);

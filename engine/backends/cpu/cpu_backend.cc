@@ -28,6 +28,10 @@ namespace {
 
 // C[m, n] = A[m, k] · W[n, k]ᵀ + beta · C
 void MatMulT(const float* a, const Matrix& w, float* c, int64_t m, float beta) {
+  if (w.is_stored()) {  // engine.cpu_weights: as_stored (no call accumulates into c: beta is 0)
+    StoredMatMulT(a, w.stored, c, m);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, w.rows, w.cols, 1.0f, a, w.cols, w.data.data(), w.cols, beta,
               c, w.rows);
 }
@@ -80,7 +84,11 @@ struct Shard {
 class CpuBackend : public Backend {
  public:
   CpuBackend(const Model& model, const EngineSection& engine, CpuWeights weights)
-      : cfg_(model.config), kv_groups_(KvGroupsOf(model.config)), weights_(std::move(weights)) {
+      : cfg_(model.config),
+        kv_groups_(KvGroupsOf(model.config)),
+        weights_(std::move(weights)),
+        as_stored_(engine.cpu_weights == "as_stored"),
+        files_(as_stored_ ? model.tensors.files : std::vector<std::shared_ptr<const void>>{}) {
     if (engine.num_threads > 0) {
       openblas_set_num_threads(engine.num_threads);
       omp_set_num_threads(engine.num_threads);
@@ -100,6 +108,14 @@ class CpuBackend : public Backend {
         for (const CpuLayerWeights& l : weights_.layers) s.layers.push_back(ShardLayer(l, cfg_, s.tp));
       }
     }
+    for (const CpuLayerWeights& l : shards_[0].layers) {
+      for (const Matrix* m : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.router}) step_macs_per_token_ += m->rows * m->cols;
+      if (!l.expert_gate_up.empty()) {
+        const Matrix &gu = l.expert_gate_up[0], &d = l.expert_down[0];
+        step_macs_per_token_ += int64_t{cfg_.experts_per_token} * (gu.rows * gu.cols + d.rows * d.cols);
+      }
+    }
+    step_macs_per_token_ += weights_.lm_head().rows * weights_.lm_head().cols;
     weights_.layers.clear();
     inv_freq_ = RopeInverseFrequencies(cfg_);
     inv_freq_local_ = RopeInverseFrequencies(cfg_, /*local=*/true);
@@ -119,7 +135,9 @@ class CpuBackend : public Backend {
   uint64_t Progress() const override { return work_done_.load(std::memory_order_relaxed); }
   absl::StatusOr<DeviceCeilings> MeasureCeilings() override;
   std::vector<KernelChoice> KernelChoices() const override {
-    return {{"products", "OpenBLAS sgemm in fp32 (the reference arithmetic)"},
+    return {{"products", as_stored_ ? "the weights as stored (GGUF blocks, bf16, fp16) through ggml's CPU dot kernels, "
+                                      "each input row quantized to the kernel's format once (engine.cpu_weights)"
+                                    : "OpenBLAS sgemm in fp32 (the reference arithmetic)"},
             {"attention", "fp32 over the paged cache, a query row at a time"},
             {"sampling", "the host sampler chain"}};
   }
@@ -139,10 +157,19 @@ class CpuBackend : public Backend {
   void SumOverShards(Shard& s, int64_t rows);
 
   const ModelConfig& cfg_;
-  KvGroups kv_groups_;  // which blocks and KV slot each layer's K/V live in
-  CpuWeights weights_;  // the embeddings, final norm and LM head; the layers are in the shards
+  KvGroups kv_groups_;    // which blocks and KV slot each layer's K/V live in
+  CpuWeights weights_;    // the embeddings, final norm and LM head; the layers are in the shards
+  const bool as_stored_;  // engine.cpu_weights: as_stored
+  std::vector<std::shared_ptr<const void>> files_;  // the mapped checkpoint the stored weights point into
   std::vector<Shard> shards_;
   int32_t threads_per_shard_ = 1;
+  // The products' multiply-adds per token (an MoE layer's k experts): with weights as stored, a step of fewer than
+  // kSplitStepWork runs on the engine thread alone. Each of a step's ~200 parallel regions wakes the other threads
+  // (a futex each way); on SmolLM2-135M on two cores a one-row step took 16–18 ms split against 6.5–7 ms on one
+  // thread, and 4 streams ran at 114 tokens/s split (at 512 M) against 149 alone (at 2 G), while a prefill step of
+  // many tokens is worth splitting.
+  static constexpr int64_t kSplitStepWork = int64_t{2} << 30;
+  int64_t step_macs_per_token_ = 0;
   std::unique_ptr<std::barrier<>> meet_;  // the shards' rendezvous around each sum
   StepLimits limits_;
   int32_t block_size_ = 0;
@@ -343,6 +370,9 @@ void CpuBackend::Forward(const StepInput& in) {
     }
   }
   if (shards_.size() == 1) {
+    if (as_stored_) {  // a step too small to split runs on this thread alone (kSplitStepWork)
+      omp_set_num_threads(T * step_macs_per_token_ >= kSplitStepWork ? threads_per_shard_ : 1);
+    }
     ShardForward(in, shards_[0]);
   } else {
     // One thread per shard, each with its share of the cores; they meet at every sum.
@@ -388,8 +418,13 @@ void CpuBackend::ShardForward(const StepInput& in, Shard& s) {
   const int64_t T = in.num_tokens(), H = cfg_.hidden_size;
   const float scale = static_cast<float>(cfg_.embedding_scale());
   for (int64_t t = 0; t < T; ++t) {
-    const float* e = weights_.embed.data.data() + int64_t{in.token_ids[t]} * H;
     float* x = s.ws.x.data() + t * H;
+    if (weights_.embed.is_stored()) {
+      StoredRowToFloat(weights_.embed.stored, in.token_ids[t], x);
+      for (int64_t i = 0; i < H; ++i) x[i] *= scale;
+      continue;
+    }
+    const float* e = weights_.embed.data.data() + int64_t{in.token_ids[t]} * H;
     for (int64_t i = 0; i < H; ++i) x[i] = e[i] * scale;
   }
   for (int layer = 0; layer < cfg_.num_layers; ++layer) {
@@ -614,7 +649,19 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const Model& model, co
                                                       "' needs the cuda backend; the cpu backend allows: auto"));
   }
   INFERD_RETURN_IF_ERROR(CheckTensorParallel(model.config, engine.tensor_parallel_size));
-  INFERD_ASSIGN_OR_RETURN(CpuWeights weights, BuildCpuWeights(model.tensors));
+  const bool as_stored = engine.cpu_weights == "as_stored";
+  if (as_stored && engine.tensor_parallel_size > 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("engine.cpu_weights = 'as_stored' runs tensor_parallel_size 1 on "
+                     "the cpu backend (got ",
+                     engine.tensor_parallel_size, "); fp32 shards"));
+  }
+  if (as_stored && !StoredKernelsAvailable()) {
+    return absl::FailedPreconditionError(
+        "engine.cpu_weights = 'as_stored' needs a CPU with AVX2, FMA, F16C and BMI2 (x86-64-v3), which this one "
+        "lacks; allowed here: fp32");
+  }
+  INFERD_ASSIGN_OR_RETURN(CpuWeights weights, BuildCpuWeights(model.tensors, as_stored));
   return std::make_unique<CpuBackend>(model, engine, std::move(weights));
 }
 

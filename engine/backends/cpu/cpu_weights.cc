@@ -1,5 +1,6 @@
 #include "engine/backends/cpu/cpu_weights.h"
 
+#include <algorithm>
 #include <initializer_list>
 
 #include "engine/status_macros.h"
@@ -7,9 +8,16 @@
 namespace inferd {
 namespace {
 
-// Stacks tensors with equal column counts row-wise into one matrix (vectors: end to end).
-absl::StatusOr<Matrix> Stack(std::initializer_list<const TensorDesc*> parts) {
+// Stacks tensors with equal column counts row-wise into one matrix (vectors: end to end); as stored where asked and
+// every part can be.
+absl::StatusOr<Matrix> Stack(std::initializer_list<const TensorDesc*> parts, bool as_stored = false) {
   Matrix m;
+  if (as_stored && std::all_of(parts.begin(), parts.end(), [](const TensorDesc* p) { return CanStore(*p); })) {
+    INFERD_ASSIGN_OR_RETURN(m.stored, StoreRows(parts));
+    m.rows = m.stored.rows;
+    m.cols = m.stored.cols;
+    return m;
+  }
   m.cols = (*parts.begin())->cols;
   for (const TensorDesc* p : parts) m.rows += p->rows;
   m.data.resize(m.rows * m.cols);
@@ -62,21 +70,18 @@ Matrix Cols(const Matrix& m, const std::vector<IndexRange>& runs) {
 }  // namespace
 
 int64_t CpuLayerWeights::bytes() const {
-  return static_cast<int64_t>(sizeof(float)) *
-             (input_norm.data.size() + qkv.data.size() + qkv_bias.data.size() + q_norm.data.size() +
-              k_norm.data.size() + attn_out_norm.data.size() + mlp_out_norm.data.size() + o.data.size() +
-              post_norm.data.size() + gate_up.data.size() + down.data.size() + router.data.size()) +
-         [&] {
-           int64_t n = 0;
-           for (const Matrix& m : expert_gate_up) n += static_cast<int64_t>(sizeof(float)) * m.data.size();
-           for (const Matrix& m : expert_down) n += static_cast<int64_t>(sizeof(float)) * m.data.size();
-           return n;
-         }();
+  int64_t n = 0;
+  for (const Matrix* m : {&input_norm, &qkv, &qkv_bias, &q_norm, &k_norm, &attn_out_norm, &mlp_out_norm, &o, &post_norm,
+                          &gate_up, &down, &router}) {
+    n += m->bytes();
+  }
+  for (const Matrix& m : expert_gate_up) n += m.bytes();
+  for (const Matrix& m : expert_down) n += m.bytes();
+  return n;
 }
 
 int64_t CpuWeights::bytes() const {
-  int64_t n =
-      static_cast<int64_t>(sizeof(float)) * (embed.data.size() + final_norm.data.size() + lm_head_own.data.size());
+  int64_t n = embed.bytes() + final_norm.bytes() + lm_head_own.bytes();
   for (const CpuLayerWeights& l : layers) n += l.bytes();
   return n;
 }
@@ -103,17 +108,18 @@ CpuLayerWeights ShardLayer(const CpuLayerWeights& l, const ModelConfig& c, const
   return s;
 }
 
-absl::StatusOr<CpuWeights> BuildCpuWeights(const ModelTensors& t) {
+absl::StatusOr<CpuWeights> BuildCpuWeights(const ModelTensors& t, bool as_stored) {
   CpuWeights w;
-  INFERD_ASSIGN_OR_RETURN(w.embed, Stack({&t.embed}));
+  const bool s = as_stored;
+  INFERD_ASSIGN_OR_RETURN(w.embed, Stack({&t.embed}, s));
   INFERD_ASSIGN_OR_RETURN(w.final_norm, Vector({&t.final_norm}));
   if (t.lm_head.present()) {
-    INFERD_ASSIGN_OR_RETURN(w.lm_head_own, Stack({&t.lm_head}));
+    INFERD_ASSIGN_OR_RETURN(w.lm_head_own, Stack({&t.lm_head}, s));
   }
   for (const LayerTensors& L : t.layers) {
     CpuLayerWeights& l = w.layers.emplace_back();
     INFERD_ASSIGN_OR_RETURN(l.input_norm, Vector({&L.input_norm}));
-    INFERD_ASSIGN_OR_RETURN(l.qkv, Stack({&L.q_proj, &L.k_proj, &L.v_proj}));
+    INFERD_ASSIGN_OR_RETURN(l.qkv, Stack({&L.q_proj, &L.k_proj, &L.v_proj}, s));
     if (L.q_bias.present()) {
       INFERD_ASSIGN_OR_RETURN(l.qkv_bias, Vector({&L.q_bias, &L.k_bias, &L.v_bias}));
     }
@@ -125,18 +131,20 @@ absl::StatusOr<CpuWeights> BuildCpuWeights(const ModelTensors& t) {
       INFERD_ASSIGN_OR_RETURN(l.attn_out_norm, Vector({&L.attn_out_norm}));
       INFERD_ASSIGN_OR_RETURN(l.mlp_out_norm, Vector({&L.mlp_out_norm}));
     }
-    INFERD_ASSIGN_OR_RETURN(l.o, Stack({&L.o_proj}));
+    INFERD_ASSIGN_OR_RETURN(l.o, Stack({&L.o_proj}, s));
     INFERD_ASSIGN_OR_RETURN(l.post_norm, Vector({&L.post_norm}));
     if (L.router.present()) {  // a sparse layer: the router and its experts
+      // The router stays fp32 (a few rows): its logits choose experts, where an input's 8-bit rounding would flip
+      // near-ties into other experts' outputs.
       INFERD_ASSIGN_OR_RETURN(l.router, Stack({&L.router}));
       for (const LayerTensors::Expert& e : L.experts) {
-        INFERD_ASSIGN_OR_RETURN(l.expert_gate_up.emplace_back(), Stack({&e.gate, &e.up}));
-        INFERD_ASSIGN_OR_RETURN(l.expert_down.emplace_back(), Stack({&e.down}));
+        INFERD_ASSIGN_OR_RETURN(l.expert_gate_up.emplace_back(), Stack({&e.gate, &e.up}, s));
+        INFERD_ASSIGN_OR_RETURN(l.expert_down.emplace_back(), Stack({&e.down}, s));
       }
       continue;
     }
-    INFERD_ASSIGN_OR_RETURN(l.gate_up, Stack({&L.gate_proj, &L.up_proj}));
-    INFERD_ASSIGN_OR_RETURN(l.down, Stack({&L.down_proj}));
+    INFERD_ASSIGN_OR_RETURN(l.gate_up, Stack({&L.gate_proj, &L.up_proj}, s));
+    INFERD_ASSIGN_OR_RETURN(l.down, Stack({&L.down_proj}, s));
   }
   return w;
 }

@@ -1,0 +1,50 @@
+// The cpu backend's fast products: weights kept as the checkpoint stores them (GGUF's block formats — Q8_0, Q4_0,
+// Q4_1, Q5_K, Q4_K, Q6_K, … — and bf16, fp16, fp32 rows), multiplied through ggml's CPU dot kernels (llama.cpp's,
+// built from its pinned source: CMakeLists.txt). Each row of X is converted once to the format the weight's kernel
+// takes (8-bit blocks for the quantized formats, bf16 or fp16 for those), then each output is one dot product of
+// a stored row, in fp32. No fp32 copy of a weight is kept; the rows are read where the mapped file holds them.
+// Steps of many rows (16 or more) decode W a tile of rows at a time into fp32 and multiply with OpenBLAS's sgemm
+// (X unrounded there).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/model_tensors.h"
+
+namespace inferd {
+
+// Rows of one stored format (a matrix stacked from tensors of different formats, as llama.cpp's mixes make them,
+// has one part per run).
+struct StoredPart {
+  uint32_t ggml_type = 0;            // ggml's type numbering (GGUF's)
+  std::vector<const uint8_t*> rows;  // each row's bytes, in the forward pass's row order
+  int64_t row_bytes = 0;
+};
+
+struct StoredMatrix {
+  std::vector<StoredPart> parts;  // stacked in order
+  int64_t rows = 0, cols = 0;
+  int64_t bytes() const;  // the stored bytes the rows take
+};
+
+// True where this CPU runs the kernels ggml was built with (x86: AVX2, FMA and F16C).
+bool StoredKernelsAvailable();
+
+// Whether a tensor can be multiplied as stored: a ggml block format or bf16/fp16/fp32 rows, with its bytes at hand,
+// and nothing that decoding would change (padding, per-row scales, an added constant, random weights).
+bool CanStore(const TensorDesc& tensor);
+
+// The tensors stacked row-wise (each CanStore, equal column counts), pointing into their bytes.
+absl::StatusOr<StoredMatrix> StoreRows(std::initializer_list<const TensorDesc*> parts);
+
+// y[m, w.rows] = x[m, w.cols] · wᵀ, fp32 in and out, the output rows split over the OpenMP threads.
+void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m);
+
+// One row of w, decoded to fp32 (the embedding lookup).
+void StoredRowToFloat(const StoredMatrix& w, int64_t row, float* out);
+
+}  // namespace inferd

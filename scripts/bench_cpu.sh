@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The cpu backend beside llama.cpp on the same machine, the same GGUF and the same threads, in one run: llama.cpp's
+# llama-bench (one stream: tg128) and llama-batched-bench (4 and 16 streams of 128 tokens), built from the pinned
+# source scripts/fetch_ggml.sh fetches (its build tuned for this CPU, as llama.cpp builds by default), then inferd
+# serving the same file with engine.cpu_weights as_stored and fp32, measured by `inferd-bench serve` over the
+# OpenAI API at 1, 4 and 16 concurrent streams of 128 tokens. Nothing else should run meanwhile.
+#   bash scripts/bench_cpu.sh [GGUF] [THREADS]     (default: the bundled SmolLM2, every core)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=${1:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+threads=${2:-$(nproc)}
+bash scripts/fetch_ggml.sh --llama-cpp
+if [[ ! -x build-llama/bin/llama-batched-bench ]]; then
+  cmake -S third_party/llama.cpp -B build-llama -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
+  cmake --build build-llama --target llama-bench llama-batched-bench
+fi
+cmake --build build --target inferd inferd-bench >/dev/null
+echo "== llama.cpp ($(cat third_party/llama.cpp/.sha256 | cut -c1-12)), $threads threads, $model"
+build-llama/bin/llama-bench -m "$model" -t "$threads" -p 0 -n 128 -r 3 2>/dev/null | grep -E "model|tg128"
+build-llama/bin/llama-batched-bench -m "$model" -t "$threads" -c 4096 -npp 16 -ntg 128 -npl 4,16 2>/dev/null |
+  grep -E "^\|" || true
+port=$((18000 + RANDOM % 1000))
+for weights in as_stored fp32; do
+  cfg=$(mktemp --suffix=.yaml)
+  cat > "$cfg" <<YAML
+model: {path: $model}
+engine: {backend: cpu, num_threads: $threads, cpu_weights: $weights}
+server: {listen: '127.0.0.1:$((port + 1))', metrics_listen: '', http_listen: '127.0.0.1:$port'}
+YAML
+  build/server/inferd --config "$cfg" > "$cfg.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  echo "== inferd, engine.cpu_weights: $weights, $threads threads"
+  for c in 1 4 16; do
+    build/tools/inferd-bench serve --backend openai --address "127.0.0.1:$port" --max-concurrency $c \
+      --num-prompts $((c * 2)) --warmup 1 --random-input-len 16 --random-output-len 128 --random-range-ratio 0 2>&1 |
+      grep -E "Output token throughput" | sed "s/^/$c streams: /"
+  done
+  kill $pid && wait $pid 2>/dev/null || true
+  rm -f "$cfg" "$cfg.log"
+done
