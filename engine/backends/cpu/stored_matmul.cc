@@ -92,7 +92,8 @@ void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m) {
   InitOnce();
   if (m >= kGemmRows) {
     const int64_t tile = std::max<int64_t>(64, kTileElements / w.cols);
-    std::vector<float> decoded(std::min(tile, w.rows) * w.cols);
+    thread_local std::vector<float> decoded;  // kept between calls: a step makes hundreds
+    decoded.resize(std::min(tile, w.rows) * w.cols);
     for (int64_t r0 = 0; r0 < w.rows; r0 += tile) {
       const int64_t n = std::min(tile, w.rows - r0);
 #pragma omp parallel for schedule(static) if (n * w.cols >= kSplitWork / 64)
@@ -104,7 +105,7 @@ void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m) {
   }
   const int n = static_cast<int>(w.cols);
   int64_t first = 0;  // the part's first output column
-  std::vector<uint8_t> converted;
+  thread_local std::vector<uint8_t> converted;  // kept between calls, as above
   ggml_type converted_as = GGML_TYPE_COUNT;
   for (const StoredPart& p : w.parts) {
     const ggml_type_traits_cpu* traits = ggml_get_type_traits_cpu(static_cast<ggml_type>(p.ggml_type));
