@@ -92,14 +92,15 @@ void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m) {
   InitOnce();
   if (m >= kGemmRows) {
     const int64_t tile = std::max<int64_t>(64, kTileElements / w.cols);
-    thread_local std::vector<float> decoded;  // kept between calls: a step makes hundreds
-    decoded.resize(std::min(tile, w.rows) * w.cols);
+    thread_local std::vector<float> tile_buffer;  // the calling thread's, kept between calls: a step makes hundreds
+    tile_buffer.resize(std::min(tile, w.rows) * w.cols);
+    float* const decoded = tile_buffer.data();  // the threads below write the caller's buffer, not their own
     for (int64_t r0 = 0; r0 < w.rows; r0 += tile) {
       const int64_t n = std::min(tile, w.rows - r0);
 #pragma omp parallel for schedule(static) if (n * w.cols >= kSplitWork / 64)
-      for (int64_t r = 0; r < n; ++r) StoredRowToFloat(w, r0 + r, decoded.data() + r * w.cols);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, w.cols, 1.0f, x, w.cols, decoded.data(), w.cols, 0.0f,
-                  y + r0, w.rows);
+      for (int64_t r = 0; r < n; ++r) StoredRowToFloat(w, r0 + r, decoded + r * w.cols);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, w.cols, 1.0f, x, w.cols, decoded, w.cols, 0.0f, y + r0,
+                  w.rows);
     }
     return;
   }
