@@ -20,6 +20,7 @@
 #include "engine/model/moe_routing.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/runtime/sampler.h"
+#include "engine/runtime/step_cost.h"
 #include "engine/status_macros.h"
 
 namespace inferd {
@@ -108,14 +109,6 @@ class CpuBackend : public Backend {
         for (const CpuLayerWeights& l : weights_.layers) s.layers.push_back(ShardLayer(l, cfg_, s.tp));
       }
     }
-    for (const CpuLayerWeights& l : shards_[0].layers) {
-      for (const Matrix* m : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.router}) step_macs_per_token_ += m->rows * m->cols;
-      if (!l.expert_gate_up.empty()) {
-        const Matrix &gu = l.expert_gate_up[0], &d = l.expert_down[0];
-        step_macs_per_token_ += int64_t{cfg_.experts_per_token} * (gu.rows * gu.cols + d.rows * d.cols);
-      }
-    }
-    step_macs_per_token_ += weights_.lm_head().rows * weights_.lm_head().cols;
     weights_.layers.clear();
     inv_freq_ = RopeInverseFrequencies(cfg_);
     inv_freq_local_ = RopeInverseFrequencies(cfg_, /*local=*/true);
@@ -163,11 +156,11 @@ class CpuBackend : public Backend {
   std::vector<std::shared_ptr<const void>> files_;  // the mapped checkpoint the stored weights point into
   std::vector<Shard> shards_;
   int32_t threads_per_shard_ = 1;
-  // The products' multiply-adds per token (an MoE layer's k experts): with weights as stored, a step of fewer than
-  // kSplitStepWork runs on the engine thread alone. Each of a step's ~200 parallel regions wakes the other threads
-  // (a futex each way); on SmolLM2-135M on two cores a one-row step took 16–18 ms split against 6.5–7 ms on one
-  // thread, and 4 streams ran at 114 tokens/s split (at 512 M) against 149 alone (at 2 G), while a prefill step of
-  // many tokens is worth splitting.
+  // The products' multiply-adds per token (an MoE layer's k experts; set by AllocateKvCache): with weights as
+  // stored, a step of fewer than kSplitStepWork runs on the engine thread alone. Each of a step's ~200 parallel
+  // regions wakes the other threads (a futex each way); on SmolLM2-135M on two cores a one-row step took 16–18 ms split
+  // against 6.5–7 ms on one thread, and 4 streams ran at 114 tokens/s split (at 512 M) against 149 alone (at 2 G),
+  // while a prefill step of many tokens is worth splitting.
   static constexpr int64_t kSplitStepWork = int64_t{2} << 30;
   int64_t step_macs_per_token_ = 0;
   std::unique_ptr<std::barrier<>> meet_;  // the shards' rendezvous around each sum
@@ -282,6 +275,8 @@ absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
 
 absl::Status CpuBackend::AllocateKvCache(const MemoryPlan& plan) {
   num_slots_ = int64_t{plan.num_blocks} * block_size_;
+  // What a token multiplies, as the efficiency metrics count it (a sampled row: the LM head too).
+  step_macs_per_token_ = static_cast<int64_t>(StepCostModel(cfg_, plan, block_size_).Of(1, 1, 0, 0).flops / 2);
   // Not zeroed: every slot is written before it is read, and untouched pages cost nothing.
   for (Shard& s : shards_) {
     const size_t per_layer = size_t(num_slots_) * s.kv_dim;

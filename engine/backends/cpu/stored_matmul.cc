@@ -105,7 +105,7 @@ void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m) {
     return;
   }
   const int n = static_cast<int>(w.cols);
-  int64_t first = 0;  // the part's first output column
+  int64_t first = 0;                            // the part's first output column
   thread_local std::vector<uint8_t> converted;  // kept between calls, as above
   ggml_type converted_as = GGML_TYPE_COUNT;
   for (const StoredPart& p : w.parts) {
