@@ -1,3 +1,5 @@
+#include <string>
+
 #include "kernels/device_code.h"
 
 namespace inferd::kernels {
@@ -21,6 +23,18 @@ cudaError_t DeviceCode(int* ptx_version, int* binary_version) {
   *ptx_version = attributes.ptxVersion;
   *binary_version = attributes.binaryVersion;
   return cudaSuccess;
+}
+
+bool RunsSm90aCode(int device) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (major != 9 || minor != 0) return false;
+  const std::string built = std::string(",") + BuiltCudaArchitectures() + ",";
+  return built.find(",90a,") != std::string::npos || built.find(",90a-real,") != std::string::npos;
 }
 
 }  // namespace inferd::kernels

@@ -14,4 +14,9 @@ const char* BuiltCudaArchitectures();
 // the error is cleared.
 cudaError_t DeviceCode(int* ptx_version, int* binary_version);
 
+// Whether `device` runs this build's sm_90a machine code: a compute capability 9.0 GPU and a "90a" entry in the
+// build's list. Kernels written with wgmma and TMA (CUTLASS's SM90 collectives, FlashInfer's Hopper attention)
+// exist only there; on any other GPU or build their bodies are empty.
+bool RunsSm90aCode(int device);
+
 }  // namespace inferd::kernels

@@ -1,4 +1,3 @@
-#include <string>
 #include <type_traits>
 
 #include "cute/tensor.hpp"
@@ -135,16 +134,7 @@ size_t WorkspaceBytes(int32_t experts, int sm_count) {
 }  // namespace
 
 bool MoeGroupedGemmAvailable(int device) {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  if (major != 9 || minor != 0) return false;
-  // sm_90a machine code (wgmma and TMA multicast exist only there): a "90a" entry in the build's list.
-  const std::string built = std::string(",") + BuiltCudaArchitectures() + ",";
-  return built.find(",90a,") != std::string::npos || built.find(",90a-real,") != std::string::npos;
+  return RunsSm90aCode(device);
 }
 
 size_t MoeGroupedGemmWorkspaceBytes(int32_t experts, int sm_count) {

@@ -24,10 +24,25 @@ namespace inferd::kernels {
 
 // Workspace sizes (kAttentionFloatWorkspaceBytes, kAttentionIntWorkspaceBytes): kernels/sizes.h.
 
+// The kernel a plan runs: FlashInfer's batch prefill kernel of the Ampere generation (any GPU; every decode plan),
+// or its Hopper kernel (FA3: TMA and wgmma, warp-specialised; sm_90a code on a 9.0 GPU, caches of T, no window or
+// soft cap), for prefill steps whose queries fill its 128-row tiles.
+enum class AttentionKernel : int32_t { kAmpere = 0, kHopper = 1 };
+
 // FlashInfer's plan, opaque to callers.
 struct AttentionPlan {
   int64_t words[15] = {};
+  AttentionKernel kernel = AttentionKernel::kAmpere;
 };
+
+// Whether the Hopper prefill kernel can run on `device` from this build (sm_90a code on a 9.0 GPU).
+bool HopperPrefillAvailable(int device);
+
+// Whether a prefill step's queries fill the Hopper kernel's query tiles (128 rows, 192 at head dim 64; a tile per
+// run of a sequence's queries and head): at least three quarters of the tiles' rows hold queries, so decode rows
+// and short chunks mixed into a step leave it on the Ampere kernel, whose 16-row tiles fit them.
+// qo_indptr_host: [num_seqs + 1].
+bool HopperPrefillFits(const int32_t* qo_indptr_host, int32_t num_seqs, int32_t head_dim);
 
 // Plans one step. qo_indptr_host, kv_indptr_host: [num_seqs + 1] on the host. Copies the schedule into
 // int_workspace through int_workspace_pinned on `stream`; keep the pinned buffer untouched until the copy ran.
@@ -39,11 +54,17 @@ struct AttentionPlan {
 // window_left ≥ 0: the plan serves runs with this sliding window (RunPagedAttention's window_left), whose KV chunks
 // FlashInfer sizes by the window; -1: runs without one. A split plan serves only runs of its own window, so a model
 // mixing sliding-window and global layers plans each step twice, each schedule in its own int workspace.
+// hopper_prefill: the Hopper kernel's plan, given kv_last_page_len_host ([num_seqs], the tokens on each sequence's
+// last page), for a plan that is not decode_graph's and has no window; the caller passes it only where the build
+// and GPU run the kernel (HopperPrefillAvailable), for runs over a cache of T without soft caps, and (for speed)
+// where the step's queries fill its tiles (HopperPrefillFits). Otherwise, or where its schedule does not fit the
+// workspace, the plan is the Ampere kernel's.
 cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void* int_workspace_pinned,
                                const int32_t* qo_indptr_host, const int32_t* kv_indptr_host, int32_t num_tokens,
                                int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
                                int32_t page_size, bool decode_graph, bool unsplit_kv, AttentionPlan* plan,
-                               cudaStream_t stream, int32_t window_left = -1);
+                               cudaStream_t stream, int32_t window_left = -1, bool hopper_prefill = false,
+                               const int32_t* kv_last_page_len_host = nullptr);
 
 // Whether a decode step (one query row per sequence) is better run with unsplit KV: when its (sequence, KV
 // head) pairs alone give every SM a CTA, and no sequence's KV is more than twice the mean, since one much longer
@@ -74,5 +95,17 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
                               T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
                               int32_t page_size, float sm_scale, float v_scale, bool early_launch, cudaStream_t stream,
                               int32_t window_left = -1, float logits_soft_cap = 0.f);
+
+// A Hopper plan's words: FlashInfer's PrefillPlanSM90Info (9), then the step's query rows.
+inline constexpr int kHopperPlanRowsWord = 9;
+
+// RunPagedAttention's run of a Hopper plan (paged_attention_hopper_*.cu): num_rows, the step's query rows.
+#define INFERD_DECLARE_HOPPER_PREFILL(T)                                                                         \
+  cudaError_t RunHopperPrefill(const AttentionPlan& plan, void* int_workspace, const T* q, int64_t q_row_stride, \
+                               const T* k_cache, const T* v_cache, const int32_t* kv_indices, T* out,            \
+                               int32_t num_rows, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,   \
+                               int32_t page_size, float sm_scale, cudaStream_t stream)
+INFERD_DECLARE_HOPPER_PREFILL(__nv_bfloat16);
+INFERD_DECLARE_HOPPER_PREFILL(__half);
 
 }  // namespace inferd::kernels

@@ -170,6 +170,15 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
                               T* out, int32_t num_seqs, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
                               int32_t page_size, float sm_scale, float v_scale, bool early_launch, cudaStream_t stream,
                               int32_t window_left, float logits_soft_cap) {
+  if (plan.kernel == AttentionKernel::kHopper) {  // planned for a cache of T, without window or soft cap
+    if constexpr (std::is_same_v<T, C>) {
+      if (logits_soft_cap > 0.f || window_left >= 0 || v_scale != 1.f) return cudaErrorInvalidValue;
+      return RunHopperPrefill(plan, int_workspace, q, q_row_stride, k_cache, v_cache, kv_indices, out,
+                              static_cast<int32_t>(plan.words[kHopperPlanRowsWord]), num_qo_heads, num_kv_heads,
+                              head_dim, page_size, sm_scale, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
   if (logits_soft_cap > 0.f) {
     if constexpr (std::is_same_v<T, C>) {
       return RunPagedAttentionSoftCapped(plan, float_workspace, int_workspace, q, q_row_stride, k_cache, v_cache,

@@ -500,6 +500,33 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
     for (__half e : half_out.Host()) half_values.push_back(__half2float(e));
     EXPECT_LT(RelError(half_values, ref), 2e-3) << "the decode kernel, fp16";
   }
+  // Prefill plans over a cache of T without window or soft cap: FlashInfer's Hopper kernel too, where it runs, in
+  // bf16 and fp16, whether or not the step's queries fill its tiles (the backend asks HopperPrefillFits for speed).
+  if (!c.decode_graph && !c.fp8_kv && c.window == 0 && c.soft_cap == 0.f && kernels::HopperPrefillAvailable(0)) {
+    kernels::AttentionPlan hopper;
+    CUDA_OK(kernels::PlanPagedAttention(fws, iws, iws_host, qo_indptr.data(), kv_indptr.data(), T, S, c.heads,
+                                        c.kv_heads, D, bs, false, false, &hopper, nullptr, -1,
+                                        /*hopper_prefill=*/true, last_len.data()));
+    ASSERT_EQ(hopper.kernel, kernels::AttentionKernel::kHopper);
+    Dev<bf16> hopper_out(T * int64_t{c.heads} * D);
+    CUDA_OK(kernels::RunPagedAttention<bf16>(hopper, fws, iws, dq.get(), q_stride, dk.get(), dv.get(), d_qo.get(),
+                                             d_kv.get(), d_pages.get(), d_last.get(), hopper_out.get(), S, c.heads,
+                                             c.kv_heads, D, bs, scale, 1.f, false, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_LT(RelError(FromBf16(hopper_out.Host()), ref), 1e-2) << "the Hopper kernel, bf16";
+    std::vector<__half> hq(q.size()), hk(k.size()), hv(v.size());  // fp16 holds these bf16 values exactly
+    for (size_t i = 0; i < q.size(); ++i) hq[i] = __float2half(q[i]);
+    for (size_t i = 0; i < k.size(); ++i) hk[i] = __float2half(k[i]);
+    for (size_t i = 0; i < v.size(); ++i) hv[i] = __float2half(v[i]);
+    Dev<__half> dhq(hq), dhk(hk), dhv(hv), half_out(T * int64_t{c.heads} * D);
+    CUDA_OK(kernels::RunPagedAttention<__half>(hopper, fws, iws, dhq.get(), q_stride, dhk.get(), dhv.get(), d_qo.get(),
+                                               d_kv.get(), d_pages.get(), d_last.get(), half_out.get(), S, c.heads,
+                                               c.kv_heads, D, bs, scale, 1.f, false, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> half_values;
+    for (__half e : half_out.Host()) half_values.push_back(__half2float(e));
+    EXPECT_LT(RelError(half_values, ref), 2e-3) << "the Hopper kernel, fp16";
+  }
   cudaFree(fws);
   cudaFree(iws);
   cudaFreeHost(iws_host);
@@ -516,6 +543,10 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{128, 6, 2, 16, {{2048, 5}, {33, 1}}},
         // head_dim 256, group 8, odd page size
         AttentionCase{256, 8, 1, 8, {{97, 97}, {64, 1}, {5, 2}}},
+        // prefill steps that fill 128-row tiles (the Hopper kernel's): chunks after earlier context, runs that end
+        // mid-tile, pages of 1 at head_dim 64 (192-row tiles), odd pages at head_dim 256
+        AttentionCase{128, 8, 2, 16, {{1500, 1000}, {700, 700}, {33, 33}}},
+        AttentionCase{64, 4, 1, 1, {{500, 400}, {200, 1}}}, AttentionCase{256, 8, 2, 8, {{600, 300}, {300, 300}}},
         // decode rows under the CUDA-graph plan: GQA 4 and 3, long and short contexts
         AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true},
         AttentionCase{128, 6, 2, 16, {{97, 1}, {5, 1}, {1000, 1}}, true},

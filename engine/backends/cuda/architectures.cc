@@ -11,8 +11,9 @@ namespace inferd {
 
 namespace {
 
-// Attention runs FlashInfer's FA2-style paged kernels on every row (its Hopper-only FA3 kernels are not built);
-// the rest of the forward pass is our kernels and cuBLASLt on every row.
+// Attention runs FlashInfer's FA2-style paged kernels on every row, and on 9.0 running sm_90a code its Hopper
+// prefill kernel (FA3) for steps that fill its tiles (kernels/device_code.h RunsSm90aCode decides, as for CUTLASS's
+// grouped GEMM); the rest of the forward pass is our kernels and cuBLASLt on every row.
 constexpr std::array<GpuArchitecture, 6> kArchitectures = {{
     {80, "80", "Ampere: A100, A30", false, false},
     {86, "86", "Ampere: A10, A40, RTX A6000, RTX 30xx", false, false},

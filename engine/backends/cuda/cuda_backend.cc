@@ -103,6 +103,7 @@ class CudaBackend : public Backend {
         dtype_(dtype),
         device_(std::move(device)),
         device_code_(std::move(device_code)),
+        hopper_prefill_(!fp8_kv_ && cfg_.attn_logit_softcap <= 0 && k::HopperPrefillAvailable(ranks_[0]->device)),
         nvml_(cuda::Nvml::Open(0)) {}
 
   ~CudaBackend() override {
@@ -184,7 +185,10 @@ class CudaBackend : public Backend {
   std::unique_ptr<cuda::RankThreads> threads_;
   cudaDataType_t dtype_;
   std::string device_;
-  std::string device_code_;            // the GPU's architecture and the code of this build it runs
+  std::string device_code_;  // the GPU's architecture and the code of this build it runs
+  // Prefill steps over a cache of T without soft caps may plan for FlashInfer's Hopper kernel (sm_90a on a 9.0
+  // GPU); PlanPagedAttention takes it where a step's queries fill its tiles.
+  const bool hopper_prefill_;
   std::vector<KernelChoice> choices_;  // KernelChoices, set by AllocateKvCache
   int64_t peer_limit_bytes_ = 0;       // the largest sum the peer kernels take (ChoosePeerLimit)
   std::unique_ptr<cuda::Nvml> nvml_;   // null where NVML cannot be loaded
@@ -445,6 +449,9 @@ void CudaBackend::ChooseKernels() {
       {"attention",
        absl::StrCat("FlashInfer's paged prefill kernels (FA2, the sm80 code path, on every GPU) for prefill and "
                     "decode, the KV split by its planner",
+                    hopper_prefill_ ? "; prefill steps whose queries fill 128-row tiles through its Hopper kernel "
+                                      "(FA3: TMA and wgmma, sm_90a) in the global layers"
+                                    : "",
                     cfg_.has_windows() ? "; the window layers through its sliding-window variant, planned apart" : "",
                     fp8_kv_ ? "; over an fp8 e4m3 cache" : "",
                     cfg_.attn_logit_softcap > 0 ? "; scores soft-capped (its soft-cap variant)" : "",
@@ -519,13 +526,18 @@ absl::Status CudaBackend::Stage(Rank& r, const StepInput& in, const cuda::Packed
   }
   const ActivationRegions& a = layout_.activations;
   char* act = r.activations.get<char>();
+  const bool hopper_prefill =
+      hopper_prefill_ && !decode_graph &&
+      k::HopperPrefillFits(inputs_host_.get<int32_t>() + ir.qo_indptr.offset / 4, in.num_seqs(), r.cfg.head_dim);
   const auto plan = [&](const Region& int_ws, PinnedBuffer& int_ws_host, int32_t window_left, k::AttentionPlan* out) {
-    return cuda::FromCuda(k::PlanPagedAttention(act + a.attn_float_ws.offset, act + int_ws.offset, int_ws_host.get(),
-                                                inputs_host_.get<int32_t>() + ir.qo_indptr.offset / 4,
-                                                inputs_host_.get<int32_t>() + ir.kv_indptr.offset / 4, in.num_tokens(),
-                                                in.num_seqs(), r.cfg.num_heads, r.cfg.num_kv_heads, r.cfg.head_dim,
-                                                in.block_size, decode_graph, unsplit_kv, out, r.compute, window_left),
-                          "kernels::PlanPagedAttention");
+    return cuda::FromCuda(
+        k::PlanPagedAttention(act + a.attn_float_ws.offset, act + int_ws.offset, int_ws_host.get(),
+                              inputs_host_.get<int32_t>() + ir.qo_indptr.offset / 4,
+                              inputs_host_.get<int32_t>() + ir.kv_indptr.offset / 4, in.num_tokens(), in.num_seqs(),
+                              r.cfg.num_heads, r.cfg.num_kv_heads, r.cfg.head_dim, in.block_size, decode_graph,
+                              unsplit_kv, out, r.compute, window_left, hopper_prefill,
+                              inputs_host_.get<int32_t>() + ir.kv_last_page_len.offset / 4),
+        "kernels::PlanPagedAttention");
   };
   // The global layers as any model's; the window layers on a plan of their own, its KV chunks sized by the window.
   INFERD_RETURN_IF_ERROR(plan(a.attn_int_ws, r.attn_int_ws_host, /*window_left=*/-1, &plans->global));
