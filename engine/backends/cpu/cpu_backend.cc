@@ -90,12 +90,12 @@ class CpuBackend : public Backend {
         weights_(std::move(weights)),
         as_stored_(engine.cpu_weights == "as_stored"),
         files_(as_stored_ ? model.tensors.files : std::vector<std::shared_ptr<const void>>{}) {
-    if (engine.num_threads > 0) {
-      openblas_set_num_threads(engine.num_threads);
-      omp_set_num_threads(engine.num_threads);
-    }
+    const int threads = engine.num_threads > 0 ? engine.num_threads : omp_get_max_threads();
+    omp_set_num_threads(threads);
+    // As stored, the products split over OpenMP's threads, each calling a one-thread sgemm (stored_matmul.h).
+    openblas_set_num_threads(as_stored_ ? 1 : threads);
     const int32_t n = engine.tensor_parallel_size;
-    threads_per_shard_ = std::max(1, (engine.num_threads > 0 ? engine.num_threads : omp_get_max_threads()) / n);
+    threads_per_shard_ = std::max(1, threads / n);
     for (int32_t r = 0; r < n; ++r) {
       Shard& s = shards_.emplace_back();
       s.tp = ShardOf(cfg_, n, r);

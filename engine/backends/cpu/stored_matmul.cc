@@ -91,16 +91,20 @@ absl::StatusOr<StoredMatrix> StoreRows(std::initializer_list<const TensorDesc*> 
 void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m) {
   InitOnce();
   if (m >= kGemmRows) {
-    const int64_t tile = std::max<int64_t>(64, kTileElements / w.cols);
-    thread_local std::vector<float> tile_buffer;  // the calling thread's, kept between calls: a step makes hundreds
-    tile_buffer.resize(std::min(tile, w.rows) * w.cols);
-    float* const decoded = tile_buffer.data();  // the threads below write the caller's buffer, not their own
-    for (int64_t r0 = 0; r0 < w.rows; r0 += tile) {
-      const int64_t n = std::min(tile, w.rows - r0);
-#pragma omp parallel for schedule(static) if (n * w.cols >= kSplitWork / 64)
-      for (int64_t r = 0; r < n; ++r) StoredRowToFloat(w, r0 + r, decoded + r * w.cols);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, w.cols, 1.0f, x, w.cols, decoded, w.cols, 0.0f, y + r0,
-                  w.rows);
+    // Tiles of W decoded to fp32 and multiplied by a one-thread sgemm (OpenBLAS runs one thread under as_stored:
+    // its own pool spinning beside OpenMP's took the cores from each other), split over OpenMP's threads: at least
+    // one tile each, of at most kTileElements and at least 64 rows.
+    const int64_t threads = std::max(1, omp_get_max_threads());
+    const int64_t tile = std::max<int64_t>(64, std::min(kTileElements / w.cols, (w.rows + threads - 1) / threads));
+    const int64_t tiles = (w.rows + tile - 1) / tile;
+#pragma omp parallel for schedule(dynamic, 1) if (tiles > 1 && m * w.rows * w.cols >= kSplitWork)
+    for (int64_t t = 0; t < tiles; ++t) {
+      thread_local std::vector<float> decoded;  // the thread's own, sized by it, kept between calls
+      const int64_t r0 = t * tile, n = std::min(tile, w.rows - r0);
+      decoded.resize(n * w.cols);
+      for (int64_t r = 0; r < n; ++r) StoredRowToFloat(w, r0 + r, decoded.data() + r * w.cols);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, w.cols, 1.0f, x, w.cols, decoded.data(), w.cols, 0.0f,
+                  y + r0, w.rows);
     }
     return;
   }
