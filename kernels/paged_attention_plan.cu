@@ -18,6 +18,9 @@ cudaError_t PlanHopper(void* float_workspace, void* int_workspace, void* int_wor
                        const int32_t* kv_last_page_len_host, int32_t num_tokens, int32_t num_seqs, int32_t num_qo_heads,
                        int32_t num_kv_heads, int32_t head_dim, int32_t page_size, AttentionPlan* plan,
                        cudaStream_t stream) {
+  // Past 4096 tiles a head FlashInfer schedules every head alike, a variant not compiled here: FA2's plan instead.
+  const int64_t tile = HopperTileRows(head_dim);
+  if ((num_tokens + tile - 1) / tile + num_seqs - 1 > 4096) return cudaErrorNotSupported;
   std::vector<int32_t> kv_len(num_seqs);
   for (int32_t s = 0; s < num_seqs; ++s) {
     const int32_t pages = kv_indptr_host[s + 1] - kv_indptr_host[s];
@@ -30,7 +33,7 @@ cudaError_t PlanHopper(void* float_workspace, void* int_workspace, void* int_wor
       num_seqs, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size,
       /*causal=*/true, /*enable_cuda_graph=*/false, /*sizeof_dtype_o=*/2, stream);
   if (err != cudaSuccess) return err;
-  if (info.same_schedule_for_all_heads) return cudaErrorInvalidConfiguration;  // not compiled (over 4096 tiles a head)
+  if (info.same_schedule_for_all_heads) return cudaErrorNotSupported;  // as above, should FlashInfer's rule change
   const std::vector<int64_t> words = info.ToVector();
   for (size_t i = 0; i < words.size(); ++i) plan->words[i] = words[i];
   plan->words[kHopperPlanRowsWord] = num_tokens;

@@ -187,7 +187,7 @@ class CudaBackend : public Backend {
   std::string device_;
   std::string device_code_;  // the GPU's architecture and the code of this build it runs
   // Prefill steps over a cache of T without soft caps may plan for FlashInfer's Hopper kernel (sm_90a on a 9.0
-  // GPU); PlanPagedAttention takes it where a step's queries fill its tiles.
+  // GPU); Stage asks for it where a step's queries fill its tiles (kernels::HopperPrefillFits).
   const bool hopper_prefill_;
   std::vector<KernelChoice> choices_;  // KernelChoices, set by AllocateKvCache
   int64_t peer_limit_bytes_ = 0;       // the largest sum the peer kernels take (ChoosePeerLimit)
