@@ -13,6 +13,7 @@ The SASS is read with nvdisasm, which must sit beside cuobjdump.
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,9 @@ def main():
         for member in SM90A_ONLY:
             if member not in objects:
                 problems.append(f"{member}: not in {library}")
+            elif not shutil.which("nvdisasm", path=os.path.dirname(cuobjdump)):
+                problems.append(f"nvdisasm is not beside {cuobjdump} (scripts/setup.sh installs it): {member}'s "
+                                "sm_90a code cannot be read")
             elif wgmma_count(cuobjdump, library, member) == 0:
                 problems.append(f"{member}: its sm_90a machine code holds no wgmma (HGMMA): built without sm_90a's "
                                 "features, the kernels the backend chooses on Hopper would do nothing")
