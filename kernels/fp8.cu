@@ -10,6 +10,7 @@
 #include "kernels/fp8.h"
 #include "kernels/fp8_convert.cuh"
 #include "kernels/gemv.h"
+#include "kernels/gemv_rows.cuh"
 #include "kernels/row_access.cuh"
 
 namespace inferd::kernels {
@@ -84,34 +85,6 @@ __global__ void __launch_bounds__(kSiluThreads) ActivateMulFp8Kernel(const T* __
 // would have too few loads in flight to stream at full speed (kernels/NOTES.md).
 constexpr int kWarps = 4;
 constexpr int kInFlight = 8;
-
-__device__ __forceinline__ float2 Fp8PairToFloat2(uint16_t pair) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-  return __half22float2(*reinterpret_cast<const __half2*>(&h));
-}
-
-template <typename T, int M, int R>
-__device__ __forceinline__ void AccumulateFp8(const uint4 (&wv)[R], const T* __restrict__ x, int64_t k, int64_t c,
-                                              float (&acc)[R][M]) {
-#pragma unroll
-  for (int r = 0; r < M; ++r) {
-    const uint4* xr = reinterpret_cast<const uint4*>(x + r * k) + 2 * c;
-    uint4 xv[2] = {__ldg(xr), __ldg(xr + 1)};
-    float xf[16];
-    const T* xe = reinterpret_cast<const T*>(xv);
-#pragma unroll
-    for (int e = 0; e < 16; ++e) xf[e] = F(xe[e]);
-#pragma unroll
-    for (int j = 0; j < R; ++j) {
-      const uint16_t* wp = reinterpret_cast<const uint16_t*>(&wv[j]);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float2 wf = Fp8PairToFloat2(wp[i]);
-        acc[j][r] = fmaf(wf.x, xf[2 * i], fmaf(wf.y, xf[2 * i + 1], acc[j][r]));
-      }
-    }
-  }
-}
 
 template <typename T, typename Out, int M, int R>
 __global__ void __launch_bounds__(kWarps * 32)

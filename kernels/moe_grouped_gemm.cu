@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <type_traits>
 
 #include "cute/tensor.hpp"
@@ -17,25 +18,39 @@ namespace {
 
 using namespace cute;  // NOLINT: CUTLASS's shapes read as its documentation writes them
 
-// One GEMM type per dtype: 128 x 128 x 64 tiles, clusters of 2 along M, the cooperative warp-specialised schedule
-// (two consumer warp groups on one tile), as FlashInfer's own SM90 segment GEMM takes for 16-bit inputs.
+// The CUTLASS element of a CUDA one.
 template <typename T>
+using CutlassOf =
+    std::conditional_t<std::is_same_v<T, __nv_bfloat16>, cutlass::bfloat16_t,
+                       std::conditional_t<std::is_same_v<T, __half>, cutlass::half_t,
+                                          std::conditional_t<std::is_same_v<T, Fp8>, cutlass::float_e4m3_t, float>>>;
+
+// One GEMM type per input and output element and run length: 128 x 128 x 64 tiles (x 128 for e4m3 inputs: the same
+// bytes a stage), the cooperative warp-specialised schedule (two consumer warp groups on one tile), clusters of 2
+// along M for long runs (kShort false), as FlashInfer's own SM90 segment GEMM takes them (prefill: runs of hundreds
+// of rows, the pair sharing each weight tile). Runs of under 128 rows on average (decode batches, short prompts)
+// fill one M tile, which a pair along M would double with an empty one: there the pairs go along N (two weight
+// tiles of one expert sharing its rows' tile). e4m3 inputs get CUTLASS's FP8 main loop, which adds the tensor
+// cores' partial sums into fp32 registers every few k-blocks (not the fast-accumulation variant).
+template <typename In, typename Out, bool kShort>
 struct Grouped {
-  using Element = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, cutlass::bfloat16_t, cutlass::half_t>;
+  using ElementIn = CutlassOf<In>;
+  using ElementOut = CutlassOf<Out>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using LayoutA = cutlass::layout::RowMajor;     // X: rows of k
   using LayoutB = cutlass::layout::ColumnMajor;  // W: [n, k], each output column's k contiguous
   using LayoutD = cutlass::layout::RowMajor;     // Y: rows of n
-  static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;
-  using TileShape = Shape<_128, _128, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
+  static constexpr int kAlignIn = 128 / cutlass::sizeof_bits<ElementIn>::value;
+  static constexpr int kAlignOut = 128 / cutlass::sizeof_bits<ElementOut>::value;
+  using TileShape = std::conditional_t<sizeof(In) == 1, Shape<_128, _128, _128>, Shape<_128, _128, _64>>;
+  using ClusterShape = std::conditional_t<kShort, Shape<_1, _2, _1>, Shape<_2, _1, _1>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, Element, LayoutD*, kAlign, Element, LayoutD*,
-      kAlign, cutlass::epilogue::PtrArrayNoSmemWarpSpecialized>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementOut, LayoutD*, kAlignOut, ElementOut,
+      LayoutD*, kAlignOut, cutlass::epilogue::PtrArrayNoSmemWarpSpecialized>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlign, Element, LayoutB*, kAlign, float,
-      TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementIn, LayoutA*, kAlignIn, ElementIn, LayoutB*, kAlignIn,
+      float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
@@ -54,9 +69,9 @@ struct Regions {
 constexpr size_t Align(size_t v) {
   return (v + 255) / 256 * 256;
 }
-template <typename T>
+template <typename In, typename Out, bool kShort>
 Regions RegionsOf(int32_t experts) {
-  using G = Grouped<T>;
+  using G = Grouped<In, Out, kShort>;
   Regions r{};
   size_t at = 0;
   const auto take = [&](size_t bytes) {
@@ -76,10 +91,12 @@ Regions RegionsOf(int32_t experts) {
   return r;
 }
 
-template <typename T>
-typename Grouped<T>::Gemm::Arguments ArgumentsOf(unsigned char* base, const Regions& r, int32_t experts, int sm_count) {
-  using G = Grouped<T>;
-  using E = typename G::Element;
+template <typename In, typename Out, bool kShort>
+typename Grouped<In, Out, kShort>::Gemm::Arguments ArgumentsOf(unsigned char* base, const Regions& r, int32_t experts,
+                                                               int sm_count) {
+  using G = Grouped<In, Out, kShort>;
+  using E = typename G::ElementIn;
+  using D = typename G::ElementOut;
   cutlass::KernelHardwareInfo hw;
   cudaGetDevice(&hw.device_id);
   hw.sm_count = sm_count;
@@ -89,9 +106,9 @@ typename Grouped<T>::Gemm::Arguments ArgumentsOf(unsigned char* base, const Regi
       {reinterpret_cast<const E**>(base + r.a), reinterpret_cast<typename G::StrideA*>(base + r.stride_a),
        reinterpret_cast<const E**>(base + r.b), reinterpret_cast<typename G::StrideB*>(base + r.stride_b)},
       {{},
-       reinterpret_cast<const E**>(base + r.d),
+       reinterpret_cast<const D**>(base + r.d),
        reinterpret_cast<typename G::StrideD*>(base + r.stride_d),
-       reinterpret_cast<E**>(base + r.d),
+       reinterpret_cast<D**>(base + r.d),
        reinterpret_cast<typename G::StrideD*>(base + r.stride_d)},
       hw};
   args.epilogue.thread.alpha = 1.f;
@@ -100,18 +117,18 @@ typename Grouped<T>::Gemm::Arguments ArgumentsOf(unsigned char* base, const Regi
 }
 
 // A thread an expert: its group's shape (its run's rows, n, k), operands and strides.
-template <typename T>
-__global__ void GroupsKernel(const T* __restrict__ x, const T* __restrict__ w, const int32_t* __restrict__ offsets,
-                             int32_t experts, T* y, int64_t n, int64_t k, unsigned char* base, Regions r) {
-  using G = Grouped<T>;
+template <typename In, typename Out, bool kShort>
+__global__ void GroupsKernel(const In* __restrict__ x, const In* __restrict__ w, const int32_t* __restrict__ offsets,
+                             int32_t experts, Out* y, int64_t n, int64_t k, unsigned char* base, Regions r) {
+  using G = Grouped<In, Out, kShort>;
   WaitForPrerequisites();  // the offsets are MoeRoute's, the rows the gather's
   for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
     const int32_t begin = offsets[e], rows = offsets[e + 1] - begin;
     reinterpret_cast<typename G::Shape3*>(base + r.shapes)[e] =
         typename G::Shape3(rows, static_cast<int>(n), static_cast<int>(k));
-    reinterpret_cast<const T**>(base + r.a)[e] = x + int64_t{begin} * k;
-    reinterpret_cast<const T**>(base + r.b)[e] = w + int64_t{e} * n * k;
-    reinterpret_cast<T**>(base + r.d)[e] = y + int64_t{begin} * n;
+    reinterpret_cast<const In**>(base + r.a)[e] = x + int64_t{begin} * k;
+    reinterpret_cast<const In**>(base + r.b)[e] = w + int64_t{e} * n * k;
+    reinterpret_cast<Out**>(base + r.d)[e] = y + int64_t{begin} * n;
     typename G::StrideA sa{};
     get<0>(sa) = k;
     typename G::StrideB sb{};
@@ -124,40 +141,33 @@ __global__ void GroupsKernel(const T* __restrict__ x, const T* __restrict__ w, c
   }
 }
 
-template <typename T>
+template <typename In, typename Out, bool kShort>
 size_t WorkspaceBytes(int32_t experts, int sm_count) {
-  const Regions r = RegionsOf<T>(experts);
-  auto args = ArgumentsOf<T>(nullptr, r, experts, sm_count);
-  return r.end + Align(Grouped<T>::Gemm::get_workspace_size(args));
+  const Regions r = RegionsOf<In, Out, kShort>(experts);
+  auto args = ArgumentsOf<In, Out, kShort>(nullptr, r, experts, sm_count);
+  return r.end + Align(Grouped<In, Out, kShort>::Gemm::get_workspace_size(args));
 }
 
-}  // namespace
-
-bool MoeGroupedGemmAvailable(int device) {
-  return RunsSm90aCode(device);
-}
-
-size_t MoeGroupedGemmWorkspaceBytes(int32_t experts, int sm_count) {
-  return std::max(WorkspaceBytes<__nv_bfloat16>(experts, sm_count), WorkspaceBytes<__half>(experts, sm_count));
-}
-
-template <typename T>
-cudaError_t MoeGroupedGemm(const T* x, const T* w, const int32_t* offsets, int32_t experts, T* y, int64_t n, int64_t k,
-                           void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream) {
+template <typename In, typename Out, bool kShort>
+cudaError_t Run(const In* x, const In* w, const int32_t* offsets, int32_t experts, Out* y, int64_t n, int64_t k,
+                void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (experts < 1 || experts > 1024 || n < 8 || k < 8 || n % 8 != 0 || k % 8 != 0 || n > INT32_MAX || k > INT32_MAX ||
-      !aligned(x) || !aligned(w) || !aligned(y) || reinterpret_cast<uintptr_t>(workspace) % 256 != 0 ||
-      workspace_bytes < WorkspaceBytes<T>(experts, sm_count)) {
+  constexpr int64_t kInAlign = 16 / sizeof(In), kOutAlign = 16 / sizeof(Out);  // elements of a 16-byte TMA unit
+  if (experts < 1 || experts > 1024 || n < kOutAlign || k < kInAlign || n % kOutAlign != 0 || n % 8 != 0 ||
+      k % kInAlign != 0 || n > INT32_MAX || k > INT32_MAX || !aligned(x) || !aligned(w) || !aligned(y) ||
+      reinterpret_cast<uintptr_t>(workspace) % 256 != 0 ||
+      workspace_bytes < WorkspaceBytes<In, Out, kShort>(experts, sm_count)) {
     return cudaErrorInvalidValue;
   }
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || !MoeGroupedGemmAvailable(device)) return cudaErrorNotSupported;
-  using G = Grouped<T>;
+  using G = Grouped<In, Out, kShort>;
   auto* base = static_cast<unsigned char*>(workspace);
-  const Regions r = RegionsOf<T>(experts);
-  cudaError_t err = LaunchDependent(GroupsKernel<T>, 1, 256, stream, x, w, offsets, experts, y, n, k, base, r);
+  const Regions r = RegionsOf<In, Out, kShort>(experts);
+  cudaError_t err =
+      LaunchDependent(GroupsKernel<In, Out, kShort>, 1, 256, stream, x, w, offsets, experts, y, n, k, base, r);
   if (err != cudaSuccess) return err;
-  auto args = ArgumentsOf<T>(base, r, experts, sm_count);
+  auto args = ArgumentsOf<In, Out, kShort>(base, r, experts, sm_count);
   typename G::Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
   if (gemm.initialize(args, base + r.cutlass, stream) != cutlass::Status::kSuccess) return cudaErrorUnknown;
@@ -168,9 +178,45 @@ cudaError_t MoeGroupedGemm(const T* x, const T* w, const int32_t* offsets, int32
   return cudaSuccess;
 }
 
+}  // namespace
+
+bool MoeGroupedGemmAvailable(int device) {
+  return RunsSm90aCode(device);
+}
+
+size_t MoeGroupedGemmWorkspaceBytes(int32_t experts, int sm_count) {
+  return std::max({WorkspaceBytes<__nv_bfloat16, __nv_bfloat16, false>(experts, sm_count),
+                   WorkspaceBytes<__nv_bfloat16, __nv_bfloat16, true>(experts, sm_count),
+                   WorkspaceBytes<__half, __half, false>(experts, sm_count),
+                   WorkspaceBytes<__half, __half, true>(experts, sm_count),
+                   WorkspaceBytes<Fp8, float, false>(experts, sm_count),
+                   WorkspaceBytes<Fp8, float, true>(experts, sm_count)});
+}
+
+// Under 128 rows an expert on average (slots 0: long runs).
+bool ShortRuns(int64_t slots, int32_t experts) {
+  return slots > 0 && slots < 128 * int64_t{experts};
+}
+
+template <typename T>
+cudaError_t MoeGroupedGemm(const T* x, const T* w, const int32_t* offsets, int32_t experts, T* y, int64_t n, int64_t k,
+                           void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream, int64_t slots) {
+  return ShortRuns(slots, experts)
+             ? Run<T, T, true>(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream)
+             : Run<T, T, false>(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream);
+}
+
+cudaError_t MoeGroupedGemmFp8(const Fp8* x, const Fp8* w, const int32_t* offsets, int32_t experts, float* y, int64_t n,
+                              int64_t k, void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream,
+                              int64_t slots) {
+  return ShortRuns(slots, experts)
+             ? Run<Fp8, float, true>(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream)
+             : Run<Fp8, float, false>(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream);
+}
+
 template cudaError_t MoeGroupedGemm(const __nv_bfloat16*, const __nv_bfloat16*, const int32_t*, int32_t, __nv_bfloat16*,
-                                    int64_t, int64_t, void*, size_t, int, cudaStream_t);
+                                    int64_t, int64_t, void*, size_t, int, cudaStream_t, int64_t);
 template cudaError_t MoeGroupedGemm(const __half*, const __half*, const int32_t*, int32_t, __half*, int64_t, int64_t,
-                                    void*, size_t, int, cudaStream_t);
+                                    void*, size_t, int, cudaStream_t, int64_t);
 
 }  // namespace inferd::kernels

@@ -12,20 +12,31 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/fp8.h"
+
 namespace inferd::kernels {
 
 // True where the running device can take it: compute capability 9.0 and this build carries sm_90a code.
 bool MoeGroupedGemmAvailable(int device);
 
 // Device scratch a call with `experts` groups needs (the groups' shapes, pointers and strides, and CUTLASS's own
-// workspace for `sm_count` multiprocessors), the same for bf16 and fp16.
+// workspace for `sm_count` multiprocessors), enough for bf16, fp16 and e4m3 calls.
 size_t MoeGroupedGemmWorkspaceBytes(int32_t experts, int sm_count);
 
 // x: [slots, k] grouped by expert, w: [experts, n, k], y: [slots, n]; offsets: [experts + 1] on the device. n and
 // k multiples of 8, x, w and y 16-byte aligned; workspace of MoeGroupedGemmWorkspaceBytes(experts, sm_count), 256-byte
 // aligned. cudaErrorNotSupported where MoeGroupedGemmAvailable is false.
+// slots: the rows of all runs (the step's rows × k), which picks the tile schedule: under 128 rows an expert on
+// average, pairs of CTAs along N (one M tile a run); else along M (0: as for long runs).
 template <typename T>
 cudaError_t MoeGroupedGemm(const T* x, const T* w, const int32_t* offsets, int32_t experts, T* y, int64_t n, int64_t k,
-                           void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream);
+                           void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream,
+                           int64_t slots = 0);
+
+// The same with e4m3 rows and weights (`engine.quantization: fp8`), y the unscaled fp32 sums (kernels/moe_fp8.h
+// scales them): n a multiple of 8, k of 16.
+cudaError_t MoeGroupedGemmFp8(const Fp8* x, const Fp8* w, const int32_t* offsets, int32_t experts, float* y, int64_t n,
+                              int64_t k, void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream,
+                              int64_t slots = 0);
 
 }  // namespace inferd::kernels

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "kernels/elementwise.h"
+#include "kernels/fp8.h"
 
 namespace inferd::kernels {
 
@@ -47,5 +48,19 @@ cudaError_t MoeRowGatedGemv(const T* x, const T* w, const int32_t* topk_ids, int
 template <typename T>
 cudaError_t MoeRowDownCombine(const T* act, const T* w, const int32_t* topk_ids, const float* topk_weights,
                               int64_t rows, int32_t top_k, T* out, int64_t n, int64_t k, cudaStream_t stream);
+
+// The three streaming products with e4m3 experts (`engine.quantization: fp8`: kernels/fp8.h), the activations in T
+// (W8A16): each weight row's sum times its scale, w_scale [experts, rows of one expert's w] (for the gated product
+// its gate rows' scales, then its up rows'), then as above. k a multiple of 16.
+template <typename T>
+cudaError_t MoeExpertGemv(const T* x, const Fp8* w, const float* w_scale, const int32_t* offsets, int32_t experts, T* y,
+                          int64_t n, int64_t k, cudaStream_t stream);
+template <typename T>
+cudaError_t MoeRowGatedGemv(const T* x, const Fp8* w, const float* w_scale, const int32_t* topk_ids, int64_t rows,
+                            int32_t top_k, T* out, int64_t inter, int64_t k, GatedActivation act, cudaStream_t stream);
+template <typename T>
+cudaError_t MoeRowDownCombine(const T* act, const Fp8* w, const float* w_scale, const int32_t* topk_ids,
+                              const float* topk_weights, int64_t rows, int32_t top_k, T* out, int64_t n, int64_t k,
+                              cudaStream_t stream);
 
 }  // namespace inferd::kernels

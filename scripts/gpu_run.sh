@@ -36,9 +36,11 @@
 #   dummy), bf16 and fp8, decode at 1, 64 and 128 rows and prefill (the model layer's per-head norms at full size);
 #   Phi-3.5-mini's shape (heads of 96, run padded to 128; FAMILIES_PHI3=0 leaves it out); then Gemma 3 4B's shape
 #   decoding at 32k context with its sliding windows and with every layer global; and `inferd plan` against the
-#   Phi-3, Qwen3 and Gemma runs' real plans; Qwen3-30B-A3B's shape (a mixture of experts; FAMILIES_MOE=0 leaves
-#   it out, FAMILIES_MOE_SECTIONS narrows it). FAMILIES_SECTIONS, FAMILIES_QUANTIZATIONS, FAMILIES_GEMMA and
-#   FAMILIES_GEMMA_SECTIONS narrow it (e.g. latency, none, windows, latency: the plans alone).
+#   Phi-3, Qwen3 and Gemma runs' real plans; Qwen3-30B-A3B's shape in bf16 and fp8 (a mixture of experts;
+#   FAMILIES_MOE=0 leaves it out, FAMILIES_MOE_SECTIONS/_QUANTIZATIONS/_BATCHES narrow it) and Mixtral-8x7B's in fp8
+#   (FAMILIES_MIXTRAL=0 leaves it out). FAMILIES_SECTIONS, FAMILIES_QUANTIZATIONS, FAMILIES_GEMMA and
+#   FAMILIES_GEMMA_SECTIONS narrow it (e.g. latency, none, windows, latency: the plans alone;
+#   FAMILIES_DENSE=0 leaves the 8B shapes out).
 # ab: the build before (.bundle/base.tar.xz, its bin/inferd-bench) against this one, in turn, on the Llama-3-8B
 #   and Qwen3-8B shapes, or Qwen3-30B-A3B's (AB_MODELS=qwen3moe; AB_* narrow it; AB_TESTS runs those GPU tests
 #   first); variants in .bundle/side-NAME.tar.xz run between them.
@@ -89,14 +91,14 @@ make_models_and_references() {
 }
 # `inferd plan` for the config a bench ran (its model section given; the bench's scheduler limits) on the free memory
 # the bench saw, against the bench's real memory plan: each part within 2%.
-compare_plan() {  # model section, bench JSON, name, [engine section]
+compare_plan() {  # model section, bench JSON, name, [engine section], [the plan's dtype row: bfloat16]
   printf "%s\nscheduler: {max_num_seqs: 256, max_num_batched_tokens: 8192}\n%s\n" "$1" "${4:-}" > "/tmp/plan_$3.yaml"
   local free_gib
   free_gib=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['memory_plan']['device_free_bytes'] / 2**30)" "$2")
   "$BUNDLE/bin/inferd" plan --config "/tmp/plan_$3.yaml" --gpu-memory-gib "$free_gib" --json > "$OUT/plan_$3.json" || status=1
-  python3 - "$OUT/plan_$3.json" "$2" <<'PY' || status=1
+  python3 - "$OUT/plan_$3.json" "$2" "${5:-bfloat16}" <<'PY' || status=1
 import json, sys
-plan = json.load(open(sys.argv[1]))["plans"][0]
+plan = next(p for p in json.load(open(sys.argv[1]))["plans"] if p["dtype"] == sys.argv[3])
 real = json.load(open(sys.argv[2]))["memory_plan"]
 worst = 0
 for key in ["weight_bytes", "activation_bytes", "other_bytes", "num_blocks"]:
@@ -113,9 +115,9 @@ PY
 if [[ "$what" == all || "$what" == tests || "$what" == parity || "$what" == fp8 ]]; then
   make_models_and_references
   tar -C "$INFERD_GPU_MODELS" -czf "$OUT/gpu_references.tar.gz" reference
-  # FP8 checkpoints (compressed-tensors, per channel) of two of them, beside the models (not referenced).
+  # FP8 checkpoints (compressed-tensors, per channel) of four of them, beside the models (not referenced).
   rm -rf "$INFERD_GPU_MODELS-fp8"
-  for m in llama3-hd64 qwen2-hd128; do
+  for m in llama3-hd64 qwen2-hd128 mixtral-hd128 qwen3-moe-hd128; do
     python3 tools/make_fp8_checkpoint.py "$INFERD_GPU_MODELS/$m" "$INFERD_GPU_MODELS-fp8/$m" || status=1
   done
   # One with KV cache scales (K 2, V 4), for the fp8 KV cache's scaled path.
@@ -393,8 +395,9 @@ fi
 if [[ "$what" == families ]]; then
   python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-config --config-only >/dev/null || status=1
   python3 tools/make_llama3_8b_random.py /tmp/qwen3-8b-config --config-only --qwen3-8b >/dev/null || status=1
+  dense="llama3 qwen3" && [[ ${FAMILIES_DENSE:-1} == 1 ]] || dense=""
   for q in ${FAMILIES_QUANTIZATIONS:-none fp8}; do
-    for m in llama3 qwen3; do
+    for m in $dense; do
       "$BUNDLE/bin/inferd-bench" --model "/tmp/$m-8b-config" --load-format dummy --quantization "$q" \
         --sections "${FAMILIES_SECTIONS:-latency,prefill,decode}" --batches 1,64,128 --json "$OUT/families_${m}_$q.json" \
         > "$OUT/families_${m}_$q.txt" 2>&1 || status=1
@@ -425,20 +428,39 @@ if [[ "$what" == families ]]; then
     done
     compare_plan "model: {path: /tmp/phi3-mini-config, load_format: dummy}" "$OUT/families_phi3_none.json" phi3_mini
   fi
-  # Qwen3-30B-A3B's shape: a mixture of 128 experts, 8 a token (FAMILIES_MOE=0 leaves it out).
+  # Qwen3-30B-A3B's shape: a mixture of 128 experts, 8 a token, in bf16 and with fp8 experts (FAMILIES_MOE=0
+  # leaves it out, FAMILIES_MOE_QUANTIZATIONS narrows it); then Mixtral-8x7B's shape in fp8 (8 experts of 14,336,
+  # 2 a token; 47 GB; FAMILIES_MIXTRAL=0 leaves it out).
   if [[ ${FAMILIES_MOE:-1} == 1 ]]; then
     python3 tools/make_llama3_8b_random.py /tmp/qwen3-30b-a3b-config --config-only --qwen3-30b-a3b >/dev/null || status=1
-    "$BUNDLE/bin/inferd-bench" --model /tmp/qwen3-30b-a3b-config --load-format dummy \
-      --sections "${FAMILIES_MOE_SECTIONS:-latency,prefill,decode}" --batches 1,64,128 \
-      --json "$OUT/families_qwen3_moe.json" > "$OUT/families_qwen3_moe.txt" 2>&1 || status=1
-    echo "-- qwen3-30b-a3b shape (128 experts, 8 a token)"
-    grep -v "^\[20" "$OUT/families_qwen3_moe.txt" | grep -E "decode|latency|prefill|ceiling" | head -n 12
-    compare_plan "model: {path: /tmp/qwen3-30b-a3b-config, load_format: dummy}" "$OUT/families_qwen3_moe.json" qwen3_moe
+    for q in ${FAMILIES_MOE_QUANTIZATIONS:-none fp8}; do
+      name=qwen3_moe && [[ $q == none ]] || name=qwen3_moe_$q
+      "$BUNDLE/bin/inferd-bench" --model /tmp/qwen3-30b-a3b-config --load-format dummy --quantization "$q" \
+        --sections "${FAMILIES_MOE_SECTIONS:-latency,prefill,decode}" --batches "${FAMILIES_MOE_BATCHES:-1,64,128,256}" \
+        --json "$OUT/families_$name.json" > "$OUT/families_$name.txt" 2>&1 || status=1
+      echo "-- qwen3-30b-a3b shape (128 experts, 8 a token), quantization $q"
+      grep -v "^\[20" "$OUT/families_$name.txt" | grep -E "decode|latency|prefill|ceiling|experts" | head -n 14
+      row=bfloat16 && [[ $q == none ]] || row=$q
+      compare_plan "model: {path: /tmp/qwen3-30b-a3b-config, load_format: dummy}" "$OUT/families_$name.json" "$name" \
+        "" "$row"
+    done
+  fi
+  if [[ ${FAMILIES_MIXTRAL:-1} == 1 ]]; then
+    python3 tools/make_llama3_8b_random.py /tmp/mixtral-8x7b-config --config-only --mixtral-8x7b >/dev/null || status=1
+    "$BUNDLE/bin/inferd-bench" --model /tmp/mixtral-8x7b-config --load-format dummy --quantization fp8 \
+      --sections "${FAMILIES_MIXTRAL_SECTIONS:-latency,decode}" --batches 1,64 \
+      --json "$OUT/families_mixtral_fp8.json" > "$OUT/families_mixtral_fp8.txt" 2>&1 || status=1
+    echo "-- mixtral-8x7b shape (8 experts of 14,336, 2 a token), fp8"
+    grep -v "^\[20" "$OUT/families_mixtral_fp8.txt" | grep -E "decode|latency|prefill|ceiling|experts" | head -n 12
+    compare_plan "model: {path: /tmp/mixtral-8x7b-config, load_format: dummy}" "$OUT/families_mixtral_fp8.json" \
+      mixtral_fp8 "" fp8
   fi
   echo "-- inferd plan against the real plans of the Qwen3 and Gemma 3 runs"
-  compare_plan "model: {path: /tmp/qwen3-8b-config, load_format: dummy}" "$OUT/families_qwen3_none.json" qwen3_8b
-  compare_plan "model: {path: /tmp/gemma3-4b-windows, load_format: dummy}" "$OUT/families_gemma3_windows.json" \
-    gemma3_4b
+  [[ -z $dense ]] ||
+    compare_plan "model: {path: /tmp/qwen3-8b-config, load_format: dummy}" "$OUT/families_qwen3_none.json" qwen3_8b
+  [[ ! -f "$OUT/families_gemma3_windows.json" ]] ||
+    compare_plan "model: {path: /tmp/gemma3-4b-windows, load_format: dummy}" "$OUT/families_gemma3_windows.json" \
+      gemma3_4b
 fi
 if [[ "$what" == tp ]]; then
   gpus=$(nvidia-smi -L | wc -l)

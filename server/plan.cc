@@ -152,10 +152,6 @@ int RunPlan(int argc, char** argv) {
     const char* dtype = row.name;
     if (m.tensors.fp8_checkpoint && !row.fp8_weights) continue;
     if (row.fp8_kv && !kv8) continue;
-    if (row.fp8_weights && c.has_experts()) {  // the cuda backend refuses it (its experts stream as stored)
-      if (!json) std::printf("%-9s not run with a mixture of experts yet\n", dtype);
-      continue;
-    }
     if (device && device->fp8_tflops == 0 && row.fp8_weights) {  // no fp8 tensor cores: the backend refuses fp8
       if (!json)
         std::printf("%-9s %s (compute capability %d.%d) has no fp8 tensor cores\n", dtype, device->name,
@@ -229,6 +225,7 @@ int RunPlan(int argc, char** argv) {
     MemoryPlan plan;
     const DeviceLayout bf16 = PlanDeviceLayout(m, limits, 2, fp8, 2, tp);
     plan.weight_bytes = bf16.weight_bytes;
+    plan.fp8_weights = fp8;
     plan.kv_bytes_per_block = bf16.kv_bytes_per_block;
     const StepCostModel cost((*model)->config, plan, limits.block_size, tp);  // useful FLOPs, bytes moved
     const double decode_bytes = cost.OfUniform(1, 1, 1024, 1).bytes;

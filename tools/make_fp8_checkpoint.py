@@ -6,7 +6,7 @@
 
 --format compressed-tensors (default): llm-compressor's "float-quantized" layout: each layer's linear weights
   F8_E4M3 with `weight_scale` ([rows, 1] per channel, [1] per tensor), dynamic per-token input activations,
-  `ignore: ["lm_head"]`.
+  `ignore: ["lm_head"]` (and the mixtures' routers).
 --kv-scales K,V (compressed-tensors only): a `kv_cache_scheme` (8-bit float, per tensor, static) and every layer's
   `self_attn.k_scale` = K and `self_attn.v_scale` = V ([1] F32), the scales of an fp8 KV cache. llm-compressor
   calibrates them on data; this script writes the constants given.
@@ -25,7 +25,9 @@ import struct
 
 import numpy as np
 
-LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The layers' products, and each expert's (Mixtral names them w1, w3, w2); the routers (`mlp.gate`,
+# `block_sparse_moe.gate`) stay in 16 bits, as llm-compressor leaves them.
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
 FP8_MAX = 448.0
 
 
@@ -146,7 +148,7 @@ def main():
             "quant_method": "compressed-tensors",
             "format": "float-quantized",
             "quantization_status": "compressed",
-            "ignore": ["lm_head"],
+            "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$"],
             "config_groups": {"group_0": {
                 "targets": ["Linear"],
                 "weights": {"num_bits": 8, "type": "float", "strategy": args.weights, "dynamic": False,

@@ -4,7 +4,7 @@ intermediate 14336, vocab 128256, llama3 rope) in Hugging Face layout, for bench
 16 GB cannot travel. Weights are drawn on the GPU with torch and written as 4 safetensors shards.
 
     python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-random [--config-only | --sparse]
-        [--70b | --qwen3-8b | --gemma3-4b [--full-attention] | --phi3-mini | --qwen3-30b-a3b]
+        [--70b | --qwen3-8b | --gemma3-4b [--full-attention] | --phi3-mini | --qwen3-30b-a3b | --mixtral-8x7b]
 
 --config-only writes config.json alone (enough for `inferd-bench --sections products`); --sparse writes one
 model.safetensors whose header lists every tensor and whose data is a sparse file of zeros (instant, no disk
@@ -18,7 +18,9 @@ every layer global. --phi3-mini (with --config-only): Phi-3.5-mini's shape (hidd
 32 KV heads of 96, intermediate 8192, vocabulary 32,064, LongRoPE from 4,096 of 131,072 positions), whose heads the
 cuda backend runs padded to 128. --qwen3-30b-a3b (with --config-only): Qwen3-30B-A3B's shape (hidden 2048, 48
 layers, 32 heads and 4 KV heads of 128, every layer a mixture of 128 experts of width 768, 8 a token, renormalised;
-vocabulary 151,936).
+vocabulary 151,936). --mixtral-8x7b (with --config-only): Mixtral-8x7B's shape (hidden 4096, 32 layers, 32 heads
+and 8 KV heads of 128, every layer a mixture of 8 experts of width 14,336, 2 a token; vocabulary 32,000): 93 GB in
+bf16, 47 GB in fp8.
 """
 import json
 import os
@@ -28,9 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_test_models import LLAMA3_PATTERN, byte_level  # noqa: E402
 
 QWEN3, GEMMA3, PHI3 = "--qwen3-8b" in sys.argv, "--gemma3-4b" in sys.argv, "--phi3-mini" in sys.argv
-MOE = "--qwen3-30b-a3b" in sys.argv
+MOE, MIXTRAL = "--qwen3-30b-a3b" in sys.argv, "--mixtral-8x7b" in sys.argv
 H, I, L, NH, NKV, V, D = (8192, 28672, 80, 64, 8, 128256, 128) if "--70b" in sys.argv else \
-    (2048, 6144, 48, 32, 4, 151936, 128) if MOE else \
+    (2048, 6144, 48, 32, 4, 151936, 128) if MOE else (4096, 14336, 32, 32, 8, 32000, 128) if MIXTRAL else \
     (4096, 12288, 36, 32, 8, 151936, 128) if QWEN3 else (2560, 10240, 34, 8, 4, 262208, 256) if GEMMA3 else \
     (3072, 8192, 32, 32, 32, 32064, 96) if PHI3 else (4096, 14336, 32, 32, 8, 128256, 128)
 
@@ -58,6 +60,10 @@ def main():
                    rms_norm_eps=1e-6, max_position_embeddings=40960, attention_bias=False, num_experts=128,
                    num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1,
                    mlp_only_layers=[])
+    if MIXTRAL:
+        del cfg["rope_scaling"]
+        cfg.update(architectures=["MixtralForCausalLM"], model_type="mixtral", rope_theta=1e6,
+                   max_position_embeddings=32768, num_local_experts=8, num_experts_per_tok=2, sliding_window=None)
     if GEMMA3:
         del cfg["rope_scaling"], cfg["hidden_act"]
         full = "--full-attention" in sys.argv

@@ -12,9 +12,9 @@ turn rendered with the model's template):
     python3 tools/make_reference_fixtures.py --gguf models/SmolLM2-135M-Instruct.Q4_1.gguf smollm2-135m-instruct \
         --skip-dir tests/fixtures/models tests/fixtures/reference
 
-With --fp8-weights (suffix -fp8), each linear layer's weight is first replaced by its fp8 dequantization as
-`engine.quantization: fp8` makes it (bf16, then e4m3 with one fp32 scale per output row, bit for bit), so the
-reference is the fp8 model in fp32 arithmetic. --fp8-activations (suffix -fp8a8) also rounds each of those
+With --fp8-weights (suffix -fp8), each linear layer's weight (and each expert's) is first replaced by its fp8
+dequantization as `engine.quantization: fp8` makes it (bf16, then e4m3 with one fp32 scale per output row, bit for
+bit), so the reference is the fp8 model in fp32 arithmetic. --fp8-activations (suffix -fp8a8) also rounds each of those
 layers' inputs per token to e4m3 (scale = max |row| / 448), as the engine does for steps of more than a few rows;
 with --fp8-activation-shards N (suffix -fp8a8-tpN) the attention output and down products' inputs per 1/N of each
 row, as N tensor-parallel ranks quantize their own slices.
@@ -53,18 +53,35 @@ def long_prompt_text(seed):
     return " ".join(rng.choice(words) for _ in range(4000))
 
 
+def fp8_rows(w):
+    """w (rows along the last dimension, any leading ones) through the engine's fp8 quantization: rounded to bf16,
+    scale = max |row| / 448 (1 for a row of zeros), e4m3 = round-to-nearest-even of row / scale, saturating; then
+    back to w's dtype."""
+    v = w.to(torch.bfloat16).to(torch.float32)
+    amax = v.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    q = (v / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return (q.to(torch.float32) * scale).to(w.dtype)
+
+
+def experts_modules(model):
+    """The mixtures' experts (transformers 5 stacks them: gate_up_proj [experts, 2 · inter, hidden], gate rows then
+    up rows, and down_proj [experts, hidden, inter]); their routers (`.gate`) are not nn.Linear and stay as they are,
+    as the engine keeps them."""
+    for name, module in model.named_modules():
+        if ".layers." in f".{name}" and isinstance(getattr(module, "gate_up_proj", None), torch.nn.Parameter):
+            yield module
+
+
 @torch.no_grad()
 def dequantize_fp8_weights(model):
-    """Each layer's linear weights through the engine's fp8 quantization: rounded to bf16, scale = max |row| / 448
-    (1 for a row of zeros), e4m3 = round-to-nearest-even of row / scale, saturating; then back to fp32."""
+    """Each layer's linear weights, and each expert's, through the engine's fp8 quantization (per output row)."""
     for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear) or ".layers." not in f".{name}":
-            continue
-        w = module.weight.data.to(torch.bfloat16).to(torch.float32)
-        amax = w.abs().amax(dim=1, keepdim=True)
-        scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
-        q = (w / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-        module.weight.data = (q.to(torch.float32) * scale).to(module.weight.dtype)
+        if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}":
+            module.weight.data = fp8_rows(module.weight.data)
+    for module in experts_modules(model):
+        module.gate_up_proj.data = fp8_rows(module.gate_up_proj.data)
+        module.down_proj.data = fp8_rows(module.down_proj.data)
 
 
 def round_fp8_per_token(x):
@@ -93,6 +110,28 @@ def quantize_fp8_inputs(model, shards=1):
         if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}":
             row_parallel = shards > 1 and name.endswith(ROW_PARALLEL)
             module.register_forward_pre_hook(sharded_hook if row_parallel else hook)
+    for module in experts_modules(model):
+        module.forward = fp8_experts_forward(module, shards)
+
+
+def fp8_experts_forward(experts, shards):
+    """The experts' forward of transformers 5 with each product's input rounded per row through e4m3, as the
+    engine's grouped fp8 path quantizes them (kernels/moe_fp8.h): each token's row before gate/up, each slot's
+    SiLU·mul row (per 1/shards of it: each rank quantizes its own columns) before down."""
+    def forward(hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        x = round_fp8_per_token(hidden_states)
+        for e in range(experts.gate_up_proj.shape[0]):
+            token_idx, pos = torch.where(top_k_index == e)
+            if token_idx.numel() == 0:
+                continue
+            gate, up = torch.nn.functional.linear(x[token_idx], experts.gate_up_proj[e]).chunk(2, dim=-1)
+            act = experts.act_fn(gate) * up
+            act = torch.cat([round_fp8_per_token(p) for p in torch.chunk(act, shards, dim=-1)], dim=-1)
+            y = torch.nn.functional.linear(act, experts.down_proj[e]) * top_k_weights[token_idx, pos, None]
+            out.index_add_(0, token_idx, y.to(out.dtype))
+        return out
+    return forward
 
 
 @torch.no_grad()
@@ -182,9 +221,6 @@ def main():
                 args.fp8_weights and not args.fp8_activations and name.endswith("-sharp")):
             continue
         if name.endswith("-fp8") or (args.only and name not in args.only):  # -fp8: tools/make_fp8_checkpoint.py's
-            continue
-        # Mixtures of experts have no fp8 path on cuda yet: no fp8 references for them.
-        if args.fp8_weights and ("-moe" in name or name.startswith("mixtral")):
             continue
         model, info = AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, args.dtype),
                                                            attn_implementation="eager", output_loading_info=True)

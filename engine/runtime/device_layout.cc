@@ -30,11 +30,14 @@ int64_t WeightBytes(const Model& model, int64_t e, bool fp8, const TensorParalle
   int64_t n = 0;
   for (const TensorDesc* d : AllTensors(t)) n += d->numel() * e;  // numel() is 0 for an absent tensor
   for (const LayerTensors& L : t.layers) {
-    // Each expert's intermediate columns split as the dense MLP's (the router whole on every rank); the experts
-    // stay in the compute dtype with fp8 (kernels/moe_products.h streams them as stored).
+    // Each expert's intermediate columns split as the dense MLP's (the router whole on every rank, in the compute
+    // dtype); fp8 experts as the dense products: a byte an element and a scale per output row.
     for (const LayerTensors::Expert& x : L.experts) {
       for (const TensorDesc* d : {&x.gate, &x.up, &x.down}) {
-        n -= (d->numel() - static_cast<int64_t>(d->numel() * expert_cols)) * e;
+        const int64_t elements = static_cast<int64_t>(d->numel() * expert_cols);
+        n -= (d->numel() - elements) * e;
+        const double rows_share = d == &x.down ? 1.0 : expert_cols;
+        if (fp8) n += elements * (1 - e) + static_cast<int64_t>(d->rows * rows_share) * 4;
       }
     }
     struct Part {
@@ -143,10 +146,15 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
     a.moe_offsets = act.Add((E + 1) * 4);
     a.moe_sorted = act.Add(S * 4);
     a.moe_positions = act.Add(S * 4);
+    // With fp8 experts the grouped products' outputs are fp32 sums (kernels/moe_fp8.h) and their inputs e4m3
+    // rows with a scale each.
+    const int64_t sums = fp8_weights ? std::max<int64_t>(e, 4) : e;
     a.moe_x = act.Add(S * H * e);
-    a.moe_gate_up = act.Add(S * 2 * Ie * e);
+    a.moe_gate_up = act.Add(S * 2 * Ie * sums);
     a.moe_act = act.Add(S * Ie * e);
-    a.moe_y = act.Add(S * H * e);
+    a.moe_y = act.Add(S * H * sums);
+    a.moe_x_scale = act.Add(fp8_weights ? S * 4 : 0);
+    a.moe_act_scale = act.Add(fp8_weights ? S * 4 : 0);
     a.moe_gemm_ws = act.Add(kernels::kMoeGroupedGemmWorkspaceBytes);
   }
   l.activation_arena_bytes = act.size();

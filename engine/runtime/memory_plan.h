@@ -19,6 +19,7 @@ struct MemoryPlan {
   int64_t other_bytes = 0;         // cuda: context, library handles and workspaces taken since start-up
   int64_t kv_bytes_per_block = 0;  // K and V of all layers for one block
   std::string kv_dtype;            // what the KV cache stores: float32, bfloat16, float16 or fp8_e4m3
+  bool fp8_weights = false;        // cuda: the layers' products and experts e4m3 (a scale a row), the rest 2 bytes
   int32_t num_blocks = 0;
   int32_t num_swap_blocks = 0;        // host swap space, in blocks (engine.swap_space_gib)
   int32_t num_host_cache_blocks = 0;  // host tier of the prefix cache, in blocks (engine.host_kv_cache_gib)

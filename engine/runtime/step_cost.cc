@@ -25,7 +25,8 @@ StepCostModel::StepCostModel(const ModelConfig& c, const MemoryPlan& plan, int32
   const double q = static_cast<double>(c.q_width()), kv = static_cast<double>(c.kv_width());
   double sparse = 0;
   for (int32_t l = 0; l < c.num_layers; ++l) sparse += c.sparse(l) ? 1 : 0;
-  layer_params_ = L * (H * (q + 2 * kv) + q * H) + (L - sparse) * 3 * H * I + sparse * c.num_experts * H;
+  router_params_ = sparse * c.num_experts * H;
+  layer_params_ = L * (H * (q + 2 * kv) + q * H) + (L - sparse) * 3 * H * I + router_params_;
   experts_ = c.num_experts;
   experts_per_token_ = c.experts_per_token;
   expert_params_ = sparse * 3 * H * c.moe_intermediate_size;  // one expert of every sparse layer
@@ -35,6 +36,12 @@ StepCostModel::StepCostModel(const ModelConfig& c, const MemoryPlan& plan, int32
   const double total =
       layer_params_ + experts_ * expert_params_ + other_params_ + lm_head_params_ * (c.tie_word_embeddings ? 1 : 2);
   element_bytes_ = total > 0 ? plan.weight_bytes / total : 0;
+  product_bytes_ = wide_bytes_ = element_bytes_;
+  const double products = layer_params_ - router_params_ + experts_ * expert_params_;
+  if (plan.fp8_weights && devices_ == 1 && products > 0) {
+    wide_bytes_ = 2;
+    product_bytes_ = std::max(0.0, plan.weight_bytes - wide_bytes_ * (total - products)) / products;
+  }
   kv_bytes_per_token_ = block_size > 0 ? double(plan.kv_bytes_per_block) / block_size : 0;
   attention_flops_per_key_ = 4 * L * q;
   std::map<int32_t, int32_t> kinds;
@@ -68,9 +75,9 @@ StepCost StepCostModel::OfLayerMeans(int64_t tokens, int64_t sampled_rows, doubl
   // are expected to be touched by t tokens routed at random; every token multiplies k of them.
   const double touched =
       experts_ > 0 ? experts_ * (1 - std::pow(1 - double(experts_per_token_) / experts_, double(tokens))) : 0;
-  cost.bytes = element_bytes_ * (layer_params_ + touched * expert_params_ + other_params_ +
-                                 (sampled_rows > 0 ? lm_head_params_ : 0) +
-                                 double(tokens) * hidden_) +  // the embedding rows looked up
+  cost.bytes = product_bytes_ * (layer_params_ - router_params_ + touched * expert_params_) +
+               wide_bytes_ * (router_params_ + other_params_ + (sampled_rows > 0 ? lm_head_params_ : 0) +
+                              double(tokens) * hidden_) +  // the embedding rows looked up
                kv_bytes_per_token_ * context_tokens;
   cost.flops = (2 * (layer_params_ + experts_per_token_ * expert_params_) * double(tokens) +
                 2 * lm_head_params_ * double(sampled_rows) + attention_flops_per_key_ * attended_keys) /

@@ -44,7 +44,12 @@ class StepCostModel {
   double experts_ = 0, experts_per_token_ = 0;
   double other_params_ = 0;    // norms and biases of all layers and the final norm (read, not multiplied)
   double lm_head_params_ = 0;  // vocab × hidden (the embedding table itself when tied)
+  double router_params_ = 0;   // the mixtures' routers (kept in 16 bits beside fp8 products)
   double element_bytes_ = 0;   // bytes per stored weight: the plan's weight bytes / the model's parameters
+  // Bytes per weight of the products (layers' linear weights and experts, routers aside) and of the rest
+  // (embeddings, LM head, norms, routers): element_bytes_ both, but with fp8 products on one device 2 for the rest
+  // and what the plan's weight bytes leave for the products (e4m3 and their scales).
+  double product_bytes_ = 0, wide_bytes_ = 0;
   double kv_bytes_per_token_ = 0;
   double attention_flops_per_key_ = 0;  // QKᵀ and PV over all layers and heads
   int64_t hidden_ = 0;

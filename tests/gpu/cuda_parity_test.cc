@@ -456,7 +456,9 @@ int ExpectSameRuns(const nlohmann::json& ref, const std::vector<std::shared_ptr<
 TEST(Fp8CheckpointOnCuda, AnswersAsOnlineQuantizationOfTheOriginal) {
   const char* dir = std::getenv("INFERD_GPU_MODELS");
   if (!dir) GTEST_SKIP() << "INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)";
-  for (const char* model : {"llama3-hd64", "qwen2-hd128"}) {
+  // The mixtures' experts too (compressed-tensors as llm-compressor writes a Mixtral or Qwen3-MoE checkpoint: every
+  // expert's products F8_E4M3 per channel, the routers in 16 bits).
+  for (const char* model : {"llama3-hd64", "qwen2-hd128", "mixtral-hd128", "qwen3-moe-hd128"}) {
     const std::string original = std::string(dir) + "/" + model, checkpoint = std::string(dir) + "-fp8/" + model;
     const std::string ref_path = std::string(dir) + "/reference/" + model + "-fp8a8.json";
     if (!std::filesystem::exists(checkpoint) || !std::filesystem::exists(ref_path)) {
@@ -705,7 +707,8 @@ INSTANTIATE_TEST_SUITE_P(Models, SharpParity, ::testing::ValuesIn(SharpCases()),
 // 0.15-0.26, so ~1 is expected. What the test holds: the fp8 run follows the fp8 reference much more closely than
 // the same engine without fp8 does (the quantization is the reference's), and its top token is the reference's at
 // most clear positions. Measured on the H100 (2026-11-24): fp8 RMS 0.63-1.00 and agreement 75-83 %, bf16 1.87-2.55
-// and 45-66 %.
+// and 45-66 %. The mixtures of experts too (fp8 experts: streamed against bf16 rows where a step's runs are short,
+// quantized per row through the grouped GEMM where they are long, as the reference quantizes them).
 class Fp8Sharp : public ::testing::TestWithParam<const char*> {};
 
 // Teacher-forced closeness to a reference along its own tokens: top-token agreement at positions of margin >= 0.5
@@ -767,13 +770,18 @@ TEST_P(Fp8Sharp, TeacherForcedTheFp8RunFollowsTheFp8ReferenceFarCloserThanBf16) 
   EXPECT_GE(fp8.compared, fp8.with_error / 2) << "most positions are clear enough to compare";
   EXPECT_GE(fp8.agreed, 0.7 * fp8.compared) << model;
   EXPECT_GT(fp8.agreed, bf16.agreed) << model;
-  EXPECT_LT(fp8.rms(), 1.25) << model;
-  EXPECT_LT(fp8.rms(), 0.75 * bf16.rms()) << model;
+  // A mixture's RMS is mostly the few positions where a rounding sends a row to another expert (an expert carries
+  // half of Mixtral's output), so there it is held to less than bf16's alone. Measured on an H200 (2026-11-27):
+  // mixtral-hd128 fp8 162 of 193, RMS 3.21 (bf16 140, 3.81); qwen3-moe-hd128 191 of 213, 0.89 (184, 1.52).
+  const bool mixture = model.find("moe") != std::string::npos || model.starts_with("mixtral");
+  if (!mixture) EXPECT_LT(fp8.rms(), 1.25) << model;
+  EXPECT_LT(fp8.rms(), (mixture ? 1.0 : 0.75) * bf16.rms()) << model;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Fp8Sharp,
                          ::testing::Values("llama-hd256-g8-sharp", "qwen2-hd128-g4-kv1-sharp", "qwen2-hd64-g7-sharp",
-                                           "llama3-hd64-g4-sharp", "mistral-hd128-g1-sharp"),
+                                           "llama3-hd64-g4-sharp", "mistral-hd128-g1-sharp", "mixtral-hd128",
+                                           "qwen3-moe-hd128"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)

@@ -27,18 +27,8 @@ using kernels::Fp8;
 using testing::Dev;
 using testing::Random;
 
-float Deq(Fp8 q) {
-  return static_cast<float>(q);
-}
-
-// The host's quantization of one row, as the kernels define it.
-float QuantizeRow(const float* v, int64_t n, Fp8* q) {
-  float amax = 0;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::abs(v[i]));
-  const float scale = amax > 0 ? amax / kernels::kFp8Max : 1.f;
-  for (int64_t i = 0; i < n; ++i) q[i].__x = __nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3);
-  return scale;
-}
+using testing::Deq;
+using testing::QuantizeRow;
 
 std::vector<__nv_bfloat16> Bf16(const std::vector<float>& v) {
   return testing::ToBf16(v);

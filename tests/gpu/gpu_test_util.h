@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +15,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "kernels/fp8.h"
 
 namespace inferd::testing {
 
@@ -63,6 +66,19 @@ inline std::vector<float> FromBf16(const std::vector<__nv_bfloat16>& v) {
   std::vector<float> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
   return out;
+}
+
+inline float Deq(kernels::Fp8 q) {
+  return static_cast<float>(q);
+}
+
+// The host's quantization of one row to e4m3, as the kernels define it (kernels/fp8.h); returns its scale.
+inline float QuantizeRow(const float* v, int64_t n, kernels::Fp8* q) {
+  float amax = 0;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::abs(v[i]));
+  const float scale = amax > 0 ? amax / kernels::kFp8Max : 1.f;
+  for (int64_t i = 0; i < n; ++i) q[i].__x = __nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3);
+  return scale;
 }
 
 inline std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.f) {

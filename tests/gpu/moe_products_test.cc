@@ -28,8 +28,10 @@ namespace k = kernels;
 // for long runs) or MoeGroupedGemm (CUTLASS's grouped GEMM, Hopper).
 enum class Kernel { kGemv, kTiles, kGrouped };
 
+// short_runs: the grouped GEMM told the step's slots (its schedule for runs under 128 rows on average).
 template <typename T>
-void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim, Kernel kernel = Kernel::kGemv) {
+void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim, Kernel kernel = Kernel::kGemv,
+           bool short_runs = false) {
   const bool gemm = kernel != Kernel::kGemv;
   const int32_t experts = static_cast<int32_t>(counts.size());
   std::vector<int32_t> offsets(experts + 1, 0);
@@ -59,7 +61,7 @@ void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim, Kernel k
     ASSERT_EQ(cudaMalloc(&scratch, scratch_bytes), cudaSuccess);
     for (int call = 0; call < 2; ++call) {  // the groups are rebuilt on the device each call
       ASSERT_EQ(k::MoeGroupedGemm<T>(xs, ws, offs, experts, static_cast<T*>(dy), n, kdim, scratch, scratch_bytes, sms,
-                                     nullptr),
+                                     nullptr, short_runs ? slots : 0),
                 cudaSuccess);
     }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -128,14 +130,17 @@ TEST(MoeExpertGemm, EachExpertsLongRunTimesItsOwnWeights) {
 }
 
 // The same long runs through CUTLASS's grouped GEMM, where the GPU has it (sm_90a): runs of 0, 1, a tile (128) and
-// a row, many tiles; widths of a tile and not (96, 200), k of one step (64) to many, and no slots at all.
+// a row, many tiles; widths of a tile and not (96, 200), k of one step (64) to many, and no slots at all; both
+// schedules (pairs along M, and along N for short runs).
 TEST(MoeGroupedGemm, EachExpertsLongRunTimesItsOwnWeights) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   if (!k::MoeGroupedGemmAvailable(0)) GTEST_SKIP() << "not a Hopper GPU (sm_90a)";
-  const std::vector<int32_t> counts = {0, 1, 128, 129, 0, 300, 7, 64};
+  const std::vector<int32_t> counts = {0, 1, 128, 129, 0, 300, 7, 64};  // 629 slots: under 128 an expert
   for (auto [n, kdim] : {std::pair<int64_t, int64_t>{96, 64}, {200, 72}, {512, 1024}, {768, 2048}}) {
-    Check<__nv_bfloat16>(counts, n, kdim, Kernel::kGrouped);
-    Check<__half>(counts, n, kdim, Kernel::kGrouped);
+    for (bool short_runs : {false, true}) {
+      Check<__nv_bfloat16>(counts, n, kdim, Kernel::kGrouped, short_runs);
+      Check<__half>(counts, n, kdim, Kernel::kGrouped, short_runs);
+    }
   }
   Check<__nv_bfloat16>(std::vector<int32_t>(128, 0), 64, 64, Kernel::kGrouped);
   alignas(16) static __nv_bfloat16 host[64];

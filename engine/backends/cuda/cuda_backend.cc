@@ -371,6 +371,7 @@ absl::StatusOr<MemoryPlan> CudaBackend::MeasureMemory(const StepLimits& limits) 
   plan.activation_bytes = layout_.activation_bytes();
   plan.kv_bytes_per_block = layout_.kv_bytes_per_block;
   plan.kv_dtype = fp8_kv_ ? "fp8_e4m3" : (dtype_ == CUDA_R_16BF ? "bfloat16" : "float16");
+  plan.fp8_weights = ranks_[0]->w.fp8;
   plan.device_free_bytes = ranks_[0]->free_at_start;
   int64_t other = 0;
   for (int32_t i = 0; i < num_ranks; ++i) {
@@ -466,13 +467,23 @@ void CudaBackend::ChooseKernels() {
        absl::StrCat("the weight-streaming kernel up to ", fp8 ? gemm.fp8_gemv_max_rows() : gemm.gemv_max_rows(),
                     " rows, cuBLASLt beyond", fp8 ? " (fp8 e4m3 weights, per-channel scales)" : "")},
       {"dependent launch", launch},
-      {"experts", !cfg_.has_experts()
-                      ? "none (a dense model)"
-                      : absl::StrCat("one row: its k experts' products and weighted sum in two launches; a few rows an "
-                                     "expert: streamed per expert (kernels/moe_products.h); longer runs (prefill): ",
-                                     ranks_[0]->moe_grouped_sms > 0
-                                         ? "CUTLASS's grouped GEMM (sm_90a, TMA and wgmma; kernels/moe_grouped_gemm.h)"
-                                         : "inferd's tensor-core tiles (wmma)")},
+      {"experts",
+       !cfg_.has_experts()
+           ? "none (a dense model)"
+           : absl::StrCat(fp8 ? "fp8 e4m3 experts (per-channel scales), the router in the compute dtype; " : "",
+                          "one row: its k experts' products and weighted sum in two launches; a few rows an "
+                          "expert: streamed per expert (kernels/moe_products.h",
+                          fp8 ? ", activations unquantized" : "", "); longer runs (prefill): ",
+                          ranks_[0]->moe_grouped_sms > 0
+                              ? absl::StrCat("CUTLASS's grouped GEMM (sm_90a, TMA and wgmma; "
+                                             "kernels/moe_grouped_gemm.h",
+                                             fp8 ? ", rows quantized per token, the scales applied by the "
+                                                   "steps after each product: kernels/moe_fp8.h"
+                                                 : "",
+                                             ")")
+                          : fp8 ? "streamed per expert as well (the grouped fp8 GEMM needs sm_90a; slow for long "
+                                  "prompts)"
+                                : "inferd's tensor-core tiles (wmma)")},
       {"decode graphs", use_graphs_ ? "CUDA graphs per decode bucket" : "off (engine.cuda_graphs)"}};
   if (ranks_.size() > 1) {
     const cuda::Collectives* comm = ranks_[0]->comm.get();
@@ -892,9 +903,16 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& given, c
         c.hidden_size, ", intermediate_size ", c.intermediate_size, ", heads x head_dim ", c.q_width()));
   }
   if (fp8 && c.has_experts()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("engine.quantization = 'fp8' is not run with a mixture of experts on cuda yet (", c.architecture,
-                     "'s experts stream as stored); allowed for it: none"));
+    // Each rank's experts' down product has its run of the expert intermediate columns as inner dimension.
+    for (int r = 0; r < num_ranks; ++r) {
+      const int64_t cols = ShardOf(c, num_ranks, r).expert_intermediate.size();
+      if (cols % 16 != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "engine.quantization = 'fp8' needs each GPU's share of an expert's intermediate columns to be a multiple "
+            "of 16 (fp8 tensor cores); moe_intermediate_size ",
+            c.moe_intermediate_size, " over ", num_ranks, " GPUs gives ", cols, " on GPU ", r));
+      }
+    }
   }
   const bool fp8_kv = engine.kv_cache_dtype == "fp8_e4m3";
   if (fp8_kv && fp16) {

@@ -309,8 +309,8 @@ absl::StatusOr<CudaWeights> UploadWeights(const ModelTensors& t, cudaDataType_t 
         gate_up.push_back({&e.up, cols, all_hidden});
         down.push_back({&e.down, all_hidden, cols});
       }
-      INFERD_RETURN_IF_ERROR(Stack(gate_up, &l.experts_gate_up, b, &pieces));
-      INFERD_RETURN_IF_ERROR(Stack(down, &l.experts_down, b, &pieces));
+      INFERD_RETURN_IF_ERROR(StackLinear(gate_up, fp8, &l.experts_gate_up, b, &pieces));
+      INFERD_RETURN_IF_ERROR(StackLinear(down, fp8, &l.experts_down, b, &pieces));
     }
     l.k_cache_scale = L.k_cache_scale;
     l.v_cache_scale = L.v_cache_scale;

@@ -42,9 +42,10 @@ struct CudaLayerWeights {
   LinearWeight down;                         // [hidden, intermediate]
   // A sparse layer (ModelConfig::sparse, LayerOp::kMoe) in place of gate_up and down: the router [experts, hidden]
   // and every expert's weights stacked, gate/up [experts, 2 * its intermediate, hidden] (gate rows then up rows)
-  // and down [experts, hidden, its intermediate] (kernels/moe_products.h).
+  // and down [experts, hidden, its intermediate] (kernels/moe_products.h); with fp8 weights the experts are e4m3
+  // with a scale per row of each expert (the router stays in the compute dtype: its logits choose the experts).
   LinearWeight router;
-  DeviceBuffer experts_gate_up, experts_down;
+  LinearWeight experts_gate_up, experts_down;
   // An fp8 KV cache holds K / k_cache_scale and V / v_cache_scale: the checkpoint's k_scale and v_scale, else 1.
   float k_cache_scale = 1.f, v_cache_scale = 1.f;
 };

@@ -18,6 +18,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/fp8.h"
 #include "kernels/gemv.h"
+#include "kernels/moe_fp8.h"
 #include "kernels/moe_grouped_gemm.h"
 #include "kernels/moe_products.h"
 #include "kernels/moe_routing.h"
@@ -94,7 +95,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   // kernel where the peer kernels take the sum: Collectives::AllReduceAddRmsNorm).
   bool sum_pending = false;
   // residual += delta, then its norm into the next product's input (xn, or xq and xs with `to_input`; xn for the
-  // final norm, which the LM head reads in T).
+  // final norm, which the LM head reads in T, and for a mixture of experts, whose router does).
   auto add_norm = [&](const T* delta, const T* weight, bool to_input = true) -> absl::Status {
     if (sum_pending) {
       sum_pending = false;
@@ -244,7 +245,9 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           // layer's input norm, or after the last layer the final norm (over every row, as the layers' norms are: a
           // prefill's extra rows cost little).
           if (i + 1 < program.size()) {
-            INFERD_RETURN_IF_ERROR(add_norm(delta, L.post_norm.get<T>()));
+            // A mixture's router reads the normed rows in T (its experts quantize their own inputs).
+            const bool to_moe = i + 2 < program.size() && program[i + 2] == LayerOp::kMoe;
+            INFERD_RETURN_IF_ERROR(add_norm(delta, L.post_norm.get<T>(), /*to_input=*/!to_moe));
             ++i;  // kPostNorm (CudaProgramProblem checks the order)
           } else if (layer + 1 < cfg.num_layers) {
             INFERD_RETURN_IF_ERROR(add_norm(delta, w.layers[layer + 1].input_norm.get<T>()));
@@ -278,11 +281,16 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           // The router's logits, each row's top k and the rows grouped by expert (on the device: a decode graph
           // holds any routing), each expert's run times its gate/up, SiLU·mul, times its down, and each row's k
           // outputs weighted back in k order (kernels/moe_routing.h, moe_products.h); one row, ungrouped in four
-          // launches. bf16/fp16 weights only.
+          // launches. fp8 experts (e4m3, a scale per row) stream against the rows in T; where the runs go through
+          // CUTLASS's grouped GEMM their inputs are quantized per row too, as the dense products' (kernels/moe_fp8.h).
           TraceRange experts("experts");
           const int32_t E = cfg.num_experts, K = cfg.experts_per_token;
           const int64_t S = Tn * K, Ie = cfg.moe_intermediate_size;
+          const LinearWeight& gu = L.experts_gate_up;
+          const LinearWeight& dn = L.experts_down;
+          const bool fp8_experts = gu.fp8();
           float* logits = b.act<float>(a.moe_logits);
+          int32_t* ids = b.act<int32_t>(a.moe_ids);
           int32_t* offsets = b.act<int32_t>(a.moe_offsets);
           int32_t* sorted = b.act<int32_t>(a.moe_sorted);
           int32_t* slot_positions = b.act<int32_t>(a.moe_positions);
@@ -296,34 +304,68 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           if (Tn == 1) {
             // One row: its k experts are distinct, so each is read once without grouping; the products read the
             // row and the routing where they lie and the down product sums the k outputs itself.
-            int32_t* ids = b.act<int32_t>(a.moe_ids);
             INFERD_KERNEL(k::MoeTopK(logits, Tn, E, K, cfg.normalize_top_k, ids, weights, s));
-            INFERD_KERNEL(k::MoeRowGatedGemv(xn, L.experts_gate_up.get<T>(), ids, Tn, K, expert_act, Ie, H,
-                                             k::GatedActivation::kSilu, s));
-            INFERD_KERNEL(
-                k::MoeRowDownCombine(expert_act, L.experts_down.get<T>(), ids, weights, Tn, K, tmp, H, Ie, s));
+            if (fp8_experts) {
+              INFERD_KERNEL(k::MoeRowGatedGemv(xn, gu.data.get<k::Fp8>(), gu.scale.get<float>(), ids, Tn, K, expert_act,
+                                               Ie, H, k::GatedActivation::kSilu, s));
+              INFERD_KERNEL(k::MoeRowDownCombine(expert_act, dn.data.get<k::Fp8>(), dn.scale.get<float>(), ids, weights,
+                                                 Tn, K, tmp, H, Ie, s));
+            } else {
+              INFERD_KERNEL(k::MoeRowGatedGemv(xn, gu.data.get<T>(), ids, Tn, K, expert_act, Ie, H,
+                                               k::GatedActivation::kSilu, s));
+              INFERD_KERNEL(k::MoeRowDownCombine(expert_act, dn.data.get<T>(), ids, weights, Tn, K, tmp, H, Ie, s));
+            }
             delta = tmp;
             break;
           }
-          INFERD_KERNEL(k::MoeRoute(logits, Tn, E, K, cfg.normalize_top_k, b.act<int32_t>(a.moe_ids), weights,
-                                    b.act<int32_t>(a.moe_counts), offsets, sorted, slot_positions, s));
+          INFERD_KERNEL(k::MoeRoute(logits, Tn, E, K, cfg.normalize_top_k, ids, weights, b.act<int32_t>(a.moe_counts),
+                                    offsets, sorted, slot_positions, s));
+          // Runs of a few rows (decode) stream each chosen expert's weights; longer ones go through the tensor
+          // cores: CUTLASS's grouped GEMM on Hopper (from 4 rows an expert on average, where its schedule for short
+          // runs reads each touched expert's weights once, faster than a streaming pass), else tiles of our own
+          // from 8 rows (a streaming pass's; 16-bit weights: fp8 experts stream there). fp8 experts take CUTLASS
+          // at any run length: the streaming kernel's e4m3 loop does twice the products per weight byte and is
+          // bound by its instructions.
+          const bool fp8_grouped = fp8_experts && b.moe_grouped_sms > 0;
+          const bool grouped = fp8_grouped || S > (b.moe_grouped_sms > 0 ? 4 : 8) * int64_t{E};
+          void* gemm_ws = b.act<void>(a.moe_gemm_ws);
+          if (fp8_grouped && grouped) {
+            k::Fp8* xq = b.act<k::Fp8>(a.moe_x);
+            k::Fp8* act_q = b.act<k::Fp8>(a.moe_act);
+            float* x_scales = b.act<float>(a.moe_x_scale);
+            float* act_scales = b.act<float>(a.moe_act_scale);
+            float* gate_up_sums = b.act<float>(a.moe_gate_up);
+            float* out_sums = b.act<float>(a.moe_y);
+            INFERD_KERNEL(k::MoeGatherFp8(xn, sorted, S, K, H, xq, x_scales, s));
+            INFERD_KERNEL(k::MoeGroupedGemmFp8(xq, gu.data.get<k::Fp8>(), offsets, E, gate_up_sums, 2 * Ie, H, gemm_ws,
+                                               a.moe_gemm_ws.bytes, b.moe_grouped_sms, s, S));
+            INFERD_KERNEL(k::MoeActivateMulFp8<T>(gate_up_sums, x_scales, gu.scale.get<float>(), ids, sorted, S, Ie,
+                                                  k::GatedActivation::kSilu, act_q, act_scales, s));
+            INFERD_KERNEL(k::MoeGroupedGemmFp8(act_q, dn.data.get<k::Fp8>(), offsets, E, out_sums, H, Ie, gemm_ws,
+                                               a.moe_gemm_ws.bytes, b.moe_grouped_sms, s, S));
+            INFERD_KERNEL(k::MoeCombineFp8(out_sums, act_scales, dn.scale.get<float>(), ids, slot_positions, weights,
+                                           Tn, K, H, tmp, s));
+            delta = tmp;
+            break;
+          }
           INFERD_KERNEL(k::MoeGather(xn, sorted, S, K, H, rows, s));
-          // Runs of a few rows (decode) stream each chosen expert's weights; longer ones (more than one streaming
-          // pass of 8 rows an expert on average) go through the tensor cores: CUTLASS's grouped GEMM on Hopper,
-          // else tiles of our own.
-          const auto products = [&](const T* in, const T* weights, T* out, int64_t n, int64_t kdim) {
-            if (S <= 8 * int64_t{E}) return k::MoeExpertGemv(in, weights, offsets, E, out, n, kdim, s);
+          const auto products = [&](const T* in, const LinearWeight& w, T* out, int64_t n, int64_t kdim) {
+            if (w.fp8()) {
+              return k::MoeExpertGemv(in, w.data.get<k::Fp8>(), w.scale.get<float>(), offsets, E, out, n, kdim, s);
+            }
+            const T* weights = w.data.get<T>();
+            if (!grouped) return k::MoeExpertGemv(in, weights, offsets, E, out, n, kdim, s);
             if (b.moe_grouped_sms > 0 && n % 8 == 0 && kdim % 8 == 0) {
-              return k::MoeGroupedGemm(in, weights, offsets, E, out, n, kdim, b.act<void>(a.moe_gemm_ws),
-                                       a.moe_gemm_ws.bytes, b.moe_grouped_sms, s);
+              return k::MoeGroupedGemm(in, weights, offsets, E, out, n, kdim, gemm_ws, a.moe_gemm_ws.bytes,
+                                       b.moe_grouped_sms, s, S);
             }
             return k::MoeExpertGemmSupports(in, weights, n, kdim)
                        ? k::MoeExpertGemm(in, weights, offsets, E, S, out, n, kdim, s)
                        : k::MoeExpertGemv(in, weights, offsets, E, out, n, kdim, s);
           };
-          INFERD_KERNEL(products(rows, L.experts_gate_up.get<T>(), expert_gate_up, 2 * Ie, H));
+          INFERD_KERNEL(products(rows, gu, expert_gate_up, 2 * Ie, H));
           INFERD_KERNEL(k::ActivateMul(expert_gate_up, expert_act, S, Ie, k::GatedActivation::kSilu, s));
-          INFERD_KERNEL(products(expert_act, L.experts_down.get<T>(), expert_out, H, Ie));
+          INFERD_KERNEL(products(expert_act, dn, expert_out, H, Ie));
           INFERD_KERNEL(k::MoeCombine(expert_out, slot_positions, weights, Tn, K, H, tmp, s));
           delta = tmp;
           break;

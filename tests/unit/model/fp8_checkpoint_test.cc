@@ -1,8 +1,8 @@
 // FP8 checkpoints as published (tests/fixtures/models/*-fp8, written by tools/make_fp8_checkpoint.py from the bf16
-// test models): compressed-tensors "float-quantized" with per-channel weight scales (llama3-tiny-fp8) and the older
-// `quant_method: fp8` with per-tensor scales and static input scales (qwen2-tiny-fp8). The loader reads the e4m3
-// weights with their scales; the cpu backend serves them dequantized; unsupported quantization configs are
-// refused naming the field.
+// test models): compressed-tensors "float-quantized" with per-channel weight scales (llama3-tiny-fp8, and
+// mixtral-tiny-fp8: a mixture's experts) and the older `quant_method: fp8` with per-tensor scales and static input
+// scales (qwen2-tiny-fp8). The loader reads the e4m3 weights with their scales; the cpu backend serves them
+// dequantized; unsupported quantization configs are refused naming the field.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -75,6 +75,30 @@ TEST(Fp8Checkpoint, CompressedTensorsPerChannelWeightsLoadWithTheirScales) {
   EXPECT_EQ((*fp8)->tensors.lm_head.dtype, DType::kBF16);  // ignore: ["lm_head"]
 }
 
+// A mixture's checkpoint as llm-compressor writes it (mixtral-tiny-fp8): every expert's products F8_E4M3 per
+// channel, the routers left in 16 bits (their logits choose the experts).
+TEST(Fp8Checkpoint, AMixturesExpertsLoadPerChannelAndItsRoutersStayBf16) {
+  auto fp8 = LoadModel(testing::ModelDir("mixtral-tiny-fp8"));
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  auto bf16 = LoadModel(testing::ModelDir("mixtral-tiny"));
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_TRUE((*fp8)->tensors.fp8_checkpoint);
+  ASSERT_EQ((*fp8)->tensors.layers.size(), (*bf16)->tensors.layers.size());
+  int experts = 0;
+  for (size_t l = 0; l < (*fp8)->tensors.layers.size(); ++l) {
+    const LayerTensors& q = (*fp8)->tensors.layers[l];
+    const LayerTensors& o = (*bf16)->tensors.layers[l];
+    EXPECT_EQ(q.router.dtype, DType::kBF16) << "layer " << l;
+    ASSERT_EQ(q.experts.size(), o.experts.size());
+    for (size_t e = 0; e < q.experts.size(); ++e, ++experts) {
+      ExpectCloseToOriginal(q.experts[e].gate, o.experts[e].gate, /*per_channel=*/true);
+      ExpectCloseToOriginal(q.experts[e].up, o.experts[e].up, /*per_channel=*/true);
+      ExpectCloseToOriginal(q.experts[e].down, o.experts[e].down, /*per_channel=*/true);
+    }
+  }
+  EXPECT_GT(experts, 0);
+}
+
 TEST(Fp8Checkpoint, OlderFp8FormatPerTensorScalesLoad) {
   auto fp8 = LoadModel(testing::ModelDir("qwen2-tiny-fp8"));
   ASSERT_TRUE(fp8.ok()) << fp8.status();
@@ -90,7 +114,7 @@ TEST(Fp8Checkpoint, OlderFp8FormatPerTensorScalesLoad) {
 
 // The cpu backend serves an FP8 checkpoint dequantized (fp32 arithmetic on the e4m3 values times their scales).
 TEST(Fp8Checkpoint, TheCpuBackendServesItDequantized) {
-  for (const char* name : {"llama3-tiny-fp8", "qwen2-tiny-fp8"}) {
+  for (const char* name : {"llama3-tiny-fp8", "qwen2-tiny-fp8", "mixtral-tiny-fp8"}) {
     Config config;
     config.model.path = testing::ModelDir(name);
     config.engine.backend = "cpu";

@@ -103,6 +103,36 @@ TEST(StepCost, AMixtureOfExpertsReadsTheExpertsItsTokensTouch) {
   EXPECT_NEAR(many.bytes, 4.0 * (attention + dense + router + 4 * expert + 20 + 64 * 4) + 32.0 * 64, 1e-6);
 }
 
+// fp8 products (cuda, engine.quantization fp8): the products and experts one byte a weight plus a 4-byte scale a
+// row, the routers, norms and table in 2 bytes; a step counts each part at its own size.
+TEST(StepCost, Fp8ProductsAreCountedAtTheirOwnSizeBesideTheWideTensors) {
+  ModelConfig c = Shape(/*vocab=*/10, /*hidden=*/4, /*intermediate=*/8, /*layers=*/2, /*heads=*/2, /*kv_heads=*/1,
+                        /*head_dim=*/2);
+  c.tie_word_embeddings = true;
+  c.num_experts = 4;
+  c.experts_per_token = 2;
+  c.moe_intermediate_size = 2;
+  c.sparse_layers = {true, false};
+  // As above: attention 48 a layer, layer 1's MLP 96, layer 0's router 16 and 4 experts of 24; norms 20; table 40.
+  // Output rows: attention 4 + 2 + 2 + 4 = 12 a layer, the MLP 8 + 8 + 4, an expert 2 + 2 + 4.
+  const double attention = 2 * 48, dense = 96, router = 16, expert = 24;
+  const double products = attention + dense + 4 * expert, rows = 2 * 12 + 20 + 4 * 8;
+  MemoryPlan plan;
+  plan.weight_bytes = static_cast<int64_t>(products + 4 * rows + 2 * (router + 20 + 40));
+  plan.fp8_weights = true;
+  plan.kv_bytes_per_block = 16 * 2 * 2 * 1 * 2 * 2;
+  const StepCostModel model(c, plan, 16);
+  const double product_bytes = (products + 4 * rows) / products;  // a byte a weight and the scales spread over them
+  const StepCost one = model.Of(1, 1, 3, 3);
+  EXPECT_DOUBLE_EQ(one.bytes,
+                   product_bytes * (attention + dense + 2 * expert) + 2.0 * (router + 20 + 40 + 4) + 16.0 * 3);
+  // Without the flag the same bytes are spread evenly over every weight, as for a model of one dtype.
+  plan.fp8_weights = false;
+  const double average = plan.weight_bytes / (products + router + 20 + 40);
+  EXPECT_DOUBLE_EQ(StepCostModel(c, plan, 16).Of(1, 1, 3, 3).bytes,
+                   average * (attention + dense + router + 2 * expert + 20 + 40 + 4) + 16.0 * 3);
+}
+
 TEST(StepCost, StepInputSumsContextsAndCausalKeys) {
   ModelConfig c = Llama3_8B();
   MemoryPlan plan;
