@@ -502,7 +502,7 @@ if [[ "$what" == tp ]]; then
   if (( gpus >= 2 )) && [[ $parts == *parity* ]]; then
     for n in ${TP_SIZES:-2 4 8}; do
       (( n <= gpus )) || continue
-      INFERD_TENSOR_PARALLEL=$n "$BUNDLE/bin/gpu_tests" --gtest_filter='Models/CudaParity.*' \
+      INFERD_TENSOR_PARALLEL=$n "$BUNDLE/bin/gpu_tests" --gtest_filter='Models/CudaParity.*:Models/Fp8Sharp.*' \
         --gtest_output="xml:$OUT/gpu_parity_tp${n}_tests.xml" > "$OUT/gpu_parity_tp$n.log" 2>&1 || status=1
       echo "-- parity at tensor_parallel_size $n" && summarize_gpu_tests "$OUT/gpu_parity_tp$n.log"
       echo "-- the black-box gRPC suite against a cuda server at tensor_parallel_size $n"

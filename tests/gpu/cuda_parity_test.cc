@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
+#include "engine/model/tensor_parallel.h"
 #include "engine/runtime/device_layout.h"
 #include "tests/unit/collecting_sink.h"
 #include "tests/unit/fixtures.h"
@@ -755,18 +756,26 @@ TEST_P(Fp8Sharp, TeacherForcedTheFp8RunFollowsTheFp8ReferenceFarCloserThanBf16) 
   const char* dir = std::getenv("INFERD_GPU_MODELS");
   if (!dir) GTEST_SKIP() << "INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)";
   const std::string model = GetParam();
-  const std::string ref_path = std::string(dir) + "/reference/" + model + "-fp8a8.json";
+  // At tensor_parallel_size N the reference that quantizes the row-parallel inputs per rank's slice, as N ranks do.
+  const std::string suffix = TensorParallelSize() > 1 ? absl::StrCat("-fp8a8-tp", TensorParallelSize()) : "-fp8a8";
+  const std::string ref_path = std::string(dir) + "/reference/" + model + suffix + ".json";
   if (!std::filesystem::exists(ref_path))
     FAIL() << ref_path << " is missing"
            << ": a parity run with nothing to compare fails (tools/make_reference_fixtures.py writes it)";
   const nlohmann::json ref = testing::ReadJson(ref_path);
   const std::string model_dir = std::string(dir) + "/" + model;
+  if (TensorParallelSize() > 1) {  // a model whose heads cannot be split over N ranks is not run at N (refused)
+    auto loaded = LoadModel(model_dir);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    const absl::Status split = CheckTensorParallel((*loaded)->config, TensorParallelSize());
+    if (!split.ok()) GTEST_SKIP() << split.message();
+  }
   const Closeness fp8 = ForcedAlong(ref, CudaConfig(model_dir, "auto", 16, 2048, 32, true, "fp8"));
   const Closeness bf16 = ForcedAlong(ref, CudaConfig(model_dir, "auto", 16, 2048, 32, true, "none"));
   std::printf(
-      "[ parity   ] %s-fp8a8, teacher-forced along its tokens: fp8 picks its token at %d of %d positions of "
+      "[ parity   ] %s%s, teacher-forced along its tokens: fp8 picks its token at %d of %d positions of "
       "margin >= 0.5 (logprob RMS error %.4f over %d), bf16 at %d (%.4f)\n",
-      model.c_str(), fp8.agreed, fp8.compared, fp8.rms(), fp8.with_error, bf16.agreed, bf16.rms());
+      model.c_str(), suffix.c_str(), fp8.agreed, fp8.compared, fp8.rms(), fp8.with_error, bf16.agreed, bf16.rms());
   EXPECT_GE(fp8.compared, fp8.with_error / 2) << "most positions are clear enough to compare";
   EXPECT_GE(fp8.agreed, 0.7 * fp8.compared) << model;
   EXPECT_GT(fp8.agreed, bf16.agreed) << model;
