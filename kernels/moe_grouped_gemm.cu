@@ -189,8 +189,8 @@ size_t MoeGroupedGemmWorkspaceBytes(int32_t experts, int sm_count) {
                    WorkspaceBytes<__nv_bfloat16, __nv_bfloat16, true>(experts, sm_count),
                    WorkspaceBytes<__half, __half, false>(experts, sm_count),
                    WorkspaceBytes<__half, __half, true>(experts, sm_count),
-                   WorkspaceBytes<Fp8, float, false>(experts, sm_count),
-                   WorkspaceBytes<Fp8, float, true>(experts, sm_count)});
+                   WorkspaceBytes<Fp8, __nv_bfloat16, false>(experts, sm_count),
+                   WorkspaceBytes<Fp8, __nv_bfloat16, true>(experts, sm_count)});
 }
 
 // Under 128 rows an expert on average (slots 0: long runs).
@@ -206,12 +206,13 @@ cudaError_t MoeGroupedGemm(const T* x, const T* w, const int32_t* offsets, int32
              : Run<T, T, false>(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream);
 }
 
-cudaError_t MoeGroupedGemmFp8(const Fp8* x, const Fp8* w, const int32_t* offsets, int32_t experts, float* y, int64_t n,
-                              int64_t k, void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream,
-                              int64_t slots) {
-  return ShortRuns(slots, experts)
-             ? Run<Fp8, float, true>(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream)
-             : Run<Fp8, float, false>(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream);
+cudaError_t MoeGroupedGemmFp8(const Fp8* x, const Fp8* w, const int32_t* offsets, int32_t experts, __nv_bfloat16* y,
+                              int64_t n, int64_t k, void* workspace, size_t workspace_bytes, int sm_count,
+                              cudaStream_t stream, int64_t slots) {
+  return ShortRuns(slots, experts) ? Run<Fp8, __nv_bfloat16, true>(x, w, offsets, experts, y, n, k, workspace,
+                                                                   workspace_bytes, sm_count, stream)
+                                   : Run<Fp8, __nv_bfloat16, false>(x, w, offsets, experts, y, n, k, workspace,
+                                                                    workspace_bytes, sm_count, stream);
 }
 
 template cudaError_t MoeGroupedGemm(const __nv_bfloat16*, const __nv_bfloat16*, const int32_t*, int32_t, __nv_bfloat16*,

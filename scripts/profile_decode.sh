@@ -3,6 +3,9 @@
 # (clocks left alone) over a window of decode steps: batch 1 (the latency run) or, with BATCH=N, the decode
 # run at batch N. Needs the bundle and the 8B model that gpu_run.sh bench writes.
 #   [BATCH=N] bash scripts/profile_decode.sh [MODEL_DIR]      writes $OUT/profile_decode.{csv,txt}
+# BENCH_FLAGS adds inferd-bench flags (e.g. "--load-format dummy --quantization fp8" for a config-only model
+# directory), KERNELS the window's length (a model of many layers needs more than 600 kernels for a step), NAME
+# the output files' name (profile_decode), SKIP the kernels skipped first (start-up, warm-up, prefill).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
@@ -12,13 +15,15 @@ export LD_LIBRARY_PATH="$BUNDLE/lib:${LD_LIBRARY_PATH:-}"
 # Skip start-up, the warm-up request (and at batch N its prefill steps); then 600 kernels: about three decode
 # steps (a graph's kernels count one by one).
 if [[ -n "${BATCH:-}" ]]; then
-  what=(--sections decode --batches "$BATCH") skip=20000
+  what=(--sections decode --batches "$BATCH") skip=${SKIP:-20000}
 else
-  what=(--sections latency) skip=7000
+  what=(--sections latency) skip=${SKIP:-7000}
 fi
-ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip "$skip" --launch-count 600 \
-  "$BUNDLE/bin/inferd-bench" --model "$M" "${what[@]}" > "$OUT/profile_decode.csv" 2> "$OUT/profile_decode.err"
-python3 - "$OUT/profile_decode.csv" <<'PY' | tee "$OUT/profile_decode.txt"
+name=${NAME:-profile_decode}
+# shellcheck disable=SC2086  # BENCH_FLAGS is a list of flags
+ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip "$skip" --launch-count "${KERNELS:-600}" \
+  "$BUNDLE/bin/inferd-bench" --model "$M" ${BENCH_FLAGS:-} "${what[@]}" > "$OUT/$name.csv" 2> "$OUT/$name.err"
+python3 - "$OUT/$name.csv" <<'PY' | tee "$OUT/$name.txt"
 import csv, collections, re, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head = rows[0]

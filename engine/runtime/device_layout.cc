@@ -146,13 +146,12 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
     a.moe_offsets = act.Add((E + 1) * 4);
     a.moe_sorted = act.Add(S * 4);
     a.moe_positions = act.Add(S * 4);
-    // With fp8 experts the grouped products' outputs are fp32 sums (kernels/moe_fp8.h) and their inputs e4m3
-    // rows with a scale each.
-    const int64_t sums = fp8_weights ? std::max<int64_t>(e, 4) : e;
+    // With fp8 experts the grouped products' inputs are e4m3 rows with a scale each, their outputs the unscaled
+    // sums in bf16 (kernels/moe_fp8.h): the same regions.
     a.moe_x = act.Add(S * H * e);
-    a.moe_gate_up = act.Add(S * 2 * Ie * sums);
+    a.moe_gate_up = act.Add(S * 2 * Ie * e);
     a.moe_act = act.Add(S * Ie * e);
-    a.moe_y = act.Add(S * H * sums);
+    a.moe_y = act.Add(S * H * e);
     a.moe_x_scale = act.Add(fp8_weights ? S * 4 : 0);
     a.moe_act_scale = act.Add(fp8_weights ? S * 4 : 0);
     a.moe_gemm_ws = act.Add(kernels::kMoeGroupedGemmWorkspaceBytes);

@@ -53,8 +53,7 @@ struct ActivationRegions {
   // A mixture of experts (0 bytes without): the router's logits [T, experts] fp32; MoeRoute's top k [T * k] ids
   // and fp32 weights, its counts [experts] (zero between calls), offsets [experts + 1], slots in expert order and
   // their places [T * k]; then the rows gathered in that order [T * k, hidden] e, their gate/up [T * k, 2 *
-  // expert intermediate] e, SiLU·mul [T * k, expert intermediate] e and outputs [T * k, hidden] e (with fp8
-  // weights the gate/up and outputs at 4 bytes an element: the grouped products' fp32 sums).
+  // expert intermediate] e, SiLU·mul [T * k, expert intermediate] e and outputs [T * k, hidden] e.
   Region moe_logits, moe_ids, moe_weights, moe_counts, moe_offsets, moe_sorted, moe_positions;
   Region moe_x, moe_gate_up, moe_act, moe_y;
   Region moe_x_scale, moe_act_scale;  // fp8 experts: the grouped products' input rows' scales

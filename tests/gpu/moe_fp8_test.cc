@@ -3,7 +3,7 @@
 // - streamed (decode): the rows in bf16 against the e4m3 weights (MoeExpertGemv, MoeRowGatedGemv,
 //   MoeRowDownCombine with scales), and the few-row path bit for bit the grouped one;
 // - grouped (prefill, sm_90a): the rows quantized per slot (MoeGatherFp8), CUTLASS's fp8 grouped GEMM into fp32
-//   sums, MoeActivateMulFp8 (scales, SiLU·mul, quantized again), the down GEMM, MoeCombineFp8.
+//   sums rounded to bf16, MoeActivateMulFp8 (scales, SiLU·mul, quantized again), the down GEMM, MoeCombineFp8.
 // Experts no row chose, odd row counts and inner dimensions of several 16-byte chunks are among the cases.
 #include "kernels/moe_fp8.h"
 
@@ -87,9 +87,10 @@ double Dot(const float* a, const Fp8* q, int64_t n) {
 }
 
 // The block on the CPU. quantized_inputs: each product's input row through e4m3 too (the grouped path), the sums
-// times the row's scale; else the rows as they are (bf16).
+// rounded to bf16 (the grouped GEMM's output) and times the row's scale; else the rows as they are (bf16).
 std::vector<float> Reference(const Block& b, bool quantized_inputs) {
   const Case& c = b.c;
+  const auto sum = [&](double s) { return quantized_inputs ? Bf(float(s)) : float(s); };
   std::vector<float> want(c.rows * c.hidden);
   for (int64_t r = 0; r < c.rows; ++r) {
     std::vector<float> p(b.logits.begin() + r * c.experts, b.logits.begin() + (r + 1) * c.experts);
@@ -109,10 +110,10 @@ std::vector<float> Reference(const Block& b, bool quantized_inputs) {
       std::vector<float> act(c.inter);
       for (int64_t i = 0; i < c.inter; ++i) {
         const int64_t g_row = e * 2 * c.inter + i, u_row = g_row + c.inter;
-        const float g = Bf(float(Dot(x.data(), b.gate_up.q.data() + g_row * c.hidden, c.hidden)) * x_scale *
-                           b.gate_up.scale[g_row]);
-        const float u = Bf(float(Dot(x.data(), b.gate_up.q.data() + u_row * c.hidden, c.hidden)) * x_scale *
-                           b.gate_up.scale[u_row]);
+        const float g =
+            Bf(sum(Dot(x.data(), b.gate_up.q.data() + g_row * c.hidden, c.hidden)) * x_scale * b.gate_up.scale[g_row]);
+        const float u =
+            Bf(sum(Dot(x.data(), b.gate_up.q.data() + u_row * c.hidden, c.hidden)) * x_scale * b.gate_up.scale[u_row]);
         act[i] = Bf(Bf(Silu(g)) * u);
       }
       float act_scale = 1.f;
@@ -124,7 +125,7 @@ std::vector<float> Reference(const Block& b, bool quantized_inputs) {
       for (int64_t col = 0; col < c.hidden; ++col) {
         const int64_t row = e * c.hidden + col;
         const float y =
-            Bf(float(Dot(act.data(), b.down.q.data() + row * c.inter, c.inter)) * act_scale * b.down.scale[row]);
+            Bf(sum(Dot(act.data(), b.down.q.data() + row * c.inter, c.inter)) * act_scale * b.down.scale[row]);
         acc[col] += route[j] * y;
       }
     }
@@ -210,7 +211,8 @@ void RunGrouped(const Case& c, bool short_runs) {
   Dev<Fp8> gu(b.gate_up.q), dn(b.down.q);
   Dev<float> gu_scale(b.gate_up.scale), dn_scale(b.down.scale);
   Dev<Fp8> xq(S * c.hidden), act_q(S * c.inter);
-  Dev<float> x_scales(S), act_scales(S), gate_up_sums(S * 2 * c.inter), out_sums(S * c.hidden);
+  Dev<float> x_scales(S), act_scales(S);
+  Dev<__nv_bfloat16> gate_up_sums(S * 2 * c.inter), out_sums(S * c.hidden);
   Dev<__nv_bfloat16> out(c.rows * c.hidden);
   int sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));

@@ -334,8 +334,8 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
             k::Fp8* act_q = b.act<k::Fp8>(a.moe_act);
             float* x_scales = b.act<float>(a.moe_x_scale);
             float* act_scales = b.act<float>(a.moe_act_scale);
-            float* gate_up_sums = b.act<float>(a.moe_gate_up);
-            float* out_sums = b.act<float>(a.moe_y);
+            __nv_bfloat16* gate_up_sums = b.act<__nv_bfloat16>(a.moe_gate_up);
+            __nv_bfloat16* out_sums = b.act<__nv_bfloat16>(a.moe_y);
             INFERD_KERNEL(k::MoeGatherFp8(xn, sorted, S, K, H, xq, x_scales, s));
             INFERD_KERNEL(k::MoeGroupedGemmFp8(xq, gu.data.get<k::Fp8>(), offsets, E, gate_up_sums, 2 * Ie, H, gemm_ws,
                                                a.moe_gemm_ws.bytes, b.moe_grouped_sms, s, S));
