@@ -4,7 +4,8 @@
 //   MoeRowDownCombine with scales), and the few-row path bit for bit the grouped one;
 // - grouped (prefill, sm_90a): the rows quantized per slot (MoeGatherFp8), CUTLASS's fp8 grouped GEMM into fp32
 //   sums rounded to bf16, MoeActivateMulFp8 (scales, SiLU·mul, quantized again), the down GEMM, MoeCombineFp8.
-// Experts no row chose, odd row counts and inner dimensions of several 16-byte chunks are among the cases.
+// Experts no row chose, odd row counts and inner dimensions of several 16-byte chunks are among the cases; the
+// grouped block also captured in a CUDA graph and replayed with another routing, as decode steps run it.
 #include "kernels/moe_fp8.h"
 
 #include <cuda_bf16.h>
@@ -202,9 +203,11 @@ void RunStreamed(const Case& c) {
   EXPECT_EQ(differ, 0) << c.rows << " rows, " << c.experts << " experts: the few-row path against the grouped one";
 }
 
-// short_runs: the grouped GEMM told the step's slots (its schedule for runs under 128 rows on average).
-void RunGrouped(const Case& c, bool short_runs) {
-  const Block b = MakeBlock(c);
+// short_runs: the grouped GEMM told the step's slots (its schedule for runs under 128 rows on average). in_graph:
+// the block captured once in a CUDA graph, as a decode step's, and replayed after the router's logits changed (so
+// every run's length moves): its output is that of the new routing.
+void RunGrouped(const Case& c, bool short_runs, bool in_graph = false) {
+  Block b = MakeBlock(c);
   Routing rt(b);
   const int64_t S = rt.slots;
   Dev<__nv_bfloat16> x(testing::ToBf16(b.x));
@@ -219,21 +222,50 @@ void RunGrouped(const Case& c, bool short_runs) {
   const size_t ws_bytes = k::MoeGroupedGemmWorkspaceBytes(c.experts, sms);
   void* ws = nullptr;
   CUDA_OK(cudaMalloc(&ws, ws_bytes));
-  CUDA_OK(k::MoeRoute(rt.logits.get(), c.rows, c.experts, c.topk, c.normalize, rt.ids.get(), rt.weights.get(),
-                      rt.counts.get(), rt.offsets.get(), rt.sorted.get(), rt.positions.get(), nullptr));
-  CUDA_OK(k::MoeGatherFp8(x.get(), rt.sorted.get(), S, c.topk, c.hidden, xq.get(), x_scales.get(), nullptr));
-  CUDA_OK(k::MoeGroupedGemmFp8(xq.get(), gu.get(), rt.offsets.get(), c.experts, gate_up_sums.get(), 2 * c.inter,
-                               c.hidden, ws, ws_bytes, sms, nullptr, short_runs ? S : 0));
-  CUDA_OK(k::MoeActivateMulFp8<__nv_bfloat16>(gate_up_sums.get(), x_scales.get(), gu_scale.get(), rt.ids.get(),
-                                              rt.sorted.get(), S, c.inter, k::GatedActivation::kSilu, act_q.get(),
-                                              act_scales.get(), nullptr));
-  CUDA_OK(k::MoeGroupedGemmFp8(act_q.get(), dn.get(), rt.offsets.get(), c.experts, out_sums.get(), c.hidden, c.inter,
-                               ws, ws_bytes, sms, nullptr, short_runs ? S : 0));
-  CUDA_OK(k::MoeCombineFp8(out_sums.get(), act_scales.get(), dn_scale.get(), rt.ids.get(), rt.positions.get(),
-                           rt.weights.get(), c.rows, c.topk, c.hidden, out.get(), nullptr));
+  const int64_t hint = short_runs ? S : 0;
+  const auto block = [&](cudaStream_t st) {
+    CUDA_OK(k::MoeRoute(rt.logits.get(), c.rows, c.experts, c.topk, c.normalize, rt.ids.get(), rt.weights.get(),
+                        rt.counts.get(), rt.offsets.get(), rt.sorted.get(), rt.positions.get(), st));
+    CUDA_OK(k::MoeGatherFp8(x.get(), rt.sorted.get(), S, c.topk, c.hidden, xq.get(), x_scales.get(), st));
+    CUDA_OK(k::MoeGroupedGemmFp8(xq.get(), gu.get(), rt.offsets.get(), c.experts, gate_up_sums.get(), 2 * c.inter,
+                                 c.hidden, ws, ws_bytes, sms, st, hint));
+    CUDA_OK(k::MoeActivateMulFp8<__nv_bfloat16>(gate_up_sums.get(), x_scales.get(), gu_scale.get(), rt.ids.get(),
+                                                rt.sorted.get(), S, c.inter, k::GatedActivation::kSilu, act_q.get(),
+                                                act_scales.get(), st));
+    CUDA_OK(k::MoeGroupedGemmFp8(act_q.get(), dn.get(), rt.offsets.get(), c.experts, out_sums.get(), c.hidden, c.inter,
+                                 ws, ws_bytes, sms, st, hint));
+    CUDA_OK(k::MoeCombineFp8(out_sums.get(), act_scales.get(), dn_scale.get(), rt.ids.get(), rt.positions.get(),
+                             rt.weights.get(), c.rows, c.topk, c.hidden, out.get(), st));
+  };
+  if (!in_graph) {
+    ASSERT_NO_FATAL_FAILURE(block(nullptr));
+  } else {
+    cudaStream_t st = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    ASSERT_NO_FATAL_FAILURE(block(st));
+    CUDA_OK(cudaStreamEndCapture(st, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    std::mt19937 rng(static_cast<uint32_t>(c.rows * 5 + 1));
+    std::normal_distribution<float> d(0.f, 2.f);
+    for (float& v : b.logits) v = d(rng);  // another routing, replayed by the same graph
+    CUDA_OK(cudaMemcpyAsync(rt.logits.get(), b.logits.data(), b.logits.size() * 4, cudaMemcpyHostToDevice, st));
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
+  }
   CUDA_OK(cudaDeviceSynchronize());
   cudaFree(ws);
-  ExpectNear(out.Host(), Reference(b, /*quantized_inputs=*/true), short_runs ? "grouped, short runs" : "grouped", c);
+  ExpectNear(out.Host(), Reference(b, /*quantized_inputs=*/true),
+             in_graph     ? "grouped, replayed in a graph"
+             : short_runs ? "grouped, short runs"
+                          : "grouped",
+             c);
 }
 
 const Case kCases[] = {
@@ -257,6 +289,7 @@ TEST(MoeFp8, GroupedExpertsMatchTheCpu) {
   if (!k::MoeGroupedGemmAvailable(device)) GTEST_SKIP() << "the grouped GEMM needs compute capability 9.0 (sm_90a)";
   for (const Case& c : kCases) {
     for (bool short_runs : {false, true}) RunGrouped(c, short_runs);
+    RunGrouped(c, /*short_runs=*/true, /*in_graph=*/true);
   }
 }
 
