@@ -329,7 +329,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
           const bool fp8_grouped = fp8_experts && b.moe_grouped_sms > 0;
           const bool grouped = fp8_grouped || S > (b.moe_grouped_sms > 0 ? 4 : 8) * int64_t{E};
           void* gemm_ws = b.act<void>(a.moe_gemm_ws);
-          if (fp8_grouped && grouped) {
+          if (fp8_grouped) {
             k::Fp8* xq = b.act<k::Fp8>(a.moe_x);
             k::Fp8* act_q = b.act<k::Fp8>(a.moe_act);
             float* x_scales = b.act<float>(a.moe_x_scale);
