@@ -15,11 +15,11 @@ constexpr int kCols = 2;   // W rows (output columns) per warp
 constexpr int kPass = 8;   // X rows per pass over an expert's weights
 
 // A product's output from its sum: as it is for 16-bit weights, times the weight row's scale for e4m3 ones
-// (kernels/fp8.h: scales[row] of the expert's weights).
+// (kernels/fp8.h: w_scale[row], rows counted over every expert's; w_scale is not read for 16-bit weights).
 template <typename W>
-__device__ __forceinline__ float Scaled(float sum, const float* __restrict__ scales, int64_t row) {
+__device__ __forceinline__ float Scaled(float sum, const float* __restrict__ w_scale, int64_t row) {
   if constexpr (kFp8Weights<W>) {
-    return sum * scales[row];
+    return sum * w_scale[row];
   } else {
     return sum;
   }
@@ -30,8 +30,8 @@ __device__ __forceinline__ float Scaled(float sum, const float* __restrict__ sca
 // 72, and batches of 64 and 128 rows ran 12% and 7% slower (H100, Qwen3-30B-A3B's shape).
 template <typename T, typename W, int M>
 __device__ __forceinline__ void Rows(const T* __restrict__ x, const uint4* const (&wr)[kCols],
-                                     const float* __restrict__ scales, T* __restrict__ y, int64_t col0, int64_t n,
-                                     int64_t k, int lane) {
+                                     const float* __restrict__ w_scale, int64_t scale_row0, T* __restrict__ y,
+                                     int64_t col0, int64_t n, int64_t k, int lane) {
   float acc[kCols][M] = {};
   StreamDot<T, M, kCols, /*kLoads=*/kCols, W>(wr, x, k, lane, acc);
   WarpSum<M, kCols>(acc);
@@ -39,7 +39,8 @@ __device__ __forceinline__ void Rows(const T* __restrict__ x, const uint4* const
   for (int j = 0; j < kCols; ++j) {
 #pragma unroll
     for (int r = 0; r < M; ++r) {
-      if (lane == (j * M + r) % 32 && col0 + j < n) y[r * n + col0 + j] = To<T>(Scaled<W>(acc[j][r], scales, col0 + j));
+      if (lane == (j * M + r) % 32 && col0 + j < n)
+        y[r * n + col0 + j] = To<T>(Scaled<W>(acc[j][r], w_scale, scale_row0 + col0 + j));
     }
   }
 }
@@ -47,12 +48,12 @@ __device__ __forceinline__ void Rows(const T* __restrict__ x, const uint4* const
 // Rows<T, m> for a pass's m rows (1 <= m <= M), the row count a compile-time constant in each.
 template <typename T, typename W, int M>
 __device__ __forceinline__ void RowsOf(int m, const T* __restrict__ x, const uint4* const (&wr)[kCols],
-                                       const float* __restrict__ scales, T* __restrict__ y, int64_t col0, int64_t n,
-                                       int64_t k, int lane) {
+                                       const float* __restrict__ w_scale, int64_t scale_row0, T* __restrict__ y,
+                                       int64_t col0, int64_t n, int64_t k, int lane) {
   if constexpr (M > 1) {
-    if (m < M) return RowsOf<T, W, M - 1>(m, x, wr, scales, y, col0, n, k, lane);
+    if (m < M) return RowsOf<T, W, M - 1>(m, x, wr, w_scale, scale_row0, y, col0, n, k, lane);
   }
-  Rows<T, W, M>(x, wr, scales, y, col0, n, k, lane);
+  Rows<T, W, M>(x, wr, w_scale, scale_row0, y, col0, n, k, lane);
 }
 
 // Block (column tile, expert): the expert's run in passes of up to kPass rows; experts no row chose return at once.
@@ -72,10 +73,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const uint4* wr[kCols];
 #pragma unroll
   for (int j = 0; j < kCols; ++j) wr[j] = reinterpret_cast<const uint4*>(we + std::min(col0 + j, n - 1) * k);
-  const float* scales = w_scale + e * n;  // not read for 16-bit weights
   for (int64_t r0 = begin; r0 < end; r0 += kPass) {
-    RowsOf<T, W, kPass>(static_cast<int>(std::min<int64_t>(kPass, end - r0)), x + r0 * k, wr, scales, y + r0 * n, col0,
-                        n, k, lane);
+    RowsOf<T, W, kPass>(static_cast<int>(std::min<int64_t>(kPass, end - r0)), x + r0 * k, wr, w_scale, e * n,
+                        y + r0 * n, col0, n, k, lane);
   }
 }
 
@@ -97,10 +97,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[2][1] = {};
   StreamDot<T, 1, 2, kGemvInFlight, W>(wr, x + slot / top_k * k, k, lane, acc);
   WarpSum<1, 2>(acc);
-  const float* scales = w_scale + e * 2 * inter;
   if (lane == 0) {
-    out[slot * inter + i] =
-        GatedValue<T, kActivation>(Scaled<W>(acc[0][0], scales, i), Scaled<W>(acc[1][0], scales, inter + i));
+    const int64_t row0 = e * 2 * inter;  // the expert's first weight row
+    out[slot * inter + i] = GatedValue<T, kActivation>(Scaled<W>(acc[0][0], w_scale, row0 + i),
+                                                       Scaled<W>(acc[1][0], w_scale, row0 + inter + i));
   }
 }
 
@@ -136,8 +136,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       const int64_t col = std::min(col0 + c, n - 1);
-      total[c] = fmaf(weight_a, Round<T>(Scaled<W>(acc_a[c][0], w_scale + ea * n, col)), total[c]);
-      total[c] = fmaf(weight_b, Round<T>(Scaled<W>(acc_b[c][0], w_scale + eb * n, col)), total[c]);
+      total[c] = fmaf(weight_a, Round<T>(Scaled<W>(acc_a[c][0], w_scale, ea * n + col)), total[c]);
+      total[c] = fmaf(weight_b, Round<T>(Scaled<W>(acc_b[c][0], w_scale, eb * n + col)), total[c]);
     }
   }
   for (; j < (row + 1) * top_k; ++j) {
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const float weight = weights[j];
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      total[c] = fmaf(weight, Round<T>(Scaled<W>(acc[c][0], w_scale + e * n, std::min(col0 + c, n - 1))), total[c]);
+      total[c] = fmaf(weight, Round<T>(Scaled<W>(acc[c][0], w_scale, e * n + std::min(col0 + c, n - 1))), total[c]);
     }
   }
 #pragma unroll

@@ -468,22 +468,21 @@ void CudaBackend::ChooseKernels() {
                     " rows, cuBLASLt beyond", fp8 ? " (fp8 e4m3 weights, per-channel scales)" : "")},
       {"dependent launch", launch},
       {"experts",
-       !cfg_.has_experts()
-           ? "none (a dense model)"
-           : absl::StrCat(fp8 ? "fp8 e4m3 experts (per-channel scales), the router in the compute dtype; " : "",
-                          "one row: its k experts' products and weighted sum in two launches; a few rows an "
-                          "expert: streamed per expert (kernels/moe_products.h",
-                          fp8 ? ", activations unquantized" : "", "); longer runs (prefill): ",
-                          ranks_[0]->moe_grouped_sms > 0
-                              ? absl::StrCat("CUTLASS's grouped GEMM (sm_90a, TMA and wgmma; "
-                                             "kernels/moe_grouped_gemm.h",
-                                             fp8 ? ", rows quantized per token, the scales applied by the "
-                                                   "steps after each product: kernels/moe_fp8.h"
-                                                 : "",
-                                             ")")
-                          : fp8 ? "streamed per expert as well (the grouped fp8 GEMM needs sm_90a; slow for long "
-                                  "prompts)"
-                                : "inferd's tensor-core tiles (wmma)")},
+       !cfg_.has_experts() ? "none (a dense model)"
+       : fp8 ? absl::StrCat("fp8 e4m3 experts (per-channel scales), the router in the compute dtype; one row: its k "
+                            "experts streamed against it in two launches; more rows: ",
+                            ranks_[0]->moe_grouped_sms > 0
+                                ? "rows quantized per token into CUTLASS's fp8 grouped GEMM (sm_90a; "
+                                  "kernels/moe_grouped_gemm.h), the scales applied by the steps after each product "
+                                  "(kernels/moe_fp8.h)"
+                                : "streamed per expert as well (the grouped fp8 GEMM needs sm_90a; slow for long "
+                                  "prompts)")
+             : absl::StrCat("one row: its k experts' products and weighted sum in two launches; a few rows an "
+                            "expert: streamed per expert (kernels/moe_products.h); more: ",
+                            ranks_[0]->moe_grouped_sms > 0
+                                ? "CUTLASS's grouped GEMM from 4 rows an expert (sm_90a, TMA and wgmma; "
+                                  "kernels/moe_grouped_gemm.h)"
+                                : "inferd's tensor-core tiles (wmma) from 8 rows an expert")},
       {"decode graphs", use_graphs_ ? "CUDA graphs per decode bucket" : "off (engine.cuda_graphs)"}};
   if (ranks_.size() > 1) {
     const cuda::Collectives* comm = ranks_[0]->comm.get();
