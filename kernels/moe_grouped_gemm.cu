@@ -178,6 +178,11 @@ cudaError_t Run(const In* x, const In* w, const int32_t* offsets, int32_t expert
   return cudaSuccess;
 }
 
+// Under 128 rows an expert on average (slots 0: long runs).
+bool ShortRuns(int64_t slots, int32_t experts) {
+  return slots > 0 && slots < 128 * int64_t{experts};
+}
+
 }  // namespace
 
 bool MoeGroupedGemmAvailable(int device) {
@@ -191,11 +196,6 @@ size_t MoeGroupedGemmWorkspaceBytes(int32_t experts, int sm_count) {
                    WorkspaceBytes<__half, __half, true>(experts, sm_count),
                    WorkspaceBytes<Fp8, __nv_bfloat16, false>(experts, sm_count),
                    WorkspaceBytes<Fp8, __nv_bfloat16, true>(experts, sm_count)});
-}
-
-// Under 128 rows an expert on average (slots 0: long runs).
-bool ShortRuns(int64_t slots, int32_t experts) {
-  return slots > 0 && slots < 128 * int64_t{experts};
 }
 
 template <typename T>
