@@ -29,12 +29,8 @@ __global__ void __launch_bounds__(kQuantThreads)
   AllowDependentsToLaunch();
   WaitForPrerequisites();
   const T* s = src + int64_t{blockIdx.x} * cols;
-  Fp8* o = q + int64_t{blockIdx.x} * cols;
-  float amax = 0.f;
-  for (int64_t i = threadIdx.x; i < cols; i += kQuantThreads) amax = fmaxf(amax, fabsf(F(s[i])));
-  const float scale = ScaleFor(BlockMax<kQuantThreads>(amax));
-  for (int64_t i = threadIdx.x; i < cols; i += kQuantThreads) o[i] = Quantize(F(s[i]), scale);
-  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+  QuantizeRowOf<kQuantThreads>([&](int64_t i) { return F(s[i]); }, cols, q + int64_t{blockIdx.x} * cols,
+                               scales + blockIdx.x);
 }
 
 // AddRmsNormVecKernel's (kernels/elementwise.cu) arithmetic with its output quantized: each thread holds up to
@@ -69,14 +65,8 @@ __global__ void __launch_bounds__(kSiluThreads) ActivateMulFp8Kernel(const T* __
   AllowDependentsToLaunch();
   WaitForPrerequisites();
   const T* g = gate_up + int64_t{blockIdx.x} * 2 * inter;
-  Fp8* o = q + int64_t{blockIdx.x} * inter;
-  float amax = 0.f;
-  for (int64_t i = threadIdx.x; i < inter; i += kSiluThreads) {
-    amax = fmaxf(amax, fabsf(ActivateMulAt<T, A>(g, inter, i)));
-  }
-  const float scale = ScaleFor(BlockMax<kSiluThreads>(amax));
-  for (int64_t i = threadIdx.x; i < inter; i += kSiluThreads) o[i] = Quantize(ActivateMulAt<T, A>(g, inter, i), scale);
-  if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+  QuantizeRowOf<kSiluThreads>([&](int64_t i) { return ActivateMulAt<T, A>(g, inter, i); }, inter,
+                              q + int64_t{blockIdx.x} * inter, scales + blockIdx.x);
 }
 
 // The weight-streaming product with e4m3 weights: a 16-byte load is 16 weights; the matching 16 activations are

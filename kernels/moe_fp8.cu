@@ -1,6 +1,5 @@
 #include <cstdint>
 
-#include "kernels/block_reduce.cuh"
 #include "kernels/dependent_launch.cuh"
 #include "kernels/float_convert.cuh"
 #include "kernels/fp8_convert.cuh"
@@ -20,11 +19,7 @@ __global__ void __launch_bounds__(kThreads)
   WaitForPrerequisites();
   const int64_t i = blockIdx.x;
   const T* src = x + int64_t{sorted[i] / k} * n;
-  float amax = 0.f;
-  for (int64_t c = threadIdx.x; c < n; c += kThreads) amax = fmaxf(amax, fabsf(F(src[c])));
-  const float scale = ScaleFor(BlockMax<kThreads>(amax));
-  for (int64_t c = threadIdx.x; c < n; c += kThreads) q[i * n + c] = Quantize(F(src[c]), scale);
-  if (threadIdx.x == 0) scales[i] = scale;
+  QuantizeRowOf<kThreads>([&](int64_t c) { return F(src[c]); }, n, q + i * n, scales + i);
 }
 
 // A product's output element from its sum: scaled by the input row's and the weight row's scales, rounded to T.
@@ -54,15 +49,8 @@ __global__ void __launch_bounds__(kThreads)
   const __nv_bfloat16* g = gate_up + i * 2 * inter;
   const float* ws = w_scale + int64_t{ids[sorted[i]]} * 2 * inter;
   const float row_scale = x_scales[i];
-  float amax = 0.f;
-  for (int64_t j = threadIdx.x; j < inter; j += kThreads) {
-    amax = fmaxf(amax, fabsf(GatedAt<T, A>(g, row_scale, ws, inter, j)));
-  }
-  const float scale = ScaleFor(BlockMax<kThreads>(amax));
-  for (int64_t j = threadIdx.x; j < inter; j += kThreads) {
-    q[i * inter + j] = Quantize(GatedAt<T, A>(g, row_scale, ws, inter, j), scale);
-  }
-  if (threadIdx.x == 0) scales[i] = scale;
+  QuantizeRowOf<kThreads>([&](int64_t j) { return GatedAt<T, A>(g, row_scale, ws, inter, j); }, inter, q + i * inter,
+                          scales + i);
 }
 
 // Block (row, column tile), a column a thread: its k slots' scaled outputs, weighted, summed in k order.

@@ -80,7 +80,10 @@ TEST(StepCost, TiedTinyModelCountedByHand) {
 
 // A mixture of experts, counted by hand: every token multiplies the attention, the router and k experts of each
 // sparse layer; a step reads the experts its tokens are expected to touch, E (1 − (1 − k/E)^tokens).
-TEST(StepCost, AMixtureOfExpertsReadsTheExpertsItsTokensTouch) {
+// Two layers, the first a mixture of 4 experts (2 a token), the second dense. Attention 48 a layer (q 16, k and v 8
+// each, o 16); layer 1's MLP 96; layer 0's router 16 and 4 experts of 3 x 4 x 2 = 24; norms 2 x 2 x 4 + 4 = 20;
+// table 40.
+ModelConfig TinyMixture() {
   ModelConfig c = Shape(/*vocab=*/10, /*hidden=*/4, /*intermediate=*/8, /*layers=*/2, /*heads=*/2, /*kv_heads=*/1,
                         /*head_dim=*/2);
   c.tie_word_embeddings = true;
@@ -88,8 +91,11 @@ TEST(StepCost, AMixtureOfExpertsReadsTheExpertsItsTokensTouch) {
   c.experts_per_token = 2;
   c.moe_intermediate_size = 2;
   c.sparse_layers = {true, false};  // layer 1 keeps its dense MLP
-  // Attention 48 a layer (q 16, k and v 8 each, o 16); layer 1's MLP 96; layer 0's router 16 and 4 experts of
-  // 3 x 4 x 2 = 24; norms 2 x 2 x 4 + 4 = 20; table 40.
+  return c;
+}
+
+TEST(StepCost, AMixtureOfExpertsReadsTheExpertsItsTokensTouch) {
+  const ModelConfig c = TinyMixture();
   const double attention = 2 * 48, dense = 96, router = 16, expert = 24;
   MemoryPlan plan;
   plan.weight_bytes = static_cast<int64_t>((attention + dense + router + 4 * expert + 20 + 40) * 4);  // fp32
@@ -106,14 +112,7 @@ TEST(StepCost, AMixtureOfExpertsReadsTheExpertsItsTokensTouch) {
 // fp8 products (cuda, engine.quantization fp8): the products and experts one byte a weight plus a 4-byte scale a
 // row, the routers, norms and table in 2 bytes; a step counts each part at its own size.
 TEST(StepCost, Fp8ProductsAreCountedAtTheirOwnSizeBesideTheWideTensors) {
-  ModelConfig c = Shape(/*vocab=*/10, /*hidden=*/4, /*intermediate=*/8, /*layers=*/2, /*heads=*/2, /*kv_heads=*/1,
-                        /*head_dim=*/2);
-  c.tie_word_embeddings = true;
-  c.num_experts = 4;
-  c.experts_per_token = 2;
-  c.moe_intermediate_size = 2;
-  c.sparse_layers = {true, false};
-  // As above: attention 48 a layer, layer 1's MLP 96, layer 0's router 16 and 4 experts of 24; norms 20; table 40.
+  const ModelConfig c = TinyMixture();
   // Output rows: attention 4 + 2 + 2 + 4 = 12 a layer, the MLP 8 + 8 + 4, an expert 2 + 2 + 4.
   const double attention = 2 * 48, dense = 96, router = 16, expert = 24;
   const double products = attention + dense + 4 * expert, rows = 2 * 12 + 20 + 4 * 8;
