@@ -686,7 +686,7 @@ bool Engine::CollectInFlight() {
                     .num_sampled = num_sampled,
                     .wall_s = absl::ToDoubleSeconds(done - step->scheduled),
                     .device_s = counters.last_device_s,
-                    .cost = step_cost_->Of(input)};
+                    .cost = step_cost_->Of(input, output.experts_touched)};
   TraceRange outputs_range("outputs");
   // Prompt rows first (they follow the sampled rows): a request's last ones arrive with its first token.
   size_t r = num_sampled;

@@ -31,4 +31,19 @@ __device__ __forceinline__ void QuantizeRowOf(Value value, int64_t n, Fp8* __res
   if (threadIdx.x == 0) *scale = s;
 }
 
+// The same by one warp, for rows short enough that a warp a row keeps more of them in flight on an SM than a block a
+// row does (each row a chain of dependent loads and a reduction): lanes take every 32nd value; bit for bit
+// QuantizeRowOf's result (the largest magnitude does not depend on the order it is taken in).
+template <typename Value>
+__device__ __forceinline__ void WarpQuantizeRowOf(Value value, int64_t n, Fp8* __restrict__ q,
+                                                  float* __restrict__ scale) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  float amax = 0.f;
+  for (int64_t i = lane; i < n; i += 32) amax = fmaxf(amax, fabsf(value(i)));
+  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, offset));
+  const float s = ScaleFor(amax);
+  for (int64_t i = lane; i < n; i += 32) q[i] = Quantize(value(i), s);
+  if (lane == 0) *scale = s;
+}
+
 }  // namespace inferd::kernels

@@ -24,7 +24,7 @@
 
 namespace inferd::kernels {
 
-// x: [rows, n] in T, n a multiple of 8, x 16-byte aligned.
+// x: [rows, n] in T, n a multiple of 8, x 16-byte aligned, q 8-byte aligned.
 template <typename T>
 cudaError_t MoeGatherFp8(const T* x, const int32_t* sorted_slots, int64_t slots, int32_t k, int64_t n, Fp8* q,
                          float* scales, cudaStream_t stream);

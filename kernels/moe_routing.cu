@@ -88,13 +88,15 @@ static_assert(kMoeMaxExperts <= kGroupThreads, "a thread an expert");
 
 __global__ void __launch_bounds__(kGroupThreads)
     GroupKernel(const int32_t* __restrict__ topk_ids, int64_t slots, int32_t experts, int32_t* __restrict__ counts,
-                int32_t* __restrict__ offsets, int32_t* __restrict__ sorted, int32_t* __restrict__ positions) {
+                int32_t* __restrict__ offsets, int32_t* __restrict__ sorted, int32_t* __restrict__ positions,
+                int32_t* __restrict__ touched) {
   WaitForPrerequisites();
   __shared__ int32_t cursor[kMoeMaxExperts];
   const int e = threadIdx.x;
   const int32_t count = e < experts ? counts[e] : 0;
   if (e < experts) cursor[e] = count;
-  __syncthreads();
+  const int experts_with_rows = __syncthreads_count(count > 0);
+  if (touched && threadIdx.x == 0) *touched += experts_with_rows;
   for (int step = 1; step < experts; step *= 2) {  // cursor[e]: the sum of counts[0..e]
     const int32_t before = e < experts && e >= step ? cursor[e - step] : 0;
     __syncthreads();
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(kGroupThreads)
 
 cudaError_t MoeRoute(const float* logits, int64_t rows, int32_t experts, int32_t k, bool normalize, int32_t* topk_ids,
                      float* topk_weights, int32_t* counts, int32_t* expert_offsets, int32_t* sorted_slots,
-                     int32_t* slot_positions, cudaStream_t stream) {
+                     int32_t* slot_positions, cudaStream_t stream, int32_t* experts_touched) {
   if (rows < 1 || k < 1 || k > experts || experts > kMoeMaxExperts || k > kMoeMaxTopK || rows * k > INT32_MAX) {
     return cudaErrorInvalidValue;
   }
@@ -131,7 +133,7 @@ cudaError_t MoeRoute(const float* logits, int64_t rows, int32_t experts, int32_t
                                     normalize, topk_ids, topk_weights, counts);
   if (err != cudaSuccess) return err;
   return LaunchDependent(GroupKernel, 1, kGroupThreads, stream, topk_ids, rows * k, experts, counts, expert_offsets,
-                         sorted_slots, slot_positions);
+                         sorted_slots, slot_positions, experts_touched);
 }
 
 cudaError_t MoeTopK(const float* logits, int64_t rows, int32_t experts, int32_t k, bool normalize, int32_t* topk_ids,

@@ -26,10 +26,11 @@ constexpr int32_t kMoeMaxTopK = 16;
 // `experts` ints, zero before the first call (each call leaves them zero). rows >= 1, 1 <= k <= experts <=
 // kMoeMaxExperts, k <= kMoeMaxTopK.
 // slot_positions [rows * k] (may be null): where each slot landed in the grouped order (the inverse of
-// sorted_slots), for MoeCombine.
+// sorted_slots), for MoeCombine. experts_touched (may be null): one int, to which the call adds how many experts
+// got rows (what the step reads of this layer's experts; the live efficiency metrics count it).
 cudaError_t MoeRoute(const float* logits, int64_t rows, int32_t experts, int32_t k, bool normalize, int32_t* topk_ids,
                      float* topk_weights, int32_t* counts, int32_t* expert_offsets, int32_t* sorted_slots,
-                     int32_t* slot_positions, cudaStream_t stream);
+                     int32_t* slot_positions, cudaStream_t stream, int32_t* experts_touched = nullptr);
 
 // Step 1 alone, for steps that do not group their rows (MoeRowGatedGemv, MoeRowDownCombine: kernels/moe_products.h).
 cudaError_t MoeTopK(const float* logits, int64_t rows, int32_t experts, int32_t k, bool normalize, int32_t* topk_ids,

@@ -14,18 +14,30 @@ BUNDLE=/tmp/inferd-bundle
 export LD_LIBRARY_PATH="$BUNDLE/lib:${LD_LIBRARY_PATH:-}"
 # Skip start-up, the warm-up request (and at batch N its prefill steps); then 600 kernels: about three decode
 # steps (a graph's kernels count one by one).
-if [[ -n "${BATCH:-}" ]]; then
+# PREFILL=1: the prefill runs instead (one prompt's steps, run eagerly): only the kernels enqueued inside the
+# steps' "forward and sample" NVTX range are counted, so SKIP counts from the first step's.
+filter=()
+if [[ -n "${PREFILL:-}" ]]; then
+  what=(--sections prefill) skip=${SKIP:-0} filter=(--nvtx --nvtx-include "forward and sample/")
+elif [[ -n "${BATCH:-}" ]]; then
   what=(--sections decode --batches "$BATCH") skip=${SKIP:-20000}
 else
   what=(--sections latency) skip=${SKIP:-7000}
 fi
+# GRAPHS=1: only the kernels of decode steps replayed from CUDA graphs (skipping start-up and prefill whatever their
+# length), SKIP counted among them.
+if [[ -n "${GRAPHS:-}" ]]; then
+  skip=${SKIP:-3000} filter=(--nvtx --nvtx-include "forward and sample (decode graph)/")
+fi
 name=${NAME:-profile_decode}
 # shellcheck disable=SC2086  # BENCH_FLAGS is a list of flags
-ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip "$skip" --launch-count "${KERNELS:-600}" \
+ncu --clock-control none --metrics gpu__time_duration.sum --csv "${filter[@]}" --launch-skip "$skip" \
+  --launch-count "${KERNELS:-600}" \
   "$BUNDLE/bin/inferd-bench" --model "$M" ${BENCH_FLAGS:-} "${what[@]}" > "$OUT/$name.csv" 2> "$OUT/$name.err"
 python3 - "$OUT/$name.csv" <<'PY' | tee "$OUT/$name.txt"
 import csv, collections, re, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+rows = rows[next(i for i, r in enumerate(rows) if "Kernel Name" in r):]  # the benchmark's own output may precede it
 head = rows[0]
 name_i, val_i, unit_i = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
 total, by = 0.0, collections.defaultdict(lambda: [0.0, 0])

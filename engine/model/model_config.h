@@ -1,6 +1,7 @@
 // A decoder's shape and its family (engine/model/architecture.h), read from a Hugging Face config.json.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -79,6 +80,9 @@ struct ModelConfig {
     return window;
   }
   bool sparse(int layer) const { return !sparse_layers.empty() && sparse_layers[layer]; }
+  int32_t num_sparse_layers() const {
+    return static_cast<int32_t>(std::count(sparse_layers.begin(), sparse_layers.end(), true));
+  }
   bool has_experts() const { return num_experts > 0; }
   // The program of a layer: a sparse layer's (with kMoe), or the family's dense layer where it has one.
   const std::vector<LayerOp>& program(int layer) const {

@@ -71,6 +71,10 @@ struct StepInput {
 struct StepOutput {
   std::vector<int32_t> tokens;         // [num_logits] the sampled token of each logits row
   std::vector<TokenLogprob> logprobs;  // [num_logits]; meaningful only for rows with top_logprobs > 0 or a target
+  // A mixture of experts: the experts the step's rows were routed to, each counted once per sparse layer, summed
+  // over those layers (what the step read of the experts' weights); -1 where not counted (StepCostModel then
+  // expects random routing).
+  int64_t experts_touched = -1;
 };
 
 // The largest step the scheduler may plan; start-up measures the backend at this shape.

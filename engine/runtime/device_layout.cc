@@ -114,6 +114,7 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
   out.logprobs = outputs.Add(L * 4);
   out.top_ids = outputs.Add(L * kernels::kMaxTopLogprobs * 4);
   out.top_logprobs = outputs.Add(L * kernels::kMaxTopLogprobs * 4);
+  out.experts_touched = outputs.Add(c.num_experts > 0 ? 4 : 0);
   l.output_arena_bytes = outputs.size();
 
   ActivationRegions& a = l.activations;

@@ -66,6 +66,9 @@ struct OutputRegions {
   Region logprobs;      // [L] fp32, the chosen token's
   Region top_ids;       // [L, kMaxTopLogprobs] int32
   Region top_logprobs;  // [L, kMaxTopLogprobs] fp32
+  // [1] int32, a mixture of experts' (else empty): experts a step of several rows routed rows to, summed over its
+  // sparse layers (kernels::MoeRoute counts them).
+  Region experts_touched;
 };
 
 // Step inputs: packed into pinned host memory, copied to a device mirror of the same layout. kv_indices is the

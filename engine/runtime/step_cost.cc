@@ -23,8 +23,8 @@ StepCostModel::StepCostModel(const ModelConfig& c, const MemoryPlan& plan, int32
     : hidden_(c.hidden_size), devices_(devices > 0 ? devices : 1) {
   const double H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, L = c.num_layers;
   const double q = static_cast<double>(c.q_width()), kv = static_cast<double>(c.kv_width());
-  double sparse = 0;
-  for (int32_t l = 0; l < c.num_layers; ++l) sparse += c.sparse(l) ? 1 : 0;
+  const double sparse = c.num_sparse_layers();
+  sparse_layers_ = sparse;
   router_params_ = sparse * c.num_experts * H;
   layer_params_ = L * (H * (q + 2 * kv) + q * H) + (L - sparse) * 3 * H * I + router_params_;
   experts_ = c.num_experts;
@@ -68,13 +68,18 @@ StepCost StepCostModel::Of(int64_t tokens, int64_t sampled_rows, int64_t context
   return OfLayerMeans(tokens, sampled_rows, double(context_tokens), double(attended_keys));
 }
 
-StepCost StepCostModel::OfLayerMeans(int64_t tokens, int64_t sampled_rows, double context_tokens,
-                                     double attended_keys) const {
+StepCost StepCostModel::OfLayerMeans(int64_t tokens, int64_t sampled_rows, double context_tokens, double attended_keys,
+                                     int64_t experts_touched) const {
   StepCost cost;
-  // A mixture of experts reads the experts its tokens touch: of E experts, each token taking k, E (1 − (1 − k/E)^t)
-  // are expected to be touched by t tokens routed at random; every token multiplies k of them.
-  const double touched =
-      experts_ > 0 ? experts_ * (1 - std::pow(1 - double(experts_per_token_) / experts_, double(tokens))) : 0;
+  // A mixture of experts reads the experts its tokens touch (a mean over the sparse layers): as counted, or of E
+  // experts, each token taking k, the E (1 − (1 − k/E)^t) expected to be touched by t tokens routed at random.
+  // Every token multiplies k of them.
+  double touched = 0;
+  if (experts_ > 0 && experts_touched >= 0 && sparse_layers_ > 0) {
+    touched = double(experts_touched) / sparse_layers_;
+  } else if (experts_ > 0) {
+    touched = experts_ * (1 - std::pow(1 - double(experts_per_token_) / experts_, double(tokens)));
+  }
   cost.bytes = product_bytes_ * (layer_params_ - router_params_ + touched * expert_params_) +
                wide_bytes_ * (router_params_ + other_params_ + (sampled_rows > 0 ? lm_head_params_ : 0) +
                               double(tokens) * hidden_) +  // the embedding rows looked up
@@ -85,14 +90,14 @@ StepCost StepCostModel::OfLayerMeans(int64_t tokens, int64_t sampled_rows, doubl
   return cost;
 }
 
-StepCost StepCostModel::Of(const StepInput& in) const {
+StepCost StepCostModel::Of(const StepInput& in, int64_t experts_touched) const {
   double context = 0, keys = 0;
   for (int32_t s = 0; s < in.num_seqs(); ++s) {
     const auto [read, attended] = SequenceMeans(in.context_lens[s], in.query_start[s + 1] - in.query_start[s]);
     context += read;
     keys += attended;  // token i of the n new ones attends to c - n + i + 1 keys (at most a layer's window)
   }
-  return OfLayerMeans(in.num_tokens(), in.num_logits(), context, keys);
+  return OfLayerMeans(in.num_tokens(), in.num_logits(), context, keys, experts_touched);
 }
 
 }  // namespace inferd

@@ -24,7 +24,9 @@ class StepCostModel {
  public:
   StepCostModel(const ModelConfig& config, const MemoryPlan& plan, int32_t block_size, int32_t devices = 1);
   // Sliding-window layers (ModelConfig::layer_window) read and attend to at most their window of each context.
-  StepCost Of(const StepInput& input) const;
+  // A mixture of experts reads `experts_touched` experts summed over its sparse layers (StepOutput's count), or
+  // where that is -1 the number random routing is expected to touch.
+  StepCost Of(const StepInput& input, int64_t experts_touched = -1) const;
   // A step of `seqs` sequences alike: each with `new_tokens` computed at the end of a context of `context` tokens
   // (the new ones included), `sampled_rows` rows sampled in all.
   StepCost OfUniform(int64_t seqs, int64_t new_tokens, int64_t context, int64_t sampled_rows) const;
@@ -35,13 +37,15 @@ class StepCostModel {
   double element_bytes() const { return element_bytes_; }
 
  private:
-  StepCost OfLayerMeans(int64_t tokens, int64_t sampled_rows, double context_tokens, double attended_keys) const;
+  StepCost OfLayerMeans(int64_t tokens, int64_t sampled_rows, double context_tokens, double attended_keys,
+                        int64_t experts_touched = -1) const;
   // One sequence's context tokens read and keys attended by its n newest tokens, each a mean over the layers.
   std::pair<double, double> SequenceMeans(int64_t context, int64_t new_tokens) const;
 
   double layer_params_ = 0;   // linear weights of all layers every token multiplies (routers, not experts)
   double expert_params_ = 0;  // one expert's linear weights summed over the sparse layers (a mixture of experts)
   double experts_ = 0, experts_per_token_ = 0;
+  double sparse_layers_ = 0;
   double other_params_ = 0;    // norms and biases of all layers and the final norm (read, not multiplied)
   double lm_head_params_ = 0;  // vocab × hidden (the embedding table itself when tied)
   double router_params_ = 0;   // the mixtures' routers (kept in 16 bits beside fp8 products)

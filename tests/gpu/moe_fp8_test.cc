@@ -239,6 +239,21 @@ void RunGrouped(const Case& c, bool short_runs, bool in_graph = false) {
   };
   if (!in_graph) {
     ASSERT_NO_FATAL_FAILURE(block(nullptr));
+    // Each slot's row as MoeGatherFp8 quantized it: bit for bit the CPU's rounding of its bf16 row.
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<int32_t> sorted = rt.sorted.Host();
+    const std::vector<Fp8> got_q = xq.Host();
+    const std::vector<float> got_scales = x_scales.Host();
+    std::vector<float> row(c.hidden);
+    std::vector<Fp8> want(c.hidden);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t r = sorted[i] / c.topk;
+      for (int64_t j = 0; j < c.hidden; ++j) row[j] = Bf(b.x[r * c.hidden + j]);
+      wrong += QuantizeRow(row.data(), c.hidden, want.data()) != got_scales[i];
+      for (int64_t j = 0; j < c.hidden; ++j) wrong += want[j].__x != got_q[i * c.hidden + j].__x;
+    }
+    EXPECT_EQ(wrong, 0) << c.rows << " rows: the gathered rows' e4m3 values and scales";
   } else {
     cudaStream_t st = nullptr;
     cudaGraph_t graph = nullptr;
@@ -275,6 +290,7 @@ const Case kCases[] = {
     {37, 16, 4, true, 64, 48},     //
     {300, 16, 4, true, 512, 160},  // runs of ~75 rows: several of CUTLASS's 128-row tiles among them
     {3, 16, 4, true, 2064, 208},   // rows of 129 e4m3 chunks: several batches of loads and a partial one
+    {1100, 16, 4, true, 64, 48},   // 4,400 slots: prefill's SiLU·mul pass, a warp a slot
 };
 
 TEST(MoeFp8, StreamedExpertsMatchTheCpu) {

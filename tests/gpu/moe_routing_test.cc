@@ -54,11 +54,13 @@ void RouteAndCheck(const std::vector<float>& logits, int64_t rows, int32_t exper
   int32_t* offsets = Device<int32_t>(experts + 1);
   int32_t* sorted = Device<int32_t>(rows * topk);
   int32_t* positions = Device<int32_t>(rows * topk);
+  int32_t* touched = Device<int32_t>(1);
   ASSERT_EQ(cudaMemcpy(d_logits, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemset(counts, 0, experts * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(touched, 0, 4), cudaSuccess);
   for (int call = 0; call < 2; ++call) {
     ASSERT_EQ(k::MoeRoute(d_logits, rows, experts, topk, normalize, ids, weights, counts, offsets, sorted, positions,
-                          nullptr),
+                          nullptr, touched),
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<int32_t> got_ids(rows * topk), got_offsets(experts + 1), got_sorted(rows * topk), left(experts),
@@ -102,6 +104,13 @@ void RouteAndCheck(const std::vector<float>& logits, int64_t rows, int32_t exper
     for (int64_t slot = 0; slot < rows * topk; ++slot) misplaced += got_sorted[got_positions[slot]] != slot;
     EXPECT_EQ(misplaced, 0) << where << ": each slot's position is where the grouped order holds it";
     EXPECT_EQ(std::count(left.begin(), left.end(), 0), experts) << where << ": the counts are left zero";
+    // The experts that got rows, added to what the last call left (the live metrics' count of experts read).
+    int32_t got_touched = 0;
+    cudaMemcpy(&got_touched, touched, 4, cudaMemcpyDeviceToHost);
+    std::vector<int32_t> distinct = got_ids;
+    std::sort(distinct.begin(), distinct.end());
+    const int64_t want_touched = std::unique(distinct.begin(), distinct.end()) - distinct.begin();
+    EXPECT_EQ(got_touched, (call + 1) * want_touched) << where << ", call " << call;
     // MoeTopK alone: the same experts and weights, bit for bit, and no counts touched.
     int32_t* ids2 = Device<int32_t>(rows * topk);
     float* weights2 = Device<float>(rows * topk);
@@ -116,7 +125,9 @@ void RouteAndCheck(const std::vector<float>& logits, int64_t rows, int32_t exper
     cudaFree(ids2);
     cudaFree(weights2);
   }
-  for (void* p : std::initializer_list<void*>{d_logits, ids, weights, counts, offsets, sorted, positions}) cudaFree(p);
+  for (void* p : std::initializer_list<void*>{d_logits, ids, weights, counts, offsets, sorted, positions, touched}) {
+    cudaFree(p);
+  }
 }
 
 TEST(MoeRoute, EqualsTheCpuRoutingAndGroupsEverySlotByExpert) {

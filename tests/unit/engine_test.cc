@@ -300,5 +300,74 @@ TEST_P(EngineWithFakeBackend, TheQueueBoundHoldsExactly) {
 
 INSTANTIATE_TEST_SUITE_P(PlanAhead, EngineWithFakeBackend, ::testing::Values("off", "on"));
 
+// A mixture of experts' steps are costed with the experts the backend counted (StepOutput::experts_touched), -1 being
+// random routing's expectation: the records of one request's steps, a 6-token prompt then 1-token decodes.
+std::vector<StepRecord> MixtureSteps(int64_t experts_touched) {
+  class CountingBackend : public testing::HostOnlyBackend {
+   public:
+    explicit CountingBackend(int64_t touched) : HostOnlyBackend("counting"), touched_(touched) {}
+    absl::StatusOr<MemoryPlan> MeasureMemory(const StepLimits& limits) override {
+      auto plan = HostOnlyBackend::MeasureMemory(limits);
+      plan->weight_bytes = int64_t{1} << 20;  // bytes to count the weights at
+      return plan;
+    }
+    absl::Status Step(const StepInput& in, StepOutput* out) override {
+      out->tokens.assign(in.num_logits(), 100);
+      out->logprobs.assign(in.num_logits(), {});
+      out->experts_touched = touched_;
+      return absl::OkStatus();
+    }
+
+   private:
+    int64_t touched_;
+  };
+  Config config;
+  config.model.path = testing::ModelDir("mixtral-tiny");
+  config.engine.num_blocks = 16;
+  config.engine.block_size = 4;
+  auto engine = Engine::Create(config, [&](const Config&, const Model&) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    return std::make_unique<CountingBackend>(experts_touched);
+  });
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return {};
+  std::mutex mu;
+  std::vector<StepRecord> steps;
+  (*engine)->SetObservers(nullptr, [&](const StepRecord& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    steps.push_back(s);
+  });
+  Request r;
+  r.id = "moe";
+  r.prompt = {1, 2, 3, 4, 5, 6};
+  r.stopping.max_tokens = 3;
+  r.stopping.ignore_eos = true;
+  auto sink = std::make_shared<CollectingSink>();
+  r.sink = sink;
+  EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
+  EXPECT_TRUE(sink->WaitFor(absl::Seconds(30)));
+  engine->reset();  // the loop has stopped: no step is recorded past here
+  return steps;
+}
+
+TEST(EngineStepCost, AMixtureOfExpertsStepIsCostedWithTheExpertsTheBackendCounted) {
+  auto model = LoadModel(testing::ModelDir("mixtral-tiny"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config;
+  const int64_t one_row = int64_t{c.experts_per_token} * c.num_sparse_layers();  // k distinct experts a layer
+  const std::vector<StepRecord> expected = MixtureSteps(-1), counted = MixtureSteps(one_row), none = MixtureSteps(0);
+  ASSERT_EQ(expected.size(), 3u) << "a prefill step and two decode steps";
+  ASSERT_EQ(counted.size(), expected.size());
+  ASSERT_EQ(none.size(), expected.size());
+  for (size_t i = 1; i < expected.size(); ++i) {  // one row touches exactly what random routing expects of it
+    EXPECT_DOUBLE_EQ(counted[i].cost.bytes, expected[i].cost.bytes) << "step " << i;
+  }
+  // 6 rows are expected to touch more than one row's experts; the count given is what is costed.
+  EXPECT_LT(counted[0].cost.bytes, expected[0].cost.bytes);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_LT(none[i].cost.bytes, counted[i].cost.bytes) << "step " << i;
+    EXPECT_DOUBLE_EQ(none[i].cost.flops, expected[i].cost.flops) << "every token multiplies k experts either way";
+  }
+}
+
 }  // namespace
 }  // namespace inferd

@@ -60,6 +60,7 @@ struct Workspace {
   std::vector<int32_t> expert_order;  // [experts]: one row's, by weight
   std::vector<int32_t> expert_ids;    // [experts per token]: one row's chosen experts
   std::vector<float> expert_weights;  // and their weights
+  int64_t experts_touched = 0;        // experts with rows routed to them, summed over the step's sparse layers
   int64_t bytes() const {
     return static_cast<int64_t>(sizeof(float)) *
            (x.size() + xn.size() + qkv.size() + attn.size() + gate_up.size() + act.size() + tmp.size() + sum.size() +
@@ -341,6 +342,7 @@ absl::Status CpuBackend::Step(const StepInput& in, StepOutput* out) {
   INFERD_CHECK(in.sampling.size() == in.logits_indices.size(), "every logits row has its sampling parameters");
   const auto start = std::chrono::steady_clock::now();
   Forward(in);
+  if (cfg_.num_experts > 0) out->experts_touched = shards_[0].ws.experts_touched;
   const int64_t V = cfg_.vocab_size;
   out->tokens.resize(in.num_logits());
   out->logprobs.resize(in.num_logits());
@@ -412,6 +414,7 @@ void CpuBackend::SumOverShards(Shard& s, int64_t rows) {
 void CpuBackend::ShardForward(const StepInput& in, Shard& s) {
   const int64_t T = in.num_tokens(), H = cfg_.hidden_size;
   const float scale = static_cast<float>(cfg_.embedding_scale());
+  s.ws.experts_touched = 0;
   for (int64_t t = 0; t < T; ++t) {
     float* x = s.ws.x.data() + t * H;
     if (weights_.embed.is_stored()) {
@@ -566,6 +569,7 @@ void CpuBackend::Moe(int64_t T, Shard& s, int layer) {
     const auto& rows = w.routed[e];
     const int64_t n = static_cast<int64_t>(rows.size());
     if (n == 0) continue;
+    ++w.experts_touched;
     for (int64_t r = 0; r < n; ++r) std::copy_n(w.xn.data() + rows[r].first * H, H, w.expert_in.data() + r * H);
     MatMulT(w.expert_in.data(), L.expert_gate_up[e], w.expert_gate_up.data(), n, 0.0f);
     for (int64_t r = 0; r < n; ++r) {

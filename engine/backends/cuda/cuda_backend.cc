@@ -208,6 +208,9 @@ class CudaBackend : public Backend {
     int previous_slot = -1;            // the slot of the step launched just before it, if any
     std::vector<int32_t> top_n;        // per logits row: logprob alternatives reported, -1 when no logprob is
     std::vector<int32_t> masks_later;  // rows whose masks SupplyMasks brings (its sampling waits for them)
+    // A mixture of experts: the experts its rows touched (StepOutput); -2 when the device counted them (the step ran
+    // several rows, padding included, and the count comes back with the tokens).
+    int64_t experts_touched = -1;
   };
   // Masks that come after their step's launch (SupplyMasks): staged here, then copied up on rank 0's masks
   // stream, after them the word saying they are there (`one_`, a pinned 1).
@@ -642,6 +645,9 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
   step.slot = static_cast<int>(launches_ % kSlots);
   step.previous_slot = launches_ > 0 ? static_cast<int>((launches_ - 1) % kSlots) : -1;
   Slot& slot = slots_[step.slot];
+  if (cfg_.num_experts > 0) {  // one row takes k distinct experts in each sparse layer (RunForward counts more)
+    step.experts_touched = run.num_tokens() > 1 ? -2 : int64_t{cfg_.experts_per_token} * cfg_.num_sparse_layers();
+  }
   step.top_n.resize(in.num_logits());
   bool logprobs = false;
   for (int32_t r = 0; r < in.num_logits(); ++r) {
@@ -707,6 +713,11 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
     } else {
       INFERD_CUDA(cudaMemcpyAsync(slot.outputs_host.get<char>() + o.tokens.offset, outputs_dev + o.tokens.offset,
                                   in.num_logits() * sizeof(int32_t), cudaMemcpyDeviceToHost, r.compute));
+      if (step.experts_touched == -2) {
+        INFERD_CUDA(cudaMemcpyAsync(slot.outputs_host.get<char>() + o.experts_touched.offset,
+                                    outputs_dev + o.experts_touched.offset, sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                    r.compute));
+      }
     }
     INFERD_CUDA(cudaEventRecord(slot.outputs_ready, r.compute));
     return absl::OkStatus();
@@ -784,6 +795,8 @@ absl::Status CudaBackend::Collect(StepOutput* out) {
   const int32_t* top_ids = reinterpret_cast<const int32_t*>(host + o.top_ids.offset);
   const float* top_logprobs = reinterpret_cast<const float*>(host + o.top_logprobs.offset);
   out->tokens.assign(tokens, tokens + R);
+  out->experts_touched = step.experts_touched == -2 ? *reinterpret_cast<const int32_t*>(host + o.experts_touched.offset)
+                                                    : step.experts_touched;
   out->logprobs.assign(R, {});
   for (int32_t r = 0; r < R; ++r) {
     const int32_t n = step.top_n[r];

@@ -83,6 +83,10 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   const float soft_cap = static_cast<float>(cfg.attn_logit_softcap);  // 0: none
   char* out = b.outputs();
   const int32_t* sampled = reinterpret_cast<const int32_t*>(out + o.tokens.offset);
+  // A mixture of experts' steps of several rows count the experts their rows touch (one row: its k per layer).
+  int32_t* experts_touched =
+      cfg.num_experts > 0 && Tn > 1 ? reinterpret_cast<int32_t*>(out + o.experts_touched.offset) : nullptr;
+  if (experts_touched) INFERD_CUDA(cudaMemsetAsync(experts_touched, 0, sizeof(int32_t), s));
   INFERD_KERNEL(k::EmbedTokens(w.embed.get<T>(), b.in<int32_t>(ir.token_ids), sampled, x, Tn, H, s,
                                static_cast<float>(cfg.embedding_scale())));
   // fp8 weights: steps of more rows than the streaming kernel takes quantize each product's input per token, in
@@ -319,7 +323,7 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
             break;
           }
           INFERD_KERNEL(k::MoeRoute(logits, Tn, E, K, cfg.normalize_top_k, ids, weights, b.act<int32_t>(a.moe_counts),
-                                    offsets, sorted, slot_positions, s));
+                                    offsets, sorted, slot_positions, s, experts_touched));
           // Runs of a few rows (decode) stream each chosen expert's weights; longer ones go through the tensor
           // cores: CUTLASS's grouped GEMM on Hopper (from 4 rows an expert on average, where its schedule for short
           // runs reads each touched expert's weights once, faster than a streaming pass), else tiles of our own

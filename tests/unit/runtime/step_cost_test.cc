@@ -109,6 +109,29 @@ TEST(StepCost, AMixtureOfExpertsReadsTheExpertsItsTokensTouch) {
   EXPECT_NEAR(many.bytes, 4.0 * (attention + dense + router + 4 * expert + 20 + 64 * 4) + 32.0 * 64, 1e-6);
 }
 
+// The backend's count of the experts a step touched (StepOutput::experts_touched) replaces the expectation: 64
+// tokens that all went to the same 2 experts read 2 of them, not nearly all 4; the FLOPs are the same either way.
+TEST(StepCost, AMixtureOfExpertsCountedByTheBackendReadsTheExpertsCounted) {
+  const ModelConfig c = TinyMixture();
+  const double attention = 2 * 48, dense = 96, router = 16, expert = 24;
+  MemoryPlan plan;
+  plan.weight_bytes = static_cast<int64_t>((attention + dense + router + 4 * expert + 20 + 40) * 4);
+  plan.kv_bytes_per_block = 16 * 2 * 2 * 1 * 2 * 4;
+  const StepCostModel model(c, plan, 16);
+  StepInput in;
+  in.token_ids.assign(64, 1);
+  in.query_start = {0, 64};
+  in.context_lens = {64};
+  in.logits_indices = {63};
+  const double fixed = 4.0 * (attention + dense + router + 20 + 40 + 64 * 4);
+  const StepCost two = model.Of(in, /*experts_touched=*/2);
+  EXPECT_NEAR(two.bytes - model.Of(in, 3).bytes, -4.0 * expert, 1e-6);
+  EXPECT_NEAR(two.bytes, fixed + 4.0 * 2 * expert + 32.0 * 64, 1e-6);
+  const StepCost expected = model.Of(in);  // not counted: 4 (1 − 0.5^64), every expert
+  EXPECT_NEAR(expected.bytes, fixed + 4.0 * 4 * expert + 32.0 * 64, 1e-6);
+  EXPECT_DOUBLE_EQ(two.flops, expected.flops);
+}
+
 // fp8 products (cuda, engine.quantization fp8): the products and experts one byte a weight plus a 4-byte scale a
 // row, the routers, norms and table in 2 bytes; a step counts each part at its own size.
 TEST(StepCost, Fp8ProductsAreCountedAtTheirOwnSizeBesideTheWideTensors) {
