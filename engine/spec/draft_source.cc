@@ -11,7 +11,7 @@ NgramDrafts::NgramDrafts(int32_t min_n, int32_t max_n, int32_t lookback)
   INFERD_CHECK(min_n >= 1 && max_n >= min_n && lookback >= 1, "n-gram drafts need 1 <= min_n <= max_n");
 }
 
-std::vector<int32_t> NgramDrafts::Propose(std::span<const int32_t> tokens, int32_t max_tokens) const {
+std::vector<int32_t> NgramDrafts::Propose(std::span<const int32_t> tokens, int32_t max_tokens) {
   const int64_t size = static_cast<int64_t>(tokens.size());
   if (max_tokens <= 0) return {};
   const int64_t first = std::max<int64_t>(0, size - lookback_);  // the earliest start looked at

@@ -2,7 +2,9 @@
 // engine then checks them in one step (1 + k query rows of the sequence, each sampled through the sampler's chain:
 // runtime/sampler.h's CandidatesOf gives the distribution a drafted token is accepted against) and keeps the
 // longest accepted prefix plus the token sampled after it. Sources are per sequence and hold no device state, so
-// a draft model (its own KV) can be one more implementation of the same interface.
+// a draft model (its own KV) can be one more implementation of the same interface. A source may keep an index of the
+// tokens it was shown (suffix decoding's, engine/spec/suffix_drafts.h), so it is asked again with the same sequence
+// grown.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +18,7 @@ class DraftSource {
   virtual ~DraftSource() = default;
   // Up to max_tokens tokens proposed to follow `tokens` (the sequence's prompt, then its output so far); empty:
   // nothing worth proposing.
-  virtual std::vector<int32_t> Propose(std::span<const int32_t> tokens, int32_t max_tokens) const = 0;
+  virtual std::vector<int32_t> Propose(std::span<const int32_t> tokens, int32_t max_tokens) = 0;
 };
 
 // Prompt lookup (vLLM's "ngram" method): for the longest n in [min_n, max_n] such that the sequence's last n tokens
@@ -26,7 +28,7 @@ class DraftSource {
 class NgramDrafts : public DraftSource {
  public:
   NgramDrafts(int32_t min_n, int32_t max_n, int32_t lookback = 1 << 16);
-  std::vector<int32_t> Propose(std::span<const int32_t> tokens, int32_t max_tokens) const override;
+  std::vector<int32_t> Propose(std::span<const int32_t> tokens, int32_t max_tokens) override;
 
  private:
   int32_t min_n_, max_n_, lookback_;

@@ -10,7 +10,7 @@ namespace {
 using Tokens = std::vector<int32_t>;
 
 TEST(NgramDrafts, ProposesWhatFollowedTheLatestEarlierOccurrenceOfTheLongestSuffix) {
-  const NgramDrafts drafts(1, 3);
+  NgramDrafts drafts(1, 3);
   // "5 6 7" occurred at 1 (followed by 8 9) and the last two tokens "6 7" also at 5 (followed by 1): the longest
   // suffix that occurred (n = 3: "5 6 7") wins over the more recent shorter one.
   EXPECT_EQ(drafts.Propose(Tokens{4, 5, 6, 7, 8, 9, 6, 7, 1, 5, 6, 7}, 4), (Tokens{8, 9, 6, 7}));
