@@ -149,7 +149,7 @@ TEST(StoredMatMul, TensorsThatDecodingChangesAreNotStored) {
 class AsStored : public ::testing::TestWithParam<const char*> {};
 
 testing::GreedyRun Generate(const std::string& path, const std::string& weights,
-                            const std::vector<std::vector<int32_t>>& prompts) {
+                            const std::vector<std::vector<int32_t>>& prompts, int32_t max_num_seqs = 8) {
   Config config;
   config.model.path = path;
   config.engine.backend = "cpu";
@@ -157,7 +157,7 @@ testing::GreedyRun Generate(const std::string& path, const std::string& weights,
   config.engine.block_size = 4;
   config.engine.cpu_kv_cache_gib = 0.05;
   config.engine.num_threads = 2;
-  config.scheduler.max_num_seqs = 8;
+  config.scheduler.max_num_seqs = max_num_seqs;
   config.scheduler.max_num_batched_tokens = 32;
   return testing::RunGreedy(config, prompts, 12);
 }
@@ -172,8 +172,12 @@ TEST_P(AsStored, GreedyTokensAndLogprobsMatchFp32) {
     GTEST_SKIP() << path << " is missing (scripts/setup.sh fetches the bundled model)";
   const double tolerance = name.starts_with("models/") ? 0.25 : 0.1;
   const auto prompts = testing::LcgPrompts(4, 7, 3, 13);
-  const testing::GreedyRun fp32 = Generate(path, "fp32", prompts);
-  const testing::GreedyRun stored = Generate(path, "as_stored", prompts);
+  // The real 4-bit model's greedy path meets near-ties within a few tokens, and which side a near-tie falls on
+  // depends on the roundings of the steps a request ran in: its requests run one at a time, so every step's rows
+  // (and so the positions compared) do not depend on how the requests' arrivals met the step loop.
+  const int32_t seqs = name.starts_with("models/") ? 1 : 8;
+  const testing::GreedyRun fp32 = Generate(path, "fp32", prompts, seqs);
+  const testing::GreedyRun stored = Generate(path, "as_stored", prompts, seqs);
   ASSERT_EQ(stored.tokens.size(), fp32.tokens.size());
   int compared = 0;
   double worst = 0;
