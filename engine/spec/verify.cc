@@ -13,20 +13,17 @@ double ProbabilityOf(const Candidates& row, int32_t token) {
   return 0;
 }
 
-// A draw from the row without `token` (Draw's order and convention over the rest).
+// A draw from the row without `token` (Draw over the other candidates).
 int32_t DrawWithout(const Candidates& row, int32_t token, double uniform) {
-  double rest = 0;
-  for (size_t i = 0; i < row.ids.size(); ++i) rest += row.ids[i] == token ? 0 : row.probs[i];
-  const double u = uniform * rest;
-  double cum = 0;
-  int32_t last = -1;
+  Candidates rest;
+  rest.total = 0;
   for (size_t i = 0; i < row.ids.size(); ++i) {
     if (row.ids[i] == token) continue;
-    cum += row.probs[i];
-    last = row.ids[i];
-    if (u < cum) return last;
+    rest.ids.push_back(row.ids[i]);
+    rest.probs.push_back(row.probs[i]);
+    rest.total += row.probs[i];
   }
-  return last;
+  return Draw(rest, uniform);
 }
 
 }  // namespace
