@@ -48,7 +48,11 @@ if ! diff -u docker/base-packages.txt "$cache/packages.txt" >&2; then
   fi
   echo "build-images: warning: the minbase's packages differ from docker/base-packages.txt (above)" >&2
 fi
+previous=$(podman image inspect --format '{{.Id}}' localhost/inferd-base:bookworm 2>/dev/null || true)
 podman import --quiet "$base" localhost/inferd-base:bookworm >/dev/null
+# Each import is a new image: the one it replaced goes, unless an image still built on it keeps it.
+current=$(podman image inspect --format '{{.Id}}' localhost/inferd-base:bookworm)
+[[ -z $previous || $previous == "$current" ]] || podman rmi "$previous" >/dev/null 2>&1 || true
 echo "build-images: localhost/inferd-base:bookworm ($(sha256sum "$base" | cut -c1-16))"
 [[ -n "${BASE_ONLY:-}" ]] && exit 0
 variants=("$@")
@@ -66,6 +70,10 @@ for variant in "${variants[@]}"; do
   podman build --quiet --format docker --network host --timestamp "$SOURCE_DATE_EPOCH" \
     --build-arg VARIANT="$variant" --ignorefile docker/Dockerfile.dockerignore -f docker/Dockerfile \
     -t "localhost/inferd:$variant" . >/dev/null
+  # The untagged images the build left (its stages, the image the tag pointed at before): 1.6 GB a build, which
+  # filled the disk of a machine that builds on every commit. ccache's cache mount, which makes the next build
+  # fast, is not an image and stays.
+  podman image prune -f --filter label=org.inferd.built-by=build-images >/dev/null
   # What the runtime stage installed from Debian, against the committed list (drift as for the base).
   podman run --rm --network none --entrypoint dpkg-query "localhost/inferd:$variant" -W -f '${Package} ${Version}\n' \
     > "$cache/image-packages.txt"
