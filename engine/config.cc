@@ -16,7 +16,7 @@
 namespace inferd {
 namespace {
 
-constexpr const char* kSections[] = {"model", "engine", "scheduler", "server", "kv_events"};
+constexpr const char* kSections[] = {"model", "engine", "scheduler", "server", "kv_events", "speculative"};
 
 // Cross-field rules; each key's own type and range were checked as it was read.
 absl::Status Validate(const Config& c) {
@@ -50,6 +50,11 @@ absl::Status Validate(const Config& c) {
   if (!c.server.tls_client_ca_file.empty() && c.server.tls_cert_file.empty()) {
     return absl::InvalidArgumentError(
         "config: server.tls_client_ca_file needs server.tls_cert_file and server.tls_key_file (mutual TLS is TLS)");
+  }
+  if (c.speculative.ngram_min > c.speculative.ngram_max) {
+    return absl::InvalidArgumentError(absl::StrCat("config: speculative.ngram_min = ", c.speculative.ngram_min,
+                                                   " is out of range; allowed: 1..speculative.ngram_max (",
+                                                   c.speculative.ngram_max, ")"));
   }
   return CheckListenAddress(c.server.listen);
 }

@@ -75,12 +75,25 @@ struct KvEventsSection {
   int32_t buffer_steps = 10000;  // batches kept for replay: 1..10^6
 };
 
+// Speculative decoding (engine/spec/): a sequence's next tokens drafted from text it has seen, checked in one step.
+struct SpeculativeSection {
+  std::string method = "off";             // off | ngram (prompt lookup) | suffix (suffix decoding)
+  int32_t max_tokens = 4;                 // drafted tokens a sequence checks in one step at most: 1..16
+  int32_t ngram_min = 2;                  // ngram: the shortest run of last tokens matched
+  int32_t ngram_max = 5;                  // ngram: the longest
+  int32_t suffix_max_depth = 24;          // suffix: the longest run indexed (matches up to half of it)
+  int64_t suffix_cache_tokens = 1 << 20;  // suffix: tokens of finished outputs every sequence drafts from
+  double min_acceptance = 0.2;            // a sequence drafts the k-th token while acceptance^k stays above this
+  int32_t max_batch = 32;                 // sequences in a step above which no one drafts
+};
+
 struct Config {
   ModelSection model;
   EngineSection engine;
   SchedulerSection scheduler;
   ServerSection server;
   KvEventsSection kv_events;
+  SpeculativeSection speculative;
 };
 
 // Parses YAML text; unknown keys and out-of-range values are errors that name the key.

@@ -372,6 +372,44 @@ std::vector<ConfigField> MakeFields() {
   f.push_back(Int<int32_t>(
       "kv_events", "buffer_steps", [](Config& c) -> int32_t& { return c.kv_events.buffer_steps; }, 1, 1000000,
       "1..10^6", "published batches kept for replay"));
+  // speculative
+  f.push_back(Text(
+      "speculative", "method", [](Config& c) -> std::string& { return c.speculative.method; },
+      {"off", "ngram", "suffix"}, "off, ngram, suffix",
+      "speculative decoding: each decoding sequence drafts its next tokens from text it has seen and checks them "
+      "in one step (1 + k rows; the tokens kept are those sampling without drafts gives: greedy the same tokens, "
+      "seeded sampling the same tokens, unseeded the same distribution). ngram: prompt lookup, the tokens that "
+      "followed the latest earlier occurrence of the sequence's last n tokens; suffix: suffix decoding, the most "
+      "frequent continuation of its longest repeated suffix in its own prompt and output and in recent outputs. "
+      "Pays where outputs repeat their input (edits, quotes, agents' transcripts); a request opts out with "
+      "`speculative: false`"));
+  f.push_back(Int<int32_t>(
+      "speculative", "max_tokens", [](Config& c) -> int32_t& { return c.speculative.max_tokens; }, 1, 16, "1..16",
+      "tokens a sequence drafts for one step at most (fewer while its drafts are rejected: min_acceptance); a "
+      "step's drafted tokens and prompt-logprob rows together are at most scheduler.max_num_seqs"));
+  f.push_back(Int<int32_t>(
+      "speculative", "ngram_min", [](Config& c) -> int32_t& { return c.speculative.ngram_min; }, 1, 64, "1..ngram_max",
+      "ngram: the fewest last tokens matched"));
+  f.push_back(Int<int32_t>(
+      "speculative", "ngram_max", [](Config& c) -> int32_t& { return c.speculative.ngram_max; }, 1, 64, "1..64",
+      "ngram: the most last tokens matched (the longest match found wins)"));
+  f.push_back(Int<int32_t>(
+      "speculative", "suffix_max_depth", [](Config& c) -> int32_t& { return c.speculative.suffix_max_depth; }, 2, 256,
+      "2..256", "suffix: the longest run of tokens indexed; suffixes of up to half of it are matched"));
+  f.push_back(Int<int64_t>(
+      "speculative", "suffix_cache_tokens", [](Config& c) -> int64_t& { return c.speculative.suffix_cache_tokens; }, 0,
+      int64_t{1} << 30, "0..2^30",
+      "suffix: output tokens of finished requests kept for every sequence to draft from (the oldest go first); "
+      "0 = each sequence drafts from its own tokens only"));
+  f.push_back(Real(
+      "speculative", "min_acceptance", [](Config& c) -> double& { return c.speculative.min_acceptance; }, 0, 1, true,
+      "(0, 1]",
+      "a sequence drafts k tokens while its estimated acceptance a (decayed over its steps) keeps a^k above this; "
+      "below it for one token it stops drafting, trying one again every 16 steps"));
+  f.push_back(Int<int32_t>(
+      "speculative", "max_batch", [](Config& c) -> int32_t& { return c.speculative.max_batch; }, 0, 4096, "0..4096",
+      "a step of more sequences than this drafts nothing (in a large batch a step reads the weights once for "
+      "many rows already, and checking drafts costs more than it saves); 0 = no limit"));
   return f;
 }
 

@@ -16,6 +16,8 @@
 #include "engine/grammar/output_constraint.h"
 #include "engine/runtime/philox.h"
 #include "engine/runtime/step_input.h"
+#include "engine/spec/draft_budget.h"
+#include "engine/spec/verify.h"
 #include "engine/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -78,6 +80,11 @@ struct Engine::SequenceState {
   std::vector<TokenLogprob> prompt_logprobs;  // prompt_logprobs: [num_prompt_tokens - 1], sent with the first token
   std::optional<ConstraintState> constraint;  // structured output: where the output is in its constraint
   std::vector<uint32_t> allowed;              // the tokens it allows next, for the step being launched
+  // Speculative decoding (null: it does not draft): where its drafts come from and how many it checks a step.
+  std::unique_ptr<DraftSource> drafter;
+  std::optional<DraftBudget> draft_budget;
+  std::vector<int32_t> drafted;                    // its tokens, then its drafts: the drafted rows' spans
+  std::vector<std::vector<uint32_t>> draft_masks;  // constrained: the masks of its 1 + k rows
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
@@ -108,6 +115,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
                                   .cache_bytes = int64_t{config.engine.structured_output_cache_mib} << 20,
                                   .in_reasoning = config.engine.structured_output_in_reasoning,
                                   .compile_timeout_ms = config.engine.structured_output_compile_timeout_ms}));
+  if (config.speculative.method == "suffix" && config.speculative.suffix_cache_tokens > 0) {
+    e->suffix_cache_ =
+        std::make_unique<SuffixCache>(config.speculative.suffix_max_depth, config.speculative.suffix_cache_tokens);
+  }
+  if (config.speculative.method != "off") {
+    spdlog::info("speculative decoding: {} drafts, up to {} tokens a step, while a step has at most {} sequences",
+                 config.speculative.method, config.speculative.max_tokens,
+                 config.speculative.max_batch > 0 ? absl::StrCat(config.speculative.max_batch) : "any number of");
+  }
   INFERD_ASSIGN_OR_RETURN(e->backend_, factory(config, *e->model_));
   // Every backend holds its own weights now: the checkpoint is unmapped (for an 8B model ~0.2 s of start-up).
   ReleaseTensorBytes(&e->model_->tensors).clear();
@@ -334,6 +350,9 @@ void Engine::PublishStats() {
   stats_.engine_steps = engine_steps_;
   stats_.constraint_mask_s = constraint_mask_s_;
   stats_.constraint_masked_rows = constraint_masked_rows_;
+  stats_.spec_drafts = spec_drafts_;
+  stats_.spec_draft_tokens = spec_draft_tokens_;
+  stats_.spec_accepted_tokens = spec_accepted_tokens_;
   if (scheduler_) {
     const CapacityCounters& k = scheduler_->counters();
     stats_.preemptions = k.preemptions;
@@ -390,6 +409,16 @@ void Engine::TakeQueued() {
       for (int32_t id : seq.request.stopping.stop_token_ids) state->banned_until_min.push_back(id);
     }
     if (seq.request.constraint) state->constraint.emplace(seq.request.constraint);
+    const SpeculativeSection& spec = config_.speculative;
+    if (spec.method != "off" && seq.request.speculative) {
+      if (spec.method == "ngram") {
+        state->drafter = std::make_unique<NgramDrafts>(spec.ngram_min, spec.ngram_max);
+      } else {
+        state->drafter =
+            std::make_unique<SuffixDrafts>(SuffixOptions{.max_depth = spec.suffix_max_depth}, suffix_cache_.get());
+      }
+      state->draft_budget.emplace(spec.max_tokens, std::min(spec.min_acceptance, 0.999));
+    }
     scheduler_->Add(&seq);
     active_[seq.seq_id] = std::move(state);
   }
@@ -427,6 +456,9 @@ void Engine::FinishSequence(Sequence* seq, FinishReason reason, absl::Status err
   scheduler_->Finish(seq);  // blocks are back in the pool before the next step
   while (IsPendingToken(seq->tokens.back())) seq->tokens.pop_back();  // sampled by a step still running: not output
   if (seq->tokens.size() > keep_tokens) seq->tokens.resize(keep_tokens);
+  if (suffix_cache_ && seq->num_output_tokens() > 0) {
+    suffix_cache_->AddOutput(std::vector<int32_t>(seq->tokens.begin() + seq->num_prompt_tokens, seq->tokens.end()));
+  }
   out.finish = reason;
   out.error = std::move(error);
   out.usage = UsageOf(*seq, seq->num_output_tokens());
@@ -480,6 +512,7 @@ void Engine::Loop() {
     scheduler_->CopiesCompleted(backend_->CompletedCopies());  // sequences whose KV came in may run
     if (in_flight_ && (sync_next_ || !CanPlanAhead())) CollectInFlight();
     const bool ahead = in_flight_ != nullptr;
+    if (!ahead) ProposeDrafts();
     const absl::Time scheduling = absl::Now();
     StepPlan plan = [&] {
       TraceRange range("schedule");
@@ -556,6 +589,12 @@ void Engine::Loop() {
 
 bool Engine::CanPlanAhead() const {
   if (!plan_ahead_) return false;
+  // A step planned ahead cannot draft (its sequences' last tokens are pending), nor follow one that checked drafts
+  // (how many tokens it keeps is not known): with speculation on, steps small enough to draft are planned after the
+  // one before is collected.
+  const SpeculativeSection& spec = config_.speculative;
+  const int32_t running = static_cast<int32_t>(scheduler_->running().size());
+  if (spec.method != "off" && (spec.max_batch == 0 || running <= spec.max_batch)) return false;
   for (const ScheduledSeq& s : in_flight_->plan.seqs) {
     if (!s.wants_token || s.seq->finished) continue;
     // Penalties count the output so far on the host: the pending token must be known. (A constraint's mask,
@@ -581,20 +620,30 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
     if (!s.wants_token) continue;
     const Sequence& seq = *s.seq;
     SequenceState& st = *active_.at(seq.seq_id);
-    SamplingRow& row = input.sampling.emplace_back();
-    row.params = seq.request.sampling;
-    row.position = seq.num_tokens();
-    row.uniform = SamplingUniform(st.seed, row.position);
-    row.tokens = seq.tokens;
-    row.num_prompt_tokens = seq.num_prompt_tokens;
-    if (seq.num_output_tokens() < seq.request.stopping.min_tokens) row.banned = st.banned_until_min;
-    row.top_logprobs = seq.request.top_logprobs;
-    if (st.constraint) {
-      st.allowed.resize(ConstraintState::MaskWords(model_->config.vocab_size));
-      if (ahead) {
+    if (s.num_drafts > 0) {
+      st.drafted.assign(seq.tokens.begin(), seq.tokens.end());
+      st.drafted.insert(st.drafted.end(), seq.drafts.begin(), seq.drafts.begin() + s.num_drafts);
+    }
+    // Row i checks draft i (row 0 is the ordinary decode row): sampled as the token at its position would be
+    // without drafts, after the drafts before it.
+    for (int32_t i = 0; i <= s.num_drafts; ++i) {
+      SamplingRow& row = input.sampling.emplace_back();
+      row.params = seq.request.sampling;
+      row.position = seq.num_tokens() + i;
+      row.uniform = SamplingUniform(st.seed, row.position);
+      row.tokens = std::span<const int32_t>(i == 0 ? seq.tokens : st.drafted).first(row.position);
+      row.num_prompt_tokens = seq.num_prompt_tokens;
+      if (seq.num_output_tokens() + i < seq.request.stopping.min_tokens) row.banned = st.banned_until_min;
+      row.top_logprobs = seq.request.top_logprobs;
+      if (!st.constraint) continue;
+      if (s.num_drafts > 0) {
+        row.allowed = st.draft_masks[i];  // ConstrainDrafts filled them
+      } else if (ahead) {
+        st.allowed.resize(ConstraintState::MaskWords(model_->config.vocab_size));
         row.allowed_later = true;
         step->masks_later.push_back(&st);
       } else {
+        st.allowed.resize(ConstraintState::MaskWords(model_->config.vocab_size));
         row.allowed = st.allowed;
         constrained.push_back(&*st.constraint);
         masks.push_back(st.allowed);
@@ -626,6 +675,52 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
   scheduler_->Launched(plan);
   step->plan = std::move(plan);
   return step;
+}
+
+void Engine::ProposeDrafts() {
+  const SpeculativeSection& spec = config_.speculative;
+  if (spec.method == "off") return;
+  const std::deque<Sequence*>& running = scheduler_->running();
+  if (spec.max_batch > 0 && static_cast<int32_t>(running.size()) > spec.max_batch) return;
+  for (Sequence* seq : running) {
+    seq->drafts.clear();
+    SequenceState& st = *active_.at(seq->seq_id);
+    if (!st.drafter || seq->num_tokens() - seq->num_computed != 1 || scheduler_->loading(*seq)) continue;
+    // The step samples a token after its drafts: every token kept stays within max_tokens and max_model_len.
+    const int32_t room =
+        std::min(seq->request.stopping.max_tokens - seq->num_output_tokens(), max_model_len_ - seq->num_tokens()) - 1;
+    if (room <= 0) continue;
+    const int32_t k = std::min(st.draft_budget->Next(), room);
+    if (k <= 0) continue;
+    seq->drafts = st.drafter->Propose(seq->tokens, k);
+    if (!seq->drafts.empty() && st.constraint) ConstrainDrafts(st);
+  }
+}
+
+void Engine::ConstrainDrafts(SequenceState& st) {
+  const absl::Time start = absl::Now();
+  std::vector<int32_t>& drafts = st.seq.drafts;
+  const int32_t words = ConstraintState::MaskWords(model_->config.vocab_size);
+  st.draft_masks.resize(drafts.size() + 1);
+  int32_t accepted = 0;  // drafts the constraint has taken, to undo
+  for (size_t i = 0;; ++i) {
+    std::vector<uint32_t>& mask = st.draft_masks[i];
+    mask.resize(words);
+    st.constraint->FillAllowed(mask);
+    if (i == drafts.size()) break;
+    const int32_t d = drafts[i];
+    const bool allowed = (mask[d / 32] >> (d % 32) & 1) && st.constraint->Accept(d);
+    accepted += allowed;
+    // A draft the constraint refuses is never sampled; one that completes it ends the request, sampled as usual.
+    if (!allowed || st.constraint->Terminated()) {
+      drafts.resize(i);
+      break;
+    }
+  }
+  st.draft_masks.resize(drafts.size() + 1);
+  if (accepted > 0) INFERD_CHECK(st.constraint->Rollback(accepted), "a constraint takes back the drafts it took");
+  constraint_mask_s_ += absl::ToDoubleSeconds(absl::Now() - start);
+  constraint_masked_rows_ += static_cast<int64_t>(st.draft_masks.size());
 }
 
 void Engine::FillMasks(std::span<ConstraintState* const> states, std::span<const std::span<uint32_t>> masks) {
@@ -679,17 +774,22 @@ bool Engine::CollectInFlight() {
   }
   ++engine_steps_;
   const StepCounters counters = backend_->counters();
-  const int32_t num_sampled = static_cast<int32_t>(
-      std::count_if(plan.seqs.begin(), plan.seqs.end(), [](const ScheduledSeq& s) { return s.wants_token; }));
+  int32_t num_sampled = 0, sampled_rows = 0, num_drafted = 0;
+  for (const ScheduledSeq& s : plan.seqs) {
+    num_sampled += s.wants_token;
+    sampled_rows += s.num_sampled_rows();
+    num_drafted += s.num_drafts;
+  }
   StepRecord record{.num_seqs = input.num_seqs(),
                     .num_tokens = input.num_tokens(),
                     .num_sampled = num_sampled,
+                    .num_drafted = num_drafted,
                     .wall_s = absl::ToDoubleSeconds(done - step->scheduled),
                     .device_s = counters.last_device_s,
                     .cost = step_cost_->Of(input, output.experts_touched)};
   TraceRange outputs_range("outputs");
   // Prompt rows first (they follow the sampled rows): a request's last ones arrive with its first token.
-  size_t r = num_sampled;
+  size_t r = sampled_rows;
   for (const ScheduledSeq& s : plan.seqs) {
     const size_t row = r;
     r += s.num_prompt_rows();
@@ -702,44 +802,61 @@ bool Engine::CollectInFlight() {
   r = 0;
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.wants_token) continue;
-    const size_t row = r++;
+    const size_t row = r;
+    r += s.num_sampled_rows();
     Sequence* seq = s.seq;
     if (seq->finished) continue;  // ended (aborted, or stopped by an earlier token) after this step launched
     SequenceState& st = *active_.at(seq->seq_id);
-    const int32_t token = output.tokens[row];
-    const int32_t position = s.start + s.num_new;
-    scheduler_->Resolve(seq, position, token);
-    if (seq->first_token == absl::InfinitePast()) {
-      seq->first_token = done;
-    } else {
-      st.inter_token_s.push_back(absl::ToDoubleSeconds(done - st.last_token));
+    const int32_t position = s.start + s.num_new - s.num_drafts;
+    // The tokens the step adds: its sampled one, or the drafts its rows confirmed and the token after them.
+    std::vector<int32_t> kept = {output.tokens[row]};
+    if (s.num_drafts > 0) {
+      const std::span<const int32_t> drafts = std::span<const int32_t>(seq->drafts).first(s.num_drafts);
+      const Verified v = VerifyDrafts(std::span<const int32_t>(output.tokens).subspan(row, s.num_drafts + 1), drafts);
+      kept.assign(drafts.begin(), drafts.begin() + v.accepted);
+      kept.push_back(v.next);
+      st.draft_budget->Record(s.num_drafts, v.accepted);
+      ++spec_drafts_;
+      spec_draft_tokens_ += s.num_drafts;
+      spec_accepted_tokens_ += v.accepted;
     }
-    st.last_token = done;
-    const int32_t num_output = position + 1 - seq->num_prompt_tokens;
-    if (st.constraint && !st.constraint->Accept(token)) {  // cannot happen: the token was sampled under its mask
-      seq->tokens.resize(position);
-      FinishSequence(seq, FinishReason::kAborted,
-                     absl::InternalError(absl::StrCat("token ", token, " broke the request's output constraint")));
-      continue;
+    scheduler_->Resolve(seq, position, kept);
+    for (size_t j = 0; j < kept.size(); ++j) {
+      const int32_t token = kept[j], at = position + static_cast<int32_t>(j);
+      ++record.num_generated;
+      if (seq->first_token == absl::InfinitePast()) {
+        seq->first_token = done;
+      } else {
+        st.inter_token_s.push_back(j == 0 ? absl::ToDoubleSeconds(done - st.last_token) : 0.0);
+      }
+      st.last_token = done;
+      const int32_t num_output = at + 1 - seq->num_prompt_tokens;
+      if (st.constraint && !st.constraint->Accept(token)) {  // cannot happen: the token was sampled under its mask
+        seq->tokens.resize(at);
+        FinishSequence(seq, FinishReason::kAborted,
+                       absl::InternalError(absl::StrCat("token ", token, " broke the request's output constraint")));
+        break;
+      }
+      FinishReason finish = TokenFinish(seq->request.stopping, model_->eos_token_ids, token, num_output);
+      // A complete constraint allows nothing more: its stop token ends the request even with ignore_eos.
+      if (finish == FinishReason::kNone && st.constraint && st.constraint->Terminated()) finish = FinishReason::kEos;
+      RequestOutput out;
+      out.token_ids = {token};
+      if (seq->request.top_logprobs > 0) out.logprobs.push_back(std::move(output.logprobs[row + j]));
+      if (seq->request.prompt_logprobs && at == seq->num_prompt_tokens) {
+        out.prompt_logprobs = std::move(st.prompt_logprobs);
+        st.prompt_logprobs.clear();
+      }
+      if (finish != FinishReason::kNone) {
+        seq->tokens.resize(at +
+                           1);  // tokens after it (kept drafts, or one the step now running samples) are not output
+        FinishSequence(seq, finish, absl::OkStatus(), std::move(out));
+        break;
+      }
+      out.usage = UsageOf(*seq, num_output);
+      out.timing = TimingOf(*seq, done);
+      seq->request.sink->Push(std::move(out));
     }
-    FinishReason finish = TokenFinish(seq->request.stopping, model_->eos_token_ids, token, num_output);
-    // A complete constraint allows nothing more: its stop token ends the request even with ignore_eos.
-    if (finish == FinishReason::kNone && st.constraint && st.constraint->Terminated()) finish = FinishReason::kEos;
-    RequestOutput out;
-    out.token_ids = {token};
-    if (seq->request.top_logprobs > 0) out.logprobs.push_back(std::move(output.logprobs[row]));
-    if (seq->request.prompt_logprobs && position == seq->num_prompt_tokens) {
-      out.prompt_logprobs = std::move(st.prompt_logprobs);
-      st.prompt_logprobs.clear();
-    }
-    if (finish != FinishReason::kNone) {
-      seq->tokens.resize(position + 1);  // a token sampled for it by the step now running is not its output
-      FinishSequence(seq, finish, absl::OkStatus(), std::move(out));
-      continue;
-    }
-    out.usage = UsageOf(*seq, num_output);
-    out.timing = TimingOf(*seq, done);
-    seq->request.sink->Push(std::move(out));
   }
   std::erase_if(retired_, [&](const auto& r) { return r.first <= collections_; });
   if (on_step_) {

@@ -24,6 +24,7 @@
 #include "engine/runtime/backend.h"
 #include "engine/runtime/step_cost.h"
 #include "engine/scheduler/scheduler.h"
+#include "engine/spec/suffix_drafts.h"
 
 namespace inferd {
 
@@ -57,6 +58,11 @@ struct EngineStats {
   int64_t engine_steps = 0;            // steps the engine ran: liveness reads progress from it
   uint64_t step_progress = 0;          // Backend::Progress(), read live: progress inside a long step
   double device_busy_s = 0;            // summed device time of the steps (cuda: CUDA events around each step's compute)
+  // Speculative decoding (speculative.method): sequence-steps that checked drafts, the tokens drafted, and of those
+  // the tokens accepted (each step also samples one more token, not counted here).
+  int64_t spec_drafts = 0;
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
 };
 
 // One request as it ended, for metrics.
@@ -72,14 +78,16 @@ struct FinishedRequest {
 struct StepRecord {
   int32_t num_seqs = 0;
   int32_t num_tokens = 0;
-  int32_t num_sampled = 0;  // rows sampled: one generated token each
-  double wall_s = 0;        // host time from scheduling to the sampled tokens
-  double device_s = 0;      // the step's device time (cuda: CUDA events around its compute; cpu: the backend step)
-  double cycle_s = 0;       // the engine loop's whole iteration: take requests, schedule, step, outputs
-  StepCost cost;            // bytes it must read and FLOPs it must do (engine/runtime/step_cost.h)
+  int32_t num_sampled = 0;    // sequences that sampled (each 1 + its accepted drafts tokens)
+  int32_t num_drafted = 0;    // drafted tokens the step checked (speculative decoding)
+  int32_t num_generated = 0;  // tokens the step added to its sequences (drafts accepted included)
+  double wall_s = 0;          // host time from scheduling to the sampled tokens
+  double device_s = 0;        // the step's device time (cuda: CUDA events around its compute; cpu: the backend step)
+  double cycle_s = 0;         // the engine loop's whole iteration: take requests, schedule, step, outputs
+  StepCost cost;              // bytes it must read and FLOPs it must do (engine/runtime/step_cost.h)
 
-  // Every sequence computed one token (no prompt chunk in the step).
-  bool decode() const { return num_tokens == num_seqs; }
+  // Every sequence computed one token, and its drafts (no prompt chunk in the step).
+  bool decode() const { return num_tokens - num_drafted == num_seqs; }
 };
 
 // Free memory of the GPU the cuda backend would use, in bytes; 0 when this build has no CUDA or no GPU is
@@ -174,6 +182,11 @@ class Engine {
   void PublishStats();
 
   struct SequenceState;
+  // Speculative decoding: drafts for the running sequences that decode next (Sequence::drafts), before a step is
+  // planned with their last tokens known.
+  void ProposeDrafts();
+  // A constrained sequence's drafts cut where its constraint refuses one, and the masks of its 1 + k rows filled.
+  void ConstrainDrafts(SequenceState& st);
 
   Config config_;
   std::unique_ptr<Model> model_;
@@ -181,6 +194,8 @@ class Engine {
   std::unique_ptr<ConstraintBatch> constraint_batch_;  // fills a step's masks together (engine thread)
   double constraint_mask_s_ = 0;                       // engine thread; copied into stats_
   int64_t constraint_masked_rows_ = 0;
+  std::unique_ptr<SuffixCache> suffix_cache_;  // speculative.method suffix: recent outputs every sequence drafts from
+  int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;  // engine thread; copied into stats_
   std::unique_ptr<Backend> backend_;
   MemoryPlan memory_plan_;  // as allocated
   KvGroups kv_groups_;      // the model's KV groups: a block table each per sequence

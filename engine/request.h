@@ -131,7 +131,8 @@ struct Request {
   // Structured output: every token is one the constraint allows (ConstraintCompiler::Compile made it, off the
   // engine thread); null: unconstrained.
   std::shared_ptr<const CompiledConstraint> constraint;
-  int32_t priority = 0;  // higher runs first; equal priorities in arrival order
+  int32_t priority = 0;     // higher runs first; equal priorities in arrival order
+  bool speculative = true;  // may draft and check its next tokens (speculative.method); false opts out
   absl::Time deadline = absl::InfiniteFuture();
   absl::Time arrival;   // set by Engine::Submit
   uint64_t handle = 0;  // set by Engine::Submit: the engine's identity of this request

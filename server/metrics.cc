@@ -357,7 +357,7 @@ void Metrics::Attach(std::shared_ptr<Engine> engine) {
         m->batch->Observe(s.num_seqs);
         m->step_tokens->Observe(s.num_tokens);
         m->step_s->Observe(s.wall_s);
-        m->generated_tokens->Increment(s.num_sampled);
+        m->generated_tokens->Increment(s.num_generated);
         m->bytes_read->Increment(s.cost.bytes);
         m->flops->Increment(s.cost.flops);
         if (s.device_s > 0 && m->ceilings.read_bytes_per_s > 0) {

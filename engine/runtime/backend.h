@@ -57,8 +57,9 @@ struct StepInput {
   std::vector<int32_t> kv_indptr;                  // [num_seqs + 1]
   std::vector<std::vector<int32_t>> kv_indices;    // [KV groups][kv_indptr.back()] block ids
   std::vector<int32_t> kv_last_page_len;           // [num_seqs] in [1, block_size]
-  // [num_logits] token rows whose logits are computed: first the rows that sample, one per sequence that does
-  // (a PendingToken names one of these), then prompt rows (SamplingRow::target), at most max_num_seqs of them.
+  // [num_logits] token rows whose logits are computed: first the rows that sample, one per sequence that does (a
+  // PendingToken names one of these) or 1 + k for one checking k drafted tokens (speculative decoding: its last 1 + k
+  // tokens' rows), then prompt rows (SamplingRow::target); drafted and prompt rows together at most max_num_seqs.
   std::vector<int32_t> logits_indices;
   std::vector<SamplingRow> sampling;  // [num_logits] how each of those rows is sampled
 
@@ -83,7 +84,7 @@ struct StepLimits {
   int32_t max_num_batched_tokens = 0;
   int32_t block_size = 0;
 
-  // Logits rows a step may have: a sampled row per sequence, then up to max_num_seqs prompt rows.
+  // Logits rows a step may have: a sampled row per sequence, then up to max_num_seqs rows of drafts and prompts.
   int32_t max_logits_rows() const { return 2 * max_num_seqs; }
 };
 

@@ -198,6 +198,19 @@ void Capacity::RememberFullBlocks(Sequence* seq) {
   }
 }
 
+void Capacity::Shrink(Sequence* seq) {
+  const int32_t keep = BlocksFor(seq->num_tokens(), block_size_);
+  for (std::vector<int32_t>& table : seq->block_tables) {
+    if (static_cast<int32_t>(table.size()) <= keep) continue;
+    std::vector<int32_t> spare;
+    for (auto b = table.begin() + keep; b != table.end(); ++b) {
+      if (*b != kNoBlock) spare.push_back(*b);
+    }
+    pool_->Free(spare);
+    table.resize(keep);
+  }
+}
+
 void Capacity::Release(Sequence* seq) {
   pool_->Free(HeldBlocks(seq->block_tables));
   for (const Sequence::HostBlock& r : seq->restoring) {

@@ -80,6 +80,9 @@ class Capacity {
   void Admitted(Sequence* seq);
   // Registers seq's blocks that are full and computed, so later sequences can reuse them.
   void RememberFullBlocks(Sequence* seq);
+  // Gives back seq's blocks past those its tokens need (every group's): the blocks a step took for drafted
+  // tokens that were rejected. Their K/V was never remembered (it is not of the sequence's tokens).
+  void Shrink(Sequence* seq);
   // Frees seq's blocks (full computed ones stay cached) and forgets its progress.
   void Release(Sequence* seq);
   // Preempts seq and releases its device blocks; the caller requeues it. With swap space free for its computed

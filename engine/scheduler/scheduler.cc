@@ -42,6 +42,9 @@ int32_t Scheduler::PreemptRunning(Sequence* victim, StepPlan* plan) {
   int32_t refunded = 0;
   auto scheduled =
       std::find_if(plan->seqs.begin(), plan->seqs.end(), [victim](const ScheduledSeq& s) { return s.seq == victim; });
+  // Its drafts were counted once granted (or, not yet granted, once wanted).
+  plan->num_draft_rows -= static_cast<int32_t>(victim->drafts.size());
+  victim->drafts.clear();
   if (scheduled != plan->seqs.end()) {
     refunded = scheduled->num_new;
     plan->seqs.erase(scheduled);
@@ -55,7 +58,7 @@ int32_t Scheduler::PreemptRunning(Sequence* victim, StepPlan* plan) {
 
 int32_t Scheduler::TakePromptRows(const Sequence& seq, int32_t n, StepPlan* plan) const {
   if (!seq.scoring()) return n;
-  const int32_t left = limits_.max_num_seqs - plan->num_prompt_rows;
+  const int32_t left = limits_.max_num_seqs - plan->num_prompt_rows - plan->num_draft_rows;
   const int32_t start = seq.num_computed;
   // Positions already scored (computed again after a preemption) take no row.
   n = std::max(0, std::min(n, std::max(start, seq.num_scored) - start + left));
@@ -78,10 +81,24 @@ void Scheduler::GrantRunning(StepPlan* plan, bool ahead) {
   int32_t prefill_budget = limits_.max_num_batched_tokens - decodes;
   std::vector<std::pair<Sequence*, int32_t>> wants;
   for (Sequence* seq : running_) {
-    if (done(seq) || loading(*seq)) continue;
+    if (done(seq) || loading(*seq)) {
+      seq->drafts.clear();
+      continue;
+    }
     const int32_t remaining = seq->num_tokens() - seq->num_computed;
     INFERD_CHECK(remaining > 0, "a running sequence always has a token to compute");
     int32_t n = 1;
+    if (remaining == 1 && !seq->drafts.empty()) {
+      // Drafts take what the budget and the step's extra rows leave; planned ahead (the last token pending) none.
+      const int32_t rows_left = limits_.max_num_seqs - plan->num_prompt_rows - plan->num_draft_rows;
+      const int32_t k = ahead ? 0 : std::min({static_cast<int32_t>(seq->drafts.size()), prefill_budget, rows_left});
+      seq->drafts.resize(std::max(k, 0));
+      n += static_cast<int32_t>(seq->drafts.size());
+      prefill_budget -= n - 1;
+      plan->num_draft_rows += n - 1;
+    } else {
+      seq->drafts.clear();
+    }
     if (remaining > 1) {
       n = std::min({remaining, prefill_budget, waiting_.empty() ? remaining : limits_.long_prefill_chunk});
       n = TakePromptRows(*seq, n, plan);
@@ -96,10 +113,17 @@ void Scheduler::GrantRunning(StepPlan* plan, bool ahead) {
   });
   std::vector<Sequence*> ungranted;
   for (const auto& [seq, n] : wants) ungranted.push_back(seq);
-  for (const auto& [seq, n] : wants) {
+  for (const auto& [seq, wanted] : wants) {
     if (std::find(plan->preempted.begin(), plan->preempted.end(), seq) != plan->preempted.end()) continue;
     ungranted.erase(std::find(ungranted.begin(), ungranted.end(), seq));  // there: not preempted yet
     bool granted = true;
+    int32_t n = wanted;
+    if (!seq->drafts.empty() && !capacity_.Grow(seq, seq->num_computed + n, 0, &plan->copies)) {
+      // Blocks for the drafts are not worth anyone's preemption: the decode goes on without them.
+      plan->num_draft_rows -= n - 1;
+      n = 1;
+      seq->drafts.clear();
+    }
     while (!capacity_.Grow(seq, seq->num_computed + n, 0, &plan->copies)) {
       if (ahead) {  // it waits; the next step, planned with the results in, may preempt
         plan->needs_sync = true;
@@ -121,8 +145,16 @@ void Scheduler::GrantRunning(StepPlan* plan, bool ahead) {
         break;
       }
     }
+    const int32_t k = static_cast<int32_t>(seq->drafts.size());
     if (granted) {
-      plan->seqs.push_back({seq, seq->num_computed, n, seq->num_computed + n == seq->num_tokens()});
+      plan->seqs.push_back({.seq = seq,
+                            .start = seq->num_computed,
+                            .num_new = n,
+                            .wants_token = seq->num_computed + n - k == seq->num_tokens(),
+                            .num_drafts = k});
+    } else {
+      plan->num_draft_rows -= k;
+      seq->drafts.clear();
     }
   }
 }
@@ -230,20 +262,23 @@ StepPlan Scheduler::Schedule(absl::Time now, bool ahead) {
   // New work is admitted only when blocks did not run short, so preempted sequences are not overtaken.
   if (plan.preempted.empty() && !plan.needs_sync) Admit(&plan, ahead);
   capacity_.WriteAhead(limits_.write_ahead_blocks, &plan.copies);
-  int32_t prompt_rows = 0;
+  int32_t prompt_rows = 0, draft_rows = 0;
   for (ScheduledSeq& s : plan.seqs) {
     plan.num_tokens += s.num_new;
+    draft_rows += s.num_drafts;
     std::tie(s.rows_begin, s.rows_end) = s.seq->PromptRows(s.start, s.num_new);
     prompt_rows += s.num_prompt_rows();
   }
   plan.num_prompt_rows = prompt_rows;
+  INFERD_CHECK(draft_rows == plan.num_draft_rows, "the drafted rows granted are those planned");
   if (plan.copies.empty()) {
     plan.copies.ticket = 0;
   } else {
     last_ticket_ = plan.copies.ticket;
   }
   INFERD_CHECK(plan.num_tokens <= limits_.max_num_batched_tokens, "a step stays within max_num_batched_tokens");
-  INFERD_CHECK(prompt_rows <= limits_.max_num_seqs, "a step's prompt rows stay within max_num_seqs");
+  INFERD_CHECK(prompt_rows + plan.num_draft_rows <= limits_.max_num_seqs,
+               "a step's prompt rows and drafted rows stay within max_num_seqs");
   INFERD_CHECK(static_cast<int32_t>(plan.seqs.size()) <= limits_.max_num_seqs, "a step stays within max_num_seqs");
   return plan;
 }
@@ -252,19 +287,28 @@ void Scheduler::Launched(const StepPlan& plan) {
   int32_t row = 0;
   for (const ScheduledSeq& s : plan.seqs) {
     Sequence* seq = s.seq;
-    seq->num_computed = s.start + s.num_new;
+    seq->num_computed = s.start + s.num_new - s.num_drafts;
     if (s.num_prompt_rows() > 0) seq->num_scored = s.rows_end;
     // A block is remembered under its tokens' ids, so not while its last computed token is still pending.
     if (!IsPendingToken(seq->tokens[seq->num_computed - 1])) capacity_.RememberFullBlocks(seq);
-    if (s.wants_token) seq->tokens.push_back(PendingToken(row++));
+    if (s.wants_token) seq->tokens.push_back(PendingToken(row));
+    row += s.num_sampled_rows();
   }
 }
 
-void Scheduler::Resolve(Sequence* seq, int32_t position, int32_t token) {
+void Scheduler::Resolve(Sequence* seq, int32_t position, std::span<const int32_t> tokens) {
   INFERD_CHECK(position < seq->num_tokens() && IsPendingToken(seq->tokens[position]), "a pending token is resolved");
-  INFERD_CHECK(!IsPendingToken(token), "a sampled token is a real id");
-  seq->tokens[position] = token;
+  INFERD_CHECK(!tokens.empty() && std::ranges::none_of(tokens, IsPendingToken), "sampled tokens are real ids");
+  const int32_t accepted = static_cast<int32_t>(tokens.size()) - 1;
+  INFERD_CHECK(accepted == 0 || (position == seq->num_tokens() - 1 && seq->num_computed == position &&
+                                 accepted <= static_cast<int32_t>(seq->drafts.size())),
+               "accepted drafts follow the sequence's last token, which the step computed");
+  seq->tokens[position] = tokens[0];
+  seq->tokens.insert(seq->tokens.begin() + position + 1, tokens.begin() + 1, tokens.end());
+  seq->num_computed += accepted;  // the step wrote the accepted drafts' K/V
+  seq->drafts.clear();
   capacity_.RememberFullBlocks(seq);
+  capacity_.Shrink(seq);
 }
 
 void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -41,7 +42,11 @@ struct ScheduledSeq {
   bool wants_token = false;  // this step reaches the sequence's last token, so it samples the next one
   // prompt_logprobs: positions [rows_begin, rows_end) get a prompt row this step (Sequence::PromptRows).
   int32_t rows_begin = 0, rows_end = 0;
+  // Speculative decoding: the decode also computes this many of seq->drafts (num_new = 1 + num_drafts), each row
+  // sampled; the step's KV for them counts only once Resolve accepts them.
+  int32_t num_drafts = 0;
   int32_t num_prompt_rows() const { return rows_end > rows_begin ? rows_end - rows_begin : 0; }
+  int32_t num_sampled_rows() const { return wants_token ? 1 + num_drafts : 0; }
 };
 
 struct StepPlan {
@@ -52,9 +57,10 @@ struct StepPlan {
   // a block they read is not written by a step before they have read it.
   CopyBatch copies;
   int32_t num_tokens = 0;  // sum of num_new
-  // prompt_logprobs rows (ScheduledSeq::rows_begin), at most max_num_seqs: while planning, the rows granted so far
-  // (TakePromptRows); once planned, the step's.
+  // prompt_logprobs rows (ScheduledSeq::rows_begin) and drafted tokens' rows together, at most max_num_seqs: while
+  // planning, the rows granted so far (TakePromptRows, drafts); once planned, the step's.
   int32_t num_prompt_rows = 0;
+  int32_t num_draft_rows = 0;
   // Planned ahead, this step left out what only a preemption or a swap-in could have made room for: the next
   // step is planned after the running one is collected.
   bool needs_sync = false;
@@ -70,8 +76,9 @@ class Scheduler {
   // Queues a new sequence (its arrival and request.priority set).
   void Add(Sequence* seq);
   // Chooses this step's batch at time `now`:
-  //  1. running sequences: decodes take one token each, prompts still prefilling share the rest of the budget
-  //     (capped at long_prefill_chunk while others wait); blocks are granted highest priority first, and when
+  //  1. running sequences: decodes take one token each (and their Sequence::drafts while the budget, the step's
+  //     extra rows and blocks allow: a draft never preempts anyone), prompts still prefilling share the rest of the
+  //     budget (capped at long_prefill_chunk while others wait); blocks are granted highest priority first, and when
   //     they run out the lowest-priority, most recently admitted sequence is preempted (swapped out to host
   //     memory when swap space has room, else recomputed later) — never one
   //     that has not passed the point of its last preemption, unless nothing else can move;
@@ -85,10 +92,14 @@ class Scheduler {
   // swapped or admitted over a running one (plan.needs_sync says when that was wanted), and a sequence whose
   // pending token is its last allowed one (stopping.max_tokens) waits.
   StepPlan Schedule(absl::Time now, bool ahead = false);
-  // A step was launched: advances num_computed and appends PendingToken(r) for the r-th sequence that samples.
+  // A step was launched: advances num_computed (over the tokens it computed, not its drafts) and appends
+  // PendingToken(r) for each sequence that samples, r the index of its first sampled row.
   void Launched(const StepPlan& plan);
-  // The token sampled at `position` of seq is known: replaces its PendingToken.
-  void Resolve(Sequence* seq, int32_t position, int32_t token);
+  // The token sampled at `position` of seq is known: replaces its PendingToken. With drafts checked, `tokens` are
+  // the drafts accepted and then the token sampled after them: they all become its tokens, the accepted drafts'
+  // K/V computed, and the blocks taken for rejected ones go back.
+  void Resolve(Sequence* seq, int32_t position, std::span<const int32_t> tokens);
+  void Resolve(Sequence* seq, int32_t position, int32_t token) { Resolve(seq, position, {&token, 1}); }
   // Launched, then Resolve with sampled[i] for the i-th sequence that sampled (a step collected at once).
   void Update(const StepPlan& plan, const std::vector<int32_t>& sampled);
   // Removes a sequence wherever it is (finished or aborted) and frees its blocks at once.

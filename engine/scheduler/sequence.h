@@ -38,6 +38,9 @@ struct Sequence {
   std::vector<HostBlock> restoring;  // host-tier blocks found for its prefix, until they are copied in
   uint64_t loading_ticket = 0;       // its KV comes in with this copy batch: it runs once the batch completed
   bool finished = false;             // ended while a launched step still holds it: that step's row is dropped
+  // Speculative decoding: tokens proposed to follow its last one, checked in its next step if the scheduler grants
+  // them (it may cut them short); they are not its tokens until accepted (Scheduler::Resolve).
+  std::vector<int32_t> drafts;
 
   absl::Time arrival;
   absl::Time first_scheduled = absl::InfinitePast();

@@ -20,8 +20,13 @@ std::vector<int32_t> NgramDrafts::Propose(std::span<const int32_t> tokens, int32
     // The latest earlier occurrence: starts at j, ends before the suffix itself begins to overlap its own end.
     for (int64_t j = size - n - 1; j >= first; --j) {
       if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + j)) continue;
-      const int64_t from = j + n, count = std::min<int64_t>(max_tokens, size - from);
-      return std::vector<int32_t>(tokens.begin() + from, tokens.begin() + from + count);
+      // What followed it, read on into the draft itself where it reaches the end: a sequence caught in a loop
+      // of period p (its last occurrence p tokens back) drafts the loop on, not just p tokens.
+      std::vector<int32_t> draft;
+      for (int64_t i = j + n; static_cast<int32_t>(draft.size()) < max_tokens; ++i) {
+        draft.push_back(i < size ? tokens[i] : draft[i - size]);
+      }
+      return draft;
     }
   }
   return {};

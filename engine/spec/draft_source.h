@@ -22,7 +22,8 @@ class DraftSource {
 };
 
 // Prompt lookup (vLLM's "ngram" method): for the longest n in [min_n, max_n] such that the sequence's last n tokens
-// occurred earlier in it, the tokens that followed their latest earlier occurrence. Agent loops, code edits and
+// occurred earlier in it, the tokens that followed their latest earlier occurrence (read on into the draft where they
+// reach the sequence's end, so that a loop is drafted on). Agent loops, code edits and
 // summaries repeat spans of their prompt and of earlier answers, which this finds without a draft model. Looks back
 // at most `lookback` tokens (the search is linear in it for each n).
 class NgramDrafts : public DraftSource {

@@ -1,29 +1,27 @@
-// Checking a sequence's drafted tokens against the target model's rows in one step, exactly: the tokens kept are
-// distributed as sampling without drafts would give them (the rows' distributions are the sampler chain's, after
-// penalties, bias, constraints, temperature and top-k/p/min-p: runtime/sampler.h's Candidates).
-// n-gram and suffix drafts are tokens, not distributions (q = 1 on the drafted token), so the rejection rule reduces
-// to: drafted token d_i is kept with probability p_i(d_i); at the first one rejected, the token is drawn from p_i
-// without d_i (max(p_i − q_i, 0) renormalised); with every draft kept, one more token from the last row. One uniform
-// number a row does both: u < p(d) keeps d, and on rejection (u − p(d)) / (1 − p(d)), uniform again, draws the
-// replacement, so a seeded request's tokens depend on its seed and positions alone, as without drafts. Greedy rows
-// (their argmax alone) keep a draft while it equals the argmax.
+// Checking a sequence's drafted tokens against the target model's rows in one step, exactly. n-gram and suffix
+// drafts are tokens, not distributions (q = 1 on the drafted token), so rejection sampling's rule — keep drafted
+// token d_i with probability min(1, p_i(d_i) / q_i(d_i)) = p_i(d_i), and at the first one rejected draw from
+// max(p_i − q_i, 0) renormalised, which is p_i without d_i — is the same as sampling every row as a step without
+// drafts would (row i follows the sequence and d_0..d_{i-1}, with the uniform number of its position) and keeping
+// the drafts while they equal the rows' tokens: the sample equals d_i with probability p_i(d_i), and when it does
+// not, it is distributed as p_i without d_i. The first row whose token differs gives the next token; with every
+// draft kept, the last row gives one more. So the sampler's chain runs unchanged (penalties, bias, constraints,
+// temperature, top-k/p/min-p), greedy rows keep a draft while it is the argmax, and a seeded request produces the
+// very tokens it produces without drafts (its uniform numbers depend on its seed and positions alone).
+// FlashInfer's chain speculative sampling kernel is for drafts that are distributions (a draft model's q).
 #pragma once
 
 #include <cstdint>
 #include <span>
 
-#include "engine/runtime/sampler.h"
-
 namespace inferd {
 
 struct Verified {
   int32_t accepted = 0;  // drafted tokens kept
-  int32_t next = -1;     // the token after them: the replacement of the first rejected one, or one more
+  int32_t next = -1;     // the token after them: the first row's token that differs from its draft, or one more
 };
 
-// rows: drafts.size() + 1 distributions, row i the one drafts[i] is checked against (row i follows the sequence
-// and drafts[0..i)); uniforms: one in [0, 1) a row.
-Verified VerifyDrafts(std::span<const Candidates> rows, std::span<const int32_t> drafts,
-                      std::span<const double> uniforms);
+// sampled: the tokens of drafts.size() + 1 rows, row i checking drafts[i] (the last row follows every draft).
+Verified VerifyDrafts(std::span<const int32_t> sampled, std::span<const int32_t> drafts);
 
 }  // namespace inferd

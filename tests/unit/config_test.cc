@@ -66,6 +66,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"model: {path: /m}\nengine: {block_size: 8, block_size: 16}\n", "engine.block_size is given twice"},
         BadCase{"model: {path: /m}\nengine: {}\nengine: {block_size: 8}\n", "section 'engine' is given twice"},
         BadCase{"model: {path: /m}\nengine: {num_blocks: 1.5}\n", "engine.num_blocks"},
+        BadCase{"model: {path: /m}\nspeculative: {method: eagle}\n", "speculative.method = 'eagle'"},
+        BadCase{"model: {path: /m}\nspeculative: {max_tokens: 17}\n", "speculative.max_tokens = 17"},
+        BadCase{"model: {path: /m}\nspeculative: {ngram_min: 4, ngram_max: 3}\n",
+                "speculative.ngram_min = 4 is out of range; allowed: 1..speculative.ngram_max (3)"},
         BadCase{"- a\n- b\n", "must be a mapping"}, BadCase{"model: [1, 2\n", "not valid YAML"}),
     [](const auto& info) { return "case" + std::to_string(info.index); });
 
@@ -95,7 +99,9 @@ server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000
          tls_key_file: /k.pem, tls_client_ca_file: /ca.pem, api_keys_file: /keys, api_keys_exempt_health: false,
          api_keys_exempt_metrics: false, http_unknown_fields: refuse}
 kv_events: {enabled: true, endpoint: 'tcp://127.0.0.1:6000', replay_endpoint: 'tcp://127.0.0.1:6001', topic: kv,
-            buffer_steps: 50})";
+            buffer_steps: 50}
+speculative: {method: suffix, max_tokens: 7, ngram_min: 3, ngram_max: 6, suffix_max_depth: 32,
+              suffix_cache_tokens: 5000, min_acceptance: 0.35, max_batch: 8})";
   auto c = ParseConfig(yaml);
   ASSERT_TRUE(c.ok()) << c.status();
   auto again = ParseConfig(ConfigToYaml(*c));
@@ -150,6 +156,14 @@ kv_events: {enabled: true, endpoint: 'tcp://127.0.0.1:6000', replay_endpoint: 't
     EXPECT_EQ(x->kv_events.replay_endpoint, "tcp://127.0.0.1:6001");
     EXPECT_EQ(x->kv_events.topic, "kv");
     EXPECT_EQ(x->kv_events.buffer_steps, 50);
+    EXPECT_EQ(x->speculative.method, "suffix");
+    EXPECT_EQ(x->speculative.max_tokens, 7);
+    EXPECT_EQ(x->speculative.ngram_min, 3);
+    EXPECT_EQ(x->speculative.ngram_max, 6);
+    EXPECT_EQ(x->speculative.suffix_max_depth, 32);
+    EXPECT_EQ(x->speculative.suffix_cache_tokens, 5000);
+    EXPECT_DOUBLE_EQ(x->speculative.min_acceptance, 0.35);
+    EXPECT_EQ(x->speculative.max_batch, 8);
   }
   // Each key's line differs from the defaults' dump: none was dropped or written as its default.
   auto defaults = ParseConfig("model: {path: /m}\n");

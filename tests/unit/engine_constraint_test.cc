@@ -145,10 +145,17 @@ TEST_P(ConstrainedRequests, EveryAnswerSatisfiesItsConstraintAloneAndInACrowd) {
   }
 }
 
-// The same requests give the same answers whether their steps are planned ahead or not.
-TEST(ConstrainedRequestsAhead, AnswersEqualThoseOfStepsPlannedAfterTheTokens) {
-  std::vector<std::vector<int32_t>> answers[2];
-  for (int ahead = 0; ahead < 2; ++ahead) {
+// The same requests give the same answers whether their steps are planned ahead or not, and whether they draft
+// their next tokens and check them in one step (speculative decoding: a drafted row's mask is the constraint's
+// after the drafts before it; a draft the constraint refuses is cut).
+TEST(ConstrainedRequestsAhead, AnswersEqualThoseOfStepsPlannedAfterTheTokensWithAndWithoutDrafts) {
+  struct Mode {
+    const char* plan_ahead;
+    const char* speculative;
+  };
+  const Mode modes[] = {{"off", "off"}, {"on", "off"}, {"off", "ngram"}, {"on", "suffix"}};
+  std::vector<std::vector<int32_t>> answers[std::size(modes)];
+  for (size_t m = 0; m < std::size(modes); ++m) {
     auto tokenizer = *Tokenizer::FromFile(testing::SourcePath("tests/fixtures/models/qwen2-tiny/tokenizer.json"));
     const int32_t eos = *tokenizer->TokenToId("<|endoftext|>");
     MaskFollowingBackend::Control control;
@@ -156,7 +163,9 @@ TEST(ConstrainedRequestsAhead, AnswersEqualThoseOfStepsPlannedAfterTheTokens) {
     config.model.path = testing::ModelDir("qwen2-tiny");
     config.engine.num_blocks = 256;
     config.engine.block_size = 4;
-    config.engine.plan_ahead = ahead ? "on" : "off";
+    config.engine.plan_ahead = modes[m].plan_ahead;
+    config.speculative.method = modes[m].speculative;
+    config.speculative.ngram_min = 1;
     auto engine = Engine::Create(config, [&](const Config&, const Model&) -> absl::StatusOr<std::unique_ptr<Backend>> {
       return std::make_unique<MaskFollowingBackend>(&control, eos);
     });
@@ -165,10 +174,12 @@ TEST(ConstrainedRequestsAhead, AnswersEqualThoseOfStepsPlannedAfterTheTokens) {
                                   "",
                                   {"alpha beta", "gamma", "delta epsilon zeta"},
                                   "structured_outputs.choice"};
-    auto compiled = (*engine)->constraint_compiler().Compile(choice);
-    ASSERT_TRUE(compiled.ok()) << compiled.status();
+    // Text that repeats itself (drafts find it earlier) with a choice at each turn (drafts are rejected there).
+    const OutputConstraint loop{OutputConstraint::Kind::kRegex, "(ab-cd-(ef|gh)-){5}", {}, "structured_outputs.regex"};
     std::vector<std::shared_ptr<CollectingSink>> sinks;
     for (int i = 0; i < 6; ++i) {
+      auto compiled = (*engine)->constraint_compiler().Compile(i % 2 ? loop : choice);
+      ASSERT_TRUE(compiled.ok()) << compiled.status();
       Request r;
       r.id = "c" + std::to_string(i);
       r.prompt = {1, 2, 3, 4, 5, 6, 7};
@@ -181,10 +192,20 @@ TEST(ConstrainedRequestsAhead, AnswersEqualThoseOfStepsPlannedAfterTheTokens) {
     }
     for (auto& sink : sinks) {
       ASSERT_TRUE(sink->WaitFor(absl::Seconds(30)));
-      answers[ahead].push_back(sink->tokens);
+      ASSERT_TRUE(sink->error.ok()) << sink->error;
+      answers[m].push_back(sink->tokens);
     }
+    const EngineStats stats = (*engine)->Stats();
+    if (std::string(modes[m].speculative) != "off") {
+      EXPECT_GT(stats.spec_accepted_tokens, 0) << modes[m].speculative;
+      EXPECT_LE(stats.spec_accepted_tokens, stats.spec_draft_tokens) << modes[m].speculative;
+    }
+    EXPECT_EQ(control.unmasked_rows, 0);
+    EXPECT_EQ(stats.free_blocks, stats.total_blocks);
   }
-  EXPECT_EQ(answers[0], answers[1]);
+  for (size_t m = 1; m < std::size(modes); ++m) {
+    EXPECT_EQ(answers[0], answers[m]) << modes[m].plan_ahead << " " << modes[m].speculative;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(PlanAhead, ConstrainedRequests, ::testing::Values("off", "on"));

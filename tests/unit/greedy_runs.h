@@ -30,6 +30,7 @@ struct GreedyRun {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<TokenLogprob>> logprobs;  // the chosen token's and the top 2
   MemoryPlan plan;
+  EngineStats stats;  // as the run ended
 };
 
 // Each prompt's greedy continuation of max_tokens (eos ignored), all submitted at once, on the backend `factory`
@@ -62,6 +63,7 @@ inline GreedyRun RunGreedy(const Config& config, const std::vector<std::vector<i
   run.plan = (*engine)->memory_plan();
   const EngineStats stats = (*engine)->Stats();
   EXPECT_EQ(stats.free_blocks, stats.total_blocks) << "every block is back";
+  run.stats = stats;
   return run;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/runtime/step_input.h"
+#include "engine/spec/verify.h"
 
 namespace inferd {
 namespace {
@@ -698,6 +699,143 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
     EXPECT_GT(h.scheduler_.counters().host_hit_tokens, 0);
   }
   EXPECT_GE(restored, h.scheduler_.counters().restored_blocks + h.scheduler_.counters().swapped_in_blocks);
+  for (auto it = h.seqs_.begin(); it != h.seqs_.end();) h.Finish((it++)->first);
+  h.scheduler_.CopiesCompleted(h.scheduler_.copies_in_flight());
+  EXPECT_EQ(h.pool_.num_free(), h.pool_.num_total());
+  EXPECT_EQ(h.swap_pool_.num_free(), h.swap_pool_.num_total()) << "no host block leaked";
+}
+
+// Speculative decoding's steps at random: decoding sequences draft 0-4 tokens (the scheduler grants what the budget,
+// the step's rows and the blocks allow), each step's rows sample at random from a 3-token alphabet (prompts too, so
+// prefixes repeat and the prefix cache hits), drafts are kept while they match, requests are cancelled between a
+// step's launch and its verification, and a small pool preempts and swaps. A simulated KV store records what each
+// step and copy writes to each slot (drafts included): at every step, every computed position of every sequence —
+// running, reusing cached prefix blocks, or swapped out — holds its own token, so no block whose KV holds an
+// unverified draft is ever cached or read; and no block leaks.
+TEST_P(RandomizedScheduler, DraftsCheckedInOneStepNeitherLeakBlocksNorLeaveUnverifiedKvToBeRead) {
+  std::mt19937 rng(7);
+  const bool windows = std::get<4>(GetParam());
+  const int32_t bs = 4;
+  const SchedulerLimits limits{.max_num_seqs = 5,
+                               .max_num_batched_tokens = 24,
+                               .block_size = bs,
+                               .prefix_caching = std::get<0>(GetParam()),
+                               .long_prefill_chunk = 6,
+                               .kv_windows = windows ? std::vector<int32_t>{0, 8, 8} : std::vector<int32_t>{0}};
+  const int32_t num_blocks = windows ? 40 : 20, swap_blocks = std::get<1>(GetParam()) ? 12 : 0,
+                cache_blocks = std::get<2>(GetParam()) ? 10 : 0;
+  SchedulerHarness h(limits, num_blocks, swap_blocks, cache_blocks);
+  const int32_t copy_delay = std::get<3>(GetParam());
+  std::vector<int32_t> kv(num_blocks * bs, -1), host((swap_blocks + cache_blocks + 1) * bs, -1);
+  const auto token = [&] { return 1 + static_cast<int32_t>(rng() % 3); };
+  std::map<char, int32_t> target;
+  char next = 'A';
+  int finished = 0;
+  int64_t drafted = 0, accepted = 0;
+  for (int step = 0; step < 3000 && finished < 200; ++step) {
+    if (h.seqs_.size() < 12 && rng() % 3 == 0) {
+      const char name = static_cast<char>('A' + (next++ - 'A') % 52);
+      if (!h.seqs_.count(name)) {
+        const int32_t prompt = 1 + static_cast<int32_t>(rng() % 30);
+        h.Add(name, prompt);
+        for (int32_t& t : h.seqs_.at(name)->tokens) t = 1 + static_cast<int32_t>(rng() % 2);  // prefixes repeat
+        target[name] = prompt + 1 + static_cast<int32_t>(rng() % 40);
+      }
+    }
+    for (Sequence* seq : h.scheduler_.running()) {
+      seq->drafts.clear();
+      if (seq->num_tokens() - seq->num_computed != 1) continue;
+      for (int32_t i = static_cast<int32_t>(rng() % 5); i > 0; --i) seq->drafts.push_back(token());
+    }
+    h.copies_before_ = h.scheduler_.copies_in_flight();
+    const StepPlan plan = h.scheduler_.Schedule(h.now_);
+    ASSERT_LE(plan.num_tokens, limits.max_num_batched_tokens);
+    ASSERT_LE(BuildStepInput(plan, bs, h.scheduler_.capacity().num_groups()).num_logits(), 2 * limits.max_num_seqs);
+    // The copies, then the step's K/V (its drafts' too) where its block tables put them.
+    for (const BlockCopy& c : plan.copies.out) {
+      std::copy_n(kv.begin() + c.device_block * bs, bs, host.begin() + c.host_block * bs);
+    }
+    for (const BlockCopy& c : plan.copies.in) {
+      std::copy_n(host.begin() + c.host_block * bs, bs, kv.begin() + c.device_block * bs);
+    }
+    for (const ScheduledSeq& s : plan.seqs) {
+      std::vector<int32_t> ids = s.seq->tokens;
+      ids.insert(ids.end(), s.seq->drafts.begin(), s.seq->drafts.begin() + s.num_drafts);
+      for (int32_t p = s.start; p < s.start + s.num_new; ++p) {
+        for (const std::vector<int32_t>& table : s.seq->block_tables) {
+          if (table[p / bs] != kNoBlock) kv[table[p / bs] * bs + p % bs] = ids[p];
+        }
+      }
+      drafted += s.num_drafts;
+    }
+    h.scheduler_.Launched(plan);
+    // A cancel may land between the launch and the step's tokens.
+    for (const ScheduledSeq& s : plan.seqs) {
+      if (rng() % 50 == 0) {
+        h.Finish(s.seq->request.id[0]);
+        ++finished;
+      }
+    }
+    for (const ScheduledSeq& s : plan.seqs) {
+      if (!s.wants_token) continue;
+      const auto it =
+          std::find_if(h.seqs_.begin(), h.seqs_.end(), [&](const auto& e) { return e.second.get() == s.seq; });
+      if (it == h.seqs_.end()) continue;  // cancelled
+      std::vector<int32_t> sampled(s.num_drafts + 1);
+      for (int32_t& t : sampled) t = token();
+      const Verified v = VerifyDrafts(sampled, std::span<const int32_t>(s.seq->drafts).first(s.num_drafts));
+      std::vector<int32_t> kept(s.seq->drafts.begin(), s.seq->drafts.begin() + v.accepted);
+      kept.push_back(v.next);
+      accepted += v.accepted;
+      h.scheduler_.Resolve(s.seq, s.start + s.num_new - s.num_drafts, kept);
+    }
+    if (plan.copies.ticket > 0) h.started_.push_back({plan.copies.ticket, copy_delay});
+    uint64_t done = 0;
+    while (!h.started_.empty() && h.started_.front().second <= 0) {
+      done = h.started_.front().first;
+      h.started_.pop_front();
+    }
+    for (auto& [ticket, left] : h.started_) --left;
+    if (done > 0) h.scheduler_.CopiesCompleted(done);
+    h.pool_.CheckInvariants();
+    h.swap_pool_.CheckInvariants();
+    // Every computed position holds its sequence's token: on the device (each KV group's block that is still
+    // held), or in swap space.
+    for (const auto& [name, seq] : h.seqs_) {
+      for (int32_t p = 0; p < seq->num_computed; ++p) {
+        for (const std::vector<int32_t>& table : seq->block_tables) {
+          if (p / bs < static_cast<int32_t>(table.size()) && table[p / bs] != kNoBlock) {
+            ASSERT_EQ(kv[table[p / bs] * bs + p % bs], seq->tokens[p])
+                << name << " position " << p << ", step " << step;
+          }
+        }
+        for (const std::vector<int32_t>& table : seq->swapped_blocks) {
+          if (p / bs < static_cast<int32_t>(table.size()) && table[p / bs] != kNoBlock) {
+            ASSERT_EQ(host[table[p / bs] * bs + p % bs], seq->tokens[p]) << name << " swapped, position " << p;
+          }
+        }
+      }
+    }
+    std::map<int32_t, int32_t> holders;
+    for (const auto& [name, seq] : h.seqs_)
+      for (int32_t b : Capacity::HeldBlocks(seq->block_tables)) holders[b]++;
+    for (const auto& [b, n] : holders) ASSERT_EQ(h.pool_.RefCount(b), n) << "block " << b;
+    ASSERT_EQ(static_cast<int32_t>(holders.size()) + h.pool_.num_free(), h.pool_.num_total());
+    std::vector<char> done_names;
+    for (const auto& [name, seq] : h.seqs_) {
+      if (seq->num_tokens() >= target[name] && seq->num_computed == seq->num_tokens() - 1) done_names.push_back(name);
+    }
+    for (char name : done_names) {
+      h.Finish(name);
+      ++finished;
+    }
+  }
+  EXPECT_GE(finished, 200);
+  EXPECT_GT(drafted, 0);
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+  EXPECT_GT(h.scheduler_.counters().preemptions, 0);
+  if (limits.prefix_caching) EXPECT_GT(h.scheduler_.counters().prefix_hit_tokens, 0);
   for (auto it = h.seqs_.begin(); it != h.seqs_.end();) h.Finish((it++)->first);
   h.scheduler_.CopiesCompleted(h.scheduler_.copies_in_flight());
   EXPECT_EQ(h.pool_.num_free(), h.pool_.num_total());

@@ -18,8 +18,8 @@ TEST(NgramDrafts, ProposesWhatFollowedTheLatestEarlierOccurrenceOfTheLongestSuff
   EXPECT_EQ(drafts.Propose(Tokens{1, 2, 10, 1, 2, 20, 1, 2}, 1), Tokens{20});
   // Only n = 1 matches: "3" occurred at 2.
   EXPECT_EQ(drafts.Propose(Tokens{9, 9, 3, 4, 8, 3}, 2), (Tokens{4, 8}));
-  // The draft stops at the sequence's end and at max_tokens.
-  EXPECT_EQ(drafts.Propose(Tokens{1, 2, 3, 1, 2}, 10), (Tokens{3, 1, 2}));
+  // The draft reads on into itself past the sequence's end (the loop "1 2 3" goes on), and stops at max_tokens.
+  EXPECT_EQ(drafts.Propose(Tokens{1, 2, 3, 1, 2}, 7), (Tokens{3, 1, 2, 3, 1, 2, 3}));
   EXPECT_EQ(drafts.Propose(Tokens{1, 2, 3, 1, 2}, 1), Tokens{3});
 }
 
@@ -37,7 +37,8 @@ TEST(NgramDrafts, NothingWhereTheSuffixNeverOccurredOrTheBoundsForbidIt) {
 }
 
 TEST(NgramDrafts, ARunOfOneTokenProposesMoreOfIt) {
-  EXPECT_EQ(NgramDrafts(1, 4).Propose(Tokens{3, 3, 3, 3, 3}, 3), (Tokens{3}));  // the match may overlap the suffix
+  // The match overlaps the suffix (its latest occurrence starts a token back), and the draft follows the run.
+  EXPECT_EQ(NgramDrafts(1, 4).Propose(Tokens{3, 3, 3, 3, 3}, 3), (Tokens{3, 3, 3}));
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include "engine/runtime/sampler.h"
+
 namespace inferd {
 namespace {
 
@@ -22,22 +24,29 @@ Candidates Row(std::vector<int32_t> ids, std::vector<double> probs) {
 // Greedy rows (the argmax alone): drafts are kept while they equal it; the first that does not is replaced by it,
 // and with all kept the last row adds its argmax.
 TEST(VerifyDrafts, GreedyKeepsDraftsWhileTheyAreTheArgmax) {
-  const std::vector<Candidates> rows = {Row({5}, {1}), Row({6}, {1}), Row({7}, {1}), Row({8}, {1})};
-  const std::vector<double> u = {0.3, 0.9, 0.5, 0.1};
-  Verified v = VerifyDrafts(rows, std::vector<int32_t>{5, 6, 7}, u);
+  const std::vector<int32_t> argmax = {5, 6, 7, 8};
+  Verified v = VerifyDrafts(argmax, std::vector<int32_t>{5, 6, 7});
   EXPECT_EQ(v.accepted, 3);
   EXPECT_EQ(v.next, 8);
-  v = VerifyDrafts(rows, std::vector<int32_t>{5, 9, 7}, u);
+  v = VerifyDrafts(argmax, std::vector<int32_t>{5, 9, 7});
   EXPECT_EQ(v.accepted, 1);
   EXPECT_EQ(v.next, 6);
-  v = VerifyDrafts(std::span(rows).first(1), std::vector<int32_t>{}, std::span(u).first(1));
+  v = VerifyDrafts(std::span(argmax).first(1), std::vector<int32_t>{});
   EXPECT_EQ(v.accepted, 0);
   EXPECT_EQ(v.next, 5) << "no drafts: an ordinary step";
 }
 
 // The rule applied round after round to a stream with drafts that are often wrong, against the stream drawn
 // without drafts: per position p_pos over 4 tokens, the first two tokens' joint frequencies over many streams.
+// A rule sees the rows' distributions, the drafts and a uniform number a row.
 using Rule = std::function<Verified(std::span<const Candidates>, std::span<const int32_t>, std::span<const double>)>;
+
+// inferd's: each row sampled with its uniform number (as the sampler's Draw does without drafts), then checked.
+Verified SampleAndCheck(std::span<const Candidates> rows, std::span<const int32_t> drafts, std::span<const double> u) {
+  std::vector<int32_t> sampled;
+  for (size_t i = 0; i < rows.size(); ++i) sampled.push_back(Draw(rows[i], u[i]));
+  return VerifyDrafts(sampled, drafts);
+}
 
 double ChiSquareOfFirstTwoTokens(const Rule& rule, int64_t streams) {
   const std::array<Candidates, 4> p = {Row({0, 1, 2, 3}, {0.5, 0.25, 0.15, 0.10}),
@@ -79,12 +88,14 @@ double ChiSquareOfFirstTwoTokens(const Rule& rule, int64_t streams) {
 TEST(VerifyDrafts, TokensAreDistributedAsWithoutDraftsAndABiasedRuleIsCaught) {
   constexpr int64_t kStreams = 200000;
   constexpr double kCritical = 37.70;  // χ² with 15 degrees of freedom at p = 0.001
-  EXPECT_LT(ChiSquareOfFirstTwoTokens(VerifyDrafts, kStreams), kCritical);
-  // A rule that keeps drafts too readily (u < √p instead of u < p), replacing the rejected as the real one does.
+  EXPECT_LT(ChiSquareOfFirstTwoTokens(SampleAndCheck, kStreams), kCritical);
+  // A rule that keeps drafts too readily: a draft the row did not sample is kept anyway one time in five.
   const Rule biased = [](std::span<const Candidates> rows, std::span<const int32_t> drafts, std::span<const double> u) {
-    std::vector<double> skewed(u.begin(), u.end());
-    for (size_t i = 0; i < drafts.size(); ++i) skewed[i] = u[i] * u[i];  // u² < p ⇔ u < √p
-    return VerifyDrafts(rows, drafts, skewed);
+    std::vector<int32_t> sampled;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      sampled.push_back(i < drafts.size() && u[i] < 0.2 ? drafts[i] : Draw(rows[i], u[i]));
+    }
+    return VerifyDrafts(sampled, drafts);
   };
   EXPECT_GT(ChiSquareOfFirstTwoTokens(biased, kStreams), 10 * kCritical);
 }
