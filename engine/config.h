@@ -85,6 +85,7 @@ struct SpeculativeSection {
   int64_t suffix_cache_tokens = 1 << 20;  // suffix: tokens of finished outputs every sequence drafts from
   double min_acceptance = 0.2;            // a sequence drafts the k-th token while acceptance^k stays above this
   int32_t max_batch = 32;                 // sequences in a step above which no one drafts
+  bool adaptive = true;                   // draft at a batch size only while its steps measure faster that way
 };
 
 struct Config {

@@ -410,6 +410,11 @@ std::vector<ConfigField> MakeFields() {
       "speculative", "max_batch", [](Config& c) -> int32_t& { return c.speculative.max_batch; }, 0, 4096, "0..4096",
       "a step of more sequences than this drafts nothing (in a large batch a step reads the weights once for "
       "many rows already, and checking drafts costs more than it saves); 0 = no limit"));
+  f.push_back(Flag(
+      "speculative", "adaptive", [](Config& c) -> bool& { return c.speculative.adaptive; },
+      "steps draft only while, at their batch size (1, 2-3, 4-7, ...), the steps that checked drafts made tokens "
+      "faster than plain decode steps, by their measured wall times and the tokens kept (each side tried again "
+      "every 64 steps); off: every step up to max_batch drafts"));
   return f;
 }
 

@@ -681,9 +681,11 @@ void Engine::ProposeDrafts() {
   const SpeculativeSection& spec = config_.speculative;
   if (spec.method == "off") return;
   const std::deque<Sequence*>& running = scheduler_->running();
-  if (spec.max_batch > 0 && static_cast<int32_t>(running.size()) > spec.max_batch) return;
+  for (Sequence* seq : running) seq->drafts.clear();
+  const int32_t n = static_cast<int32_t>(running.size());
+  if (n == 0 || (spec.max_batch > 0 && n > spec.max_batch)) return;
+  if (spec.adaptive && !draft_payoff_.ShouldDraft(n)) return;
   for (Sequence* seq : running) {
-    seq->drafts.clear();
     SequenceState& st = *active_.at(seq->seq_id);
     if (!st.drafter || seq->num_tokens() - seq->num_computed != 1 || scheduler_->loading(*seq)) continue;
     // The step samples a token after its drafts: every token kept stays within max_tokens and max_model_len.
@@ -800,6 +802,7 @@ bool Engine::CollectInFlight() {
       scored[p] = std::move(output.logprobs[row + (p - s.rows_begin)]);
   }
   r = 0;
+  int32_t step_accepted = 0;
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.wants_token) continue;
     const size_t row = r;
@@ -816,6 +819,7 @@ bool Engine::CollectInFlight() {
       kept.assign(drafts.begin(), drafts.begin() + v.accepted);
       kept.push_back(v.next);
       st.draft_budget->Record(s.num_drafts, v.accepted);
+      step_accepted += v.accepted;
       ++spec_drafts_;
       spec_draft_tokens_ += s.num_drafts;
       spec_accepted_tokens_ += v.accepted;
@@ -859,6 +863,10 @@ bool Engine::CollectInFlight() {
     }
   }
   std::erase_if(retired_, [&](const auto& r) { return r.first <= collections_; });
+  // Steps that decoded every sequence, with drafts or without, are what the choice to draft weighs.
+  if (config_.speculative.method != "off" && record.decode() && record.num_seqs > 0) {
+    draft_payoff_.Record(record.num_seqs, num_drafted, step_accepted, record.wall_s);
+  }
   if (on_step_) {
     record.cycle_s = absl::ToDoubleSeconds(absl::Now() - iteration_start_);
     on_step_(record);

@@ -24,6 +24,7 @@
 #include "engine/runtime/backend.h"
 #include "engine/runtime/step_cost.h"
 #include "engine/scheduler/scheduler.h"
+#include "engine/spec/draft_payoff.h"
 #include "engine/spec/suffix_drafts.h"
 
 namespace inferd {
@@ -195,6 +196,7 @@ class Engine {
   double constraint_mask_s_ = 0;                       // engine thread; copied into stats_
   int64_t constraint_masked_rows_ = 0;
   std::unique_ptr<SuffixCache> suffix_cache_;  // speculative.method suffix: recent outputs every sequence drafts from
+  DraftPayoff draft_payoff_;                   // speculative.adaptive: whether drafting pays at a batch size
   int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_tokens_ = 0;  // engine thread; copied into stats_
   std::unique_ptr<Backend> backend_;
   MemoryPlan memory_plan_;  // as allocated

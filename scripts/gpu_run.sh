@@ -3,7 +3,7 @@
 # kernel, sampler and whole-model parity tests, the CPU tests, one serving run under compute-sanitizer, then
 # writes the Llama-3-8B-shaped random model, benchmarks it, and checks the served model's live efficiency
 # metrics against the benchmark's ratios. Results go to $OUT (or ./gpu-results).
-#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|smollm2|bench|efficiency|sweep|multiturn|copies|tp|families|ab|all]
+#   bash scripts/make_gpu_bundle.sh   (here)   then on the device:   bash scripts/gpu_run.sh [tests|parity|fp8|fp8-bench|accuracy|smollm2|speculative|bench|efficiency|sweep|multiturn|copies|tp|families|ab|all]
 # image: the CUDA image's own inferd from its root filesystem in a chroot, serving the 8B model (needs
 #   `bash docker/build-images.sh cuda && bash docker/export-payload.sh` here instead of the bundle; root there).
 # parity: the test models and references, then the precision and whole-model parity tests alone.
@@ -32,6 +32,12 @@
 # smollm2: the bundled SmolLM2 served on cuda through the SmolLM2 suites (structured output: the JSON-schema suite,
 #   regex, EBNF and choices; tools; chat), driven by the openai SDK and checked with jsonschema (both must be
 #   importable there: carry their wheels). Needs models/SmolLM2-135M-Instruct.Q4_1.gguf (scripts/setup.sh).
+# speculative: speculative decoding on cuda. The bundled SmolLM2 (real weights; models/SmolLM2-135M-Instruct.Q4_1.gguf)
+#   through `inferd-bench speculative` on tools/spec_prompts.json's workloads (copy-heavy: quotes, edits, an agent's
+#   transcript; ordinary chat) at batch 1 and 64 (SPEC_BATCHES), without speculation and with n-gram and suffix
+#   drafts, with the config's defaults and with every step drafting (bf16), and in fp16 to compare tokens (that run
+#   fails where speculation changed a token a top-1 margin of 0.1 or more decided); then the Llama-3-8B shape from weights made on the GPU: the device time of
+#   a step checking 4 drafts at batch 1 against a plain decode step.
 # families: the Qwen3-8B shape beside the Llama-3-8B shape, both from weights made on the GPU (model.load_format
 #   dummy), bf16 and fp8, decode at 1, 64 and 128 rows and prefill (the model layer's per-head norms at full size);
 #   Phi-3.5-mini's shape (heads of 96, run padded to 128; FAMILIES_PHI3=0 leaves it out); then Gemma 3 4B's shape
@@ -391,6 +397,28 @@ if [[ "$what" == ab ]]; then
       done
     done
   done
+fi
+if [[ "$what" == speculative ]]; then
+  if [[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ]]; then
+    # bf16 with the config's defaults (speculative.adaptive) and with every step drafting; fp16 (8 times finer
+    # rounding) for the token comparison at margins of 0.1.
+    for run in default forced fp16; do
+      flags=() && [[ $run == forced ]] && flags=(--forced)
+      [[ $run == fp16 ]] && flags=(--forced --dtype float16)
+      "$BUNDLE/bin/inferd-bench" speculative --model models/SmolLM2-135M-Instruct.Q4_1.gguf "${flags[@]}" \
+        --batches "${SPEC_BATCHES:-1,64}" --max-tokens "${SPEC_MAX_TOKENS:-256}" --json "$OUT/spec_smollm2_$run.json" \
+        > "$OUT/spec_smollm2_$run.txt" 2>&1 || { [[ $run == fp16 ]] && status=1; }
+      echo "-- SmolLM2, $run"
+      grep -v "^\[20" "$OUT/spec_smollm2_$run.txt" | grep -v "^request" | tail -n 14
+    done
+  else
+    echo "speculative: models/SmolLM2-135M-Instruct.Q4_1.gguf is missing (scripts/setup.sh)"
+    status=1
+  fi
+  python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-config --config-only >/dev/null || status=1
+  "$BUNDLE/bin/inferd-bench" speculative --model /tmp/llama3-8b-config --load-format dummy --verify-cost \
+    --json "$OUT/spec_verify_8b.json" > "$OUT/spec_verify_8b.txt" 2>&1 || status=1
+  grep -v "^\[20" "$OUT/spec_verify_8b.txt" | tail -n 3
 fi
 if [[ "$what" == families ]]; then
   python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-config --config-only >/dev/null || status=1

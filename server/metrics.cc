@@ -97,13 +97,20 @@ std::vector<prometheus::MetricFamily> VllmAliases(const EngineStats& s, const st
               double(s.prefix_query_tokens), label),
       Counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", double(s.prefix_hit_tokens),
               label),
+      Counter("vllm:spec_decode_num_drafts_total", "Speculative decoding: drafts checked (a sequence's in a step).",
+              double(s.spec_drafts), label),
+      Counter("vllm:spec_decode_num_draft_tokens_total", "Speculative decoding: drafted tokens checked.",
+              double(s.spec_draft_tokens), label),
+      Counter("vllm:spec_decode_num_accepted_tokens_total", "Speculative decoding: drafted tokens accepted.",
+              double(s.spec_accepted_tokens), label),
   };
 }
 
 // The engine's state, read at scrape time.
 class EngineCollector final : public prometheus::Collectable {
  public:
-  explicit EngineCollector(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  explicit EngineCollector(std::shared_ptr<Engine> engine)
+      : engine_(std::move(engine)), method_(engine_->config().speculative.method) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
     const EngineStats s = engine_->Stats();
     const double used = s.total_blocks - s.free_blocks;
@@ -148,6 +155,15 @@ class EngineCollector final : public prometheus::Collectable {
         Counter("inferd_preempted_tokens_total", "Computed tokens thrown away by preemptions (recomputed).",
                 double(s.preempted_tokens)),
         Counter("inferd_steps_total", "Steps the engine ran.", double(s.engine_steps)),
+        Counter("inferd_spec_decode_drafts_total",
+                "Speculative decoding: drafts checked, one per sequence and step that checked any.",
+                double(s.spec_drafts), {{"method", method_}}),
+        Counter("inferd_spec_decode_draft_tokens_total", "Speculative decoding: drafted tokens checked.",
+                double(s.spec_draft_tokens), {{"method", method_}}),
+        Counter("inferd_spec_decode_accepted_tokens_total",
+                "Speculative decoding: drafted tokens accepted (each draft also yields the token sampled after them; "
+                "mean accepted length per draft = accepted / drafts).",
+                double(s.spec_accepted_tokens), {{"method", method_}}),
         Counter("inferd_device_busy_seconds_total", "Device time of the steps (cuda: CUDA events).", s.device_busy_s),
     };
     families.insert(families.end(), std::make_move_iterator(own.begin()), std::make_move_iterator(own.end()));
@@ -156,6 +172,7 @@ class EngineCollector final : public prometheus::Collectable {
 
  private:
   std::shared_ptr<Engine> engine_;
+  std::string method_;  // speculative.method: the spec_decode counters' label
 };
 
 }  // namespace

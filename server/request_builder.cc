@@ -293,6 +293,7 @@ absl::StatusOr<BuiltRequest> BuildRequest(const v1::GenerateRequest& p, const Mo
   }
   text.skip_special_tokens = !p.output().has_skip_special_tokens() || p.output().skip_special_tokens();
   r.priority = p.priority();
+  r.speculative = !p.no_speculation();
   // Tools: the calls are found in the text unless the request forbids them; a required call is a constraint.
   OutputConstraint c = ConstraintOf(p.constraint());
   c.reasoning = reasoning;

@@ -13,6 +13,7 @@
 #include "tools/multi_turn_bench.h"
 #include "tools/perplexity_bench.h"
 #include "tools/serve_bench.h"
+#include "tools/spec_bench.h"
 
 #if INFERD_WITH_CUDA
 #include <cuda_runtime.h>
@@ -541,12 +542,13 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "serve") return inferd::ServeMain(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "perplexity") return inferd::PerplexityMain(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "speculative") return inferd::SpecMain(argc, argv);
 #if INFERD_WITH_CUDA
   return inferd::Main(argc, argv);
 #else
   std::fprintf(
       stderr,
-      "inferd-bench: built without CUDA: only `inferd-bench serve` and `inferd-bench perplexity` are available\n");
+      "inferd-bench: built without CUDA: only `inferd-bench serve`, `perplexity` and `speculative` are available\n");
   return 2;
 #endif
 }

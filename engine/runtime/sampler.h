@@ -17,8 +17,8 @@ struct SampleResult {
   TokenLogprob logprob;  // log-softmax of the raw logits
 };
 
-// The sampler is a chain of steps, each callable alone (speculative decoding checks drafted tokens against the
-// distribution a row samples from, not only against the token drawn):
+// The sampler is a chain of steps, each callable alone (a row's distribution apart from its draw: the tests of
+// speculative decoding's rule draw through them):
 //   1. ShapeLogits: repetition, presence and frequency penalties, logit bias, banned ids (min_tokens), the output
 //      constraint's mask — in place;
 //   2. CandidatesOf: temperature, top-k, top-p and min-p — the tokens that may be drawn and their weights;

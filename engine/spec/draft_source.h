@@ -1,10 +1,9 @@
 // Where speculative decoding's drafts come from. A draft source proposes up to k tokens to follow a sequence; the
-// engine then checks them in one step (1 + k query rows of the sequence, each sampled through the sampler's chain:
-// runtime/sampler.h's CandidatesOf gives the distribution a drafted token is accepted against) and keeps the
-// longest accepted prefix plus the token sampled after it. Sources are per sequence and hold no device state, so
-// a draft model (its own KV) can be one more implementation of the same interface. A source may keep an index of the
-// tokens it was shown (suffix decoding's, engine/spec/suffix_drafts.h), so it is asked again with the same sequence
-// grown.
+// engine then checks them in one step (1 + k query rows of the sequence, each sampled as the token at its position
+// would be without drafts) and keeps the drafts while they equal their rows' tokens, then the token after them
+// (engine/spec/verify.h). Sources are per sequence and hold no device state, so a draft model (its own KV) can be
+// one more implementation of the same interface. A source may keep an index of the tokens it was shown (suffix
+// decoding's, engine/spec/suffix_drafts.h), so it is asked again with the same sequence grown.
 #pragma once
 
 #include <cstdint>

@@ -510,6 +510,9 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiRo
   auto priority = f.Int("priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max());
   if (!priority.ok()) return priority.status();
   if (*priority) base.set_priority(static_cast<int32_t>(**priority));
+  auto speculative = f.Bool("speculative");  // inferd's: false opts out of speculative decoding
+  if (!speculative.ok()) return speculative.status();
+  if (*speculative) base.set_no_speculation(!**speculative);
 
   // Log probabilities: chat has logprobs (bool) and top_logprobs (0..20); completions logprobs (0..20).
   if (chat) {

@@ -101,7 +101,7 @@ server: {listen: '127.0.0.1:7000', drain_timeout_s: 4.5, max_request_bytes: 1000
 kv_events: {enabled: true, endpoint: 'tcp://127.0.0.1:6000', replay_endpoint: 'tcp://127.0.0.1:6001', topic: kv,
             buffer_steps: 50}
 speculative: {method: suffix, max_tokens: 7, ngram_min: 3, ngram_max: 6, suffix_max_depth: 32,
-              suffix_cache_tokens: 5000, min_acceptance: 0.35, max_batch: 8})";
+              suffix_cache_tokens: 5000, min_acceptance: 0.35, max_batch: 8, adaptive: false})";
   auto c = ParseConfig(yaml);
   ASSERT_TRUE(c.ok()) << c.status();
   auto again = ParseConfig(ConfigToYaml(*c));
@@ -164,6 +164,7 @@ speculative: {method: suffix, max_tokens: 7, ngram_min: 3, ngram_max: 6, suffix_
     EXPECT_EQ(x->speculative.suffix_cache_tokens, 5000);
     EXPECT_DOUBLE_EQ(x->speculative.min_acceptance, 0.35);
     EXPECT_EQ(x->speculative.max_batch, 8);
+    EXPECT_FALSE(x->speculative.adaptive);
   }
   // Each key's line differs from the defaults' dump: none was dropped or written as its default.
   auto defaults = ParseConfig("model: {path: /m}\n");

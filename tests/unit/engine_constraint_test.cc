@@ -166,6 +166,7 @@ TEST(ConstrainedRequestsAhead, AnswersEqualThoseOfStepsPlannedAfterTheTokensWith
     config.engine.plan_ahead = modes[m].plan_ahead;
     config.speculative.method = modes[m].speculative;
     config.speculative.ngram_min = 1;
+    config.speculative.adaptive = false;
     auto engine = Engine::Create(config, [&](const Config&, const Model&) -> absl::StatusOr<std::unique_ptr<Backend>> {
       return std::make_unique<MaskFollowingBackend>(&control, eos);
     });

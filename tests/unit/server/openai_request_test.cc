@@ -29,7 +29,8 @@ TEST(OpenAiRequest, ChatFieldsLandInTheGenerateRequest) {
       "temperature": 0.3, "top_p": 0.9, "top_k": 7, "min_p": 0.05, "presence_penalty": 0.5,
       "frequency_penalty": -0.5, "repetition_penalty": 1.1, "seed": 42, "max_completion_tokens": 9,
       "stop": ["\n\n", "END"], "n": 2, "logprobs": true, "top_logprobs": 4, "ignore_eos": true, "min_tokens": 3,
-      "stream": true, "stream_options": {"include_usage": true}, "user": "u1", "logit_bias": {"5": -100, "17": 2.5}})");
+      "stream": true, "stream_options": {"include_usage": true}, "user": "u1", "logit_bias": {"5": -100, "17": 2.5},
+      "speculative": false})");
   ASSERT_EQ(r.prompts.size(), 1u);
   const v1::GenerateRequest& g = r.prompts[0];
   ASSERT_EQ(g.messages().messages_size(), 2);
@@ -46,6 +47,7 @@ TEST(OpenAiRequest, ChatFieldsLandInTheGenerateRequest) {
   EXPECT_EQ(g.stopping().max_tokens(), 9);
   EXPECT_EQ(g.stopping().min_tokens(), 3);
   EXPECT_TRUE(g.stopping().ignore_eos());
+  EXPECT_TRUE(g.no_speculation());
   ASSERT_EQ(g.stopping().stop_size(), 2);
   EXPECT_EQ(g.stopping().stop(1), "END");
   EXPECT_EQ(g.output().top_logprobs(), 4);
