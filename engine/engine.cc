@@ -596,6 +596,7 @@ bool Engine::CanPlanAhead() const {
   const int32_t running = static_cast<int32_t>(scheduler_->running().size());
   if (spec.method != "off" && (spec.max_batch == 0 || running <= spec.max_batch)) return false;
   for (const ScheduledSeq& s : in_flight_->plan.seqs) {
+    if (s.num_drafts > 0) return false;  // how many tokens it keeps is known once it is collected
     if (!s.wants_token || s.seq->finished) continue;
     // Penalties count the output so far on the host: the pending token must be known. (A constraint's mask,
     // which follows from it too, comes after the launch: SupplyMasks.)

@@ -113,6 +113,45 @@ std::pair<std::vector<Answer>, EngineStats> Sample(const Config& config,
   return {answers, stats};
 }
 
+// Planned ahead (engine.plan_ahead on), a step that checked drafts is collected before the next is planned, also
+// when the batch grew past speculative.max_batch in that step (so the next step may be planned ahead again): one
+// request decodes alone, drafting, when the others arrive. Tokens as without drafts. (Before the engine looked for
+// drafts in the step in flight, this aborted: the step planned ahead had advanced the sequence whose drafts were
+// still being checked.)
+TEST(SpeculativePlannedAhead, AStepThatCheckedDraftsIsCollectedBeforeTheNextIsPlanned) {
+  const std::vector<std::vector<int32_t>> prompts = Prompts();
+  const auto run = [&](const std::string& method) {
+    Config config = Small("qwen3-tiny", method);
+    config.engine.plan_ahead = "on";
+    config.speculative.max_batch = 1;
+    auto engine = Engine::Create(config);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    std::vector<std::shared_ptr<testing::CollectingSink>> sinks;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Request r;
+      r.id = "a" + std::to_string(i);
+      r.prompt = prompts[i];
+      r.sampling.temperature = 0;
+      r.stopping.max_tokens = i == 0 ? 200 : 24;
+      r.stopping.ignore_eos = true;
+      sinks.push_back(std::make_shared<testing::CollectingSink>());
+      r.sink = sinks.back();
+      EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
+      // The first decodes alone (and drafts) for a while before the rest arrive.
+      while (i == 0 && sinks[0]->num_tokens() < 4) absl::SleepFor(absl::Milliseconds(1));
+    }
+    std::vector<std::vector<int32_t>> tokens;
+    for (auto& sink : sinks) {
+      sink->Wait();
+      EXPECT_TRUE(sink->error.ok()) << sink->error;
+      tokens.push_back(sink->tokens);
+    }
+    if (method != "off") EXPECT_GT((*engine)->Stats().spec_draft_tokens, 0);
+    return tokens;
+  };
+  EXPECT_EQ(run("ngram"), run("off"));
+}
+
 // A seeded request's row at position p draws with the uniform number of (seed, p) whether or not drafts came before
 // it, so speculation keeps the very tokens (not only their distribution), penalties, bans and stop ids included.
 TEST_P(Speculative, SeededSamplingGivesTheSameTokensWithPenaltiesBansAndStopIds) {
