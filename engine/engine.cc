@@ -510,6 +510,7 @@ void Engine::Loop() {
     iteration_start_ = absl::Now();
     TakeQueued();
     scheduler_->CopiesCompleted(backend_->CompletedCopies());  // sequences whose KV came in may run
+    draft_next_ = WantsDrafts();
     if (in_flight_ && (sync_next_ || !CanPlanAhead())) CollectInFlight();
     const bool ahead = in_flight_ != nullptr;
     if (!ahead) ProposeDrafts();
@@ -590,11 +591,8 @@ void Engine::Loop() {
 bool Engine::CanPlanAhead() const {
   if (!plan_ahead_) return false;
   // A step planned ahead cannot draft (its sequences' last tokens are pending), nor follow one that checked drafts
-  // (how many tokens it keeps is not known): with speculation on, steps small enough to draft are planned after the
-  // one before is collected.
-  const SpeculativeSection& spec = config_.speculative;
-  const int32_t running = static_cast<int32_t>(scheduler_->running().size());
-  if (spec.method != "off" && (spec.max_batch == 0 || running <= spec.max_batch)) return false;
+  // (how many tokens it keeps is not known): a step that drafts is planned after the one before is collected.
+  if (draft_next_) return false;
   for (const ScheduledSeq& s : in_flight_->plan.seqs) {
     if (s.num_drafts > 0) return false;  // how many tokens it keeps is known once it is collected
     if (!s.wants_token || s.seq->finished) continue;
@@ -678,14 +676,17 @@ std::unique_ptr<Engine::InFlight> Engine::LaunchStep(StepPlan plan, double sched
   return step;
 }
 
-void Engine::ProposeDrafts() {
+bool Engine::WantsDrafts() {
   const SpeculativeSection& spec = config_.speculative;
-  if (spec.method == "off") return;
+  const int32_t n = static_cast<int32_t>(scheduler_->running().size());
+  if (spec.method == "off" || n == 0 || (spec.max_batch > 0 && n > spec.max_batch)) return false;
+  return !spec.adaptive || draft_payoff_.ShouldDraft(n);
+}
+
+void Engine::ProposeDrafts() {
   const std::deque<Sequence*>& running = scheduler_->running();
   for (Sequence* seq : running) seq->drafts.clear();
-  const int32_t n = static_cast<int32_t>(running.size());
-  if (n == 0 || (spec.max_batch > 0 && n > spec.max_batch)) return;
-  if (spec.adaptive && !draft_payoff_.ShouldDraft(n)) return;
+  if (!draft_next_) return;
   for (Sequence* seq : running) {
     SequenceState& st = *active_.at(seq->seq_id);
     if (!st.drafter || seq->num_tokens() - seq->num_computed != 1 || scheduler_->loading(*seq)) continue;
@@ -864,10 +865,14 @@ bool Engine::CollectInFlight() {
     }
   }
   std::erase_if(retired_, [&](const auto& r) { return r.first <= collections_; });
-  // Steps that decoded every sequence, with drafts or without, are what the choice to draft weighs.
+  // Steps that decoded every sequence, with drafts or without, are what the choice to draft weighs, each at what
+  // it cost the stream of tokens: the time since the step before was collected (a step planned ahead overlapped
+  // it, so its own span, from scheduling, counts part of the step before twice), or its span after an idle spell.
   if (config_.speculative.method != "off" && record.decode() && record.num_seqs > 0) {
-    draft_payoff_.Record(record.num_seqs, num_drafted, step_accepted, record.wall_s);
+    const double since_last = absl::ToDoubleSeconds(done - last_collected_);
+    draft_payoff_.Record(record.num_seqs, num_drafted, step_accepted, std::min(record.wall_s, since_last));
   }
+  last_collected_ = done;
   if (on_step_) {
     record.cycle_s = absl::ToDoubleSeconds(absl::Now() - iteration_start_);
     on_step_(record);

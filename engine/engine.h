@@ -183,8 +183,11 @@ class Engine {
   void PublishStats();
 
   struct SequenceState;
-  // Speculative decoding: drafts for the running sequences that decode next (Sequence::drafts), before a step is
-  // planned with their last tokens known.
+  // Speculative decoding: whether the next step drafts (speculative.method, max_batch, and adaptive's measured
+  // payoff at this batch size); it is then planned after the step in flight is collected.
+  bool WantsDrafts();
+  // Drafts for the running sequences that decode next (Sequence::drafts), before a step is planned with their last
+  // tokens known.
   void ProposeDrafts();
   // A constrained sequence's drafts cut where its constraint refuses one, and the masks of its 1 + k rows filled.
   void ConstrainDrafts(SequenceState& st);
@@ -219,6 +222,8 @@ class Engine {
   absl::Time iteration_start_;           // when the loop's current iteration began
   bool plan_ahead_ = false;              // engine.plan_ahead, resolved for the backend
   bool sync_next_ = false;               // the last plan left out what only a step planned with the results in can do
+  bool draft_next_ = false;              // this iteration's step drafts (WantsDrafts)
+  absl::Time last_collected_ = absl::InfinitePast();  // when the last step's tokens reached the host
   std::unique_ptr<InFlight> in_flight_;  // the step launched and not yet collected
   int64_t launches_ = 0, collections_ = 0;
   // Requests that ended while a launched step still named them, kept until it is collected (by launch count).

@@ -37,7 +37,8 @@
 #   transcript; ordinary chat) at batch 1 and 64 (SPEC_BATCHES), without speculation and with n-gram and suffix
 #   drafts, with the config's defaults and with every step drafting (bf16), and in fp16 to compare tokens (that run
 #   fails where speculation changed a token a top-1 margin of 0.1 or more decided); then the Llama-3-8B shape from weights made on the GPU: the device time of
-#   a step checking 4 drafts at batch 1 against a plain decode step.
+#   a step checking 4 drafts at batch 1 against a plain decode step. SPEC_RUNS (default "default forced fp16") and
+#   SPEC_VERIFY=0 narrow it.
 # families: the Qwen3-8B shape beside the Llama-3-8B shape, both from weights made on the GPU (model.load_format
 #   dummy), bf16 and fp8, decode at 1, 64 and 128 rows and prefill (the model layer's per-head norms at full size);
 #   Phi-3.5-mini's shape (heads of 96, run padded to 128; FAMILIES_PHI3=0 leaves it out); then Gemma 3 4B's shape
@@ -402,7 +403,7 @@ if [[ "$what" == speculative ]]; then
   if [[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ]]; then
     # bf16 with the config's defaults (speculative.adaptive) and with every step drafting; fp16 (8 times finer
     # rounding) for the token comparison at margins of 0.1.
-    for run in default forced fp16; do
+    for run in ${SPEC_RUNS:-default forced fp16}; do
       flags=() && [[ $run == forced ]] && flags=(--forced)
       [[ $run == fp16 ]] && flags=(--forced --dtype float16)
       "$BUNDLE/bin/inferd-bench" speculative --model models/SmolLM2-135M-Instruct.Q4_1.gguf "${flags[@]}" \
@@ -415,10 +416,12 @@ if [[ "$what" == speculative ]]; then
     echo "speculative: models/SmolLM2-135M-Instruct.Q4_1.gguf is missing (scripts/setup.sh)"
     status=1
   fi
-  python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-config --config-only >/dev/null || status=1
-  "$BUNDLE/bin/inferd-bench" speculative --model /tmp/llama3-8b-config --load-format dummy --verify-cost \
-    --json "$OUT/spec_verify_8b.json" > "$OUT/spec_verify_8b.txt" 2>&1 || status=1
-  grep -v "^\[20" "$OUT/spec_verify_8b.txt" | tail -n 3
+  if [[ ${SPEC_VERIFY:-1} == 1 ]]; then
+    python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-config --config-only >/dev/null || status=1
+    "$BUNDLE/bin/inferd-bench" speculative --model /tmp/llama3-8b-config --load-format dummy --verify-cost \
+      --json "$OUT/spec_verify_8b.json" > "$OUT/spec_verify_8b.txt" 2>&1 || status=1
+    grep -v "^\[20" "$OUT/spec_verify_8b.txt" | tail -n 3
+  fi
 fi
 if [[ "$what" == families ]]; then
   python3 tools/make_llama3_8b_random.py /tmp/llama3-8b-config --config-only >/dev/null || status=1
