@@ -219,12 +219,12 @@ class Engine {
   std::mutex kv_events_mu_;
   std::function<void(std::vector<KvCacheEvent>)> on_kv_events_;
   int64_t engine_steps_ = 0;
-  absl::Time iteration_start_;           // when the loop's current iteration began
-  bool plan_ahead_ = false;              // engine.plan_ahead, resolved for the backend
-  bool sync_next_ = false;               // the last plan left out what only a step planned with the results in can do
-  bool draft_next_ = false;              // this iteration's step drafts (WantsDrafts)
+  absl::Time iteration_start_;  // when the loop's current iteration began
+  bool plan_ahead_ = false;     // engine.plan_ahead, resolved for the backend
+  bool sync_next_ = false;      // the last plan left out what only a step planned with the results in can do
+  bool draft_next_ = false;     // this iteration's step drafts (WantsDrafts)
   absl::Time last_collected_ = absl::InfinitePast();  // when the last step's tokens reached the host
-  std::unique_ptr<InFlight> in_flight_;  // the step launched and not yet collected
+  std::unique_ptr<InFlight> in_flight_;               // the step launched and not yet collected
   int64_t launches_ = 0, collections_ = 0;
   // Requests that ended while a launched step still named them, kept until it is collected (by launch count).
   std::vector<std::pair<int64_t, std::unique_ptr<SequenceState>>> retired_;

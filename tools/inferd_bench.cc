@@ -46,6 +46,7 @@
 #include "kernels/fp8.h"
 #include "kernels/gemv.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench_sink.h"
 
 namespace inferd {
 namespace {
@@ -245,34 +246,9 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
   return out;
 }
 
-// Host times of each token of one request.
-class TimingSink : public OutputSink {
- public:
-  void Push(RequestOutput out) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < out.token_ids.size(); ++i) times.push_back(absl::Now());
-    if (out.finish != FinishReason::kNone || !out.error.ok()) {
-      error = out.error;
-      done = true;
-      cv_.notify_all();
-    }
-  }
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done; });
-  }
-  std::vector<absl::Time> times;
-  absl::Status error;
-  bool done = false;
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-};
-
 // Submits one request of random prompt tokens (greedy, ignore_eos) without waiting.
 // Every prompt is different, so no request reuses another's cached prefix.
-std::shared_ptr<TimingSink> Start(Engine& engine, int32_t prompt_len, int32_t new_tokens) {
+std::shared_ptr<BenchSink> Start(Engine& engine, int32_t prompt_len, int32_t new_tokens) {
   static std::atomic<uint32_t> serial{0};
   const uint32_t n = serial++;
   std::mt19937 rng(n);
@@ -285,24 +261,10 @@ std::shared_ptr<TimingSink> Start(Engine& engine, int32_t prompt_len, int32_t ne
   r.sampling.temperature = 0;
   r.stopping.max_tokens = new_tokens;
   r.stopping.ignore_eos = true;
-  auto sink = std::make_shared<TimingSink>();
-  r.sink = sink;
-  if (auto s = engine.Submit(std::move(r)); !s.ok()) {
-    std::fprintf(stderr, "submit: %s\n", s.status().ToString().c_str());
-    std::exit(1);
-  }
-  return sink;
+  return SubmitOrExit(engine, std::move(r));
 }
 
-void WaitOk(TimingSink& sink) {
-  sink.Wait();
-  if (!sink.error.ok()) {
-    std::fprintf(stderr, "request failed: %s\n", sink.error.ToString().c_str());
-    std::exit(1);
-  }
-}
-
-std::shared_ptr<TimingSink> Run(Engine& engine, int32_t prompt_len, int32_t new_tokens, absl::Time* submitted) {
+std::shared_ptr<BenchSink> Run(Engine& engine, int32_t prompt_len, int32_t new_tokens, absl::Time* submitted) {
   *submitted = absl::Now();
   auto sink = Start(engine, prompt_len, new_tokens);
   WaitOk(*sink);
@@ -485,7 +447,7 @@ int Main(int argc, char** argv) {
   // started together; decode tokens/s from the moment the last one has its first token.
   for (int32_t B : batches) {
     if (!want("decode")) break;
-    std::vector<std::shared_ptr<TimingSink>> sinks;
+    std::vector<std::shared_ptr<BenchSink>> sinks;
     const EngineStats before = (*engine)->Stats();
     const absl::Time started = absl::Now();
     for (int32_t i = 0; i < B; ++i) sinks.push_back(Start(**engine, decode_context, 128));
@@ -514,7 +476,7 @@ int Main(int argc, char** argv) {
   if (want("throughput")) {
     const EngineStats a = (*engine)->Stats();
     const absl::Time t0 = absl::Now();
-    std::vector<std::shared_ptr<TimingSink>> sinks;
+    std::vector<std::shared_ptr<BenchSink>> sinks;
     for (int32_t i = 0; i < 1000; ++i) sinks.push_back(Start(**engine, 512, 128));
     for (auto& s : sinks) WaitOk(*s);
     const double secs = absl::ToDoubleSeconds(absl::Now() - t0);

@@ -28,7 +28,7 @@ BODIES = {
     "chat": (1, CHAT),
     "chat_parts": (1, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}),
     "completion": (0, COMPLETION),
-    "completion_ids": (0, {"prompt": [9, 8, 7], "max_completion_tokens": 3, "priority": -2}),
+    "completion_ids": (0, {"prompt": [9, 8, 7], "max_completion_tokens": 3, "priority": -2, "speculative": False}),
     "nested": (1, {"messages": [[[[[]]]]]}),
     "unknown_field": (1, {"messages": [{"role": "user", "content": "x"}], "no_stop_trim": True}),
 }
@@ -71,7 +71,7 @@ def main():
     requests = {
         "text": pb.GenerateRequest(text="The capital of France is", sampling=pb.SamplingParams(temperature=0.5, seed=1),
                                    stopping=pb.StoppingParams(max_tokens=8, stop=["\n"])),
-        "ids": pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 2, 3, 300000]), priority=3),
+        "ids": pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 2, 3, 300000]), priority=3, no_speculation=True),
         "messages": pb.GenerateRequest(messages=pb.ChatMessages(messages=[
             pb.ChatMessage(role="system", content="s"), pb.ChatMessage(role="user", content="{% raw %}u")])),
     }

@@ -16,7 +16,6 @@
 #include "tools/spec_bench.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -30,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "engine/engine.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench_sink.h"
 
 namespace inferd {
 namespace {
@@ -44,39 +44,8 @@ struct Options {
   bool forced = false;  // every step drafts (speculative.adaptive off, max_batch 0); else the config's defaults
 };
 
-class Sink : public OutputSink {
- public:
-  void Push(RequestOutput out) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    const absl::Time now = absl::Now();
-    for (int32_t t : out.token_ids) {
-      tokens.push_back(t);
-      times.push_back(now);
-    }
-    for (TokenLogprob& lp : out.logprobs) logprobs.push_back(std::move(lp));
-    if (out.finish != FinishReason::kNone || !out.error.ok()) {
-      error = out.error;
-      done = true;
-      cv_.notify_all();
-    }
-  }
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done; });
-  }
-  std::vector<int32_t> tokens;
-  std::vector<absl::Time> times;
-  std::vector<TokenLogprob> logprobs;
-  absl::Status error;
-  bool done = false;
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-};
-
-std::shared_ptr<Sink> Submit(Engine& engine, const std::vector<int32_t>& prompt, int32_t max_tokens,
-                             bool speculative = true) {
+std::shared_ptr<BenchSink> Submit(Engine& engine, const std::vector<int32_t>& prompt, int32_t max_tokens,
+                                  bool speculative = true) {
   static int serial = 0;
   Request r;
   r.id = "spec-" + std::to_string(serial++);
@@ -85,21 +54,7 @@ std::shared_ptr<Sink> Submit(Engine& engine, const std::vector<int32_t>& prompt,
   r.stopping.max_tokens = max_tokens;
   r.top_logprobs = 2;
   r.speculative = speculative;
-  auto sink = std::make_shared<Sink>();
-  r.sink = sink;
-  if (auto s = engine.Submit(std::move(r)); !s.ok()) {
-    std::fprintf(stderr, "submit: %s\n", s.status().ToString().c_str());
-    std::exit(1);
-  }
-  return sink;
-}
-
-void WaitOk(Sink& sink) {
-  sink.Wait();
-  if (!sink.error.ok()) {
-    std::fprintf(stderr, "request failed: %s\n", sink.error.ToString().c_str());
-    std::exit(1);
-  }
+  return SubmitOrExit(engine, std::move(r));
 }
 
 Config BaseConfig(const Options& o) {
@@ -118,7 +73,7 @@ Config BaseConfig(const Options& o) {
 struct RunResult {
   double tokens_per_s = 0;
   int64_t drafts = 0, drafted = 0, accepted = 0;
-  std::vector<std::shared_ptr<Sink>> sinks;
+  std::vector<std::shared_ptr<BenchSink>> sinks;
 };
 
 // One batch size of one workload on an engine: batch 1 one prompt at a time (tokens/s over the decode, the first
@@ -163,7 +118,7 @@ struct Agreement {
 Agreement Compare(const RunResult& want, const RunResult& got) {
   Agreement a;
   for (size_t i = 0; i < want.sinks.size() && i < got.sinks.size(); ++i) {
-    const Sink &w = *want.sinks[i], &g = *got.sinks[i];
+    const BenchSink &w = *want.sinks[i], &g = *got.sinks[i];
     size_t p = 0;
     while (p < w.tokens.size() && p < g.tokens.size() && w.tokens[p] == g.tokens[p]) ++p;
     a.positions += static_cast<int32_t>(p);

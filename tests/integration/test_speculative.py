@@ -24,7 +24,7 @@ def served():
                server={"metrics_listen": f"127.0.0.1:{metrics}"},
                # Every step drafts (adaptive off), so that the counters below do not depend on the cpu's timings.
                speculative={"method": "ngram", "max_tokens": 5, "ngram_min": 2, "ngram_max": 4, "adaptive": "false"})
-    client, model = openai_client(s, timeout=300)
+    client, model = openai_client(s, timeout=None)  # no wall-clock limit: busy CI cores are slow, not wrong
     yield s, client, model, metrics
     assert s.stop() == 0, s.logs()
 

@@ -192,7 +192,7 @@ TEST(ConstrainedRequestsAhead, AnswersEqualThoseOfStepsPlannedAfterTheTokensWith
       ASSERT_TRUE((*engine)->Submit(std::move(r)).ok());
     }
     for (auto& sink : sinks) {
-      ASSERT_TRUE(sink->WaitFor(absl::Seconds(30)));
+      sink->Wait();
       ASSERT_TRUE(sink->error.ok()) << sink->error;
       answers[m].push_back(sink->tokens);
     }

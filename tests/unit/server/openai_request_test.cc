@@ -147,6 +147,8 @@ TEST(OpenAiRequest, RefusalsNameTheField) {
             std::string::npos);
   EXPECT_NE(Refusal(R"({"prompt": [[1, -2]]})", OpenAiRoute::kCompletion).find("prompt[0][1]"), std::string::npos);
   EXPECT_NE(Refusal(R"({"prompt": "x", "echo": 3})", OpenAiRoute::kCompletion).find("echo"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"prompt": "x", "speculative": "no"})", OpenAiRoute::kCompletion).find("speculative"),
+            std::string::npos);
   EXPECT_NE(Refusal(R"({"messages": [{"role": "user", "content": "x"}], "echo": true})").find("echo"),
             std::string::npos);
   EXPECT_NE(Refusal(R"({"prompt": ["a", "b"], "n": 100})", OpenAiRoute::kCompletion).find("at most 128"),
