@@ -87,6 +87,18 @@ struct Engine::SequenceState {
   std::vector<std::vector<uint32_t>> draft_masks;  // constrained: the masks of its 1 + k rows
 };
 
+StepLimits StepLimitsFor(const Config& config) {
+  StepLimits limits;
+  limits.max_num_seqs = config.scheduler.max_num_seqs;
+  limits.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
+  limits.block_size = config.engine.block_size;
+  if (config.speculative.method != "off") {
+    limits.max_drafts = config.speculative.max_tokens;
+    limits.max_draft_batch = config.speculative.max_batch;
+  }
+  return limits;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
   return Create(config, CreateBackend);
 }
@@ -133,9 +145,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   spdlog::info("{} backend built its weights in {:.2f} s", e->backend_->name(), absl::ToDoubleSeconds(t1 - t0));
 
   // Measure the largest step, then give the KV pool what is left.
-  const StepLimits limits{config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
-                          config.engine.block_size};
-  INFERD_ASSIGN_OR_RETURN(e->memory_plan_, e->backend_->MeasureMemory(limits));
+  INFERD_ASSIGN_OR_RETURN(e->memory_plan_, e->backend_->MeasureMemory(StepLimitsFor(config)));
   const absl::Time t2 = absl::Now();
   INFERD_ASSIGN_OR_RETURN(e->ceilings_, e->backend_->MeasureCeilings());
   if (e->ceilings_.read_bytes_per_s > 0) {
@@ -790,6 +800,7 @@ bool Engine::CollectInFlight() {
                     .num_drafted = num_drafted,
                     .wall_s = absl::ToDoubleSeconds(done - step->scheduled),
                     .device_s = counters.last_device_s,
+                    .graph = counters.last_graph,
                     .cost = step_cost_->Of(input, output.experts_touched)};
   TraceRange outputs_range("outputs");
   // Prompt rows first (they follow the sampled rows): a request's last ones arrive with its first token.

@@ -85,6 +85,7 @@ struct StepRecord {
   double wall_s = 0;          // host time from scheduling to the sampled tokens
   double device_s = 0;        // the step's device time (cuda: CUDA events around its compute; cpu: the backend step)
   double cycle_s = 0;         // the engine loop's whole iteration: take requests, schedule, step, outputs
+  bool graph = false;         // the backend replayed it from a captured graph (cuda: decode and verify buckets)
   StepCost cost;              // bytes it must read and FLOPs it must do (engine/runtime/step_cost.h)
 
   // Every sequence computed one token, and its drafts (no prompt chunk in the step).
@@ -94,6 +95,10 @@ struct StepRecord {
 // Free memory of the GPU the cuda backend would use, in bytes; 0 when this build has no CUDA or no GPU is
 // visible (`inferd plan` then needs the size given).
 int64_t VisibleGpuFreeBytes();
+
+// The largest step the scheduler may plan under `config` (its scheduler, block size and speculative sections): what
+// the backend measures and captures at start-up, and what `inferd plan` plans.
+StepLimits StepLimitsFor(const Config& config);
 
 class Engine {
  public:

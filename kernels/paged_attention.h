@@ -46,11 +46,12 @@ bool HopperPrefillFits(const int32_t* qo_indptr_host, int32_t num_seqs, int32_t 
 
 // Plans one step. qo_indptr_host, kv_indptr_host: [num_seqs + 1] on the host. Copies the schedule into
 // int_workspace through int_workspace_pinned on `stream`; keep the pinned buffer untouched until the copy ran.
-// decode_graph: every row is one query token and the run is (or will be) replayed from a CUDA graph captured
-// for this num_seqs — the plan's layout then depends on num_seqs and unsplit_kv alone: FlashInfer pads the grid
-// to a fixed size and splits every sequence's KV into chunks merged afterwards, writing each step's split into
-// the workspace the graph reads; or, with unsplit_kv, gives each (sequence, KV head) its whole KV in one CTA
-// and runs no merge. unsplit_kv applies to decode_graph plans only.
+// decode_graph: the run is (or will be) replayed from a CUDA graph captured for this num_tokens and num_seqs (a
+// decode step of one query token a sequence, or a verify step of a few) — the plan's layout then depends on them
+// and unsplit_kv alone: FlashInfer pads the grid to a fixed size (its query tiles sized for the longest run the
+// rows allow, or for one row where num_tokens == num_seqs) and splits every sequence's KV into chunks merged
+// afterwards, writing each step's split into the workspace the graph reads; or, with unsplit_kv (one row a
+// sequence only), gives each (sequence, KV head) its whole KV in one CTA and runs no merge.
 // window_left ≥ 0: the plan serves runs with this sliding window (RunPagedAttention's window_left), whose KV chunks
 // FlashInfer sizes by the window; -1: runs without one. A split plan serves only runs of its own window, so a model
 // mixing sliding-window and global layers plans each step twice, each schedule in its own int workspace.

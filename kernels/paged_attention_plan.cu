@@ -86,7 +86,7 @@ cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void*
         num_tokens, num_seqs, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size,
         /*enable_cuda_graph=*/decode_graph, /*sizeof_dtype_o=*/2, window_left, /*fixed_split_size=*/-1,
         /*disable_split_kv=*/decode_graph && unsplit_kv, /*num_colocated_ctas=*/0,
-        /*uniform_q_len=*/decode_graph ? 1 : 0, stream);
+        /*uniform_q_len=*/decode_graph && num_tokens == num_seqs ? 1 : 0, stream);
     if (err != cudaSuccess) return err;
     const std::vector<int64_t> words = info.ToVector();
     for (size_t i = 0; i < words.size() && i < 15; ++i) plan->words[i] = words[i];

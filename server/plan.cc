@@ -100,8 +100,7 @@ int RunPlan(int argc, char** argv) {
     std::cerr << "inferd plan: " << s.message() << "\n";
     return 2;
   }
-  const StepLimits limits{config->scheduler.max_num_seqs, config->scheduler.max_num_batched_tokens,
-                          config->engine.block_size};
+  const StepLimits limits = StepLimitsFor(*config);
   const int64_t budget = static_cast<int64_t>(free * config->engine.gpu_memory_utilization);
   nlohmann::json out = {{"device_free_bytes", free},
                         {"budget_bytes", budget},

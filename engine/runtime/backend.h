@@ -83,6 +83,11 @@ struct StepLimits {
   int32_t max_num_seqs = 0;
   int32_t max_num_batched_tokens = 0;
   int32_t block_size = 0;
+  // Speculative decoding: the drafts a sequence checks in one step (speculative.max_tokens; 0: no drafts) and the
+  // largest batch that drafts (speculative.max_batch; 0: any). Backends that capture steps ahead (the cuda
+  // backend's verify graphs, graph_buckets.h) capture these shapes too.
+  int32_t max_drafts = 0;
+  int32_t max_draft_batch = 0;
 
   // Logits rows a step may have: a sampled row per sequence, then up to max_num_seqs rows of drafts and prompts.
   int32_t max_logits_rows() const { return 2 * max_num_seqs; }
@@ -97,6 +102,8 @@ struct StepCounters {
   double last_prepare_s = 0;
   double last_device_s = 0;
   double last_idle_before_s = 0;           // cuda: device time from the previous step's compute to this one's
+  int64_t graph_steps = 0;                 // cuda: steps replayed from a captured graph (decode and verify buckets)
+  bool last_graph = false;                 // cuda: the last step collected was replayed from one
   int64_t steps_ordered_after_copies = 0;  // cuda: steps that wrote a block a copy still touched, so waited for it
   double copy_busy_s = 0;                  // cuda: device time of the KV block copies (the copy stream)
   double copy_waited_s = 0;  // of it, the part the steps' stream waited for (the rest ran under compute or idle)

@@ -162,8 +162,9 @@ DeviceLayout PlanDeviceLayout(const Model& model, const StepLimits& limits, int6
 
   l.kv_block_bytes = bs * kv_width * l.kv_element_bytes;
   l.kv_bytes_per_block = 2 * int64_t{l.kv_groups.slots} * l.kv_block_bytes;
-  for (int32_t b = 1; b < limits.max_num_seqs; b *= 2) l.decode_buckets.push_back(b);
-  l.decode_buckets.push_back(limits.max_num_seqs);
+  l.graph_buckets = GraphBucketsFor(limits);
+  for (GraphBucket b : l.graph_buckets)
+    if (b.decode()) l.decode_buckets.push_back(b.seqs);
   // The sums of a decode step of the largest bucket go through the one-shot peer kernels; larger ones through NCCL.
   l.tensor_parallel_size = tensor_parallel_size;
   l.peer_message_bytes = tensor_parallel_size > 1 ? int64_t{l.decode_buckets.back()} * H * e : 0;

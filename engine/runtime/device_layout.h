@@ -1,5 +1,5 @@
 // The cuda backend's device memory, described on the host from the model, the step limits and the dtype: every
-// activation and workspace region, the step-input and output arenas, the decode-graph buckets and the KV block
+// activation and workspace region, the step-input and output arenas, the graph buckets and the KV block
 // geometry. The backend allocates from it and `inferd plan` reports from it, so the two cannot disagree. No CUDA
 // here: it builds and is tested everywhere.
 #pragma once
@@ -10,6 +10,7 @@
 #include "engine/model/kv_groups.h"
 #include "engine/model/model.h"
 #include "engine/runtime/backend.h"
+#include "engine/runtime/graph_buckets.h"
 
 namespace inferd {
 
@@ -113,10 +114,12 @@ struct DeviceLayout {
   int64_t output_arena_bytes = 0;
   InputRegions inputs;
   int64_t input_arena_bytes = 0;
-  int64_t kv_block_bytes = 0;           // K or V of one layer for one block: [block_size, kv_heads, head_dim] kv e
-  int64_t kv_bytes_per_block = 0;       // K and V of KvGroups::slots layers for one block
-  KvGroups kv_groups;                   // which layers' K and V a block holds, in which group's blocks
-  std::vector<int32_t> decode_buckets;  // batch sizes with a captured decode graph: 1, 2, 4, ... max_num_seqs
+  int64_t kv_block_bytes = 0;      // K or V of one layer for one block: [block_size, kv_heads, head_dim] kv e
+  int64_t kv_bytes_per_block = 0;  // K and V of KvGroups::slots layers for one block
+  KvGroups kv_groups;              // which layers' K and V a block holds, in which group's blocks
+  // The step shapes with a captured graph (graph_buckets.h): decode ones, and speculative decoding's verify ones.
+  std::vector<GraphBucket> graph_buckets;
+  std::vector<int32_t> decode_buckets;  // the decode buckets' batch sizes: 1, 2, 4, ... max_num_seqs
   int32_t tensor_parallel_size = 1;
   int64_t peer_message_bytes = 0;  // tensor_parallel_size > 1: the largest sum the one-shot peer kernels take
 

@@ -211,6 +211,7 @@ class CudaBackend : public Backend {
     // A mixture of experts: the experts its rows touched (StepOutput); -2 when the device counted them (the step ran
     // several rows, padding included, and the count comes back with the tokens).
     int64_t experts_touched = -1;
+    bool graph = false;  // replayed a captured graph
   };
   // Masks that come after their step's launch (SupplyMasks): staged here, then copied up on rank 0's masks
   // stream, after them the word saying they are there (`one_`, a pinned 1).
@@ -486,7 +487,10 @@ void CudaBackend::ChooseKernels() {
                                 ? "CUTLASS's grouped GEMM from 4 rows an expert (sm_90a, TMA and wgmma; "
                                   "kernels/moe_grouped_gemm.h)"
                                 : "inferd's tensor-core tiles (wmma) from 8 rows an expert")},
-      {"decode graphs", use_graphs_ ? "CUDA graphs per decode bucket" : "off (engine.cuda_graphs)"}};
+      {"decode graphs", !use_graphs_ ? "off (engine.cuda_graphs)"
+                        : layout_.limits.max_drafts > 0
+                            ? "CUDA graphs per decode bucket and per verify bucket (speculative decoding)"
+                            : "CUDA graphs per decode bucket"}};
   if (ranks_.size() > 1) {
     const cuda::Collectives* comm = ranks_[0]->comm.get();
     choices_.push_back({"all-reduce", comm && comm->has_peer() && peer_limit_bytes_ > 0
@@ -569,10 +573,13 @@ absl::Status CudaBackend::Forward(Rank& r, const StepInput& in, const cuda::Atte
 }
 
 absl::Status CudaBackend::CaptureDecodeGraphs() {
-  const std::vector<int32_t>& buckets = layout_.decode_buckets;
+  const std::vector<GraphBucket>& buckets = layout_.graph_buckets;
   const bool bf16 = dtype_ == CUDA_R_16BF;
+  std::vector<int32_t> rows;  // the products' row counts: every bucket's tokens
+  for (GraphBucket b : buckets) rows.push_back(b.tokens);
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) {
-    INFERD_RETURN_IF_ERROR(cuda::TuneProducts(r.cfg, r.w, *r.gemm, Buffers(r), bf16, buckets, r.compute));
+    INFERD_RETURN_IF_ERROR(cuda::TuneProducts(r.cfg, r.w, *r.gemm, Buffers(r), bf16, rows, r.compute));
     int num_sms = 0;
     INFERD_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, r.device));
     r.graphs->set_num_sms(num_sms);
@@ -582,27 +589,34 @@ absl::Status CudaBackend::CaptureDecodeGraphs() {
   INFERD_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, ranks_[0]->device));
   const int64_t kv_heads = ranks_[0]->cfg.num_kv_heads;
   std::vector<int32_t> unsplit;
-  for (int32_t rows : buckets) {
-    const StepInput in = cuda::DecodeGraphs::Pad(
-        EmptyStepInput(layout_.limits.block_size, layout_.kv_groups.num_groups()), rows, kv0().reserved_block());
+  std::vector<std::string> verify;
+  for (GraphBucket bucket : buckets) {
+    const StepInput in = PadToBucket(EmptyStepInput(layout_.limits.block_size, layout_.kv_groups.num_groups()), bucket,
+                                     kv0().reserved_block());
     for (bool unsplit_kv : {false, true}) {
-      if (unsplit_kv && !k::DecodeKvUnsplit(rows, kv_heads, num_sms, 1, rows)) continue;
+      if (unsplit_kv && !(bucket.decode() && k::DecodeKvUnsplit(bucket.seqs, kv_heads, num_sms, 1, bucket.seqs))) {
+        continue;
+      }
       const cuda::PackedStep packed =
           cuda::PackStepInputs(in, layout_.inputs, cfg_.vocab_size, kv0().reserved_block(), inputs_host_.get<char>());
       INFERD_RETURN_IF_ERROR(OnRanks([&](Rank& r) {
         cuda::AttentionPlans plans;
         INFERD_RETURN_IF_ERROR(Stage(r, in, packed, /*decode_graph=*/true, unsplit_kv, &plans));
         INFERD_RETURN_IF_ERROR(r.graphs->Capture(
-            rows, unsplit_kv, plans, [&] { return Forward(r, in, plans); }, r.compute));
+            bucket, unsplit_kv, plans, [&] { return Forward(r, in, plans); }, r.compute));
         // The next capture rewrites the pinned inputs and attention schedule that this one's copies read.
         INFERD_CUDA(cudaStreamSynchronize(r.compute));
         return absl::OkStatus();
       }));
-      if (unsplit_kv) unsplit.push_back(rows);
+      if (unsplit_kv) unsplit.push_back(bucket.seqs);
     }
+    if (!bucket.decode()) verify.push_back(absl::StrCat(bucket.seqs, " x ", bucket.tokens / bucket.seqs));
   }
-  spdlog::info("cuda: decode graphs captured for batches of {} rows; with unsplit KV attention too for {}",
-               absl::StrJoin(buckets, ", "), unsplit.empty() ? "none" : absl::StrJoin(unsplit, ", "));
+  spdlog::info(
+      "cuda: decode graphs captured for batches of {} rows; with unsplit KV attention too for {}; verify graphs "
+      "(sequences x tokens each) for {}",
+      absl::StrJoin(layout_.decode_buckets, ", "), unsplit.empty() ? "none" : absl::StrJoin(unsplit, ", "),
+      verify.empty() ? "none (speculative.method off)" : absl::StrJoin(verify, ", "));
   return absl::OkStatus();
 }
 
@@ -637,10 +651,10 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
                "a step's pages, a table per KV group, fit the page table");
   const auto prepare_start = std::chrono::steady_clock::now();
   const cuda::DecodeGraphs& graphs0 = *ranks_[0]->graphs;
-  const int32_t bucket = graphs0.BucketFor(in, layout_.inputs.max_pages);
-  const StepInput padded = bucket > 0 ? cuda::DecodeGraphs::Pad(in, bucket, kv0().reserved_block()) : StepInput();
-  const StepInput& run = bucket > 0 ? padded : in;
-  const bool unsplit = bucket > 0 && graphs0.UseUnsplit(in, bucket, ranks_[0]->cfg.num_kv_heads);
+  const GraphBucket bucket = graphs0.BucketFor(in, layout_.inputs.max_pages);
+  const StepInput padded = bucket.empty() ? StepInput() : PadToBucket(in, bucket, kv0().reserved_block());
+  const StepInput& run = bucket.empty() ? in : padded;
+  const bool unsplit = !bucket.empty() && graphs0.UseUnsplit(in, bucket, ranks_[0]->cfg.num_kv_heads);
   Launched step;
   step.slot = static_cast<int>(launches_ % kSlots);
   step.previous_slot = launches_ > 0 ? static_cast<int>((launches_ - 1) % kSlots) : -1;
@@ -683,17 +697,19 @@ absl::Status CudaBackend::Launch(const StepInput& in) {
         waits |= group_waits;
       }
       if (rank0) ordered = waits;
-      INFERD_RETURN_IF_ERROR(Stage(r, run, packed, /*decode_graph=*/bucket > 0, unsplit, &plans));
+      INFERD_RETURN_IF_ERROR(Stage(r, run, packed, /*decode_graph=*/!bucket.empty(), unsplit, &plans));
       INFERD_CUDA(cudaEventRecord(r.inputs_consumed, r.compute));
     }
     // Busy time starts here, once the inputs and the schedule are on the device: the host's planning is not
     // compute.
     if (rank0) INFERD_CUDA(cudaEventRecord(slot.compute_start, r.compute));
-    cudaGraphExec_t graph = bucket > 0 ? r.graphs->Find(bucket, unsplit, plans) : nullptr;
-    if (bucket > 0 && !graph) {
+    cudaGraphExec_t graph = bucket.empty() ? nullptr : r.graphs->Find(bucket, unsplit, plans);
+    if (!bucket.empty() && !graph) {
       // The graph froze another attention layout: run this step's kernels directly (same plan, same result).
-      spdlog::warn("cuda: decode graph for {} rows skipped: the attention plan changed layout", bucket);
+      spdlog::warn("cuda: graph for {} sequences of {} tokens skipped: the attention plan changed layout", bucket.seqs,
+                   bucket.tokens);
     }
+    if (rank0) step.graph = graph != nullptr;
     if (graph) {
       TraceRange range("forward and sample (decode graph)");
       INFERD_CUDA(cudaGraphLaunch(graph, r.compute));
@@ -785,6 +801,8 @@ absl::Status CudaBackend::Collect(StepOutput* out) {
   counters_.device_busy_s += busy_ms * 1e-3;
   counters_.last_device_s = busy_ms * 1e-3;
   counters_.last_idle_before_s = std::max(0.f, idle_ms) * 1e-3;
+  counters_.graph_steps += step.graph;
+  counters_.last_graph = step.graph;
   counters_.last_compute_start_ms = kv0().DeviceClockMs(slot.compute_start);
   counters_.last_compute_end_ms = kv0().DeviceClockMs(slot.compute_end);
   const int32_t R = static_cast<int32_t>(step.top_n.size());

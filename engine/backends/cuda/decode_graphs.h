@@ -1,7 +1,8 @@
-// Decode steps replay CUDA graphs captured at start-up, one per batch-size bucket (DeviceLayout::decode_buckets),
-// for the smallest bucket that holds the step; the rows past the step's own are padding that reads and writes
-// only the pool's reserved block. A bucket whose rows alone fill the GPU has a second graph whose attention gives
-// each (sequence, KV head) its whole KV (kernels::DecodeKvUnsplit). Each graph keeps the attention plans it was
+// Decode steps replay CUDA graphs captured at start-up, one per bucket (DeviceLayout::graph_buckets: decode steps of
+// 1, 2, 4, ... sequences, and speculative decoding's verify steps of 1 + k tokens a sequence), for the first bucket
+// that holds the step; the sequences past the step's own are padding that reads and writes only the pool's
+// reserved block (graph_buckets.h). A decode bucket whose rows alone fill the GPU has a second graph whose attention
+// gives each (sequence, KV head) its whole KV (kernels::DecodeKvUnsplit). Each graph keeps the attention plans it was
 // captured with: a replay is valid only for a step planned with the same layout.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "engine/backends/cuda/forward.h"
 #include "engine/runtime/backend.h"
+#include "engine/runtime/graph_buckets.h"
 
 namespace inferd::cuda {
 
@@ -24,20 +26,17 @@ class DecodeGraphs {
   DecodeGraphs(const DecodeGraphs&) = delete;
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
 
-  // The bucket that replays this step: every row one new token that samples, the padded page table within
-  // max_pages; 0 when none does (or nothing is captured).
-  int32_t BucketFor(const StepInput& in, int64_t max_pages) const;
-  // The step with padding rows up to `rows`, each one token at position 0 on `reserved_block`, greedy.
-  static StepInput Pad(const StepInput& in, int32_t rows, int32_t reserved_block);
-  // Whether this step replays its bucket's graph of unsplit KV attention (judged on the step's own rows).
-  bool UseUnsplit(const StepInput& in, int32_t bucket, int64_t num_kv_heads) const;
+  // The captured bucket that replays this step (ChooseGraphBucket over the captured ones); empty when none does.
+  GraphBucket BucketFor(const StepInput& in, int64_t max_pages) const;
+  // Whether this step replays its decode bucket's graph of unsplit KV attention (judged on the step's own rows).
+  bool UseUnsplit(const StepInput& in, GraphBucket bucket, int64_t num_kv_heads) const;
 
-  // Captures what `forward` enqueues on `stream` as the graph of (rows, unsplit): once eagerly first, so that
+  // Captures what `forward` enqueues on `stream` as the graph of (bucket, unsplit): once eagerly first, so that
   // cuBLASLt picks its algorithms outside the capture. The step's inputs are on the device and planned (`plans`).
-  absl::Status Capture(int32_t rows, bool unsplit, const AttentionPlans& plans,
+  absl::Status Capture(GraphBucket bucket, bool unsplit, const AttentionPlans& plans,
                        const std::function<absl::Status()>& forward, cudaStream_t stream);
   // The graph of (bucket, unsplit) if it was captured with these attention plans, else null.
-  cudaGraphExec_t Find(int32_t bucket, bool unsplit, const AttentionPlans& plans) const;
+  cudaGraphExec_t Find(GraphBucket bucket, bool unsplit, const AttentionPlans& plans) const;
 
   void set_num_sms(int32_t n) { num_sms_ = n; }
 
@@ -46,8 +45,9 @@ class DecodeGraphs {
     cudaGraphExec_t exec = nullptr;
     AttentionPlans plans;
   };
-  std::map<int32_t, Graph> split_;    // by padded batch size; attention splits KV
-  std::map<int32_t, Graph> unsplit_;  // the buckets whose rows alone fill the GPU
+  std::vector<GraphBucket> buckets_;      // those captured, in ChooseGraphBucket's order
+  std::map<GraphBucket, Graph> split_;    // attention splits KV
+  std::map<GraphBucket, Graph> unsplit_;  // the decode buckets whose rows alone fill the GPU
   int32_t num_sms_ = 0;
 };
 
