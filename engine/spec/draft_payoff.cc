@@ -21,26 +21,17 @@ void DraftPayoff::Record(int32_t n, int32_t drafted, int32_t accepted, double se
     mean(c.plain_s, c.plain_steps, seconds / n);  // per sequence: the class holds several batch sizes
   } else {
     const double gained = static_cast<double>(accepted) / n;  // tokens a sequence got beyond its one
-    // A probe while drafting is off that paid by itself is followed by another at once, so that the means catch up
-    // with text that turned repetitive in a few steps rather than a few probe intervals.
-    const bool probe_paid = c.verify_steps >= kFirstSteps && c.plain_steps >= kFirstSteps && !Pays(c) &&
-                            seconds / n / (1 + gained) < c.plain_s;
     c.gained = c.verify_steps == 0 ? gained : decay_ * c.gained + (1 - decay_) * gained;
     mean(c.verify_s, c.verify_steps, seconds / n);
-    if (probe_paid) c.since_other = probe_every_ - 1;
   }
-}
-
-bool DraftPayoff::Pays(const Class& c) {
-  // Time per generated token each way (per sequence: plain 1 token a step, verifying 1 + gained).
-  return c.verify_s / (1 + c.gained) < c.plain_s;
 }
 
 bool DraftPayoff::ShouldDraft(int32_t n) {
   Class& c = classes_[std::bit_width(static_cast<uint32_t>(n))];
   if (c.verify_steps < kFirstSteps) return true;
   if (c.plain_steps < kFirstSteps) return false;
-  const bool pays = Pays(c);
+  // Time per generated token each way (per sequence: plain 1 token a step, verifying 1 + gained).
+  const bool pays = c.verify_s / (1 + c.gained) < c.plain_s;
   if (++c.since_other >= probe_every_) {
     c.since_other = 0;
     return !pays;  // the other side, measured again

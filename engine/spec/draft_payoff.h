@@ -3,8 +3,7 @@
 // batch-size class (1, 2-3, 4-7, ...) the wall time of plain decode steps and of verifying ones, and the tokens a
 // verifying step gains over its sequences' one each, are averaged (decayed); the next step drafts while a token
 // comes faster that way: verify_s / (n + gained) < plain_s / n. Either side is measured first (a few steps each),
-// and the side not taken is tried again every `probe_every` steps, so the choice follows the load and the text; a
-// verifying probe that paid by itself is followed by another right away, until the means agree or it stops paying.
+// and the side not taken is tried again every `probe_every` steps, so the choice follows the load and the text.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +25,6 @@ class DraftPayoff {
     int32_t plain_steps = 0, verify_steps = 0;
     int32_t since_other = 0;  // steps since the side not chosen was last tried
   };
-  static bool Pays(const Class& c);
   static constexpr int32_t kFirstSteps = 3;  // measured on each side before choosing
   int32_t probe_every_;
   double decay_;

@@ -27,26 +27,6 @@ TEST(DraftPayoff, DraftsWhileTokensComeFasterThatWayAndProbesTheOtherSide) {
   EXPECT_GT(after, 0.0) << "drafting is tried again now and then";
 }
 
-// An answer that starts with its own words (drafts refused) and then copies its prompt (drafts kept), on a small
-// model whose verify steps cost twice a plain one (a plain step's host work hides behind the step before it; a
-// verify step's cannot): drafting, turned off by the start, is back within a probe interval and a few steps, not after
-// the several probes a decayed mean needs (128 steps here).
-TEST(DraftPayoff, AProbeThatPaysIsFollowedByAnotherUntilDraftingIsBack) {
-  DraftPayoff payoff(/*probe_every=*/64);
-  EXPECT_LT(DraftingShare(payoff, 1, 1.0, 2.0, 0), 0.05);
-  int back = -1;  // the first step that drafts after one that did: not a lone probe
-  bool last = false;
-  for (int step = 0; step < 400 && back < 0; ++step) {
-    const bool draft = payoff.ShouldDraft(1);
-    payoff.Record(1, draft ? 4 : 0, draft ? 3 : 0, draft ? 2.0 : 1.0);
-    if (draft && last) back = step;
-    last = draft;
-  }
-  EXPECT_GE(back, 0);
-  EXPECT_LE(back, 64 + 8);
-  EXPECT_GT(DraftingShare(payoff, 1, 1.0, 2.0, 3), 0.95);
-}
-
 TEST(DraftPayoff, EachBatchSizeClassDecidesOnItsOwnMeasurements) {
   DraftPayoff payoff;
   // Batch 1 gains (a step's time is its weights' read); batch 64 loses (rows cost time there).
