@@ -102,8 +102,7 @@ struct StepCounters {
   double last_prepare_s = 0;
   double last_device_s = 0;
   double last_idle_before_s = 0;           // cuda: device time from the previous step's compute to this one's
-  int64_t graph_steps = 0;                 // cuda: steps replayed from a captured graph (decode and verify buckets)
-  bool last_graph = false;                 // cuda: the last step collected was replayed from one
+  bool last_graph = false;                 // cuda: the last step collected was replayed from a captured graph
   int64_t steps_ordered_after_copies = 0;  // cuda: steps that wrote a block a copy still touched, so waited for it
   double copy_busy_s = 0;                  // cuda: device time of the KV block copies (the copy stream)
   double copy_waited_s = 0;  // of it, the part the steps' stream waited for (the rest ran under compute or idle)

@@ -801,7 +801,6 @@ absl::Status CudaBackend::Collect(StepOutput* out) {
   counters_.device_busy_s += busy_ms * 1e-3;
   counters_.last_device_s = busy_ms * 1e-3;
   counters_.last_idle_before_s = std::max(0.f, idle_ms) * 1e-3;
-  counters_.graph_steps += step.graph;
   counters_.last_graph = step.graph;
   counters_.last_compute_start_ms = kv0().DeviceClockMs(slot.compute_start);
   counters_.last_compute_end_ms = kv0().DeviceClockMs(slot.compute_end);

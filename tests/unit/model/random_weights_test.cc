@@ -18,9 +18,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// llama3-tiny's config.json and tokenizer.json, and no weights.
+// A model's config.json and tokenizer files and no weights, in a directory of the test's own (ctest may run this
+// file's tests at once).
 std::string ConfigOnlyDir(const std::string& model) {
-  const std::string dir = ::testing::TempDir() + "/config-only-" + model;
+  const std::string dir = ::testing::TempDir() + "/config-only-" + model + "-" +
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name();
   fs::remove_all(dir);
   fs::create_directories(dir);
   for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"}) {
