@@ -1,7 +1,7 @@
 // `inferd-bench speculative --model PATH [--backend cuda|cpu] [--prompts FILE] [--batches 1,64] [--max-tokens N]
-//   [--methods ngram,suffix] [--spec-tokens K] [--forced] [--dtype auto|bfloat16|float16] [--json FILE]`: each workload
-//   of FILE (tools/spec_prompts.json: a user
-// message per prompt, rendered with the model's chat template) generated greedily without speculation, then with
+//   [--methods ngram,suffix] [--spec-tokens K] [--forced] [--dtype auto|bfloat16|float16] [--tensor-parallel N]
+//   [--json FILE]`: each workload of FILE (tools/spec_prompts.json: a user message per prompt, rendered with the
+// model's chat template) generated greedily without speculation, then with
 // each method, in one process on the same backend. Batch 1 runs the prompts one after another; batch B submits B
 // requests at once (the workload's prompts in turn). Reported: generated tokens/s, the speed-up over no speculation,
 // the share of drafted tokens accepted and the tokens a draft added, and whether the tokens are the same: where a
@@ -10,9 +10,9 @@
 // config's defaults a step drafts while that pays at its batch size (speculative.adaptive, max_batch); --forced makes
 // every step draft, to show what checking drafts costs and gains at each batch size.
 //
-// `--verify-cost [--load-format dummy] [--decode-context N]`: the device time of a step checking 4 drafted tokens at
-// batch 1 (1 + 4 rows) against a plain decode step, on one engine (a request of one repeated token drafts every
-// step; one that opts out decodes plainly).
+// `--verify-cost [--load-format dummy] [--decode-context N] [--tensor-parallel N]`: the device time of a step checking
+// 4 drafted tokens at batch 1 (1 + 4 rows) against a plain decode step, on one engine (a request of one repeated token
+// drafts every step; one that opts out decodes plainly).
 #include "tools/spec_bench.h"
 
 #include <algorithm>
@@ -39,7 +39,7 @@ struct Options {
   std::string dtype = "auto";
   std::vector<int32_t> batches = {1, 64};
   std::vector<std::string> methods = {"ngram", "suffix"};
-  int32_t max_tokens = 256, spec_tokens = 4, decode_context = 512;
+  int32_t max_tokens = 256, spec_tokens = 4, decode_context = 512, tensor_parallel = 1;
   bool verify_cost = false;
   bool forced = false;  // every step drafts (speculative.adaptive off, max_batch 0); else the config's defaults
 };
@@ -63,6 +63,7 @@ Config BaseConfig(const Options& o) {
   c.model.load_format = o.load_format;
   c.engine.backend = o.backend;
   c.engine.dtype = o.dtype;
+  c.engine.tensor_parallel_size = o.tensor_parallel;
   c.scheduler.max_num_seqs = std::max(64, *std::max_element(o.batches.begin(), o.batches.end()));
   c.scheduler.max_num_batched_tokens = std::max(2048, c.scheduler.max_num_seqs);
   c.scheduler.max_queue = 4096;
@@ -225,6 +226,8 @@ int SpecMain(int argc, char** argv) {
       o.spec_tokens = std::atoi(argv[++i]);
     else if (has && a == "--decode-context")
       o.decode_context = std::atoi(argv[++i]);
+    else if (has && a == "--tensor-parallel")
+      o.tensor_parallel = std::atoi(argv[++i]);
     else if (a == "--verify-cost")
       o.verify_cost = true;
     else if (a == "--forced")
@@ -239,13 +242,14 @@ int SpecMain(int argc, char** argv) {
       break;
     }
   }
-  if (o.model.empty() || o.batches.empty() || o.max_tokens < 1 || o.spec_tokens < 1 || o.spec_tokens > 16) {
+  if (o.model.empty() || o.batches.empty() || o.max_tokens < 1 || o.spec_tokens < 1 || o.spec_tokens > 16 ||
+      o.tensor_parallel < 1) {
     std::fprintf(stderr,
                  "usage: inferd-bench speculative --model PATH [--backend cuda|cpu] [--prompts FILE] [--batches 1,64]\n"
                  "         [--max-tokens N] [--methods ngram,suffix] [--spec-tokens K (1..16)] [--forced] [--dtype D]\n"
-                 "         [--json FILE]\n"
+                 "         [--tensor-parallel N] [--json FILE]\n"
                  "       inferd-bench speculative --model PATH --verify-cost [--load-format dummy] "
-                 "[--decode-context N]\n");
+                 "[--decode-context N] [--tensor-parallel N]\n");
     return 2;
   }
   if (o.verify_cost) return VerifyCost(o);
