@@ -835,26 +835,6 @@ std::vector<std::shared_ptr<testing::CollectingSink>> DecodeMany(const std::stri
   return sinks;
 }
 
-// Compares two runs of DecodeMany request by request up to each one's first near-tie (a top-2 margin under
-// 0.05, which rounding may flip); returns the number of positions compared.
-int SameTokensUntilANearTie(const std::vector<std::shared_ptr<testing::CollectingSink>>& a,
-                            const std::vector<std::shared_ptr<testing::CollectingSink>>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  int compared = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    EXPECT_TRUE(a[i]->error.ok() && b[i]->error.ok()) << a[i]->error << b[i]->error;
-    EXPECT_EQ(a[i]->tokens.size(), b[i]->tokens.size()) << "request " << i;
-    EXPECT_EQ(a[i]->usage.completion_tokens, static_cast<int32_t>(a[i]->tokens.size())) << "request " << i;
-    for (size_t s = 0; s < std::min(a[i]->tokens.size(), b[i]->tokens.size()); ++s) {
-      const auto& top = b[i]->logprobs[s].top;
-      if (top.size() < 2 || top[0].logprob - top[1].logprob < 0.05) break;
-      EXPECT_EQ(a[i]->tokens[s], b[i]->tokens[s]) << "request " << i << " step " << s;
-      ++compared;
-    }
-  }
-  return compared;
-}
-
 // 80 rows of 2 KV heads fill 132 SMs with like-length contexts: their decode steps replay the bucket's graph with
 // unsplit KV attention, which must pick the tokens the kernels launched one by one pick (FlashInfer's own split).
 TEST(CudaBackend, DecodeGraphsWithUnsplitKvAttentionPickTheTokensOfEagerSteps) {
@@ -867,7 +847,8 @@ TEST(CudaBackend, DecodeGraphsWithUnsplitKvAttentionPickTheTokensOfEagerSteps) {
   if (n * 2 < sms) GTEST_SKIP() << n << " rows of 2 KV heads do not fill " << sms << " SMs";
   const auto graphs = DecodeMany(model_dir, true, n, 12);
   const auto eager = DecodeMany(model_dir, false, n, 12);
-  EXPECT_GT(SameTokensUntilANearTie(graphs, eager), n * 10 / 2) << "most positions are compared, not skipped";
+  EXPECT_GT(testing::SameTokensUntilANearTie(graphs, eager, 0.05), n * 10 / 2)
+      << "most positions are compared, not skipped";
 }
 
 // Planned ahead, each decode step reads the tokens the step before it sampled on the device (the embedding
@@ -880,7 +861,7 @@ TEST(CudaBackend, StepsPlannedAheadPickTheTokensOfStepsPlannedOneByOne) {
   for (bool graphs : {true, false}) {
     const auto ahead = DecodeMany(model_dir, graphs, 40, 16, "on");
     const auto one_by_one = DecodeMany(model_dir, graphs, 40, 16, "off");
-    EXPECT_GT(SameTokensUntilANearTie(ahead, one_by_one), 40 * 14 / 2) << (graphs ? "graphs" : "eager");
+    EXPECT_GT(testing::SameTokensUntilANearTie(ahead, one_by_one, 0.05), 40 * 14 / 2) << (graphs ? "graphs" : "eager");
   }
 }
 

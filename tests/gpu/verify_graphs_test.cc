@@ -61,24 +61,6 @@ SpecRun Generate(const Config& config, const std::vector<std::vector<int32_t>>& 
   return run;
 }
 
-// Compares `got` with `want` prompt by prompt up to the first position whose top-1 margin (in `want`) is under 0.1;
-// returns the positions compared.
-int SameTokensWhereMarginsDecide(const SpecRun& want, const SpecRun& got, const std::string& what) {
-  int compared = 0;
-  for (size_t i = 0; i < want.sinks.size() && i < got.sinks.size(); ++i) {
-    const auto &w = *want.sinks[i], &g = *got.sinks[i];
-    EXPECT_EQ(w.tokens.size(), g.tokens.size()) << what << ", prompt " << i;
-    for (size_t p = 0; p < w.tokens.size() && p < g.tokens.size(); ++p) {
-      const auto& top = w.logprobs[p].top;
-      if (top.size() < 2 || top[0].logprob - top[1].logprob < 0.1) break;
-      EXPECT_EQ(w.tokens[p], g.tokens[p]) << what << ", prompt " << i << " position " << p;
-      if (w.tokens[p] != g.tokens[p]) break;
-      ++compared;
-    }
-  }
-  return compared;
-}
-
 // The bundled SmolLM2 (real weights) in fp16, 12 copy-heavy prompts at once, every step drafting 4 n-gram tokens at
 // most: the verify steps (up to 12 sequences, buckets of 1, 2, 4, 8 and 16) replay graphs, and graphs and eager
 // steps give the tokens of the run without drafts wherever a margin of 0.1 decides them.
@@ -125,8 +107,8 @@ TEST(CudaVerifyGraphs, VerifyStepsReplayGraphsAndGiveTheTokensOfARunWithoutDraft
   // On these random-token prompts a real model's margins fall under 0.1 often (213 of 432 positions are compared
   // on an H100): a quarter at least.
   const int positions = 12 * 36;
-  EXPECT_GT(SameTokensWhereMarginsDecide(plain, graphs, "graphs"), positions / 4) << "positions are compared";
-  EXPECT_GT(SameTokensWhereMarginsDecide(plain, eager, "eager"), positions / 4) << "positions are compared";
+  EXPECT_GT(testing::SameTokensUntilANearTie(graphs.sinks, plain.sinks, 0.1), positions / 4) << "graphs";
+  EXPECT_GT(testing::SameTokensUntilANearTie(eager.sinks, plain.sinks, 0.1), positions / 4) << "eager";
 }
 
 }  // namespace

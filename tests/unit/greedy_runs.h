@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,6 +84,27 @@ inline int CompareGreedy(const GreedyRun& want, const GreedyRun& got, double tol
         break;
       }
       EXPECT_NEAR(got.logprobs[i][s].logprob, w.logprob, tolerance) << what << ", prompt " << i << " step " << s;
+      ++compared;
+    }
+  }
+  return compared;
+}
+
+// Compares two runs' answers (`b` the reference) request by request up to each one's first near-tie in `b` (a top-2
+// margin under min_margin, which another order of sums may round either way): equal lengths and tokens, every
+// request ended without an error. Returns the positions compared.
+inline int SameTokensUntilANearTie(const std::vector<std::shared_ptr<CollectingSink>>& a,
+                                   const std::vector<std::shared_ptr<CollectingSink>>& b, double min_margin) {
+  EXPECT_EQ(a.size(), b.size());
+  int compared = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    EXPECT_TRUE(a[i]->error.ok() && b[i]->error.ok()) << a[i]->error << b[i]->error;
+    EXPECT_EQ(a[i]->tokens.size(), b[i]->tokens.size()) << "request " << i;
+    EXPECT_EQ(a[i]->usage.completion_tokens, static_cast<int32_t>(a[i]->tokens.size())) << "request " << i;
+    for (size_t s = 0; s < std::min(a[i]->tokens.size(), b[i]->tokens.size()); ++s) {
+      const auto& top = b[i]->logprobs[s].top;
+      if (top.size() < 2 || top[0].logprob - top[1].logprob < min_margin) break;
+      EXPECT_EQ(a[i]->tokens[s], b[i]->tokens[s]) << "request " << i << " step " << s;
       ++compared;
     }
   }
