@@ -18,6 +18,12 @@ namespace inferd::kernels {
 
 inline constexpr int kGemvMaxRows = 8;
 
+// How a product runs: on CUDA cores (each weight converted and multiplied once per row of X: what one or two rows
+// want) or on tensor cores (tiles of 16 weight rows against every row of X in mma.sync: three rows and more).
+// kAuto picks by the rows; benchmarks force one to compare them.
+enum class GemvForm { kAuto, kCudaCores, kTensorCores };
+inline constexpr int kGemvTensorCoreRows = 3;  // kAuto: tensor cores from this many rows
+
 // True when Gemv can run this shape: 1 ≤ m ≤ kGemvMaxRows, k a multiple of 8 and x, w 16-byte aligned.
 bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k);
 
@@ -25,9 +31,12 @@ bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k);
 // cudaErrorInvalidValue where GemvSupports is false.
 template <typename T, typename Out>
 cudaError_t Gemv(const T* x, const T* w, const T* bias, Out* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                 int64_t ldy = 0);
+                 int64_t ldy = 0, GemvForm form = GemvForm::kAuto);
 
-// The q/k/v product of a decode step of m ≤ 2 tokens with RoPE and the K/V cache write fused into it: qkv =
+// True when GemvQkvRope can run this shape: GemvSupports, head_dim even, and a multiple of 16 past two rows.
+bool GemvQkvRopeSupports(const void* x, const void* w, int64_t m, int64_t k, int32_t head_dim);
+
+// The q/k/v product of a decode step of m ≤ kGemvMaxRows tokens with RoPE and the K/V cache write fused into it: qkv =
 // x · wᵀ (+ bias), q and k heads rotated, K and V written to each token's slot — the same values, bit for bit,
 // as Gemv then RopeWriteKv (kernels/elementwise.h, whose layouts these arguments follow). w: [(num_heads +
 // 2 num_kv_heads) · head_dim, k]. attention_starts_early: the kernel after it (the decode attention of
@@ -38,7 +47,7 @@ cudaError_t GemvQkvRope(const T* x, const T* w, const T* bias, T* qkv, int64_t m
                         int32_t num_kv_heads, int32_t head_dim, cudaStream_t stream,
                         bool attention_starts_early = false);
 
-// The gate/up product of a decode step of m ≤ 2 tokens with the gated activation fused into it: out[r, i] =
+// The gate/up product of a decode step of m ≤ kGemvMaxRows tokens with the gated activation fused into it: out[r, i] =
 // act(x·w_gateᵢ) · x·w_upᵢ, the same values, bit for bit, as Gemv into gate_up then ActivateMul
 // (kernels/elementwise.h). w: [2 · inter, k] (the gate's rows, then the up rows), out: [m, inter].
 template <typename T>

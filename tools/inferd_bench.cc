@@ -92,10 +92,10 @@ double GemmCeilingTflops(bool fp8) {
 }
 
 // The decode step's matrix products (each layer's q/k/v, o, gate/up and down, then the LM head) at m = 1..16
-// rows, through cuBLASLt and through the streaming kernel, each reading a fresh region of a 2 GiB pool so no
-// weight is served from L2. Prints the weight bandwidth of each and the per-step chain, and returns it as JSON.
-// fp8: the layers' weights are e4m3 (the LM head stays bf16); cuBLASLt gets e4m3 inputs, the streaming kernel
-// bf16 ones, as the forward pass runs them.
+// rows, through cuBLASLt and through the streaming kernel (bf16: on CUDA cores and on tensor cores, kernels/gemv.h),
+// each reading a fresh region of a 2 GiB pool so no weight is served from L2. Prints the weight bandwidth of each and
+// the per-step chain, and returns it as JSON. fp8: the layers' weights are e4m3 (the LM head stays bf16); cuBLASLt gets
+// e4m3 inputs, the streaming kernel bf16 ones, as the forward pass runs them.
 nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
   struct Shape {
     const char* name;
@@ -141,10 +141,12 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
     const std::vector<float> ones(2 * I, 1.f / 64);  // per row, or [0] for the whole tensor
     BENCH_CUDA(cudaMemcpy(scales, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
   }
-  // Paths: 0 cuBLASLt, 1 the streaming kernel, 2 (fp8 only) cuBLASLt with per-tensor scales on both sides, for
-  // comparison: the layers' fp8 products scale per token and per channel (path 0). A product's weight and input
-  // for the path: fp8 layer weights with their scales; fp8 inputs for cuBLASLt.
-  const int paths = fp8 ? 3 : 2;
+  // Paths: 0 cuBLASLt, 1 the streaming kernel (bf16: its CUDA-core form), 2 fp8: cuBLASLt with per-tensor scales
+  // on both sides, for comparison (the layers' fp8 products scale per token and per channel: path 0); bf16: the
+  // streaming kernel's tensor-core form. A product's weight and input for the path: fp8 layer weights with their
+  // scales; fp8 inputs for cuBLASLt.
+  const int paths = 3;
+  const auto streaming = [&](int path) { return path == 1 || (path == 2 && !fp8); };
   auto weight_at = [&](const char* at, bool lm_head, int path) {
     return fp8 && !lm_head ? cuda::Operand(at, scales, path == 2) : cuda::Operand(at);
   };
@@ -154,8 +156,8 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
   auto weight_bytes = [&](const Shape& sh) { return sh.n * sh.k * (fp8 && !sh.lm_head ? 1 : 2); };
   nlohmann::json out = nlohmann::json::array();
   std::printf("decode-step products (weights streamed; %% of the read ceiling):\n");
-  std::printf("%4s %-8s %22s %22s %22s\n", "m", "product", "cuBLASLt", "streaming kernel",
-              fp8 ? "cuBLASLt per-tensor" : "");
+  std::printf("%4s %-8s %22s %22s %22s\n", "m", "product", "cuBLASLt",
+              fp8 ? "streaming kernel" : "streaming, CUDA cores", fp8 ? "cuBLASLt per-tensor" : "streaming, tensor");
   double chain_bytes = 0;
   for (const Shape& sh : shapes) chain_bytes += double(weight_bytes(sh)) * (sh.lm_head ? 1 : c.num_layers);
   // The whole chain of one decode step, captured in one CUDA graph: each layer's products read the next
@@ -163,8 +165,24 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));
   auto set_path = [&](int path) {
-    (*gemm)->set_gemv_max_rows(path == 1 ? kernels::kGemvMaxRows : 0);
+    (*gemm)->set_gemv_max_rows(streaming(path) ? kernels::kGemvMaxRows : 0);
     (*gemm)->set_fp8_gemv_max_rows(path == 1 ? kernels::kGemvMaxRows : 0);
+  };
+  // One product on the path: bf16 streaming products go to the kernel straight, in the form the path names.
+  auto run = [&](int path, const char* w, int64_t m, const Shape& sh) -> absl::Status {
+    if (!fp8 && streaming(path)) {
+      const auto* xb = static_cast<const __nv_bfloat16*>(x);
+      const auto* wb = reinterpret_cast<const __nv_bfloat16*>(w);
+      const auto form = path == 1 ? kernels::GemvForm::kCudaCores : kernels::GemvForm::kTensorCores;
+      return cuda::FromCuda(sh.lm_head
+                                ? kernels::Gemv<__nv_bfloat16, float>(xb, wb, nullptr, static_cast<float*>(y), m, sh.n,
+                                                                      sh.k, stream, 0, form)
+                                : kernels::Gemv<__nv_bfloat16, __nv_bfloat16>(
+                                      xb, wb, nullptr, static_cast<__nv_bfloat16*>(y), m, sh.n, sh.k, stream, 0, form),
+                            "kernels::Gemv");
+    }
+    return (*gemm)->Run(input_for(sh.lm_head, path), weight_at(w, sh.lm_head, path), y, m, sh.n, sh.k, nullptr,
+                        sh.lm_head, stream);
   };
   auto chain_ms = [&](int64_t m, int path) {
     cudaGraph_t graph;
@@ -176,8 +194,7 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
         if (sh.lm_head != (layer == c.num_layers)) continue;
         const int64_t bytes = weight_bytes(sh);
         if (off + bytes > pool_bytes) off = 0;
-        const absl::Status st = (*gemm)->Run(input_for(sh.lm_head, path), weight_at(pool + off, sh.lm_head, path), y, m,
-                                             sh.n, sh.k, nullptr, sh.lm_head, stream);
+        const absl::Status st = run(path, pool + off, m, sh);
         if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
         off += bytes;
       }
@@ -190,10 +207,10 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
     cudaGraphDestroy(graph);
     return ms;
   };
-  for (int64_t m : {1, 2, 3, 4, 6, 8, 16, 64, 128}) {
+  for (int64_t m : {1, 2, 3, 4, 5, 6, 8, 16, 64, 128}) {
     double chain[3] = {0, 0, 0};
     for (int path = 0; path < paths; ++path) {
-      if (path == 1 && m > kernels::kGemvMaxRows) continue;
+      if (streaming(path) && m > kernels::kGemvMaxRows) continue;
       set_path(path);
       chain[path] = chain_ms(m, path);
     }
@@ -202,16 +219,10 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
       const int64_t regions = std::max<int64_t>(1, pool_bytes / bytes);
       double ms[3] = {0, 0, 0};
       for (int path = 0; path < paths; ++path) {
-        if (path == 1 && m > kernels::kGemvMaxRows) continue;
+        if (streaming(path) && m > kernels::kGemvMaxRows) continue;
         set_path(path);
         int64_t i = 0;
-        ms[path] = TimeMs(
-            [&] {
-              const char* w = pool + (i++ % regions) * bytes;
-              return (*gemm)->Run(input_for(sh.lm_head, path), weight_at(w, sh.lm_head, path), y, m, sh.n, sh.k,
-                                  nullptr, sh.lm_head, stream);
-            },
-            3, 21, stream);
+        ms[path] = TimeMs([&] { return run(path, pool + (i++ % regions) * bytes, m, sh); }, 3, 21, stream);
       }
       auto cell = [&](double t) {
         char buf[64];
@@ -219,19 +230,19 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
         return t > 0 ? std::string(buf) : std::string("-");
       };
       std::printf("%4lld %-8s %22s %22s %22s\n", static_cast<long long>(m), sh.name, cell(ms[0]).c_str(),
-                  cell(ms[1]).c_str(), fp8 ? cell(ms[2]).c_str() : "");
+                  cell(ms[1]).c_str(), cell(ms[2]).c_str());
       out.push_back({{"m", m},
                      {"product", sh.name},
                      {"bytes", bytes},
                      {"cublaslt_ms", ms[0]},
                      {"streaming_ms", ms[1]},
-                     {"cublaslt_per_tensor_ms", ms[2]}});
+                     {fp8 ? "cublaslt_per_tensor_ms" : "tensor_core_ms", ms[2]}});
     }
-    const char* path_names[] = {"cuBLASLt", "streaming", "cuBLASLt per-tensor"};
-    const char* path_keys[] = {"cublaslt_ms", "streaming_ms", "cublaslt_per_tensor_ms"};
+    const char* path_names[] = {"cuBLASLt", "streaming", fp8 ? "cuBLASLt per-tensor" : "tensor cores"};
+    const char* path_keys[] = {"cublaslt_ms", "streaming_ms", fp8 ? "cublaslt_per_tensor_ms" : "tensor_core_ms"};
     for (int path = 0; path < paths; ++path) {
       if (chain[path] <= 0) continue;
-      std::printf("%4lld chain in a graph, %-9s %7.2f ms  %.2f TB/s  %5.1f%%\n", static_cast<long long>(m),
+      std::printf("%4lld chain in a graph, %-12s %7.2f ms  %.2f TB/s  %5.1f%%\n", static_cast<long long>(m),
                   path_names[path], chain[path], chain_bytes / (chain[path] * 1e-3) / 1e12,
                   100 * chain_bytes / (chain[path] * 1e-3) / (read_tbs * 1e12));
       out.push_back({{"m", m}, {"product", "chain"}, {"bytes", chain_bytes}, {path_keys[path], chain[path]}});

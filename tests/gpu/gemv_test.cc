@@ -45,8 +45,9 @@ using Shape = std::tuple<int, int, int, bool>;
 
 // pad > 0: y's rows are n + pad elements apart (a slice of wider rows, as a rank's run of the logits is), and the
 // pad between them must keep what it held.
+// form: the one Gemv picks for m (kAuto), or forced to the other.
 template <typename T, typename Out>
-void CheckShape(const Shape& shape, uint32_t seed, int pad = 0) {
+void CheckShape(const Shape& shape, uint32_t seed, int pad = 0, kernels::GemvForm form = kernels::GemvForm::kAuto) {
   const auto [m, n, k, with_bias] = shape;
   std::mt19937 rng(seed);
   const std::vector<T> x = Round<T>(Random(size_t(m) * k, rng));
@@ -58,7 +59,7 @@ void CheckShape(const Shape& shape, uint32_t seed, int pad = 0) {
   CUDA_OK(cudaMemset(dy.get(), 0x5A, size_t(m) * ldy * sizeof(Out)));
   ASSERT_TRUE(kernels::GemvSupports(dx.get(), dw.get(), m, k));
   CUDA_OK((kernels::Gemv<T, Out>(dx.get(), dw.get(), with_bias ? db.get() : nullptr, dy.get(), m, n, k, nullptr,
-                                 pad ? ldy : 0)));
+                                 pad ? ldy : 0, form)));
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<Out> y = dy.Host();
   for (int r = 0; r < m; ++r) {
@@ -110,9 +111,23 @@ TEST_P(GemvTest, Fp16WithFp32OutputMatchesReference) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
   CheckShape<__half, float>(GetParam(), 4);
 }
+// The form kAuto does not pick for these rows (CUDA cores from three rows on, tensor cores below): both stay
+// correct at every row count, since benchmarks force either.
+kernels::GemvForm OtherForm(int m) {
+  return m >= kernels::kGemvTensorCoreRows ? kernels::GemvForm::kCudaCores : kernels::GemvForm::kTensorCores;
+}
+TEST_P(GemvTest, Bf16InTheOtherFormMatchesReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  CheckShape<__nv_bfloat16, __nv_bfloat16>(GetParam(), 9, 0, OtherForm(std::get<0>(GetParam())));
+}
+TEST_P(GemvTest, Fp16WithFp32OutputInTheOtherFormMatchesReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  CheckShape<__half, float>(GetParam(), 10, /*pad=*/3, OtherForm(std::get<0>(GetParam())));
+}
 
-// Every row count; k below one lane sweep (8), between sweeps (264, 1000), past the unrolled loop (4104);
-// n not a multiple of the warps per block.
+// Every row count; k below one lane sweep (8), between sweeps (264, 1000), past the unrolled loop (4104), not a
+// multiple of a tile's 32-k piece (1000, 1032, 520, 2056); n not a multiple of the warps per block or of a tile's
+// 16 rows.
 INSTANTIATE_TEST_SUITE_P(OddShapes, GemvTest,
                          ::testing::Values(Shape{1, 37, 8, false}, Shape{2, 129, 264, true},
                                            Shape{3, 1001, 1000, false}, Shape{4, 67, 4104, true},
@@ -150,7 +165,7 @@ void CheckQkvRope(const RopeShape& shape, uint32_t seed) {
   const std::vector<T> k_init = Round<T>(Random(cache, rng)), v_init = Round<T>(Random(cache, rng));
   std::vector<float> inv_freq(D / 2);
   for (int i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(500000.f, -2.f * i / D);
-  const std::vector<int32_t> positions = {4001, 37}, slots = {11, 5};
+  const std::vector<int32_t> positions = {4001, 37, 0, 2, 900, 77, 5, 1}, slots = {11, 5, 0, 15, 2, 9, 3, 7};
   Dev<T> dx(x), dw(w), db(bias), k_a(k_init), v_a(v_init), k_b(k_init), v_b(v_init);
   Dev<float> dfreq(inv_freq);
   Dev<int32_t> dpos(positions), dslots(slots);
@@ -182,7 +197,18 @@ TEST_P(GemvQkvRopeTest, Fp16EqualsProductThenRope) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemvQkvRopeTest,
                          ::testing::Values(RopeShape{1, 128, false}, RopeShape{2, 128, true}, RopeShape{1, 64, true},
-                                           RopeShape{2, 64, false}));
+                                           RopeShape{2, 64, false}, RopeShape{3, 128, true}, RopeShape{5, 64, false},
+                                           RopeShape{8, 128, false}, RopeShape{6, 96, true}, RopeShape{4, 256, true}));
+
+TEST(GemvQkvRope, RefusesShapesItCannotRun) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  Dev<__nv_bfloat16> x(size_t{3 * 64}), w(size_t{64});
+  EXPECT_TRUE(kernels::GemvQkvRopeSupports(x.get(), w.get(), 2, 64, 72));
+  EXPECT_FALSE(kernels::GemvQkvRopeSupports(x.get(), w.get(), 3, 64, 72)) << "past two rows, head_dim % 16";
+  EXPECT_TRUE(kernels::GemvQkvRopeSupports(x.get(), w.get(), 3, 64, 80));
+  EXPECT_FALSE(kernels::GemvQkvRopeSupports(x.get(), w.get(), kernels::kGemvMaxRows + 1, 64, 128));
+  EXPECT_FALSE(kernels::GemvQkvRopeSupports(x.get(), w.get(), 1, 64, 7));
+}
 
 // The fused gate/up product with the gated activation against the two kernels it replaces (Gemv into gate_up,
 // then ActivateMul), bit for bit, with the output poisoned first.
@@ -229,14 +255,19 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvGatedActTest,
                          ::testing::Values(GatedShape{1, 1, 8, kernels::GatedActivation::kSilu},
                                            GatedShape{2, 37, 200, kernels::GatedActivation::kSilu},
                                            GatedShape{1, 1000, 4104, kernels::GatedActivation::kGeluTanh},
-                                           GatedShape{2, 515, 264, kernels::GatedActivation::kGeluTanh}),
+                                           GatedShape{2, 515, 264, kernels::GatedActivation::kGeluTanh},
+                                           GatedShape{3, 37, 200, kernels::GatedActivation::kSilu},
+                                           GatedShape{5, 1000, 4104, kernels::GatedActivation::kSilu},
+                                           GatedShape{8, 515, 1032, kernels::GatedActivation::kGeluTanh},
+                                           GatedShape{7, 3, 8, kernels::GatedActivation::kSilu}),
                          [](const auto& info) { return GatedName(info.param); });
 
 TEST(GemvGatedAct, RefusesShapesItCannotRun) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
-  Dev<__nv_bfloat16> x(3 * 16), w(2 * 4 * 16), out(3 * 4);
+  Dev<__nv_bfloat16> x(9 * 16), w(2 * 4 * 16), out(9 * 4);
   const auto silu = kernels::GatedActivation::kSilu;
-  EXPECT_EQ(kernels::GemvGatedAct(x.get(), w.get(), out.get(), 3, 4, 16, silu, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::GemvGatedAct(x.get(), w.get(), out.get(), kernels::kGemvMaxRows + 1, 4, 16, silu, nullptr),
+            cudaErrorInvalidValue);
   EXPECT_EQ(kernels::GemvGatedAct(x.get(), w.get(), out.get(), 1, 4, 12, silu, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(kernels::GemvGatedAct(x.get(), w.get(), out.get(), 1, 0, 16, silu, nullptr), cudaErrorInvalidValue);
 }

@@ -120,12 +120,11 @@ absl::Status RunForward(const ModelConfig& cfg, const CudaWeights& w, Gemm& gemm
   if (fp8_kv && !std::is_same_v<T, __nv_bfloat16>) return absl::InternalError("an fp8 KV cache needs bf16 activations");
   // Steps of the streaming products' few rows fuse RoPE and the K/V write into the q/k/v product (bf16/fp16
   // weights, a cache of the same dtype, the plain rotary embedding right after the product).
+  const bool streaming = Tn <= gemm.gemv_max_rows();
   const bool fused_qkv_rope = !w.fp8 && !fp8_kv && plain_rope && !cfg.arch->qk_norm() && !cfg.has_windows() &&
-                              Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
-                              k::GemvSupports(xn, w.layers[0].qkv.data.get(), Tn, H);
-  // Steps of one or two rows fuse the gated activation into the gate/up product (bf16/fp16 weights).
-  const bool fused_gated_act = !w.fp8 && Tn <= std::min<int64_t>(gemm.gemv_max_rows(), 2) &&
-                               k::GemvSupports(xn, w.layers[0].gate_up.data.get(), Tn, H);
+                              streaming && k::GemvQkvRopeSupports(xn, w.layers[0].qkv.data.get(), Tn, H, cfg.head_dim);
+  // And the gated activation into the gate/up product (bf16/fp16 weights).
+  const bool fused_gated_act = !w.fp8 && streaming && k::GemvSupports(xn, w.layers[0].gate_up.data.get(), Tn, H);
   // Steps of one decode row with bf16/fp16 weights run attention as one cluster launch (kernels/decode_attention.h)
   // where the device and shape allow, except in sliding-window layers; at 2–4 rows and behind fp8 products it
   // measured slower than FlashInfer's (kernels/NOTES.md).

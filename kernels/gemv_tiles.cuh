@@ -1,0 +1,124 @@
+// The tensor-core form of the weight-streaming product, for decode steps of 3–8 rows (device code only). The
+// CUDA-core loop of gemv_rows.cuh converts and multiplies every weight once per row of X, so past two rows its
+// instructions, not the memory, set the pace; here a warp's tile of kTileRows rows of W meets all of X's rows
+// (up to 8) in mma.sync m16n8k16 — W as the 16×16 A operand, X as the 16×8 B operand, fp32 accumulation.
+//
+// The sum over k does not care in which order its terms come, so the operands are loaded the way the memory
+// wants, not the way the mma fragments are laid out: lane (g, t) = (lane / 4, lane % 4) loads one 16-byte chunk
+// (8 consecutive k) of W rows g and g + 8 and of X row g, and those 8 values become the k it holds in two mma
+// steps (its 2t, 2t + 1, 2t + 8, 2t + 9 of each) — the same k of W and X, since both come from lane t's chunk.
+// A block's warps split k (warp w takes the 32-k pieces w, w + warps, …) and meet in shared memory in warp order,
+// so every product of a row sums in one order whatever the tile's other rows are: the fused kernels built on this
+// equal the plain one bit for bit.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/dependent_launch.cuh"
+#include "kernels/row_access.cuh"
+
+namespace inferd::kernels {
+
+inline constexpr int kTileRows = 16;  // rows of W a tile: the mma's M
+inline constexpr int kTileWarps = 4;  // warps a block (one tile), splitting k
+inline constexpr int kTileBatch = 4;  // 32-k pieces a lane loads before it uses any (2 W + 1 X loads each)
+
+// d += A · B, m16n8k16, fp32 accumulation. a: A's fragment (rows g, g + 8; k 2t..2t+1, 2t+8..2t+9), b: B's.
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+// One lane's 32-k piece: its chunk of W rows g (wa) and g + 8 (wb) and of X row g (xv, zero past X's rows).
+template <typename T>
+__device__ __forceinline__ void MmaPiece(const uint4& wa, const uint4& wb, const uint4& xv, float (&acc)[4]) {
+  Mma16816<T>(acc, wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
+  Mma16816<T>(acc, wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
+}
+
+// A warp's share of one tile against X's M rows (k apart): wa, wb the lane's W rows g and g + 8 (16-byte chunks),
+// k a multiple of 8. acc ends as the warp's partial sums: (tile row g, X rows 2t, 2t + 1), (g + 8, 2t, 2t + 1).
+// W streams before the kernel that writes X has ended (dependent launch); X is read after.
+template <typename T, int M>
+__device__ __forceinline__ void TileDot(const uint4* __restrict__ wa, const uint4* __restrict__ wb,
+                                        const T* __restrict__ x, int64_t k, int warp, int lane, bool next_starts_early,
+                                        float (&acc)[4]) {
+  const int g = lane / 4, t = lane % 4;
+  const int64_t chunks = k / 8, pieces = (chunks + 3) / 4;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t{g < M ? g : 0} * k);
+  constexpr int64_t kStride = int64_t{kTileWarps} * kTileBatch;
+  // Two batches of W in flight: the next one's loads go out before this one's products wait for theirs.
+  uint4 va[kTileBatch], vb[kTileBatch], na[kTileBatch], nb[kTileBatch];
+  auto load_w = [&](int64_t p0, uint4(&a)[kTileBatch], uint4(&b)[kTileBatch]) {
+#pragma unroll
+    for (int u = 0; u < kTileBatch; ++u) {
+      const int64_t c = (p0 + u * kTileWarps) * 4 + t;
+      if (c < chunks) {
+        a[u] = LoadOnce(wa + c);
+        b[u] = LoadOnce(wb + c);
+      } else {
+        a[u] = b[u] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  int64_t p0 = warp;
+  if (p0 < pieces) load_w(p0, va, vb);
+  WaitForPrerequisites();
+  if (next_starts_early) AllowDependentsToLaunch();
+  for (; p0 < pieces; p0 += kStride) {
+    uint4 xv[kTileBatch];
+#pragma unroll
+    for (int u = 0; u < kTileBatch; ++u) {
+      const int64_t c = (p0 + u * kTileWarps) * 4 + t;
+      xv[u] = g < M && c < chunks ? __ldg(xr + c) : make_uint4(0, 0, 0, 0);
+    }
+    const bool more = p0 + kStride < pieces;
+    if (more) load_w(p0 + kStride, na, nb);
+#pragma unroll
+    for (int u = 0; u < kTileBatch; ++u) MmaPiece<T>(va[u], vb[u], xv[u], acc);
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < kTileBatch; ++u) {
+        va[u] = na[u];
+        vb[u] = nb[u];
+      }
+    }
+  }
+}
+
+// The block's warps' sums, in warp order, in warp 0's acc (every warp must call it). part: kTileWarps · 4 · 32.
+__device__ __forceinline__ void TileSum(float* part, int warp, int lane, float (&acc)[4]) {
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[(warp * 4 + i) * 32 + lane] = acc[i];
+  }
+  __syncthreads();
+  if (warp == 0) {
+    for (int w = 1; w < kTileWarps; ++w) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i] += part[(w * 4 + i) * 32 + lane];
+    }
+  }
+}
+
+}  // namespace inferd::kernels
