@@ -78,7 +78,7 @@ struct PlainColumns {
 // into the token's cache slot.
 template <typename T>
 struct RopeColumns {
-  static constexpr int kCudaCoreRows = 2;
+  static constexpr int kCudaCoreRows = kGemvTensorCoreRows - 1;  // only where kAuto picks CUDA cores
   const int32_t* positions;
   const int32_t* slots;
   const float* inv_freq;
@@ -155,7 +155,7 @@ struct RopeColumns {
 // halves (R = 2), rounds each as the plain product would and writes act(gate) · up as ActivateMul does.
 template <int kActivation>
 struct GatedColumns {
-  static constexpr int kCudaCoreRows = 2;
+  static constexpr int kCudaCoreRows = kGemvTensorCoreRows - 1;  // only where kAuto picks CUDA cores
   int64_t inter;
   __device__ bool NextStartsEarly() const { return false; }
 
@@ -329,7 +329,7 @@ cudaError_t Gemv(const T* x, const T* w, const T* bias, Out* y, int64_t m, int64
 }
 
 bool GemvQkvRopeSupports(const void* x, const void* w, int64_t m, int64_t k, int32_t head_dim) {
-  return GemvSupports(x, w, m, k) && head_dim % 2 == 0 && (m <= 2 || head_dim % 16 == 0);
+  return GemvSupports(x, w, m, k) && head_dim % 2 == 0 && (m < kGemvTensorCoreRows || head_dim % 16 == 0);
 }
 
 template <typename T>

@@ -18,11 +18,11 @@ namespace inferd::kernels {
 
 inline constexpr int kGemvMaxRows = 8;
 
-// How a product runs: on CUDA cores (each weight converted and multiplied once per row of X: what one or two rows
-// want) or on tensor cores (tiles of 16 weight rows against every row of X in mma.sync: three rows and more).
-// kAuto picks by the rows; benchmarks force one to compare them.
+// How a product runs: on CUDA cores (each weight converted and multiplied once per row of X: what one row wants)
+// or on tensor cores (tiles of 16 weight rows against every row of X in mma.sync: two rows and more). kAuto picks
+// by the rows; benchmarks force one to compare them.
 enum class GemvForm { kAuto, kCudaCores, kTensorCores };
-inline constexpr int kGemvTensorCoreRows = 3;  // kAuto: tensor cores from this many rows
+inline constexpr int kGemvTensorCoreRows = 2;  // kAuto: tensor cores from this many rows
 
 // True when Gemv can run this shape: 1 ≤ m ≤ kGemvMaxRows, k a multiple of 8 and x, w 16-byte aligned.
 bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k);
@@ -33,7 +33,8 @@ template <typename T, typename Out>
 cudaError_t Gemv(const T* x, const T* w, const T* bias, Out* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
                  int64_t ldy = 0, GemvForm form = GemvForm::kAuto);
 
-// True when GemvQkvRope can run this shape: GemvSupports, head_dim even, and a multiple of 16 past two rows.
+// True when GemvQkvRope can run this shape: GemvSupports, head_dim even, and a multiple of 16 where the rows run on
+// tensor cores.
 bool GemvQkvRopeSupports(const void* x, const void* w, int64_t m, int64_t k, int32_t head_dim);
 
 // The q/k/v product of a decode step of m ≤ kGemvMaxRows tokens with RoPE and the K/V cache write fused into it: qkv =

@@ -1,5 +1,5 @@
-// The tensor-core form of the weight-streaming product, for decode steps of 3–8 rows (device code only). The
-// CUDA-core loop of gemv_rows.cuh converts and multiplies every weight once per row of X, so past two rows its
+// The tensor-core form of the weight-streaming product, for decode steps of 2–8 rows (device code only). The
+// CUDA-core loop of gemv_rows.cuh converts and multiplies every weight once per row of X, so past one row its
 // instructions, not the memory, set the pace; here a warp's tile of kTileRows rows of W meets all of X's rows
 // (up to 8) in mma.sync m16n8k16 — W as the 16×16 A operand, X as the 16×8 B operand, fp32 accumulation.
 //
@@ -25,8 +25,12 @@
 namespace inferd::kernels {
 
 inline constexpr int kTileRows = 16;  // rows of W a tile: the mma's M
-inline constexpr int kTileWarps = 4;  // warps a block (one tile), splitting k
-inline constexpr int kTileBatch = 4;  // 32-k pieces a lane loads before it uses any (2 W + 1 X loads each)
+// Warps a block (one tile), splitting k, and the 32-k pieces a lane loads before it uses any (2 W + 1 X loads
+// each; two batches in flight). On the 8B model's decode chain at 1–8 rows (H100, `inferd-bench --sections
+// products`): 16 × 2 5.39–5.56 ms, as 8 × 4 and 16 × 4 do; 4 × 4 5.53–5.65; 4 × 2 and 2 × 4 6.05–6.25; 8 × 8
+// (184 registers) 6.34–6.48; 32 × 1 5.69–5.96.
+inline constexpr int kTileWarps = 16;
+inline constexpr int kTileBatch = 2;
 
 // d += A · B, m16n8k16, fp32 accumulation. a: A's fragment (rows g, g + 8; k 2t..2t+1, 2t+8..2t+9), b: B's.
 template <typename T>

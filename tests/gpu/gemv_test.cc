@@ -203,8 +203,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemvQkvRopeTest,
 TEST(GemvQkvRope, RefusesShapesItCannotRun) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
   Dev<__nv_bfloat16> x(size_t{3 * 64}), w(size_t{64});
-  EXPECT_TRUE(kernels::GemvQkvRopeSupports(x.get(), w.get(), 2, 64, 72));
-  EXPECT_FALSE(kernels::GemvQkvRopeSupports(x.get(), w.get(), 3, 64, 72)) << "past two rows, head_dim % 16";
+  EXPECT_TRUE(kernels::GemvQkvRopeSupports(x.get(), w.get(), 1, 64, 72));
+  EXPECT_FALSE(kernels::GemvQkvRopeSupports(x.get(), w.get(), kernels::kGemvTensorCoreRows, 64, 72))
+      << "rows on tensor cores need head_dim % 16 == 0";
   EXPECT_TRUE(kernels::GemvQkvRopeSupports(x.get(), w.get(), 3, 64, 80));
   EXPECT_FALSE(kernels::GemvQkvRopeSupports(x.get(), w.get(), kernels::kGemvMaxRows + 1, 64, 128));
   EXPECT_FALSE(kernels::GemvQkvRopeSupports(x.get(), w.get(), 1, 64, 7));
