@@ -18,11 +18,11 @@ void DraftPayoff::Record(int32_t n, int32_t drafted, int32_t accepted, double se
     ++steps;
   };
   if (drafted == 0) {
-    mean(c.plain_s, c.plain_steps, seconds / n);  // per sequence: the class holds several batch sizes
+    mean(c.plain_s, c.plain_steps, seconds);
   } else {
     const double gained = static_cast<double>(accepted) / n;  // tokens a sequence got beyond its one
     c.gained = c.verify_steps == 0 ? gained : decay_ * c.gained + (1 - decay_) * gained;
-    mean(c.verify_s, c.verify_steps, seconds / n);
+    mean(c.verify_s, c.verify_steps, seconds);
   }
 }
 
@@ -30,7 +30,8 @@ bool DraftPayoff::ShouldDraft(int32_t n) {
   Class& c = classes_[std::bit_width(static_cast<uint32_t>(n))];
   if (c.verify_steps < kFirstSteps) return true;
   if (c.plain_steps < kFirstSteps) return false;
-  // Time per generated token each way (per sequence: plain 1 token a step, verifying 1 + gained).
+  // Time per generated token each way, at one batch size (a sequence gets 1 token a plain step, 1 + gained a
+  // verifying one).
   const bool pays = c.verify_s / (1 + c.gained) < c.plain_s;
   if (++c.since_other >= probe_every_) {
     c.since_other = 0;

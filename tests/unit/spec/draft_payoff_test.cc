@@ -38,5 +38,21 @@ TEST(DraftPayoff, EachBatchSizeClassDecidesOnItsOwnMeasurements) {
   EXPECT_FALSE(payoff.ShouldDraft(100));
 }
 
+TEST(DraftPayoff, ABatchThatShrinksWithinAClassDoesNotFoolIt) {
+  DraftPayoff payoff(/*probe_every=*/1000);  // no probe in these steps
+  // Steps of any batch size in 16..31 take 1.0 plain and 1.5 checking drafts, which keep 0.2 tokens a sequence:
+  // drafting never pays (1.5 / 1.2 > 1). The batch shrinks from 31 as requests end, so the side measured first
+  // is measured at more sequences than the other: once both sides are measured, no step drafts.
+  int late_drafts = 0, step = 0;
+  for (int32_t n = 31; n >= 16; --n) {
+    for (int i = 0; i < 20; ++i, ++step) {
+      const bool draft = payoff.ShouldDraft(n);
+      if (step >= 10) late_drafts += draft;
+      payoff.Record(n, draft ? 4 * n : 0, draft ? n / 5 : 0, draft ? 1.5 : 1.0);
+    }
+  }
+  EXPECT_EQ(late_drafts, 0);
+}
+
 }  // namespace
 }  // namespace inferd
