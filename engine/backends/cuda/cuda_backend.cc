@@ -36,6 +36,7 @@
 #include "kernels/decode_attention.h"
 #include "kernels/dependent_launch.h"
 #include "kernels/device_code.h"
+#include "kernels/gemv.h"
 #include "kernels/moe_grouped_gemm.h"
 #include "kernels/moe_routing.h"
 #include "kernels/paged_attention.h"
@@ -469,7 +470,11 @@ void CudaBackend::ChooseKernels() {
                         : "")},
       {"products",
        absl::StrCat("the weight-streaming kernel up to ", fp8 ? gemm.fp8_gemv_max_rows() : gemm.gemv_max_rows(),
-                    " rows, cuBLASLt beyond", fp8 ? " (fp8 e4m3 weights, per-channel scales)" : "")},
+                    " rows",
+                    fp8 ? " (fp8 e4m3 weights, per-channel scales)"
+                        : absl::StrCat(" (CUDA cores below ", k::kGemvTensorCoreRows,
+                                       ", tensor-core tiles from there; RoPE and the gated activation fused in)"),
+                    ", cuBLASLt beyond")},
       {"dependent launch", launch},
       {"experts",
        !cfg_.has_experts() ? "none (a dense model)"
