@@ -38,7 +38,7 @@
 #   drafts, with the config's defaults and with every step drafting (bf16), and in fp16 to compare tokens (that run
 #   fails where speculation changed a token a top-1 margin of 0.1 or more decided); then the Llama-3-8B shape from weights made on the GPU: the device time of
 #   a step checking 4 drafts at batch 1 against a plain decode step. SPEC_RUNS (default "default forced fp16") and
-#   SPEC_VERIFY=0 narrow it.
+#   SPEC_VERIFY=0 narrow it; SPEC_REPEATS (default 3) rounds of the bf16 runs.
 # families: the Qwen3-8B shape beside the Llama-3-8B shape, both from weights made on the GPU (model.load_format
 #   dummy), bf16 and fp8, decode at 1, 64 and 128 rows and prefill (the model layer's per-head norms at full size);
 #   Phi-3.5-mini's shape (heads of 96, run padded to 128; FAMILIES_PHI3=0 leaves it out); then Gemma 3 4B's shape
@@ -404,7 +404,9 @@ if [[ "$what" == speculative ]]; then
     # bf16 with the config's defaults (speculative.adaptive) and with every step drafting; fp16 (8 times finer
     # rounding) for the token comparison at margins of 0.1.
     for run in ${SPEC_RUNS:-default forced fp16}; do
-      flags=() && [[ $run == forced ]] && flags=(--forced)
+      # Three rounds of each run (tokens/s the median: one round of 64 requests on SmolLM2 lasts half a second, and
+      # rounds differ by several percent); one for fp16, which is there for its tokens.
+      flags=(--repeats "${SPEC_REPEATS:-3}") && [[ $run == forced ]] && flags+=(--forced)
       [[ $run == fp16 ]] && flags=(--forced --dtype float16)
       "$BUNDLE/bin/inferd-bench" speculative --model models/SmolLM2-135M-Instruct.Q4_1.gguf "${flags[@]}" \
         --batches "${SPEC_BATCHES:-1,64}" --max-tokens "${SPEC_MAX_TOKENS:-256}" --json "$OUT/spec_smollm2_$run.json" \

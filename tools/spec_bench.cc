@@ -1,8 +1,9 @@
 // `inferd-bench speculative --model PATH [--backend cuda|cpu] [--prompts FILE] [--batches 1,64] [--max-tokens N]
 //   [--methods ngram,suffix] [--spec-tokens K] [--forced] [--dtype auto|bfloat16|float16] [--tensor-parallel N]
-//   [--json FILE]`: each workload of FILE (tools/spec_prompts.json: a user message per prompt, rendered with the
-// model's chat template) generated greedily without speculation, then with
-// each method, in one process on the same backend. Batch 1 runs the prompts one after another; batch B submits B
+//   [--repeats N] [--json FILE]`: each workload of FILE (tools/spec_prompts.json: a user message per prompt, rendered
+// with the model's chat template) generated greedily without speculation, then with
+// each method, in one process on the same backend, N rounds of all of it (tokens/s: the median of the rounds; the
+// first round's tokens and counts). Batch 1 runs the prompts one after another; batch B submits B
 // requests at once (the workload's prompts in turn). Reported: generated tokens/s, the speed-up over no speculation,
 // the share of drafted tokens accepted and the tokens a draft added, and whether the tokens are the same: where a
 // request's tokens differ from the run without speculation, the first difference must be at a position whose top-1
@@ -23,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_split.h"
@@ -40,6 +42,7 @@ struct Options {
   std::vector<int32_t> batches = {1, 64};
   std::vector<std::string> methods = {"ngram", "suffix"};
   int32_t max_tokens = 256, spec_tokens = 4, decode_context = 512, tensor_parallel = 1;
+  int32_t repeats = 1;  // rounds of every run; tokens/s is the median
   bool verify_cost = false;
   bool forced = false;  // every step drafts (speculative.adaptive off, max_batch 0); else the config's defaults
 };
@@ -228,6 +231,8 @@ int SpecMain(int argc, char** argv) {
       o.decode_context = std::atoi(argv[++i]);
     else if (has && a == "--tensor-parallel")
       o.tensor_parallel = std::atoi(argv[++i]);
+    else if (has && a == "--repeats")
+      o.repeats = std::atoi(argv[++i]);
     else if (a == "--verify-cost")
       o.verify_cost = true;
     else if (a == "--forced")
@@ -243,11 +248,11 @@ int SpecMain(int argc, char** argv) {
     }
   }
   if (o.model.empty() || o.batches.empty() || o.max_tokens < 1 || o.spec_tokens < 1 || o.spec_tokens > 16 ||
-      o.tensor_parallel < 1) {
+      o.tensor_parallel < 1 || o.repeats < 1) {
     std::fprintf(stderr,
                  "usage: inferd-bench speculative --model PATH [--backend cuda|cpu] [--prompts FILE] [--batches 1,64]\n"
                  "         [--max-tokens N] [--methods ngram,suffix] [--spec-tokens K (1..16)] [--forced] [--dtype D]\n"
-                 "         [--tensor-parallel N] [--json FILE]\n"
+                 "         [--tensor-parallel N] [--repeats N] [--json FILE]\n"
                  "       inferd-bench speculative --model PATH --verify-cost [--load-format dummy] "
                  "[--decode-context N] [--tensor-parallel N]\n");
     return 2;
@@ -264,45 +269,72 @@ int SpecMain(int argc, char** argv) {
   bool ok = true;
   std::vector<std::string> methods = {"off"};
   methods.insert(methods.end(), o.methods.begin(), o.methods.end());
-  // reference[workload][batch]: the run without speculation.
-  std::map<std::string, std::map<int32_t, RunResult>> reference;
+  // Per (method, workload, batch): the first round's run (its counts and tokens) and every round's tokens/s. Rounds
+  // run every method in turn, so a drift of the machine's speed reaches each method alike; the medians are compared.
+  struct Cell {
+    RunResult first;
+    std::vector<double> rates;
+  };
+  std::map<std::tuple<std::string, std::string, int32_t>, Cell> cells;
+  for (int32_t round = 0; round < o.repeats; ++round) {
+    for (const std::string& method : methods) {
+      Config c = BaseConfig(o);
+      c.speculative.method = method;
+      if (o.forced) {  // every step drafts, so the table shows what checking drafts does at each batch size
+        c.speculative.max_batch = 0;
+        c.speculative.adaptive = false;
+      }
+      for (const auto& [name, messages] : spec["workloads"].items()) {
+        for (int32_t batch : o.batches) {
+          // A fresh engine for each run: suffix decoding's cache of finished outputs would otherwise draft the
+          // answers of prompts an earlier run already answered.
+          auto engine = Engine::Create(c);
+          if (!engine.ok()) {
+            std::fprintf(stderr, "engine: %s\n", engine.status().ToString().c_str());
+            return 1;
+          }
+          std::vector<std::vector<int32_t>> prompts;
+          for (const auto& m : messages) {
+            auto ids = Tokenize((*engine)->model(), m.get<std::string>());
+            if (!ids.ok()) {
+              std::fprintf(stderr, "%s: %s\n", name.c_str(), ids.status().ToString().c_str());
+              return 1;
+            }
+            prompts.push_back(*ids);
+          }
+          RunBatch(**engine, {std::vector<int32_t>(16, prompts[0][0])}, 1, 16);  // warm-up on a prompt of no workload
+          RunResult r = RunBatch(**engine, prompts, batch, o.max_tokens);
+          Cell& cell = cells[{method, name, batch}];
+          cell.rates.push_back(r.tokens_per_s);
+          if (round == 0) cell.first = std::move(r);
+        }
+      }
+    }
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
   std::printf("%-8s %5s %-7s %10s %8s %10s %12s %s\n", "workload", "batch", "method", "tok/s", "speed-up", "accepted",
               "tokens/draft", "same tokens");
   for (const std::string& method : methods) {
-    Config c = BaseConfig(o);
-    c.speculative.method = method;
-    if (o.forced) {  // every step drafts, so the table shows what checking drafts does at each batch size
-      c.speculative.max_batch = 0;
-      c.speculative.adaptive = false;
-    }
     for (const auto& [name, messages] : spec["workloads"].items()) {
       for (int32_t batch : o.batches) {
-        // A fresh engine for each run: suffix decoding's cache of finished outputs would otherwise draft the answers
-        // of prompts an earlier run already answered.
-        auto engine = Engine::Create(c);
-        if (!engine.ok()) {
-          std::fprintf(stderr, "engine: %s\n", engine.status().ToString().c_str());
-          return 1;
-        }
-        std::vector<std::vector<int32_t>> prompts;
-        for (const auto& m : messages) {
-          auto ids = Tokenize((*engine)->model(), m.get<std::string>());
-          if (!ids.ok()) {
-            std::fprintf(stderr, "%s: %s\n", name.c_str(), ids.status().ToString().c_str());
-            return 1;
-          }
-          prompts.push_back(*ids);
-        }
-        RunBatch(**engine, {std::vector<int32_t>(16, prompts[0][0])}, 1, 16);  // warm-up on a prompt of no workload
-        RunResult r = RunBatch(**engine, prompts, batch, o.max_tokens);
-        nlohmann::json row = {
-            {"workload", name}, {"batch", batch}, {"method", method}, {"tokens_per_s", r.tokens_per_s}};
+        const Cell& cell = cells.at({method, name, batch});
+        const Cell& ref = cells.at({"off", name, batch});
+        const RunResult& r = cell.first;
+        const double rate = median(cell.rates);
+        nlohmann::json row = {{"workload", name},
+                              {"batch", batch},
+                              {"method", method},
+                              {"tokens_per_s", rate},
+                              {"tokens_per_s_runs", cell.rates}};
         std::string same = "(reference)";
         double speedup = 1;
         if (method != "off") {
-          const RunResult& ref = reference[name][batch];
-          speedup = ref.tokens_per_s > 0 ? r.tokens_per_s / ref.tokens_per_s : 0;
-          const Agreement a = Compare(ref, r);
+          const double ref_rate = median(ref.rates);
+          speedup = ref_rate > 0 ? rate / ref_rate : 0;
+          const Agreement a = Compare(ref.first, r);
           ok = ok && a.decided == 0;
           same = std::to_string(a.same) + "/" + std::to_string(r.sinks.size()) +
                  (a.decided ? " (" + std::to_string(a.decided) + " differ at a margin >= 0.1)" : "");
@@ -316,11 +348,9 @@ int SpecMain(int argc, char** argv) {
         }
         const double acceptance = r.drafted > 0 ? double(r.accepted) / r.drafted : 0;
         const double per_draft = r.drafts > 0 ? double(r.accepted) / r.drafts : 0;
-        std::printf("%-8s %5d %-7s %10.1f %7.2fx %9.1f%% %12.2f %s\n", name.c_str(), batch, method.c_str(),
-                    r.tokens_per_s, speedup, 100 * acceptance, per_draft, same.c_str());
-        std::fflush(stdout);
+        std::printf("%-8s %5d %-7s %10.1f %7.2fx %9.1f%% %12.2f %s\n", name.c_str(), batch, method.c_str(), rate,
+                    speedup, 100 * acceptance, per_draft, same.c_str());
         out["runs"].push_back(row);
-        if (method == "off") reference[name][batch] = std::move(r);
       }
     }
   }
