@@ -298,7 +298,7 @@ cudaError_t LaunchForm(bool tensor_cores, const T* x, const T* w, const T* bias,
   return LaunchTiles<T, Out, M>(x, w, bias, y, n, k, tiles, stream, columns);
 }
 
-// A product of m rows (1..kGemvMaxRows) over `units` warps' worth of W rows (CUDA cores) or `tiles` tiles.
+// A product of m rows (1..kGemvMaxRows) in the form `form` picks, over `tiles` tiles where it runs on tensor cores.
 template <typename T, typename Out, typename Columns, int... Ms>
 cudaError_t Dispatch(int64_t m, GemvForm form, const T* x, const T* w, const T* bias, Out* y, int64_t n, int64_t k,
                      int64_t tiles, cudaStream_t stream, Columns columns, std::integer_sequence<int, Ms...>) {
