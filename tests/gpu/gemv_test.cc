@@ -111,8 +111,8 @@ TEST_P(GemvTest, Fp16WithFp32OutputMatchesReference) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
   CheckShape<__half, float>(GetParam(), 4);
 }
-// The form kAuto does not pick for these rows (CUDA cores from three rows on, tensor cores below): both stay
-// correct at every row count, since benchmarks force either.
+// The form kAuto does not pick for these rows (CUDA cores from kGemvTensorCoreRows rows on, tensor cores below):
+// both stay correct at every row count, since benchmarks force either.
 kernels::GemvForm OtherForm(int m) {
   return m >= kernels::kGemvTensorCoreRows ? kernels::GemvForm::kCudaCores : kernels::GemvForm::kTensorCores;
 }
