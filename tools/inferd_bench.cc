@@ -147,6 +147,8 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
   // scales; fp8 inputs for cuBLASLt.
   const int paths = 3;
   const auto streaming = [&](int path) { return path == 1 || (path == 2 && !fp8); };
+  const char* path_names[] = {"cuBLASLt", "streaming", fp8 ? "cuBLASLt per-tensor" : "tensor cores"};
+  const char* path_keys[] = {"cublaslt_ms", "streaming_ms", fp8 ? "cublaslt_per_tensor_ms" : "tensor_core_ms"};
   auto weight_at = [&](const char* at, bool lm_head, int path) {
     return fp8 && !lm_head ? cuda::Operand(at, scales, path == 2) : cuda::Operand(at);
   };
@@ -234,12 +236,10 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
       out.push_back({{"m", m},
                      {"product", sh.name},
                      {"bytes", bytes},
-                     {"cublaslt_ms", ms[0]},
-                     {"streaming_ms", ms[1]},
-                     {fp8 ? "cublaslt_per_tensor_ms" : "tensor_core_ms", ms[2]}});
+                     {path_keys[0], ms[0]},
+                     {path_keys[1], ms[1]},
+                     {path_keys[2], ms[2]}});
     }
-    const char* path_names[] = {"cuBLASLt", "streaming", fp8 ? "cuBLASLt per-tensor" : "tensor cores"};
-    const char* path_keys[] = {"cublaslt_ms", "streaming_ms", fp8 ? "cublaslt_per_tensor_ms" : "tensor_core_ms"};
     for (int path = 0; path < paths; ++path) {
       if (chain[path] <= 0) continue;
       std::printf("%4lld chain in a graph, %-12s %7.2f ms  %.2f TB/s  %5.1f%%\n", static_cast<long long>(m),

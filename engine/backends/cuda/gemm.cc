@@ -14,9 +14,9 @@
 namespace inferd::cuda {
 namespace {
 
-// Up to 2 rows the streaming kernel beats cuBLASLt on the 8B model's decode chain on CUDA cores (5.27-5.33 vs 5.53
-// ms); from 3 rows to 8 its tensor-core form (kernels/gemv_tiles.cuh) ties or beats cuBLASLt (5.59-5.65 vs
-// 5.62-5.66 ms) and lets RoPE and SiLU·mul fuse into the products: `inferd-bench --sections products`, NOTES.md.
+// The streaming kernel beats cuBLASLt on the 8B model's decode chain at one row on CUDA cores (5.11 vs 5.56 ms)
+// and at 2-8 rows as tensor-core tiles (kernels/gemv_tiles.cuh: 5.44-5.56 vs 5.62-5.66 ms), and lets RoPE and
+// SiLU·mul fuse into the products: `inferd-bench --sections products`, kernels/NOTES.md.
 constexpr int64_t kStreamingMaxRows = 8;
 // fp8 weights: the streaming kernel's chain beats cuBLASLt's per-token x per-channel scaled one up to 4 rows
 // (3.85 vs 4.55 ms), from 6 it loses (4.64 vs 4.49): `inferd-bench --quantization fp8`, kernels/NOTES.md.
