@@ -11,6 +11,7 @@
 #include "kernels/fp8_convert.cuh"
 #include "kernels/gemv.h"
 #include "kernels/gemv_rows.cuh"
+#include "kernels/gemv_tiles.cuh"
 #include "kernels/row_access.cuh"
 
 namespace inferd::kernels {
@@ -141,6 +142,37 @@ __global__ void __launch_bounds__(kWarps * 32)
   y[r * n + col] = To<Out>(fmaf(sum, w_scale[col], bias ? F(bias[col]) : 0.f));
 }
 
+// The tensor-core form (gemv_tiles.cuh): a block a tile of kTileRows e4m3 rows against all of X's rows as f16.
+// An e4m3 row is half a bf16 row's bytes, so half bf16's warps split its k: 8 × 2 (64 registers, four blocks an SM)
+// took the 8B model's fp8 decode chain in 2.86 ms at 1–8 rows on an H200, 16 × 2 in 2.91 (kernels/NOTES.md).
+constexpr int kFp8TileWarps = 8, kFp8TileBatch = 2;
+
+template <typename T, typename Out, int M>
+__global__ void __launch_bounds__(kFp8TileWarps * 32, 1024 / (kFp8TileWarps * 32))
+    GemvFp8TileKernel(const T* __restrict__ x, const Fp8* __restrict__ w, const float* __restrict__ w_scale,
+                      const T* __restrict__ bias, Out* __restrict__ y, int64_t n, int64_t k) {
+  __shared__ float part[kFp8TileWarps * 4 * 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t first = int64_t{blockIdx.x} * kTileRows;
+  const uint4* wa = reinterpret_cast<const uint4*>(w + std::min(first + g, n - 1) * k);
+  const uint4* wb = reinterpret_cast<const uint4*>(w + std::min(first + g + 8, n - 1) * k);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  TileDot<T, M, Fp8, kFp8TileWarps, kFp8TileBatch>(wa, wb, x, k, warp, lane, false, acc);
+  TileSum<kFp8TileWarps>(part, warp, lane, acc);
+  if (warp != 0) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t col = first + g + 8 * h;
+    if (col >= n) continue;
+    const float s = w_scale[col], b = bias ? F(bias[col]) : 0.f;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      // The sum of X scaled by kFp8TileXScale, scaled back exactly (a power of two) before it is rounded.
+      if (2 * t + e < M) y[(2 * t + e) * n + col] = To<Out>(fmaf(acc[2 * h + e] / kFp8TileXScale<T>, s, b));
+    }
+  }
+}
+
 template <int M>
 constexpr int RowsPerBlock() {
   return M <= 2 ? 2 : 4;
@@ -155,11 +187,22 @@ cudaError_t LaunchFp8Rows(const T* x, const Fp8* w, const float* w_scale, const 
                          bias, y, n, k);
 }
 
+template <typename T, typename Out, int M>
+cudaError_t LaunchFp8(const T* x, const Fp8* w, const float* w_scale, const T* bias, Out* y, int64_t n, int64_t k,
+                      GemvForm form, cudaStream_t stream) {
+  const bool tiles = form == GemvForm::kTensorCores || (form == GemvForm::kAuto && M >= kGemvFp8TensorCoreRows);
+  if (!tiles) return LaunchFp8Rows<T, Out, M>(x, w, w_scale, bias, y, n, k, stream);
+  const int64_t tiles_n = (n + kTileRows - 1) / kTileRows;
+  return LaunchDependent(GemvFp8TileKernel<T, Out, M>, static_cast<unsigned>(tiles_n), kFp8TileWarps * 32, stream, x, w,
+                         w_scale, bias, y, n, k);
+}
+
 template <typename T, typename Out, int... Ms>
 cudaError_t DispatchFp8(int64_t m, const T* x, const Fp8* w, const float* w_scale, const T* bias, Out* y, int64_t n,
-                        int64_t k, cudaStream_t stream, std::integer_sequence<int, Ms...>) {
+                        int64_t k, GemvForm form, cudaStream_t stream, std::integer_sequence<int, Ms...>) {
   cudaError_t result = cudaErrorInvalidValue;
-  ((m == Ms + 1 ? (result = LaunchFp8Rows<T, Out, Ms + 1>(x, w, w_scale, bias, y, n, k, stream), true) : false) || ...);
+  ((m == Ms + 1 ? (result = LaunchFp8<T, Out, Ms + 1>(x, w, w_scale, bias, y, n, k, form, stream), true) : false) ||
+   ...);
   return result;
 }
 
@@ -215,9 +258,9 @@ bool GemvFp8Supports(const void* x, const void* w, int64_t m, int64_t k) {
 
 template <typename T, typename Out>
 cudaError_t GemvFp8(const T* x, const Fp8* w, const float* w_scale, const T* bias, Out* y, int64_t m, int64_t n,
-                    int64_t k, cudaStream_t stream) {
+                    int64_t k, cudaStream_t stream, GemvForm form) {
   if (!GemvFp8Supports(x, w, m, k) || n <= 0 || n > 0x7fffffff) return cudaErrorInvalidValue;
-  return DispatchFp8(m, x, w, w_scale, bias, y, n, k, stream, std::make_integer_sequence<int, kGemvMaxRows>{});
+  return DispatchFp8(m, x, w, w_scale, bias, y, n, k, form, stream, std::make_integer_sequence<int, kGemvMaxRows>{});
 }
 
 #define INFERD_INSTANTIATE(T)                                                                                         \
@@ -225,9 +268,9 @@ cudaError_t GemvFp8(const T* x, const Fp8* w, const float* w_scale, const T* bia
   template cudaError_t AddRmsNormFp8<T>(T*, const T*, const T*, Fp8*, float*, int64_t, int64_t, float, cudaStream_t); \
   template cudaError_t ActivateMulFp8<T>(const T*, Fp8*, float*, int64_t, int64_t, GatedActivation, cudaStream_t);    \
   template cudaError_t GemvFp8<T, T>(const T*, const Fp8*, const float*, const T*, T*, int64_t, int64_t, int64_t,     \
-                                     cudaStream_t);                                                                   \
+                                     cudaStream_t, GemvForm);                                                         \
   template cudaError_t GemvFp8<T, float>(const T*, const Fp8*, const float*, const T*, float*, int64_t, int64_t,      \
-                                         int64_t, cudaStream_t);
+                                         int64_t, cudaStream_t, GemvForm);
 INFERD_INSTANTIATE(__nv_bfloat16)
 INFERD_INSTANTIATE(__half)
 #undef INFERD_INSTANTIATE

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/elementwise.h"  // GatedActivation
+#include "kernels/gemv.h"         // GemvForm
 
 namespace inferd::kernels {
 
@@ -44,9 +45,16 @@ cudaError_t ActivateMulFp8(const T* gate_up, Fp8* q, float* scales, int64_t rows
 // aligned.
 bool GemvFp8Supports(const void* x, const void* w, int64_t m, int64_t k);
 
-// y[m, n] = (x[m, k] · q[n, k]ᵀ) ⊙ w_scale[n] (+ bias[n]), fp32 accumulation, rounded once to Out (T or fp32).
+// GemvForm::kAuto runs e4m3 weights on tensor cores from this many rows (kernels/gemv_tiles.cuh: each weight pair
+// converted once, to f16, where the CUDA-core loop converts and multiplies it once per row of X). On the 8B model's
+// fp8 decode chain (H200): CUDA cores 2.31 / 2.79 / 3.01 / 3.68 / 6.88 ms at 1 / 2 / 3 / 4 / 8 rows, tiles 2.84–2.88.
+inline constexpr int kGemvFp8TensorCoreRows = 3;
+
+// y[m, n] = (x[m, k] · q[n, k]ᵀ) ⊙ w_scale[n] (+ bias[n]), fp32 accumulation, rounded once to Out (T or fp32). On
+// tensor cores a bf16 x runs as f16 scaled by 1/16: exact for magnitudes 2^-13 to 2^20, smaller ones rounded to
+// multiples of 2^-20, larger ones saturated (kernels/gemv_tiles.cuh).
 template <typename T, typename Out>
 cudaError_t GemvFp8(const T* x, const Fp8* w, const float* w_scale, const T* bias, Out* y, int64_t m, int64_t n,
-                    int64_t k, cudaStream_t stream);
+                    int64_t k, cudaStream_t stream, GemvForm form = GemvForm::kAuto);
 
 }  // namespace inferd::kernels

@@ -92,7 +92,7 @@ double GemmCeilingTflops(bool fp8) {
 }
 
 // The decode step's matrix products (each layer's q/k/v, o, gate/up and down, then the LM head) at m = 1..16
-// rows, through cuBLASLt and through the streaming kernel (bf16: on CUDA cores and on tensor cores, kernels/gemv.h),
+// rows, through cuBLASLt and through the streaming kernel (on CUDA cores and on tensor cores, kernels/gemv.h),
 // each reading a fresh region of a 2 GiB pool so no weight is served from L2. Prints the weight bandwidth of each and
 // the per-step chain, and returns it as JSON. fp8: the layers' weights are e4m3 (the LM head stays bf16); cuBLASLt gets
 // e4m3 inputs, the streaming kernel bf16 ones, as the forward pass runs them.
@@ -141,25 +141,24 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
     const std::vector<float> ones(2 * I, 1.f / 64);  // per row, or [0] for the whole tensor
     BENCH_CUDA(cudaMemcpy(scales, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
   }
-  // Paths: 0 cuBLASLt, 1 the streaming kernel (bf16: its CUDA-core form), 2 fp8: cuBLASLt with per-tensor scales
-  // on both sides, for comparison (the layers' fp8 products scale per token and per channel: path 0); bf16: the
-  // streaming kernel's tensor-core form. A product's weight and input for the path: fp8 layer weights with their
-  // scales; fp8 inputs for cuBLASLt.
-  const int paths = 3;
-  const auto streaming = [&](int path) { return path == 1 || (path == 2 && !fp8); };
-  const char* path_names[] = {"cuBLASLt", "streaming", fp8 ? "cuBLASLt per-tensor" : "tensor cores"};
-  const char* path_keys[] = {"cublaslt_ms", "streaming_ms", fp8 ? "cublaslt_per_tensor_ms" : "tensor_core_ms"};
+  // Paths: 0 cuBLASLt, 1 the streaming kernel's CUDA-core form, 2 its tensor-core form, 3 (fp8) cuBLASLt with
+  // per-tensor scales on both sides, for comparison (the layers' fp8 products scale per token and per channel: path
+  // 0). A product's weight and input for the path: fp8 layer weights with their scales; fp8 inputs for cuBLASLt.
+  const int paths = fp8 ? 4 : 3;
+  const auto streaming = [&](int path) { return path == 1 || path == 2; };
+  const char* path_names[] = {"cuBLASLt", "CUDA cores", "tensor cores", "cuBLASLt per-tensor"};
+  const char* path_keys[] = {"cublaslt_ms", "streaming_ms", "tensor_core_ms", "cublaslt_per_tensor_ms"};
   auto weight_at = [&](const char* at, bool lm_head, int path) {
-    return fp8 && !lm_head ? cuda::Operand(at, scales, path == 2) : cuda::Operand(at);
+    return fp8 && !lm_head ? cuda::Operand(at, scales, path == 3) : cuda::Operand(at);
   };
   auto input_for = [&](bool lm_head, int path) {
-    return fp8 && !lm_head && path != 1 ? cuda::Operand(x8, scales, path == 2) : cuda::Operand(x);
+    return fp8 && !lm_head && !streaming(path) ? cuda::Operand(x8, scales, path == 3) : cuda::Operand(x);
   };
   auto weight_bytes = [&](const Shape& sh) { return sh.n * sh.k * (fp8 && !sh.lm_head ? 1 : 2); };
   nlohmann::json out = nlohmann::json::array();
   std::printf("decode-step products (weights streamed; %% of the read ceiling):\n");
-  std::printf("%4s %-8s %22s %22s %22s\n", "m", "product", "cuBLASLt",
-              fp8 ? "streaming kernel" : "streaming, CUDA cores", fp8 ? "cuBLASLt per-tensor" : "streaming, tensor");
+  std::printf("%4s %-8s %22s %22s %22s %22s\n", "m", "product", "cuBLASLt", "streaming, CUDA cores",
+              "streaming, tensor", fp8 ? "cuBLASLt per-tensor" : "");
   double chain_bytes = 0;
   for (const Shape& sh : shapes) chain_bytes += double(weight_bytes(sh)) * (sh.lm_head ? 1 : c.num_layers);
   // The whole chain of one decode step, captured in one CUDA graph: each layer's products read the next
@@ -168,14 +167,20 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
   BENCH_CUDA(cudaStreamCreate(&stream));
   auto set_path = [&](int path) {
     (*gemm)->set_gemv_max_rows(streaming(path) ? kernels::kGemvMaxRows : 0);
-    (*gemm)->set_fp8_gemv_max_rows(path == 1 ? kernels::kGemvMaxRows : 0);
+    (*gemm)->set_fp8_gemv_max_rows(streaming(path) ? kernels::kGemvMaxRows : 0);
   };
-  // One product on the path: bf16 streaming products go to the kernel straight, in the form the path names.
+  // One product on the path: streaming products go to the kernel straight, in the form the path names.
   auto run = [&](int path, const char* w, int64_t m, const Shape& sh) -> absl::Status {
-    if (!fp8 && streaming(path)) {
-      const auto* xb = static_cast<const __nv_bfloat16*>(x);
+    const auto form = path == 1 ? kernels::GemvForm::kCudaCores : kernels::GemvForm::kTensorCores;
+    const auto* xb = static_cast<const __nv_bfloat16*>(x);
+    if (fp8 && streaming(path) && !sh.lm_head) {
+      const auto* wq = reinterpret_cast<const kernels::Fp8*>(w);
+      return cuda::FromCuda(kernels::GemvFp8<__nv_bfloat16, __nv_bfloat16>(
+                                xb, wq, scales, nullptr, static_cast<__nv_bfloat16*>(y), m, sh.n, sh.k, stream, form),
+                            "kernels::GemvFp8");
+    }
+    if (streaming(path)) {
       const auto* wb = reinterpret_cast<const __nv_bfloat16*>(w);
-      const auto form = path == 1 ? kernels::GemvForm::kCudaCores : kernels::GemvForm::kTensorCores;
       return cuda::FromCuda(sh.lm_head
                                 ? kernels::Gemv<__nv_bfloat16, float>(xb, wb, nullptr, static_cast<float*>(y), m, sh.n,
                                                                       sh.k, stream, 0, form)
@@ -210,7 +215,7 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
     return ms;
   };
   for (int64_t m : {1, 2, 3, 4, 5, 6, 8, 16, 64, 128}) {
-    double chain[3] = {0, 0, 0};
+    double chain[4] = {0, 0, 0, 0};
     for (int path = 0; path < paths; ++path) {
       if (streaming(path) && m > kernels::kGemvMaxRows) continue;
       set_path(path);
@@ -219,7 +224,7 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
     for (const Shape& sh : shapes) {
       const int64_t bytes = weight_bytes(sh);
       const int64_t regions = std::max<int64_t>(1, pool_bytes / bytes);
-      double ms[3] = {0, 0, 0};
+      double ms[4] = {0, 0, 0, 0};
       for (int path = 0; path < paths; ++path) {
         if (streaming(path) && m > kernels::kGemvMaxRows) continue;
         set_path(path);
@@ -231,14 +236,11 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
         std::snprintf(buf, sizeof buf, "%7.1f us %5.1f%%", 1e3 * t, 100 * bytes / (t * 1e-3) / (read_tbs * 1e12));
         return t > 0 ? std::string(buf) : std::string("-");
       };
-      std::printf("%4lld %-8s %22s %22s %22s\n", static_cast<long long>(m), sh.name, cell(ms[0]).c_str(),
-                  cell(ms[1]).c_str(), cell(ms[2]).c_str());
-      out.push_back({{"m", m},
-                     {"product", sh.name},
-                     {"bytes", bytes},
-                     {path_keys[0], ms[0]},
-                     {path_keys[1], ms[1]},
-                     {path_keys[2], ms[2]}});
+      std::printf("%4lld %-8s %22s %22s %22s %22s\n", static_cast<long long>(m), sh.name, cell(ms[0]).c_str(),
+                  cell(ms[1]).c_str(), cell(ms[2]).c_str(), fp8 ? cell(ms[3]).c_str() : "");
+      nlohmann::json row = {{"m", m}, {"product", sh.name}, {"bytes", bytes}};
+      for (int path = 0; path < paths; ++path) row[path_keys[path]] = ms[path];
+      out.push_back(row);
     }
     for (int path = 0; path < paths; ++path) {
       if (chain[path] <= 0) continue;

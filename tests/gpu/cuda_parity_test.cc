@@ -259,9 +259,10 @@ std::vector<CudaCase> AllCases() {
           {"qwen2-hd128", "-bf16", 16, 2048, "auto", false},
           {"qwen2-hd128", "-bf16", 16, 2048, "auto", true, 32, 4},
           {"qwen2-hd128", "-bf16", 16, 2048, "auto", true, 1},
-          // fp8, batched (5 rows a step: every product through cuBLASLt's fp8 kernels, inputs quantized per
-          // token) against the -fp8a8 references; one request at a time (prefill as batched, decode through the
-          // fp8 streaming kernel with bf16 inputs, which the reference rounds to e4m3: a little apart by design).
+          // fp8 against the -fp8a8 references: prefill through cuBLASLt's fp8 kernels (inputs quantized per
+          // token), decode steps of 5 rows (batched) and of one (one request at a time) through the fp8 streaming
+          // kernel (tensor-core tiles, CUDA cores) with bf16 inputs, which the reference rounds to e4m3: a little
+          // apart by design.
           // qwen2-hd128 moves most: its chosen logprobs by up to 0.55 where the others move by 0.09, and one token
           // of margin 0.5-1 flips (measured). Our reading, not yet shown: its random QKV biases are large, so a q·k
           // logit carries bias · (the input's error), which an input rounded by the engine (from bf16) and by the

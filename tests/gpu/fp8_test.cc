@@ -13,7 +13,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <tuple>
+#include <type_traits>
 
 #include "engine/backends/cuda/gemm.h"
 #include "kernels/elementwise.h"
@@ -195,36 +197,81 @@ Reference Product(int m, int n, int k, X x, W w, const std::vector<__nv_bfloat16
   return out;
 }
 
-template <typename Out>
-void CheckStreaming(const Shape& shape, uint32_t seed) {
+// X's values as T.
+template <typename T>
+std::vector<T> AsInput(const std::vector<float>& v) {
+  if constexpr (std::is_same_v<T, __half>) {
+    std::vector<T> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = __float2half(v[i]);
+    return out;
+  } else {
+    return Bf16(v);
+  }
+}
+template <typename T>
+double InputAt(const std::vector<T>& x, size_t i) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(x[i]);
+  } else {
+    return __bfloat162float(x[i]);
+  }
+}
+
+// The streaming product in `form` against the fp64 one; x_log2_range spreads X's magnitudes over 2^±range.
+template <typename T, typename Out>
+void CheckStreaming(const Shape& shape, uint32_t seed, kernels::GemvForm form, int x_log2_range = 0) {
   const auto [m, n, k, with_bias] = shape;
   std::mt19937 rng(seed);
   const Fp8Weights w(n, k, rng);
-  const std::vector<__nv_bfloat16> x = Bf16(Random(size_t(m) * k, rng));
-  const std::vector<__nv_bfloat16> bias = Bf16(Random(n, rng));
-  Dev<__nv_bfloat16> dx(x), db(bias);
+  std::vector<float> xf = Random(size_t(m) * k, rng);
+  std::uniform_int_distribution<int> exponent(-x_log2_range, x_log2_range);
+  for (float& v : xf) v = std::ldexp(v, exponent(rng));
+  const std::vector<T> x = AsInput<T>(xf);
+  const std::vector<__nv_bfloat16> bias_bf16 = Bf16(Random(n, rng));
+  const std::vector<T> bias = AsInput<T>(testing::FromBf16(bias_bf16));
+  Dev<T> dx(x), db(bias);
   Dev<Fp8> dw(w.q);
   Dev<float> ds(w.scale);
   Dev<Out> dy(size_t(m) * n);
   ASSERT_TRUE(kernels::GemvFp8Supports(dx.get(), dw.get(), m, k));
-  CUDA_OK((kernels::GemvFp8<__nv_bfloat16, Out>(dx.get(), dw.get(), ds.get(), with_bias ? db.get() : nullptr, dy.get(),
-                                                m, n, k, nullptr)));
+  CUDA_OK((kernels::GemvFp8<T, Out>(dx.get(), dw.get(), ds.get(), with_bias ? db.get() : nullptr, dy.get(), m, n, k,
+                                    nullptr, form)));
   CUDA_OK(cudaDeviceSynchronize());
   const Reference ref = Product(
-      m, n, k, [&](int r, int i) { return double{__bfloat162float(x[size_t(r) * k + i])}; },
-      [&](int c, int i) { return w.At(c, i, k); }, with_bias ? &bias : nullptr);
-  ExpectProduct(dy.Host(), ref.y, ref.mag, 1e-5, "GemvFp8");
+      m, n, k, [&](int r, int i) { return InputAt(x, size_t(r) * k + i); }, [&](int c, int i) { return w.At(c, i, k); },
+      with_bias ? &bias_bf16 : nullptr);
+  const char* what = form == kernels::GemvForm::kCudaCores ? "GemvFp8 on CUDA cores" : "GemvFp8 on tensor cores";
+  ExpectProduct(dy.Host(), ref.y, ref.mag, 1e-5, what);
 }
 
 class GemvFp8Test : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(GemvFp8Test, Bf16OutputMatchesReference) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
-  CheckStreaming<__nv_bfloat16>(GetParam(), 21);
+  for (auto form : {kernels::GemvForm::kCudaCores, kernels::GemvForm::kTensorCores}) {
+    CheckStreaming<__nv_bfloat16, __nv_bfloat16>(GetParam(), 21, form);
+  }
 }
 TEST_P(GemvFp8Test, Fp32OutputMatchesReference) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
-  CheckStreaming<float>(GetParam(), 22);
+  for (auto form : {kernels::GemvForm::kCudaCores, kernels::GemvForm::kTensorCores}) {
+    CheckStreaming<__nv_bfloat16, float>(GetParam(), 22, form);
+  }
+}
+// fp16 inputs go to the tensor cores as they are (bf16 ones are converted, kernels/gemv_tiles.cuh).
+TEST_P(GemvFp8Test, Fp16InputMatchesReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  for (auto form : {kernels::GemvForm::kCudaCores, kernels::GemvForm::kTensorCores}) {
+    CheckStreaming<__half, float>(GetParam(), 23, form);
+  }
+}
+// bf16 inputs of magnitudes from about 2^-20 to 2^19 (normal draws times 2^±17): the tensor-core form's f16 holds
+// them (scaled by 1/16).
+TEST_P(GemvFp8Test, WideRangeInputsMatchReference) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
+  for (auto form : {kernels::GemvForm::kCudaCores, kernels::GemvForm::kTensorCores}) {
+    CheckStreaming<__nv_bfloat16, float>(GetParam(), 24, form, 17);
+  }
 }
 
 // Every row count; k one lane sweep (16), between sweeps (528, 1040), past the unrolled loop (4112); n odd.
@@ -233,7 +280,7 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, GemvFp8Test,
                                            Shape{3, 1001, 1040, false}, Shape{4, 67, 4112, true},
                                            Shape{5, 250, 2064, false}, Shape{6, 33, 1056, true},
                                            Shape{7, 513, 528, false}, Shape{8, 130, 4096, true},
-                                           Shape{8, 3, 14336, false}));
+                                           Shape{8, 3, 14336, false}, Shape{1, 4096, 4096, true}));
 
 // cuBLASLt's fp8 product through the backend's wrapper: per-token input scales and per-channel weight scales in
 // the epilogue, then the bias. Row counts past the streaming kernel's.

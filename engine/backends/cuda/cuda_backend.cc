@@ -471,7 +471,8 @@ void CudaBackend::ChooseKernels() {
       {"products",
        absl::StrCat("the weight-streaming kernel up to ", fp8 ? gemm.fp8_gemv_max_rows() : gemm.gemv_max_rows(),
                     " rows",
-                    fp8 ? " (fp8 e4m3 weights, per-channel scales)"
+                    fp8 ? absl::StrCat(" (fp8 e4m3 weights, per-channel scales; CUDA cores below ",
+                                       k::kGemvFp8TensorCoreRows, ", tensor-core tiles from there)")
                         : absl::StrCat(" (CUDA cores below ", k::kGemvTensorCoreRows,
                                        ", tensor-core tiles from there; RoPE and the gated activation fused in)"),
                     ", cuBLASLt beyond")},

@@ -18,9 +18,9 @@ namespace {
 // and at 2-8 rows as tensor-core tiles (kernels/gemv_tiles.cuh: 5.44-5.56 vs 5.62-5.66 ms), and lets RoPE and
 // SiLU·mul fuse into the products: `inferd-bench --sections products`, kernels/NOTES.md.
 constexpr int64_t kStreamingMaxRows = 8;
-// fp8 weights: the streaming kernel's chain beats cuBLASLt's per-token x per-channel scaled one up to 4 rows
-// (3.85 vs 4.55 ms), from 6 it loses (4.64 vs 4.49): `inferd-bench --quantization fp8`, kernels/NOTES.md.
-constexpr int64_t kFp8StreamingMaxRows = 4;
+// fp8 weights: the streaming kernel on tensor cores (kernels/gemv_tiles.cuh) against cuBLASLt's per-token x
+// per-channel scaled chain: `inferd-bench --quantization fp8 --sections products`, kernels/NOTES.md.
+constexpr int64_t kFp8StreamingMaxRows = 8;
 
 template <typename T>
 cudaError_t RunGemv(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k, int64_t ldy,
