@@ -141,13 +141,17 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
     const std::vector<float> ones(2 * I, 1.f / 64);  // per row, or [0] for the whole tensor
     BENCH_CUDA(cudaMemcpy(scales, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
   }
-  // Paths: 0 cuBLASLt, 1 the streaming kernel's CUDA-core form, 2 its tensor-core form, 3 (fp8) cuBLASLt with
-  // per-tensor scales on both sides, for comparison (the layers' fp8 products scale per token and per channel: path
-  // 0). A product's weight and input for the path: fp8 layer weights with their scales; fp8 inputs for cuBLASLt.
-  const int paths = fp8 ? 4 : 3;
+  // Paths: 0 the library GEMM (fp8: CUTLASS's kernel with the per-token and per-channel scales in its epilogue,
+  // kernels/fp8_gemm.h, as the layers run it), 1 the streaming kernel's CUDA-core form, 2 its tensor-core form, and
+  // for fp8 3 cuBLASLt with per-tensor scales on both sides and 4 cuBLASLt with the per-token and per-channel ones,
+  // for comparison. A product's weight and input for the path: fp8 layer weights with their scales; fp8 inputs for
+  // the GEMMs.
+  const int paths = fp8 ? 5 : 3;
   const auto streaming = [&](int path) { return path == 1 || path == 2; };
-  const char* path_names[] = {"cuBLASLt", "CUDA cores", "tensor cores", "cuBLASLt per-tensor"};
-  const char* path_keys[] = {"cublaslt_ms", "streaming_ms", "tensor_core_ms", "cublaslt_per_tensor_ms"};
+  const char* path_names[] = {fp8 ? "CUTLASS scaled" : "cuBLASLt", "CUDA cores", "tensor cores", "cuBLASLt per-tensor",
+                              "cuBLASLt scaled"};
+  const char* path_keys[] = {fp8 ? "cutlass_ms" : "cublaslt_ms", "streaming_ms", "tensor_core_ms",
+                             "cublaslt_per_tensor_ms", "cublaslt_ms"};
   auto weight_at = [&](const char* at, bool lm_head, int path) {
     return fp8 && !lm_head ? cuda::Operand(at, scales, path == 3) : cuda::Operand(at);
   };
@@ -157,8 +161,8 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
   auto weight_bytes = [&](const Shape& sh) { return sh.n * sh.k * (fp8 && !sh.lm_head ? 1 : 2); };
   nlohmann::json out = nlohmann::json::array();
   std::printf("decode-step products (weights streamed; %% of the read ceiling):\n");
-  std::printf("%4s %-8s %22s %22s %22s %22s\n", "m", "product", "cuBLASLt", "streaming, CUDA cores",
-              "streaming, tensor", fp8 ? "cuBLASLt per-tensor" : "");
+  std::printf("%4s %-8s %22s %22s %22s %22s %22s\n", "m", "product", path_names[0], "streaming, CUDA cores",
+              "streaming, tensor", fp8 ? "cuBLASLt per-tensor" : "", fp8 ? "cuBLASLt scaled" : "");
   double chain_bytes = 0;
   for (const Shape& sh : shapes) chain_bytes += double(weight_bytes(sh)) * (sh.lm_head ? 1 : c.num_layers);
   // The whole chain of one decode step, captured in one CUDA graph: each layer's products read the next
@@ -168,6 +172,7 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
   auto set_path = [&](int path) {
     (*gemm)->set_gemv_max_rows(streaming(path) ? kernels::kGemvMaxRows : 0);
     (*gemm)->set_fp8_gemv_max_rows(streaming(path) ? kernels::kGemvMaxRows : 0);
+    (*gemm)->set_fp8_cutlass(path != 4);
   };
   // One product on the path: streaming products go to the kernel straight, in the form the path names.
   auto run = [&](int path, const char* w, int64_t m, const Shape& sh) -> absl::Status {
@@ -215,7 +220,7 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
     return ms;
   };
   for (int64_t m : {1, 2, 3, 4, 5, 6, 8, 16, 64, 128}) {
-    double chain[4] = {0, 0, 0, 0};
+    double chain[5] = {0, 0, 0, 0, 0};
     for (int path = 0; path < paths; ++path) {
       if (streaming(path) && m > kernels::kGemvMaxRows) continue;
       set_path(path);
@@ -224,7 +229,7 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
     for (const Shape& sh : shapes) {
       const int64_t bytes = weight_bytes(sh);
       const int64_t regions = std::max<int64_t>(1, pool_bytes / bytes);
-      double ms[4] = {0, 0, 0, 0};
+      double ms[5] = {0, 0, 0, 0, 0};
       for (int path = 0; path < paths; ++path) {
         if (streaming(path) && m > kernels::kGemvMaxRows) continue;
         set_path(path);
@@ -236,8 +241,9 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
         std::snprintf(buf, sizeof buf, "%7.1f us %5.1f%%", 1e3 * t, 100 * bytes / (t * 1e-3) / (read_tbs * 1e12));
         return t > 0 ? std::string(buf) : std::string("-");
       };
-      std::printf("%4lld %-8s %22s %22s %22s %22s\n", static_cast<long long>(m), sh.name, cell(ms[0]).c_str(),
-                  cell(ms[1]).c_str(), cell(ms[2]).c_str(), fp8 ? cell(ms[3]).c_str() : "");
+      std::printf("%4lld %-8s %22s %22s %22s %22s %22s\n", static_cast<long long>(m), sh.name, cell(ms[0]).c_str(),
+                  cell(ms[1]).c_str(), cell(ms[2]).c_str(), fp8 ? cell(ms[3]).c_str() : "",
+                  fp8 ? cell(ms[4]).c_str() : "");
       nlohmann::json row = {{"m", m}, {"product", sh.name}, {"bytes", bytes}};
       for (int path = 0; path < paths; ++path) row[path_keys[path]] = ms[path];
       out.push_back(row);

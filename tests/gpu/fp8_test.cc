@@ -19,6 +19,7 @@
 
 #include "engine/backends/cuda/gemm.h"
 #include "kernels/elementwise.h"
+#include "kernels/fp8_gemm.h"
 #include "kernels/gemv.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -282,8 +283,9 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, GemvFp8Test,
                                            Shape{7, 513, 528, false}, Shape{8, 130, 4096, true},
                                            Shape{8, 3, 14336, false}, Shape{1, 4096, 4096, true}));
 
-// cuBLASLt's fp8 product through the backend's wrapper: per-token input scales and per-channel weight scales in
-// the epilogue, then the bias. Row counts past the streaming kernel's.
+// The fp8 product of many rows through the backend's wrapper: per-token input scales and per-channel weight scales
+// in the epilogue, then the bias; CUTLASS's kernel (kernels/fp8_gemm.h, where the GPU runs it) and cuBLASLt's. Row
+// counts past the streaming kernel's, on both sides of the CUTLASS tile choice (128 rows).
 class Fp8GemmTest : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(Fp8GemmTest, MatchesTheDequantizedReference) {
@@ -301,24 +303,34 @@ TEST_P(Fp8GemmTest, MatchesTheDequantizedReference) {
   Dev<Fp8> dxq(xq), dwq(w.q);
   Dev<float> dxs(xs), dws(w.scale);
   Dev<__nv_bfloat16> db(bias), dy(size_t(m) * n);
-  int64_t ws_bytes = 0;
-  auto gemm = cuda::Gemm::Create(CUDA_R_16BF, int64_t{32} << 20, &ws_bytes);
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
-  const absl::Status st = (*gemm)->Run(cuda::Operand(dxq.get(), dxs.get()), cuda::Operand(dwq.get(), dws.get()),
-                                       dy.get(), m, n, k, with_bias ? db.get() : nullptr, false, nullptr);
-  ASSERT_TRUE(st.ok()) << st;
-  CUDA_OK(cudaDeviceSynchronize());
   const Reference ref = Product(
       m, n, k, [&](int r, int i) { return Deq(xq[size_t(r) * k + i]) * double{xs[r]}; },
       [&](int c, int i) { return w.At(c, i, k); }, with_bias ? &bias : nullptr);
-  ExpectProduct(dy.Host(), ref.y, ref.mag, 1e-3, "cuBLASLt fp8");
+  int device = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  for (const bool cutlass : {true, false}) {
+    int64_t ws_bytes = 0;
+    auto gemm = cuda::Gemm::Create(CUDA_R_16BF, int64_t{32} << 20, &ws_bytes);
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    (*gemm)->set_fp8_cutlass(cutlass);
+    CUDA_OK(cudaMemset(dy.get(), 0xff, size_t(m) * n * 2));  // NaNs: a product that writes nothing fails
+    const absl::Status st = (*gemm)->Run(cuda::Operand(dxq.get(), dxs.get()), cuda::Operand(dwq.get(), dws.get()),
+                                         dy.get(), m, n, k, with_bias ? db.get() : nullptr, false, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    CUDA_OK(cudaDeviceSynchronize());
+    const bool ran_cutlass =
+        cutlass && kernels::Fp8ScaledGemmSupports(device, dxq.get(), dwq.get(), dy.get(), db.get(), n, k);
+    ExpectProduct(dy.Host(), ref.y, ref.mag, 1e-3, ran_cutlass ? "CUTLASS fp8" : "cuBLASLt fp8");
+  }
 }
 
 // k and n multiples of 16 (cuBLASLt's fp8 kernels need 16-byte aligned columns: the backend refuses fp8 for
 // models without); m odd, n not a multiple of a tile.
 INSTANTIATE_TEST_SUITE_P(OddShapes, Fp8GemmTest,
                          ::testing::Values(Shape{5, 96, 64, false}, Shape{17, 1008, 1040, true},
-                                           Shape{300, 240, 2064, false}, Shape{64, 2064, 4096, true}));
+                                           Shape{300, 240, 2064, false}, Shape{64, 2064, 4096, true},
+                                           Shape{128, 512, 1024, true}, Shape{129, 256, 528, true},
+                                           Shape{1000, 1040, 2048, true}, Shape{9, 4096, 14336, false}));
 
 // Per-tensor scales on both sides (cuBLASLt's scalar scaling): the scale vectors' first entries scale every row.
 TEST(Fp8, PerTensorScaledProductMatchesTheReference) {

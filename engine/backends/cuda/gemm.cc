@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/backends/cuda/run_timer.h"
 #include "kernels/fp8.h"
+#include "kernels/fp8_gemm.h"
 #include "kernels/gemv.h"
 
 namespace inferd::cuda {
@@ -62,6 +63,7 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(cudaDataType_t dtype, int64_t
   g->dtype_ = dtype;
   g->gemv_max_rows_ = kStreamingMaxRows;
   g->fp8_gemv_max_rows_ = kFp8StreamingMaxRows;
+  INFERD_CUDA(cudaGetDevice(&g->device_));
   INFERD_CUBLAS(cublasLtCreate(&g->handle_));
   INFERD_RETURN_IF_ERROR(g->workspace_.Allocate(static_cast<size_t>(workspace_bytes), device_bytes));
   return g;
@@ -223,6 +225,14 @@ absl::Status Gemm::Run(Operand x, Operand w, void* y, int64_t m, int64_t n, int6
     return FromCuda(e, "kernels::GemvFp8");
   }
   INFERD_ASSIGN_OR_RETURN(const Scales scales, ScalesOf(x, w));
+  if (scales == kPerRow && fp8_cutlass_ && bf16 && !out_fp32 && (ldy == 0 || ldy == n) &&
+      kernels::Fp8ScaledGemmSupports(device_, x.data, w.data, y, bias, n, k)) {
+    return FromCuda(kernels::Fp8ScaledGemm(static_cast<const kernels::Fp8*>(x.data), x.scale,
+                                           static_cast<const kernels::Fp8*>(w.data), w.scale,
+                                           static_cast<const __nv_bfloat16*>(bias), static_cast<__nv_bfloat16*>(y), m,
+                                           n, k, stream),
+                    "kernels::Fp8ScaledGemm");
+  }
   if (!w.fp8() && m <= gemv_max_rows_ && kernels::GemvSupports(x.data, w.data, m, k)) {
     const cudaError_t e = bf16 ? RunGemv<__nv_bfloat16>(x.data, w.data, y, m, n, k, ldy, bias, out_fp32, stream)
                                : RunGemv<__half>(x.data, w.data, y, m, n, k, ldy, bias, out_fp32, stream);

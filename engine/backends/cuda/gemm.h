@@ -1,9 +1,10 @@
 // Y[m, n] = X[m, k] · W[n, k]ᵀ (+ bias[n]): bf16/fp16 operands, or fp8 e4m3 ones with per-row scales
 // (kernels/fp8.h), fp32 accumulation, output in the compute dtype or fp32 (logits). Products of up to
 // streaming_rows() rows (decode steps) run our weight-streaming kernels (kernels/gemv.h; kernels/fp8.h for fp8
-// weights, whose activations then stay in the compute dtype); larger ones run cuBLASLt, fp8 ones with the
-// per-token and per-channel scales applied in its epilogue: the algorithm Tune() measured fastest for the shape,
-// else the heuristic's first, chosen once per shape and cached. Row-major on our side.
+// weights, whose activations then stay in the compute dtype); larger ones run cuBLASLt (fp8 ones on Hopper in bf16:
+// CUTLASS's kernel, kernels/fp8_gemm.h), fp8 ones with the per-token and per-channel scales applied in the epilogue:
+// the algorithm Tune() measured fastest for the shape, else the heuristic's first, chosen once per shape and cached.
+// Row-major on our side.
 #pragma once
 
 #include <cublasLt.h>
@@ -54,6 +55,10 @@ class Gemm {
   int64_t fp8_gemv_max_rows() const { return fp8_gemv_max_rows_; }
   void set_fp8_gemv_max_rows(int64_t rows) { fp8_gemv_max_rows_ = rows; }
   int64_t streaming_rows(bool fp8_weights) const { return fp8_weights ? fp8_gemv_max_rows_ : gemv_max_rows_; }
+  // fp8 products of per-row scaled operands beyond the streaming rows: CUTLASS's kernel with both scales in its
+  // epilogue (kernels/fp8_gemm.h, Hopper, bf16 output) where it runs the shape, else cuBLASLt; off: cuBLASLt.
+  bool fp8_cutlass() const { return fp8_cutlass_; }
+  void set_fp8_cutlass(bool on) { fp8_cutlass_ = on; }
 
  private:
   struct Plan {
@@ -80,6 +85,8 @@ class Gemm {
   cudaDataType_t dtype_ = CUDA_R_16BF;
   int64_t gemv_max_rows_ = 0;
   int64_t fp8_gemv_max_rows_ = 0;
+  bool fp8_cutlass_ = true;
+  int device_ = 0;
   DeviceBuffer workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, Scales, int64_t, int64_t>, Plan> plans_;
 };
