@@ -1,8 +1,8 @@
-// The tensor-core form of the weight-streaming product, for decode steps of 2–8 rows, and of 1–8 with e4m3 weights
-// (device code only). The CUDA-core loop of gemv_rows.cuh converts and multiplies every weight once per row of X,
-// so past one row (e4m3: from one row, three conversions a weight pair) its instructions, not the memory, set the
-// pace; here a warp's tile of kTileRows rows of W meets all of X's rows
-// (up to 8) in mma.sync m16n8k16 — W as the 16×16 A operand, X as the 16×8 B operand, fp32 accumulation.
+// The tensor-core form of the weight-streaming product, for decode steps of 2–8 rows (3–8 with e4m3 weights; device
+// code only). The CUDA-core loop of gemv_rows.cuh converts and multiplies every weight once per row of X, so past
+// one row or two its instructions, not the memory, set the pace; here a warp's tile of kTileRows rows of W meets all
+// of X's rows (up to 8) in mma.sync m16n8k16 — W as the 16×16 A operand, X as the 16×8 B operand, fp32
+// accumulation.
 //
 // The sum over k does not care in which order its terms come, so the operands are loaded the way the memory
 // wants, not the way the mma fragments are laid out: lane (g, t) = (lane / 4, lane % 4) loads one 16-byte chunk
@@ -65,7 +65,7 @@ __device__ __forceinline__ void MmaPiece(const uint4& wa, const uint4& wb, const
 // e4m3 weights (kernels/fp8.h) run as f16 in the mma: each pair converts exactly (one instruction), and X's rows
 // follow as f16. A bf16 row is scaled by kFp8TileXScale on the way (exact, a power of two): f16 holds every bf16
 // value of magnitude 2^-13 to 2^20 exactly (smaller ones round to multiples of 2^-20, larger ones saturate to
-// 2^20), which keeps the activations of any model we know whole; the product's sum is scaled back after.
+// 2^20: far past the activations of the models tested here); the product's sum is scaled back after.
 template <typename T>
 inline constexpr float kFp8TileXScale = std::is_same_v<T, __nv_bfloat16> ? 0.0625f : 1.f;
 
