@@ -94,10 +94,13 @@ bool Aligned(const void* p) {
 
 }  // namespace
 
-bool Fp8ScaledGemmSupports(int device, const void* x, const void* w, const void* y, const void* bias, int64_t n,
-                           int64_t k) {
-  return RunsSm90aCode(device) && k > 0 && k % 16 == 0 && n > 0 && n % 8 == 0 && k <= 0x7fffffff && n <= 0x7fffffff &&
-         Aligned(x) && Aligned(w) && Aligned(y) && Aligned(bias);
+bool Fp8ScaledGemmAvailable(int device) {
+  return RunsSm90aCode(device);
+}
+
+bool Fp8ScaledGemmSupports(const void* x, const void* w, const void* y, const void* bias, int64_t n, int64_t k) {
+  return k > 0 && k % 16 == 0 && n > 0 && n % 8 == 0 && k <= 0x7fffffff && n <= 0x7fffffff && Aligned(x) &&
+         Aligned(w) && Aligned(y) && Aligned(bias);
 }
 
 cudaError_t Fp8ScaledGemm(const Fp8* x, const float* x_scale, const Fp8* w, const float* w_scale,
@@ -105,7 +108,8 @@ cudaError_t Fp8ScaledGemm(const Fp8* x, const float* x_scale, const Fp8* w, cons
                           cudaStream_t stream) {
   int device = 0;
   if (m <= 0) return m == 0 ? cudaSuccess : cudaErrorInvalidValue;
-  if (m > 0x7fffffff || cudaGetDevice(&device) != cudaSuccess || !Fp8ScaledGemmSupports(device, x, w, y, bias, n, k)) {
+  if (m > 0x7fffffff || cudaGetDevice(&device) != cudaSuccess || !Fp8ScaledGemmAvailable(device) ||
+      !Fp8ScaledGemmSupports(x, w, y, bias, n, k)) {
     return cudaErrorNotSupported;
   }
   return m <= 128 ? Run<true>(x, x_scale, w, w_scale, bias, y, m, n, k, stream)

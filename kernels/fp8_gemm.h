@@ -16,14 +16,14 @@
 
 namespace inferd::kernels {
 
-// True where the running device takes it (compute capability 9.0, this build carrying sm_90a code) and the shape
-// suits its TMA loads: k a multiple of 16, n of 8, x, w, y and bias 16-byte aligned.
-bool Fp8ScaledGemmSupports(int device, const void* x, const void* w, const void* y, const void* bias, int64_t n,
-                           int64_t k);
+// True where `device` runs it: compute capability 9.0 and this build carrying sm_90a code.
+bool Fp8ScaledGemmAvailable(int device);
+// True where the shape suits its TMA loads: k a multiple of 16, n of 8, x, w, y and bias 16-byte aligned.
+bool Fp8ScaledGemmSupports(const void* x, const void* w, const void* y, const void* bias, int64_t n, int64_t k);
 
 // x: [m, k] e4m3 with x_scale [m]; w: [n, k] e4m3 with w_scale [n]; bias [n] or null; y: [m, n] in bf16. The tile
 // shape by the rows: 64 × 128 (pairs of CTAs along n sharing the rows' tile) up to 128 rows, else 128 × 128 (pairs
-// along m). cudaErrorNotSupported where Fp8ScaledGemmSupports is false.
+// along m). cudaErrorNotSupported where Fp8ScaledGemmAvailable or Fp8ScaledGemmSupports is false.
 cudaError_t Fp8ScaledGemm(const Fp8* x, const float* x_scale, const Fp8* w, const float* w_scale,
                           const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t m, int64_t n, int64_t k,
                           cudaStream_t stream);

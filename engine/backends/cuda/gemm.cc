@@ -63,7 +63,9 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(cudaDataType_t dtype, int64_t
   g->dtype_ = dtype;
   g->gemv_max_rows_ = kStreamingMaxRows;
   g->fp8_gemv_max_rows_ = kFp8StreamingMaxRows;
-  INFERD_CUDA(cudaGetDevice(&g->device_));
+  int device = 0;
+  INFERD_CUDA(cudaGetDevice(&device));
+  g->fp8_cutlass_available_ = kernels::Fp8ScaledGemmAvailable(device);
   INFERD_CUBLAS(cublasLtCreate(&g->handle_));
   INFERD_RETURN_IF_ERROR(g->workspace_.Allocate(static_cast<size_t>(workspace_bytes), device_bytes));
   return g;
@@ -172,6 +174,7 @@ absl::StatusOr<double> Gemm::Tune(Operand x, std::span<const Operand> weights, v
                                   const void* bias, bool out_fp32, cudaStream_t stream, int64_t ldy) {
   if (weights.empty()) return absl::InvalidArgumentError("Gemm::Tune: no weights");
   INFERD_ASSIGN_OR_RETURN(const Scales scales, ScalesOf(x, weights[0]));
+  if (RunsOnCutlass(x, weights[0], y, bias, n, k, out_fp32, ldy, scales)) return 1.0;  // no cuBLASLt plan runs it
   std::vector<cublasLtMatmulAlgo_t> candidates;
   INFERD_ASSIGN_OR_RETURN(
       Plan * p, PlanFor(m, n, k, bias != nullptr, out_fp32, scales, OutputOf(y, ldy, n, out_fp32), &candidates));
@@ -202,6 +205,12 @@ absl::StatusOr<double> Gemm::Tune(Operand x, std::span<const Operand> weights, v
   return median[0] > 0 ? median[0] / median[best] : 1.0;
 }
 
+bool Gemm::RunsOnCutlass(Operand x, Operand w, const void* y, const void* bias, int64_t n, int64_t k, bool out_fp32,
+                         int64_t ldy, Scales scales) const {
+  return scales == kPerRow && fp8_cutlass_ && fp8_cutlass_available_ && dtype_ == CUDA_R_16BF && !out_fp32 &&
+         (ldy == 0 || ldy == n) && kernels::Fp8ScaledGemmSupports(x.data, w.data, y, bias, n, k);
+}
+
 Gemm::Output Gemm::OutputOf(const void* y, int64_t ldy, int64_t n, bool out_fp32) const {
   if (ldy == n) ldy = 0;  // contiguous rows: one plan whichever way the caller says it
   const int64_t e = out_fp32 ? 4 : 2;
@@ -225,8 +234,7 @@ absl::Status Gemm::Run(Operand x, Operand w, void* y, int64_t m, int64_t n, int6
     return FromCuda(e, "kernels::GemvFp8");
   }
   INFERD_ASSIGN_OR_RETURN(const Scales scales, ScalesOf(x, w));
-  if (scales == kPerRow && fp8_cutlass_ && bf16 && !out_fp32 && (ldy == 0 || ldy == n) &&
-      kernels::Fp8ScaledGemmSupports(device_, x.data, w.data, y, bias, n, k)) {
+  if (RunsOnCutlass(x, w, y, bias, n, k, out_fp32, ldy, scales)) {
     return FromCuda(kernels::Fp8ScaledGemm(static_cast<const kernels::Fp8*>(x.data), x.scale,
                                            static_cast<const kernels::Fp8*>(w.data), w.scale,
                                            static_cast<const __nv_bfloat16*>(bias), static_cast<__nv_bfloat16*>(y), m,

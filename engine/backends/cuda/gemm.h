@@ -44,7 +44,8 @@ class Gemm {
                    cudaStream_t stream, int64_t ldy = 0);
   // Times up to kTuneCandidates of cuBLASLt's heuristic algorithms for this shape (weights cycled through
   // `weights` so that none is served from L2) and keeps the fastest for every later Run of the shape. Returns
-  // the heuristic's first algorithm's time over the chosen one's (1 when it was already the fastest).
+  // the heuristic's first algorithm's time over the chosen one's (1 when it was already the fastest, and for the
+  // fp8 products CUTLASS runs, which no cuBLASLt plan serves).
   absl::StatusOr<double> Tune(Operand x, std::span<const Operand> weights, void* y, int64_t m, int64_t n, int64_t k,
                               const void* bias, bool out_fp32, cudaStream_t stream, int64_t ldy = 0);
   static constexpr int kTuneCandidates = 8;
@@ -77,6 +78,9 @@ class Gemm {
   Output OutputOf(const void* y, int64_t ldy, int64_t n, bool out_fp32) const;
   absl::StatusOr<Plan*> PlanFor(int64_t m, int64_t n, int64_t k, bool bias, bool out_fp32, Scales scales, Output out,
                                 std::vector<cublasLtMatmulAlgo_t>* candidates = nullptr);
+  // Whether Run takes this product to CUTLASS's fp8 kernel (kernels/fp8_gemm.h) rather than cuBLASLt.
+  bool RunsOnCutlass(Operand x, Operand w, const void* y, const void* bias, int64_t n, int64_t k, bool out_fp32,
+                     int64_t ldy, Scales scales) const;
   // Points the plan at this call's bias and fp8 scales.
   absl::Status Bind(Plan* p, Operand x, Operand w, const void* bias);
 
@@ -86,7 +90,7 @@ class Gemm {
   int64_t gemv_max_rows_ = 0;
   int64_t fp8_gemv_max_rows_ = 0;
   bool fp8_cutlass_ = true;
-  int device_ = 0;
+  bool fp8_cutlass_available_ = false;  // this GPU runs kernels/fp8_gemm.h (asked once, at Create)
   DeviceBuffer workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, Scales, int64_t, int64_t>, Plan> plans_;
 };
