@@ -1,7 +1,8 @@
 // inferd-bench: the engine in-process (no gRPC in the timed path) on a model and the cuda backend, against
 // ceilings measured first on the same GPU: read-streaming bandwidth (a large read-only reduction) and the
 // cuBLASLt bf16 and fp8 GEMM rates at 8192³. Prints a table and writes JSON.
-//   inferd-bench --model DIR [--json FILE] [--sections products,latency,prefill,decode,throughput] [--batches 1,8]
+//   inferd-bench --model DIR [--json FILE] [--sections products,tiles,latency,prefill,decode,throughput] [--batches
+//   1,8]
 //                [--quantization none|fp8] [--kv-cache-dtype auto|fp8_e4m3] [--tensor-parallel N]
 //                [--load-format auto|dummy]
 //   inferd-bench serve ...   (the serving benchmark against a running server: tools/serve_bench.cc)
@@ -47,6 +48,7 @@
 #include "kernels/gemv.h"
 #include "nlohmann/json.hpp"
 #include "tools/bench_sink.h"
+#include "tools/fp8_tiles_bench.h"
 
 namespace inferd {
 namespace {
@@ -224,6 +226,17 @@ nlohmann::json DecodeProducts(const ModelConfig& c, double read_tbs, bool fp8) {
     for (int path = 0; path < paths; ++path) {
       if (streaming(path) && m > kernels::kGemvMaxRows) continue;
       set_path(path);
+      if (fp8 && path == 0) {  // CUTLASS's tile for each shape measured first, as the engine's start-up does
+        for (const Shape& sh : shapes) {
+          if (sh.lm_head) continue;
+          std::vector<cuda::Operand> weights;
+          for (int64_t off = 0; off + weight_bytes(sh) <= pool_bytes && weights.size() < 8; off += weight_bytes(sh)) {
+            weights.push_back(weight_at(pool + off, false, path));
+          }
+          const auto tuned = (*gemm)->Tune(input_for(false, path), weights, y, m, sh.n, sh.k, nullptr, false, stream);
+          if (!tuned.ok()) std::fprintf(stderr, "%s\n", tuned.status().ToString().c_str());
+        }
+      }
       chain[path] = chain_ms(m, path);
     }
     for (const Shape& sh : shapes) {
@@ -362,8 +375,8 @@ int Main(int argc, char** argv) {
   const auto want = [&](const std::string& name) {
     return absl::StrContains(absl::StrCat(",", sections, ","), absl::StrCat(",", name, ","));
   };
-  nlohmann::json products;
-  if (want("products")) {
+  nlohmann::json products, tiles;
+  if (want("products") || (want("tiles") && fp8)) {  // the layers' shapes, from config.json alone
     std::ifstream f(model + "/config.json");
     const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     auto mc = ParseModelConfig(text);
@@ -371,7 +384,8 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "%s/config.json: %s\n", model.c_str(), mc.status().ToString().c_str());
       return 1;
     }
-    products = DecodeProducts(*mc, read_tbs, fp8);
+    if (want("products")) products = DecodeProducts(*mc, read_tbs, fp8);
+    if (want("tiles") && fp8) tiles = Fp8TileProducts(*mc, read_tbs, fp8_tflops);
   }
 
   Config config;
@@ -408,6 +422,7 @@ int Main(int argc, char** argv) {
                         {"startup_s", startup_s},
                         {"weight_bytes", plan.weight_bytes},
                         {"decode_products", products},
+                        {"fp8_tiles", tiles},
                         {"memory_plan",
                          {{"device_free_bytes", plan.device_free_bytes},
                           {"budget_bytes", plan.budget_bytes},

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "absl/strings/str_cat.h"
 #include "engine/backends/cuda/gemm.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8_gemm.h"
@@ -280,7 +281,7 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, GemvFp8Test,
 
 // The fp8 product of many rows through the backend's wrapper: per-token input scales and per-channel weight scales
 // in the epilogue, then the bias; CUTLASS's kernel (kernels/fp8_gemm.h, where the GPU runs it) and cuBLASLt's. Row
-// counts past the streaming kernel's, on both sides of the CUTLASS tile choice (128 rows).
+// counts past the streaming kernel's, on both sides of the CUTLASS tile choice by the rows (128), every tile.
 class Fp8GemmTest : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(Fp8GemmTest, MatchesTheDequantizedReference) {
@@ -316,6 +317,32 @@ TEST_P(Fp8GemmTest, MatchesTheDequantizedReference) {
     const bool ran_cutlass = cutlass && kernels::Fp8ScaledGemmAvailable(device) &&
                              kernels::Fp8ScaledGemmSupports(dxq.get(), dwq.get(), dy.get(), db.get(), n, k);
     ExpectProduct(dy.Host(), ref.y, ref.mag, 1e-3, ran_cutlass ? "CUTLASS fp8" : "cuBLASLt fp8");
+    if (!ran_cutlass) continue;
+    // The tile Tune measures fastest for the shape, through Run again.
+    const std::vector<cuda::Operand> weights = {cuda::Operand(dwq.get(), dws.get())};
+    auto tuned = (*gemm)->Tune(cuda::Operand(dxq.get(), dxs.get()), weights, dy.get(), m, n, k,
+                               with_bias ? db.get() : nullptr, false, nullptr);
+    ASSERT_TRUE(tuned.ok()) << tuned.status();
+    ASSERT_EQ((*gemm)->cutlass_tiles().size(), 1u);
+    CUDA_OK(cudaMemset(dy.get(), 0xff, size_t(m) * n * 2));
+    ASSERT_TRUE((*gemm)
+                    ->Run(cuda::Operand(dxq.get(), dxs.get()), cuda::Operand(dwq.get(), dws.get()), dy.get(), m, n, k,
+                          with_bias ? db.get() : nullptr, false, nullptr)
+                    .ok());
+    CUDA_OK(cudaDeviceSynchronize());
+    ExpectProduct(
+        dy.Host(), ref.y, ref.mag, 1e-3,
+        absl::StrCat("CUTLASS fp8, tuned tile ", kernels::Fp8GemmTileName((*gemm)->cutlass_tile(m, n, k))).c_str());
+  }
+  // Every tile, called directly.
+  if (!kernels::Fp8ScaledGemmAvailable(device)) return;
+  for (const kernels::Fp8GemmTile tile : kernels::kFp8GemmTiles) {
+    CUDA_OK(cudaMemset(dy.get(), 0xff, size_t(m) * n * 2));
+    CUDA_OK(kernels::Fp8ScaledGemm(dxq.get(), dxs.get(), dwq.get(), dws.get(), with_bias ? db.get() : nullptr, dy.get(),
+                                   m, n, k, nullptr, tile));
+    CUDA_OK(cudaDeviceSynchronize());
+    ExpectProduct(dy.Host(), ref.y, ref.mag, 1e-3,
+                  absl::StrCat("CUTLASS fp8 tile ", kernels::Fp8GemmTileName(tile)).c_str());
   }
 }
 

@@ -3,7 +3,8 @@
 // streaming_rows() rows (decode steps) run our weight-streaming kernels (kernels/gemv.h; kernels/fp8.h for fp8
 // weights, whose activations then stay in the compute dtype); larger ones run cuBLASLt (fp8 ones on Hopper in bf16:
 // CUTLASS's kernel, kernels/fp8_gemm.h), fp8 ones with the per-token and per-channel scales applied in the epilogue:
-// the algorithm Tune() measured fastest for the shape, else the heuristic's first, chosen once per shape and cached.
+// the algorithm (CUTLASS: the tile) Tune() measured fastest for the shape, else the heuristic's first (CUTLASS: the
+// tile by the rows), chosen once per shape and cached.
 // Row-major on our side.
 #pragma once
 
@@ -17,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/backends/cuda/device_buffer.h"
+#include "kernels/fp8_gemm.h"
 
 namespace inferd::cuda {
 
@@ -43,9 +45,9 @@ class Gemm {
   absl::Status Run(Operand x, Operand w, void* y, int64_t m, int64_t n, int64_t k, const void* bias, bool out_fp32,
                    cudaStream_t stream, int64_t ldy = 0);
   // Times up to kTuneCandidates of cuBLASLt's heuristic algorithms for this shape (weights cycled through
-  // `weights` so that none is served from L2) and keeps the fastest for every later Run of the shape. Returns
-  // the heuristic's first algorithm's time over the chosen one's (1 when it was already the fastest, and for the
-  // fp8 products CUTLASS runs, which no cuBLASLt plan serves).
+  // `weights` so that none is served from L2) and keeps the fastest for every later Run of the shape; for the fp8
+  // products CUTLASS runs, each of its tiles (kernels::kFp8GemmTiles). Returns the heuristic's first algorithm's
+  // (the tile by the rows') time over the chosen one's (1 when it was already the fastest).
   absl::StatusOr<double> Tune(Operand x, std::span<const Operand> weights, void* y, int64_t m, int64_t n, int64_t k,
                               const void* bias, bool out_fp32, cudaStream_t stream, int64_t ldy = 0);
   static constexpr int kTuneCandidates = 8;
@@ -60,6 +62,12 @@ class Gemm {
   // epilogue (kernels/fp8_gemm.h, Hopper, bf16 output) where it runs the shape, else cuBLASLt; off: cuBLASLt.
   bool fp8_cutlass() const { return fp8_cutlass_; }
   void set_fp8_cutlass(bool on) { fp8_cutlass_ = on; }
+  // The CUTLASS tile Run takes for an fp8 product of this shape: Tune's choice, else kernels::Fp8GemmTileFor(m).
+  kernels::Fp8GemmTile cutlass_tile(int64_t m, int64_t n, int64_t k) const;
+  // Tune's choices so far, by (m, n, k).
+  const std::map<std::tuple<int64_t, int64_t, int64_t>, kernels::Fp8GemmTile>& cutlass_tiles() const {
+    return cutlass_tiles_;
+  }
 
  private:
   struct Plan {
@@ -81,6 +89,9 @@ class Gemm {
   // Whether Run takes this product to CUTLASS's fp8 kernel (kernels/fp8_gemm.h) rather than cuBLASLt.
   bool RunsOnCutlass(Operand x, Operand w, const void* y, const void* bias, int64_t n, int64_t k, bool out_fp32,
                      int64_t ldy, Scales scales) const;
+  // Tune for the products CUTLASS runs: each tile of kernels::kFp8GemmTiles timed, the fastest kept.
+  absl::StatusOr<double> TuneCutlass(Operand x, std::span<const Operand> weights, void* y, int64_t m, int64_t n,
+                                     int64_t k, const void* bias, cudaStream_t stream);
   // Points the plan at this call's bias and fp8 scales.
   absl::Status Bind(Plan* p, Operand x, Operand w, const void* bias);
 
@@ -93,6 +104,7 @@ class Gemm {
   bool fp8_cutlass_available_ = false;  // this GPU runs kernels/fp8_gemm.h (asked once, at Create)
   DeviceBuffer workspace_;
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, Scales, int64_t, int64_t>, Plan> plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, kernels::Fp8GemmTile> cutlass_tiles_;  // (m, n, k): Tune's choice
 };
 
 }  // namespace inferd::cuda
