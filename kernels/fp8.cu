@@ -34,6 +34,26 @@ __global__ void __launch_bounds__(kQuantThreads)
                                scales + blockIdx.x);
 }
 
+// Rows of whole vectors of 8 up to kQuantVecs per thread: each read once, 16 bytes a load (attention's output rows
+// before the o product; kernels/NOTES.md).
+constexpr int kQuantVecs = 4;
+
+template <typename T>
+__global__ void __launch_bounds__(kQuantThreads)
+    QuantizeRowsVecKernel(const T* __restrict__ src, int64_t cols, Fp8* __restrict__ q, float* __restrict__ scales) {
+  AllowDependentsToLaunch();
+  WaitForPrerequisites();
+  const uint4* s = reinterpret_cast<const uint4*>(src + int64_t{blockIdx.x} * cols);
+  QuantizeVecRowOf<kQuantThreads, kQuantVecs>(
+      [&](int64_t i, float(&v)[8]) {
+        const uint4 a = s[i];
+        const T* ae = reinterpret_cast<const T*>(&a);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = F(ae[e]);
+      },
+      cols, q + int64_t{blockIdx.x} * cols, scales + blockIdx.x);
+}
+
 // AddRmsNormVecKernel's (kernels/elementwise.cu) arithmetic with its output quantized: each thread holds up to
 // kNormVecs vectors of 8 of its row in registers (AddResidualRow), so the row is read once.
 constexpr int kNormThreads = 512;
@@ -68,6 +88,31 @@ __global__ void __launch_bounds__(kSiluThreads) ActivateMulFp8Kernel(const T* __
   const T* g = gate_up + int64_t{blockIdx.x} * 2 * inter;
   QuantizeRowOf<kSiluThreads>([&](int64_t i) { return ActivateMulAt<T, A>(g, inter, i); }, inter,
                               q + int64_t{blockIdx.x} * inter, scales + blockIdx.x);
+}
+
+// The same, one pass: rows of whole vectors of 8 up to kSiluVecs per thread, gate and up read 16 bytes a load and
+// kept in registers (a step's 14,336-wide rows took 15 µs in two passes of 2-byte loads; kernels/NOTES.md).
+constexpr int kSiluVecThreads = 512;
+constexpr int kSiluVecs = 8;
+
+template <typename T, int A>
+__global__ void __launch_bounds__(kSiluVecThreads)
+    ActivateMulFp8VecKernel(const T* __restrict__ gate_up, Fp8* __restrict__ q, float* __restrict__ scales,
+                            int64_t inter) {
+  AllowDependentsToLaunch();
+  WaitForPrerequisites();
+  const T* g = gate_up + int64_t{blockIdx.x} * 2 * inter;
+  const uint4* gv = reinterpret_cast<const uint4*>(g);
+  const uint4* uv = reinterpret_cast<const uint4*>(g + inter);
+  QuantizeVecRowOf<kSiluVecThreads, kSiluVecs>(
+      [&](int64_t i, float(&v)[8]) {
+        const uint4 a = gv[i], b = uv[i];
+        const T* ae = reinterpret_cast<const T*>(&a);
+        const T* be = reinterpret_cast<const T*>(&b);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = Round<T>(Round<T>(Activate<A>(F(ae[e]))) * F(be[e]));
+      },
+      inter, q + int64_t{blockIdx.x} * inter, scales + blockIdx.x);
 }
 
 // The weight-streaming product with e4m3 weights: a 16-byte load is 16 weights; the matching 16 activations are
@@ -216,6 +261,10 @@ template <typename T>
 cudaError_t QuantizeRowsFp8(const T* src, int64_t rows, int64_t cols, Fp8* q, float* scales, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (cols <= 0 || CheckRows(rows) != cudaSuccess) return cudaErrorInvalidValue;
+  if (cols % 8 == 0 && cols <= int64_t{kQuantThreads} * kQuantVecs * 8 && Aligned(src) && Aligned(q)) {
+    return LaunchDependent(QuantizeRowsVecKernel<T>, static_cast<unsigned>(rows), kQuantThreads, stream, src, cols, q,
+                           scales);
+  }
   return LaunchDependent(QuantizeRowsKernel<T>, static_cast<unsigned>(rows), kQuantThreads, stream, src, cols, q,
                          scales);
 }
@@ -241,13 +290,23 @@ cudaError_t ActivateMulFp8(const T* gate_up, Fp8* q, float* scales, int64_t rows
                            cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (inter <= 0 || CheckRows(rows) != cudaSuccess) return cudaErrorInvalidValue;
+  const unsigned blocks = static_cast<unsigned>(rows);
+  if (inter % 8 == 0 && inter <= int64_t{kSiluVecThreads} * kSiluVecs * 8 && Aligned(gate_up) && Aligned(q)) {
+    switch (act) {
+      case GatedActivation::kSilu:
+        return LaunchDependent(ActivateMulFp8VecKernel<T, 0>, blocks, kSiluVecThreads, stream, gate_up, q, scales,
+                               inter);
+      case GatedActivation::kGeluTanh:
+        return LaunchDependent(ActivateMulFp8VecKernel<T, 1>, blocks, kSiluVecThreads, stream, gate_up, q, scales,
+                               inter);
+    }
+    return cudaErrorInvalidValue;
+  }
   switch (act) {
     case GatedActivation::kSilu:
-      return LaunchDependent(ActivateMulFp8Kernel<T, 0>, static_cast<unsigned>(rows), kSiluThreads, stream, gate_up, q,
-                             scales, inter);
+      return LaunchDependent(ActivateMulFp8Kernel<T, 0>, blocks, kSiluThreads, stream, gate_up, q, scales, inter);
     case GatedActivation::kGeluTanh:
-      return LaunchDependent(ActivateMulFp8Kernel<T, 1>, static_cast<unsigned>(rows), kSiluThreads, stream, gate_up, q,
-                             scales, inter);
+      return LaunchDependent(ActivateMulFp8Kernel<T, 1>, blocks, kSiluThreads, stream, gate_up, q, scales, inter);
   }
   return cudaErrorInvalidValue;
 }

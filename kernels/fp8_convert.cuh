@@ -31,6 +31,38 @@ __device__ __forceinline__ void QuantizeRowOf(Value value, int64_t n, Fp8* __res
   if (threadIdx.x == 0) *scale = s;
 }
 
+// The same for a row of n values, n a multiple of 8 and at most kVecs · 8 · kThreads, read once: load(i, v) fills
+// v[0, 8) with the values of the row's i-th vector of 8, each thread keeps its vectors in registers between the
+// largest magnitude and the quantized values (stored 8 bytes at a time; q 8-byte aligned). Bit for bit
+// QuantizeRowOf's result, with fewer, wider loads in flight at once.
+template <int kThreads, int kVecs, typename Load>
+__device__ __forceinline__ void QuantizeVecRowOf(Load load, int64_t n, Fp8* __restrict__ q, float* __restrict__ scale) {
+  const int64_t nv = n / 8;
+  float v[kVecs][8];
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+    if (i >= nv) break;
+    load(i, v[j]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[j][e]));
+  }
+  const float s = ScaleFor(BlockMax<kThreads>(amax));
+  uint2* o = reinterpret_cast<uint2*>(q);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
+    if (i >= nv) break;
+    uint2 ov;
+    Fp8* oe = reinterpret_cast<Fp8*>(&ov);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) oe[e] = Quantize(v[j][e], s);
+    o[i] = ov;
+  }
+  if (threadIdx.x == 0) *scale = s;
+}
+
 // The same by one warp, for rows short enough that a warp a row keeps more of them in flight on an SM than a block a
 // row does (each row a chain of dependent loads and a reduction): lanes take every 32nd value; bit for bit
 // QuantizeRowOf's result (the largest magnitude does not depend on the order it is taken in).

@@ -41,7 +41,9 @@ std::vector<__nv_bfloat16> Bf16(const std::vector<float>& v) {
 TEST(Fp8, QuantizeRowsIsExact) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(11);
-  for (auto [rows, cols] : {std::pair{1, 1}, std::pair{7, 1000}, std::pair{3, 4097}, std::pair{130, 96}}) {
+  // Rows of whole vectors of 8 up to 8,192 values (the one-pass kernel) and others (two passes).
+  for (auto [rows, cols] : {std::pair{1, 1}, std::pair{7, 1000}, std::pair{3, 4097}, std::pair{130, 96},
+                            std::pair{2, 8192}, std::pair{2, 8200}, std::pair{3, 8}}) {
     std::vector<float> v = Random(size_t(rows) * cols, rng, 3.f);
     v[0] = 0;  // a zero, and one row of zeros when there are several
     if (rows > 1) std::fill(v.begin() + cols, v.begin() + 2 * cols, 0.f);
@@ -124,7 +126,9 @@ TEST(Fp8, AddRmsNormQuantizesTheBf16Result) {
 TEST(Fp8, SiluMulQuantizesTheBf16Result) {
   if (!testing::HaveGpu()) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(13);
-  for (auto [rows, inter] : {std::pair{1, 1536}, std::pair{9, 14336}, std::pair{4, 37}}) {
+  // One pass over rows of whole vectors of 8 up to 32,768 values, two passes over the others.
+  for (auto [rows, inter] : {std::pair{1, 1536}, std::pair{9, 14336}, std::pair{4, 37}, std::pair{2, 32768},
+                             std::pair{2, 32776}, std::pair{3, 8}}) {
     const std::vector<float> gu = testing::FromBf16(Bf16(Random(size_t(rows) * 2 * inter, rng, 2.f)));
     Dev<__nv_bfloat16> d(Bf16(gu));
     Dev<Fp8> q(size_t(rows) * inter);
@@ -140,6 +144,20 @@ TEST(Fp8, SiluMulQuantizesTheBf16Result) {
       }
     }
     ExpectNearQuantized(q.Host(), scales.Host(), ref, rows, inter);
+    // The same rows one element off 16-byte alignment take the two-pass kernel: bit for bit the same result.
+    std::vector<__nv_bfloat16> shifted = Bf16(gu);
+    shifted.insert(shifted.begin(), __float2bfloat16(0.f));
+    Dev<__nv_bfloat16> d2(shifted);
+    Dev<Fp8> q2(size_t(rows) * inter);
+    Dev<float> scales2{size_t(rows)};
+    CUDA_OK(kernels::ActivateMulFp8(d2.get() + 1, q2.get(), scales2.get(), rows, inter, kernels::GatedActivation::kSilu,
+                                    nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(scales2.Host(), scales.Host()) << rows << "x" << inter;
+    const std::vector<Fp8> a = q.Host(), b = q2.Host();
+    int differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i].__x != b[i].__x;
+    EXPECT_EQ(differ, 0) << rows << "x" << inter;
   }
 }
 
