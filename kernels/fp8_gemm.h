@@ -28,11 +28,12 @@ enum class Fp8GemmTile {
   kAuto,     // Fp8GemmTileFor(m)
   k64x64,    // 64 × 64, clusters of 8 along n, ping-pong
   k64x128,   // 64 × 128, pairs along n, ping-pong
+  k128x64,   // 128 × 64, clusters of 8 along n, ping-pong
   k128x128,  // 128 × 128, pairs along m, ping-pong
   k128x256,  // 128 × 256, pairs along m, cooperative
 };
-inline constexpr Fp8GemmTile kFp8GemmTiles[] = {Fp8GemmTile::k64x64, Fp8GemmTile::k64x128, Fp8GemmTile::k128x128,
-                                                Fp8GemmTile::k128x256};
+inline constexpr Fp8GemmTile kFp8GemmTiles[] = {Fp8GemmTile::k64x64, Fp8GemmTile::k64x128, Fp8GemmTile::k128x64,
+                                                Fp8GemmTile::k128x128, Fp8GemmTile::k128x256};
 const char* Fp8GemmTileName(Fp8GemmTile tile);  // "64x128"; kAuto: "auto"
 // The choice for a shape nothing measured: by the rows alone.
 Fp8GemmTile Fp8GemmTileFor(int64_t m);

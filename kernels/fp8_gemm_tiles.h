@@ -22,6 +22,7 @@ struct Args {
 
 cudaError_t Run64x64(const Args& a);    // fp8_gemm_rows64.cu
 cudaError_t Run64x128(const Args& a);   // fp8_gemm_rows64.cu
+cudaError_t Run128x64(const Args& a);   // fp8_gemm_rows128.cu
 cudaError_t Run128x128(const Args& a);  // fp8_gemm_rows128.cu
 cudaError_t Run128x256(const Args& a);  // fp8_gemm_rows128.cu
 
