@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The cpu backend beside llama.cpp on the same machine, the same GGUF and the same threads, in one run: llama.cpp's
-# llama-bench (one stream: tg128) and llama-batched-bench (4 and 16 streams of 128 tokens), built from the pinned
-# source scripts/fetch_ggml.sh fetches (its build tuned for this CPU, as llama.cpp builds by default), then inferd
-# serving the same file with engine.cpu_weights as_stored and fp32, measured by `inferd-bench serve` over the
-# OpenAI API at 1, 4 and 16 concurrent streams of 128 tokens. Nothing else should run meanwhile.
+# llama-bench (pp512, and one stream: tg128) and llama-batched-bench (4 and 16 streams of 128 tokens), built from the
+# pinned source scripts/fetch_ggml.sh fetches (its build tuned for this CPU, as llama.cpp builds by default); inferd
+# in process as llama-bench runs (`inferd-bench cpu`: pp512, tg128 at 1, 4 and 16 streams) with engine.cpu_weights
+# as_stored; then inferd serving the same file with as_stored and fp32, measured by `inferd-bench serve` over the
+# OpenAI API at 1, 4 and 16 concurrent streams of 128 tokens (the client on the same cores). Nothing else should run
+# meanwhile.
 #   bash scripts/bench_cpu.sh [GGUF] [THREADS]     (default: the bundled SmolLM2, every core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,9 +19,12 @@ if [[ ! -x build-llama/bin/llama-batched-bench ]]; then
 fi
 cmake --build build --target inferd inferd-bench >/dev/null
 echo "== llama.cpp ($(cat third_party/llama.cpp/.sha256 | cut -c1-12)), $threads threads, $model"
-build-llama/bin/llama-bench -m "$model" -t "$threads" -p 0 -n 128 -r 3 2>/dev/null | grep -E "model|tg128"
+build-llama/bin/llama-bench -m "$model" -t "$threads" -p 512 -n 128 -r 3 2>/dev/null | grep -E "model|pp512|tg128"
 build-llama/bin/llama-batched-bench -m "$model" -t "$threads" -c 4096 -npp 16 -ntg 128 -npl 4,16 2>/dev/null |
   grep -E "^\|" || true
+echo "== inferd in process (inferd-bench cpu), engine.cpu_weights: as_stored, $threads threads"
+build/tools/inferd-bench cpu --model "$model" --threads "$threads" --batches 1,4,16 --gen 128 --repeats 3 2>/dev/null |
+  grep -E "^(pp|tg)"
 port=$((18000 + RANDOM % 1000))
 for weights in as_stored fp32; do
   cfg=$(mktemp --suffix=.yaml)

@@ -8,9 +8,11 @@
 //   inferd-bench serve ...   (the serving benchmark against a running server: tools/serve_bench.cc)
 //   inferd-bench serve --multi-turn ...   (simulated users in conversation: tools/multi_turn_bench.cc)
 //   inferd-bench perplexity FILE ...   (a running server's perplexity over a text: tools/perplexity_bench.cc)
+//   inferd-bench cpu ...   (the cpu backend in process, as llama-bench measures llama.cpp: tools/cpu_bench.cc)
 #include <cstdio>
 #include <string>
 
+#include "tools/cpu_bench.h"
 #include "tools/multi_turn_bench.h"
 #include "tools/perplexity_bench.h"
 #include "tools/serve_bench.h"
@@ -539,12 +541,14 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "serve") return inferd::ServeMain(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "perplexity") return inferd::PerplexityMain(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "speculative") return inferd::SpecMain(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "cpu") return inferd::CpuBenchMain(argc, argv);
 #if INFERD_WITH_CUDA
   return inferd::Main(argc, argv);
 #else
   std::fprintf(
       stderr,
-      "inferd-bench: built without CUDA: only `inferd-bench serve`, `perplexity` and `speculative` are available\n");
+      "inferd-bench: built without CUDA: only `inferd-bench serve`, `perplexity`, `speculative` and `cpu` are "
+      "available\n");
   return 2;
 #endif
 }

@@ -15,12 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/backends/cpu/cpu_weights.h"
+#include "engine/backends/cpu/spin_pool.h"
 #include "engine/check.h"
 #include "engine/model/kv_groups.h"
 #include "engine/model/moe_routing.h"
 #include "engine/model/tensor_parallel.h"
 #include "engine/runtime/sampler.h"
-#include "engine/runtime/step_cost.h"
 #include "engine/status_macros.h"
 
 namespace inferd {
@@ -28,25 +28,26 @@ namespace inferd {
 namespace {
 
 // C[m, n] = A[m, k] · W[n, k]ᵀ + beta · C
-void MatMulT(const float* a, const Matrix& w, float* c, int64_t m, float beta) {
+void MatMulT(const float* a, const Matrix& w, float* c, int64_t m, float beta, SpinPool& pool) {
   if (w.is_stored()) {  // engine.cpu_weights: as_stored (no call accumulates into c: beta is 0)
-    StoredMatMulT(a, w.stored, c, m);
+    StoredMatMulT(a, w.stored, c, m, pool);
     return;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, w.rows, w.cols, 1.0f, a, w.cols, w.data.data(), w.cols, beta,
               c, w.rows);
 }
 
-void RmsNorm(const float* x, const Matrix& weight, float eps, float* out, int64_t rows) {
+void RmsNorm(const float* x, const Matrix& weight, float eps, float* out, int64_t rows, SpinPool& pool) {
   const int64_t n = weight.cols;
-#pragma omp parallel for
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    float ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
-    const float inv = 1.0f / std::sqrt(ss / n + eps);
-    for (int64_t i = 0; i < n; ++i) out[r * n + i] = weight.data[i] * (xr[i] * inv);
-  }
+  pool.For(rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * n;
+      float ss = 0;
+      for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
+      const float inv = 1.0f / std::sqrt(ss / n + eps);
+      for (int64_t i = 0; i < n; ++i) out[r * n + i] = weight.data[i] * (xr[i] * inv);
+    }
+  });
 }
 
 // Per-step scratch, sized once for the largest step so that the hot path does not allocate.
@@ -81,6 +82,7 @@ struct Shard {
   std::vector<std::unique_ptr<float[]>> v_cache;  // same layout as k_cache
   std::unique_ptr<float[]> host;                  // [host blocks][KV slots][K, V][block_size, its KV heads, head_dim]
   Workspace ws;                                   // x is the residual stream, equal on every rank after each sum
+  std::unique_ptr<SpinPool> pool;                 // its threads: the engine's over the shards
 };
 
 class CpuBackend : public Backend {
@@ -92,7 +94,6 @@ class CpuBackend : public Backend {
         as_stored_(engine.cpu_weights == "as_stored"),
         files_(as_stored_ ? model.tensors.files : std::vector<std::shared_ptr<const void>>{}) {
     const int threads = engine.num_threads > 0 ? engine.num_threads : omp_get_max_threads();
-    omp_set_num_threads(threads);
     // As stored, the products split over OpenMP's threads, each calling a one-thread sgemm (stored_matmul.h).
     openblas_set_num_threads(as_stored_ ? 1 : threads);
     const int32_t n = engine.tensor_parallel_size;
@@ -104,6 +105,7 @@ class CpuBackend : public Backend {
       s.kv_dim = s.tp.kv_heads.size() * cfg_.head_dim;
       s.qkv_dim = s.q_dim + 2 * s.kv_dim;
       s.inter = s.tp.intermediate.size();
+      s.pool = std::make_unique<SpinPool>(threads_per_shard_);
       if (n == 1) {
         s.layers = std::move(weights_.layers);
       } else {
@@ -157,13 +159,6 @@ class CpuBackend : public Backend {
   std::vector<std::shared_ptr<const void>> files_;  // the mapped checkpoint the stored weights point into
   std::vector<Shard> shards_;
   int32_t threads_per_shard_ = 1;
-  // The products' multiply-adds per token (an MoE layer's k experts; set by AllocateKvCache): with weights as
-  // stored, a step of fewer than kSplitStepWork runs on the engine thread alone. Each of a step's ~200 parallel
-  // regions wakes the other threads (a futex each way); on SmolLM2-135M on two cores a one-row step took 16–18 ms split
-  // against 6.5–7 ms on one thread, and 4 streams ran at 114 tokens/s split (at 512 M) against 149 alone (at 2 G),
-  // while a prefill step of many tokens is worth splitting.
-  static constexpr int64_t kSplitStepWork = int64_t{2} << 30;
-  int64_t step_macs_per_token_ = 0;
   std::unique_ptr<std::barrier<>> meet_;  // the shards' rendezvous around each sum
   StepLimits limits_;
   int32_t block_size_ = 0;
@@ -204,10 +199,14 @@ absl::StatusOr<DeviceCeilings> CpuBackend::MeasureCeilings() {
     volatile float sink = 0;
     const double s = MedianSeconds(
         [&] {
-          float sum = 0;
-#pragma omp parallel for reduction(+ : sum)
-          for (int64_t i = 0; i < n; ++i) sum += data[i];
-          sink = sink + sum;
+          SpinPool& pool = *shards_[0].pool;
+          std::vector<float> sums(pool.threads(), 0.f);
+          pool.For(n, 1 << 16, [&](int64_t begin, int64_t end) {
+            float sum = 0;
+            for (int64_t i = begin; i < end; ++i) sum += data[i];
+            sums[begin * pool.threads() / n] = sum;
+          });
+          for (float v : sums) sink = sink + v;
         },
         2, 5);
     c.read_bytes_per_s = n * 4.0 / s;
@@ -276,8 +275,6 @@ absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
 
 absl::Status CpuBackend::AllocateKvCache(const MemoryPlan& plan) {
   num_slots_ = int64_t{plan.num_blocks} * block_size_;
-  // What a token multiplies, as the efficiency metrics count it (a sampled row: the LM head too).
-  step_macs_per_token_ = static_cast<int64_t>(StepCostModel(cfg_, plan, block_size_).Of(1, 1, 0, 0).flops / 2);
   // Not zeroed: every slot is written before it is read, and untouched pages cost nothing.
   for (Shard& s : shards_) {
     const size_t per_layer = size_t(num_slots_) * s.kv_dim;
@@ -367,19 +364,13 @@ void CpuBackend::Forward(const StepInput& in) {
     }
   }
   if (shards_.size() == 1) {
-    if (as_stored_) {  // a step too small to split runs on this thread alone (kSplitStepWork)
-      omp_set_num_threads(T * step_macs_per_token_ >= kSplitStepWork ? threads_per_shard_ : 1);
-    }
     ShardForward(in, shards_[0]);
   } else {
     // One thread per shard, each with its share of the cores; they meet at every sum.
     meet_ = std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(shards_.size()));
     std::vector<std::thread> threads;
     for (Shard& s : shards_) {
-      threads.emplace_back([&] {
-        omp_set_num_threads(threads_per_shard_);
-        ShardForward(in, s);
-      });
+      threads.emplace_back([&] { ShardForward(in, s); });
     }
     for (std::thread& t : threads) t.join();
   }
@@ -389,8 +380,9 @@ void CpuBackend::Forward(const StepInput& in) {
   const int64_t R = static_cast<int64_t>(in.logits_indices.size());
   std::vector<float>&last = ws_.last, &last_n = ws_.last_n;
   for (int64_t r = 0; r < R; ++r) std::copy_n(x.data() + int64_t{in.logits_indices[r]} * H, H, last.data() + r * H);
-  RmsNorm(last.data(), weights_.final_norm, eps, last_n.data(), R);
-  if (R > 0) MatMulT(last_n.data(), weights_.lm_head(), ws_.logits.data(), R, 0.0f);
+  SpinPool& pool = *shards_[0].pool;
+  RmsNorm(last.data(), weights_.final_norm, eps, last_n.data(), R, pool);
+  if (R > 0) MatMulT(last_n.data(), weights_.lm_head(), ws_.logits.data(), R, 0.0f, pool);
   if (const float cap = static_cast<float>(cfg_.final_logit_softcap); cap > 0) {
     for (int64_t i = 0; i < R * cfg_.vocab_size; ++i) ws_.logits[i] = cap * std::tanh(ws_.logits[i] / cap);
   }
@@ -401,12 +393,13 @@ void CpuBackend::SumOverShards(Shard& s, int64_t rows) {
   const int64_t n = rows * cfg_.hidden_size;
   meet_->arrive_and_wait();  // every shard's part is written
   // The sum in rank order, so that every shard holds the same value.
-#pragma omp parallel for
-  for (int64_t i = 0; i < n; ++i) {
-    float sum = 0;
-    for (const Shard& other : shards_) sum += other.ws.tmp[i];
-    s.ws.sum[i] = sum;
-  }
+  s.pool->For(n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float sum = 0;
+      for (const Shard& other : shards_) sum += other.ws.tmp[i];
+      s.ws.sum[i] = sum;
+    }
+  });
   meet_->arrive_and_wait();  // no shard changes its part while another still reads it
   std::swap(s.ws.tmp, s.ws.sum);
 }
@@ -439,57 +432,60 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const CpuLayerWeights& L = s.layers[layer];
   Workspace& w = s.ws;
+  SpinPool& pool = *s.pool;
   switch (op) {
     case LayerOp::kInputNorm:
-      RmsNorm(w.x.data(), L.input_norm, eps, w.xn.data(), T);
+      RmsNorm(w.x.data(), L.input_norm, eps, w.xn.data(), T, pool);
       return;
     case LayerOp::kPostNorm:
-      RmsNorm(w.x.data(), L.post_norm, eps, w.xn.data(), T);
+      RmsNorm(w.x.data(), L.post_norm, eps, w.xn.data(), T, pool);
       return;
     case LayerOp::kQkvProj:
-      MatMulT(w.xn.data(), L.qkv, w.qkv.data(), T, 0.0f);
+      MatMulT(w.xn.data(), L.qkv, w.qkv.data(), T, 0.0f, pool);
       if (!L.qkv_bias.data.empty()) {
         for (int64_t t = 0; t < T; ++t)
           for (int64_t i = 0; i < qkv_dim; ++i) w.qkv[t * qkv_dim + i] += L.qkv_bias.data[i];
       }
       return;
     case LayerOp::kQkNorm:  // q heads then k heads: contiguous rows of head_dim in each token's qkv row
-#pragma omp parallel for
-      for (int64_t t = 0; t < T; ++t) {
-        float* row = w.qkv.data() + t * qkv_dim;
-        for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
-          float* v = row + h * D;
-          const std::vector<float>& weight = h < q_heads ? L.q_norm.data : L.k_norm.data;
-          float ss = 0;
-          for (int64_t i = 0; i < D; ++i) ss += v[i] * v[i];
-          const float inv = 1.0f / std::sqrt(ss / D + eps);
-          for (int64_t i = 0; i < D; ++i) v[i] = weight[i] * (v[i] * inv);
+      pool.For(T, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          float* row = w.qkv.data() + t * qkv_dim;
+          for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
+            float* v = row + h * D;
+            const std::vector<float>& weight = h < q_heads ? L.q_norm.data : L.k_norm.data;
+            float ss = 0;
+            for (int64_t i = 0; i < D; ++i) ss += v[i] * v[i];
+            const float inv = 1.0f / std::sqrt(ss / D + eps);
+            for (int64_t i = 0; i < D; ++i) v[i] = weight[i] * (v[i] * inv);
+          }
         }
-      }
+      });
       return;
     case LayerOp::kRope: {  // rotate-half convention over each head's leading rotary_dim, on its query and K heads
       const int64_t half = (cfg_.rotary_dim > 0 ? cfg_.rotary_dim : D) / 2;
       const bool longrope = cfg_.rope.type == "longrope";
       const float mscale = longrope ? static_cast<float>(cfg_.rope.attention_factor) : 1.0f;  // cos, sin multiplier
-#pragma omp parallel for
-      for (int64_t t = 0; t < T; ++t) {
-        float* row = w.qkv.data() + t * qkv_dim;
-        const float pos = static_cast<float>(in.positions[t]);
-        const std::vector<float>& inv_freq = cfg_.window(layer) > 0 ? inv_freq_local_
-                                             : longrope && in.positions[t] >= cfg_.rope.original_max_position_embeddings
-                                                 ? inv_freq_long_
-                                                 : inv_freq_;
-        for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
-          float* v = row + h * D;
-          for (int64_t i = 0; i < half; ++i) {
-            const float angle = pos * inv_freq[i];
-            const float c = std::cos(angle) * mscale, sn = std::sin(angle) * mscale;
-            const float a = v[i], b = v[i + half];
-            v[i] = a * c - b * sn;
-            v[i + half] = b * c + a * sn;
+      pool.For(T, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          float* row = w.qkv.data() + t * qkv_dim;
+          const float pos = static_cast<float>(in.positions[t]);
+          const std::vector<float>& inv_freq =
+              cfg_.window(layer) > 0                                                      ? inv_freq_local_
+              : longrope && in.positions[t] >= cfg_.rope.original_max_position_embeddings ? inv_freq_long_
+                                                                                          : inv_freq_;
+          for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
+            float* v = row + h * D;
+            for (int64_t i = 0; i < half; ++i) {
+              const float angle = pos * inv_freq[i];
+              const float c = std::cos(angle) * mscale, sn = std::sin(angle) * mscale;
+              const float a = v[i], b = v[i + half];
+              v[i] = a * c - b * sn;
+              v[i + half] = b * c + a * sn;
+            }
           }
         }
-      }
+      });
       return;
     }
     case LayerOp::kWriteKv:
@@ -504,44 +500,47 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
       Attention(in, s, layer);
       return;
     case LayerOp::kOutProj:
-      MatMulT(w.attn.data(), L.o, w.tmp.data(), T, 0.0f);
+      MatMulT(w.attn.data(), L.o, w.tmp.data(), T, 0.0f, pool);
       return;
     case LayerOp::kSumRanks:
       SumOverShards(s, T);
       return;
     case LayerOp::kAttnOutNorm:
-      RmsNorm(w.tmp.data(), L.attn_out_norm, eps, w.tmp.data(), T);
+      RmsNorm(w.tmp.data(), L.attn_out_norm, eps, w.tmp.data(), T, pool);
       return;
     case LayerOp::kMlpOutNorm:
-      RmsNorm(w.tmp.data(), L.mlp_out_norm, eps, w.tmp.data(), T);
+      RmsNorm(w.tmp.data(), L.mlp_out_norm, eps, w.tmp.data(), T, pool);
       return;
     case LayerOp::kResidual:
-#pragma omp parallel for
-      for (int64_t i = 0; i < T * cfg_.hidden_size; ++i) w.x[i] += w.tmp[i];
+      pool.For(T * cfg_.hidden_size, 4096, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) w.x[i] += w.tmp[i];
+      });
       return;
     case LayerOp::kGateUpProj:
-      MatMulT(w.xn.data(), L.gate_up, w.gate_up.data(), T, 0.0f);
+      MatMulT(w.xn.data(), L.gate_up, w.gate_up.data(), T, 0.0f, pool);
       return;
     case LayerOp::kSiluMul:
-#pragma omp parallel for
-      for (int64_t t = 0; t < T; ++t) {
-        const float* g = w.gate_up.data() + t * 2 * I;
-        for (int64_t i = 0; i < I; ++i) w.act[t * I + i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
-      }
+      pool.For(T, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const float* g = w.gate_up.data() + t * 2 * I;
+          for (int64_t i = 0; i < I; ++i) w.act[t * I + i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
+        }
+      });
       return;
     case LayerOp::kGeluTanhMul:  // 0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³))) · up
-#pragma omp parallel for
-      for (int64_t t = 0; t < T; ++t) {
-        const float* g = w.gate_up.data() + t * 2 * I;
-        for (int64_t i = 0; i < I; ++i) {
-          const float x = g[i];
-          const float gelu = 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-          w.act[t * I + i] = gelu * g[I + i];
+      pool.For(T, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const float* g = w.gate_up.data() + t * 2 * I;
+          for (int64_t i = 0; i < I; ++i) {
+            const float x = g[i];
+            const float gelu = 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+            w.act[t * I + i] = gelu * g[I + i];
+          }
         }
-      }
+      });
       return;
     case LayerOp::kDownProj:
-      MatMulT(w.act.data(), L.down, w.tmp.data(), T, 0.0f);
+      MatMulT(w.act.data(), L.down, w.tmp.data(), T, 0.0f, pool);
       return;
     case LayerOp::kMoe:
       Moe(T, s, layer);
@@ -555,7 +554,7 @@ void CpuBackend::Moe(int64_t T, Shard& s, int layer) {
   const int64_t H = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.experts_per_token;
   const int64_t I = s.tp.expert_intermediate.size();
   // The routing (engine/model/moe_routing.h), each row's top k appended to its experts' lists.
-  MatMulT(w.xn.data(), L.router, w.router.data(), T, 0.0f);
+  MatMulT(w.xn.data(), L.router, w.router.data(), T, 0.0f, *s.pool);
   for (auto& rows : w.routed) rows.clear();
   int32_t* ids = w.expert_ids.data();
   float* weights = w.expert_weights.data();
@@ -571,12 +570,12 @@ void CpuBackend::Moe(int64_t T, Shard& s, int layer) {
     if (n == 0) continue;
     ++w.experts_touched;
     for (int64_t r = 0; r < n; ++r) std::copy_n(w.xn.data() + rows[r].first * H, H, w.expert_in.data() + r * H);
-    MatMulT(w.expert_in.data(), L.expert_gate_up[e], w.expert_gate_up.data(), n, 0.0f);
+    MatMulT(w.expert_in.data(), L.expert_gate_up[e], w.expert_gate_up.data(), n, 0.0f, *s.pool);
     for (int64_t r = 0; r < n; ++r) {
       const float* g = w.expert_gate_up.data() + r * 2 * I;
       for (int64_t i = 0; i < I; ++i) w.expert_act[r * I + i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
     }
-    MatMulT(w.expert_act.data(), L.expert_down[e], w.expert_out.data(), n, 0.0f);
+    MatMulT(w.expert_act.data(), L.expert_down[e], w.expert_out.data(), n, 0.0f, *s.pool);
     for (int64_t r = 0; r < n; ++r) {
       float* out = w.tmp.data() + rows[r].first * H;
       const float* y = w.expert_out.data() + r * H;
@@ -600,9 +599,11 @@ void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
   for (int32_t s = 0; s < in.num_seqs(); ++s) {
     const int32_t begin = in.query_start[s], end = in.query_start[s + 1];
     const int32_t* table = pages.data() + in.kv_indptr[s];
-#pragma omp parallel for collapse(2)
-    for (int32_t t = begin; t < end; ++t) {
-      for (int64_t h = 0; h < num_heads; ++h) {
+    const int64_t pairs = int64_t{end - begin} * num_heads;  // (token, head), each one thread's
+    sh.pool->For(pairs, 1, [&](int64_t first_pair, int64_t last_pair) {
+      for (int64_t pair = first_pair; pair < last_pair; ++pair) {
+        const int32_t t = begin + static_cast<int32_t>(pair / num_heads);
+        const int64_t h = pair % num_heads;
         thread_local std::vector<float> scores;
         // Causal: this token sees positions [first, pos], first = pos - window + 1 in a sliding-window layer.
         const int32_t n_ctx = in.positions[t] + 1;
@@ -632,7 +633,7 @@ void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
         }
         work_done_.fetch_add(1, std::memory_order_relaxed);
       }
-    }
+    });
   }
 }
 

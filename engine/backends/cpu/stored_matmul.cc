@@ -1,7 +1,6 @@
 #include "engine/backends/cpu/stored_matmul.h"
 
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -27,13 +26,14 @@ ggml_type TypeOf(const TensorDesc& t) {
   }
 }
 
-// Multiply-adds of one product below which it runs on the calling thread alone.
-constexpr int64_t kSplitWork = int64_t{64} << 20;
+// Multiply-adds a thread's share of a product holds at least (a hand-out costs about a microsecond: spin_pool.h).
+constexpr int64_t kSplitWork = int64_t{1} << 15;
 // X rows from which W is decoded to fp32 a tile of rows at a time and multiplied by OpenBLAS's sgemm instead: there
-// the product is bound by arithmetic, which a blocked GEMM does better than one dot product per output (SmolLM2-135M
-// Q4_1 on two cores, 16 streams: 155 tokens/s through the dot kernels, 177–182 decoded into sgemm; from 8 rows the
-// decoding cost more than it saved: 104 tokens/s at 8 streams against 149).
-constexpr int64_t kGemmRows = 16;
+// the product is bound by arithmetic, which a blocked GEMM does better than one dot product per output. SmolLM2-135M
+// Q4_1 on two cores, in process (`inferd-bench cpu`), with the products split over both threads (spin_pool.h): 16
+// streams 288 tokens/s through the dot kernels against 233 decoded into sgemm, 32 streams 328 against 367, 64
+// streams 329 against 445 (kernels/NOTES.md).
+constexpr int64_t kGemmRows = 32;
 // fp32 elements of W decoded per tile (4 MiB).
 constexpr int64_t kTileElements = int64_t{1} << 20;
 
@@ -88,24 +88,25 @@ absl::StatusOr<StoredMatrix> StoreRows(std::initializer_list<const TensorDesc*> 
   return m;
 }
 
-void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m) {
+void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m, SpinPool& pool) {
   InitOnce();
   if (m >= kGemmRows) {
     // Tiles of W decoded to fp32 and multiplied by a one-thread sgemm (OpenBLAS runs one thread under as_stored:
-    // its own pool spinning beside OpenMP's took the cores from each other), split over OpenMP's threads: at least
+    // its own pool spinning beside ours took the cores from each other), split over the pool's threads: at least
     // one tile each, of at most kTileElements and at least 64 rows.
-    const int64_t threads = std::max(1, omp_get_max_threads());
+    const int64_t threads = pool.threads();
     const int64_t tile = std::max<int64_t>(64, std::min(kTileElements / w.cols, (w.rows + threads - 1) / threads));
     const int64_t tiles = (w.rows + tile - 1) / tile;
-#pragma omp parallel for schedule(dynamic, 1) if (tiles > 1 && m * w.rows * w.cols >= kSplitWork)
-    for (int64_t t = 0; t < tiles; ++t) {
+    pool.For(tiles, 1, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> decoded;  // the thread's own, sized by it, kept between calls
-      const int64_t r0 = t * tile, n = std::min(tile, w.rows - r0);
-      decoded.resize(n * w.cols);
-      for (int64_t r = 0; r < n; ++r) StoredRowToFloat(w, r0 + r, decoded.data() + r * w.cols);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, w.cols, 1.0f, x, w.cols, decoded.data(), w.cols, 0.0f,
-                  y + r0, w.rows);
-    }
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t r0 = t * tile, n = std::min(tile, w.rows - r0);
+        decoded.resize(n * w.cols);
+        for (int64_t r = 0; r < n; ++r) StoredRowToFloat(w, r0 + r, decoded.data() + r * w.cols);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, w.cols, 1.0f, x, w.cols, decoded.data(), w.cols,
+                    0.0f, y + r0, w.rows);
+      }
+    });
     return;
   }
   const int n = static_cast<int>(w.cols);
@@ -128,15 +129,12 @@ void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m) {
     }
     const int64_t rows = static_cast<int64_t>(p.rows.size()), out_stride = w.rows;
     const ggml_vec_dot_t dot = traits->vec_dot;
-    // Split over the threads only where the work is worth waking them for (a decode step's products are not: on two
-    // busy cores the wake-ups cost more than the split saves).
-    const bool split = m * rows * w.cols >= kSplitWork;
-#pragma omp parallel for schedule(static) if (split)
-    for (int64_t r = 0; r < rows; ++r) {  // a weight row against every X row while it is in cache
-      for (int64_t i = 0; i < m; ++i) {
-        dot(n, y + i * out_stride + first + r, 0, p.rows[r], 0, xs + i * x_row_bytes, 0, 1);
+    pool.For(rows, std::max<int64_t>(1, kSplitWork / (m * w.cols)), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {  // a weight row against every X row while it is in cache
+        for (int64_t i = 0; i < m; ++i)
+          dot(n, y + i * out_stride + first + r, 0, p.rows[r], 0, xs + i * x_row_bytes, 0, 1);
       }
-    }
+    });
     first += rows;
   }
 }

@@ -3,10 +3,10 @@
 // built from its pinned source: CMakeLists.txt). Each row of X is converted once to the format the weight's kernel
 // takes (8-bit blocks for the quantized formats, bf16 or fp16 for those), then each output is one dot product of
 // a stored row, in fp32. No fp32 copy of a weight is kept; the rows are read where the mapped file holds them.
-// Steps of many rows (16 or more) decode W a tile of rows at a time into fp32 and multiply with OpenBLAS's sgemm
-// (X unrounded there), each OpenMP thread its own tiles through a one-thread sgemm: the cpu backend sets OpenBLAS to
-// one thread under as_stored, so that only OpenMP's pool runs (two pools spinning on the same cores slowed a
-// 16-stream step by a quarter).
+// Steps of many rows (32 or more) decode W a tile of rows at a time into fp32 and multiply with OpenBLAS's sgemm
+// (X unrounded there), each of the backend's threads (spin_pool.h) its own tiles through a one-thread sgemm: the cpu
+// backend sets OpenBLAS to one thread under as_stored, so that only one team runs (two pools spinning on the same
+// cores slowed a 16-stream step by a quarter).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/backends/cpu/spin_pool.h"
 #include "engine/model/model_tensors.h"
 
 namespace inferd {
@@ -43,8 +44,8 @@ bool CanStore(const TensorDesc& tensor);
 // The tensors stacked row-wise (each CanStore, equal column counts), pointing into their bytes.
 absl::StatusOr<StoredMatrix> StoreRows(std::initializer_list<const TensorDesc*> parts);
 
-// y[m, w.rows] = x[m, w.cols] · wᵀ, fp32 in and out, the output rows split over the OpenMP threads.
-void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m);
+// y[m, w.rows] = x[m, w.cols] · wᵀ, fp32 in and out, the output columns split over the pool's threads.
+void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m, SpinPool& pool);
 
 // One row of w, decoded to fp32 (the embedding lookup).
 void StoredRowToFloat(const StoredMatrix& w, int64_t row, float* out);
