@@ -146,6 +146,8 @@ class CpuBackend : public Backend {
   // One building block of the family's layer program (engine/model/architecture.h), in fp32.
   void RunOp(LayerOp op, const StepInput& in, Shard& s, int layer);
   void Attention(const StepInput& in, Shard& s, int layer);
+  // One sequence's queries [begin, end) in blocks through OpenBLAS (a prompt's: see kBlockedQueries).
+  void BlockedAttention(const StepInput& in, Shard& s, int layer, int32_t seq);
   // kMoe over a step's T rows: the router, each row's top k experts, their weighted outputs summed into tmp.
   void Moe(int64_t T, Shard& s, int layer);
   // tmp = the sum over the shards of their tmp (each holds its part of a row-parallel product), the same sum on
@@ -173,6 +175,10 @@ class CpuBackend : public Backend {
   // Work begun or done inside steps, ever: each layer of a shard, each (token, head) row of attention (the part of a
   // long prefill that takes seconds per layer). Liveness reads it: a long step that moves is not a stall.
   std::atomic<uint64_t> work_done_{0};
+  // A sequence's step of at least kBlockedQueries queries (a prompt) runs attention in blocks of kQueryBlock rows
+  // through OpenBLAS (BlockedAttention); fewer, one (token, head) pair at a time.
+  static constexpr int32_t kBlockedQueries = 16;
+  static constexpr int32_t kQueryBlock = 64;
 };
 
 // Median seconds of `reps` runs of fn after `warmup` runs.
@@ -584,6 +590,70 @@ void CpuBackend::Moe(int64_t T, Shard& s, int layer) {
   }
 }
 
+// A sequence's queries of one head in blocks of kQueryBlock rows: the block's scores against every position it may
+// see as one sgemm (Q · Kᵀ over the head's K gathered from its pages), the causal window and softcap applied row by
+// row with the softmax, then one sgemm of the probabilities and V. Each query's arithmetic is the per-pair loop's
+// (below) up to the order of its sums; a prompt's scalar loops had taken most of its time (kernels/NOTES.md).
+void CpuBackend::BlockedAttention(const StepInput& in, Shard& sh, int layer, int32_t seq) {
+  const int64_t D = cfg_.head_dim, q_dim = sh.q_dim, kv_dim = sh.kv_dim, qkv_dim = sh.qkv_dim;
+  const int64_t num_heads = sh.tp.q_heads.size();
+  const float scale =
+      cfg_.attention_scale > 0 ? static_cast<float>(cfg_.attention_scale) : 1.0f / std::sqrt(static_cast<float>(D));
+  const float cap = static_cast<float>(cfg_.attn_logit_softcap);
+  const int32_t window = cfg_.window(layer);
+  const float* kc = sh.k_cache[kv_groups_.slot_of[layer]].get();
+  const float* vc = sh.v_cache[kv_groups_.slot_of[layer]].get();
+  const int32_t* table = in.kv_indices[kv_groups_.group_of[layer]].data() + in.kv_indptr[seq];
+  const int32_t begin = in.query_start[seq], end = in.query_start[seq + 1];
+  const int64_t blocks = (end - begin + kQueryBlock - 1) / kQueryBlock;
+  // (head, block) tasks over the team, each sgemm on one thread, under as_stored (OpenBLAS runs one thread there);
+  // in fp32 on this thread alone, each sgemm on OpenBLAS's threads.
+  const int64_t tasks = num_heads * blocks;
+  sh.pool->For(tasks, as_stored_ ? 1 : tasks, [&](int64_t first_task, int64_t last_task) {
+    thread_local std::vector<float> k, v, scores;
+    for (int64_t task = first_task; task < last_task; ++task) {
+      const int64_t h = task / blocks, kvh = sh.tp.LocalKvHead(cfg_, h);
+      const int32_t t0 = begin + static_cast<int32_t>(task % blocks) * kQueryBlock;
+      const int32_t rows = std::min<int32_t>(kQueryBlock, end - t0);
+      // The positions the block's queries see: [lo, hi); each query's own run is [first, pos] within it.
+      const int32_t hi = in.positions[t0 + rows - 1] + 1;
+      const int32_t lo = window > 0 ? std::max(0, in.positions[t0] + 1 - window) : 0;
+      const int64_t n = hi - lo;
+      k.resize(n * D);
+      v.resize(n * D);
+      scores.resize(rows * n);
+      for (int32_t j = lo; j < hi; ++j) {
+        const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
+        std::copy_n(kc + slot * kv_dim + kvh * D, D, k.data() + (j - lo) * D);
+        std::copy_n(vc + slot * kv_dim + kvh * D, D, v.data() + (j - lo) * D);
+      }
+      const float* q = sh.ws.qkv.data() + int64_t{t0} * qkv_dim + h * D;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, D, scale, q, qkv_dim, k.data(), D, 0.0f,
+                  scores.data(), n);
+      for (int32_t r = 0; r < rows; ++r) {
+        float* row = scores.data() + r * n;
+        const int32_t n_ctx = in.positions[t0 + r] + 1;
+        const int32_t first = window > 0 ? std::max(0, n_ctx - window) : 0;
+        float mx = -INFINITY;
+        for (int32_t j = first; j < n_ctx; ++j) {
+          float& x = row[j - lo];
+          if (cap > 0) x = cap * std::tanh(x / cap);
+          mx = std::max(mx, x);
+        }
+        float sum = 0;
+        for (int32_t j = first; j < n_ctx; ++j) sum += (row[j - lo] = std::exp(row[j - lo] - mx));
+        for (int64_t j = 0; j < n; ++j) {
+          const int32_t at = lo + static_cast<int32_t>(j);
+          row[j] = at >= first && at < n_ctx ? row[j] / sum : 0.0f;
+        }
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, n, 1.0f, scores.data(), n, v.data(), D, 0.0f,
+                  sh.ws.attn.data() + int64_t{t0} * q_dim + h * D, q_dim);
+      work_done_.fetch_add(rows, std::memory_order_relaxed);
+    }
+  });
+}
+
 void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
   const int64_t D = cfg_.head_dim, q_dim = sh.q_dim, kv_dim = sh.kv_dim, qkv_dim = sh.qkv_dim;
   const int64_t num_heads = sh.tp.q_heads.size();
@@ -598,6 +668,10 @@ void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
   const std::vector<int32_t>& pages = in.kv_indices[kv_groups_.group_of[layer]];
   for (int32_t s = 0; s < in.num_seqs(); ++s) {
     const int32_t begin = in.query_start[s], end = in.query_start[s + 1];
+    if (end - begin >= kBlockedQueries) {
+      BlockedAttention(in, sh, layer, s);
+      continue;
+    }
     const int32_t* table = pages.data() + in.kv_indptr[s];
     const int64_t pairs = int64_t{end - begin} * num_heads;  // (token, head), each one thread's
     sh.pool->For(pairs, 1, [&](int64_t first_pair, int64_t last_pair) {
