@@ -215,15 +215,17 @@ std::vector<ConfigField> MakeFields() {
       "scheduler.prefix_caching; 0 = off; more than the host's memory is refused"));
   f.push_back(Int<int32_t>(
       "engine", "num_threads", [](Config& c) -> int32_t& { return c.engine.num_threads; }, 0, 1024, "0..1024",
-      "cpu backend threads, 0 = all cores"));
+      "cpu backend threads, 0 = all cores: the engine thread and N − 1 workers pinned to their own CPUs (where "
+      "there are enough), spinning between a step's loops and sleeping after 500 µs idle"));
   f.push_back(Text(
       "engine", "cpu_weights", [](Config& c) -> std::string& { return c.engine.cpu_weights; }, {"fp32", "as_stored"},
       "fp32, as_stored",
       "the cpu backend's weights: fp32 (every weight decoded, OpenBLAS products: the reference arithmetic the "
       "parity tests trust), or as_stored (the checkpoint's own format in memory — GGUF's quantized blocks, bf16, "
       "fp16 — multiplied through llama.cpp's ggml CPU kernels, each input row quantized to 8 bits or rounded to 16 "
-      "bits; steps of 16 or more rows decode tiles of the weights into OpenBLAS's sgemm; needs AVX2 on x86 and "
-      "tensor_parallel_size 1; the routers of mixtures stay fp32)"));
+      "bits; steps of 32 or more rows decode tiles of the weights into OpenBLAS's sgemm; the loops split over "
+      "`engine.num_threads` threads of a pinned team of our own; needs AVX2 on x86 and tensor_parallel_size 1; the "
+      "routers of mixtures stay fp32)"));
   {
     ConfigField tp = Int<int32_t>(
         "engine", "tensor_parallel_size", [](Config& c) -> int32_t& { return c.engine.tensor_parallel_size; }, 1, 8,
