@@ -545,10 +545,9 @@ int main(int argc, char** argv) {
 #if INFERD_WITH_CUDA
   return inferd::Main(argc, argv);
 #else
-  std::fprintf(
-      stderr,
-      "inferd-bench: built without CUDA: only `inferd-bench serve`, `perplexity`, `speculative` and `cpu` are "
-      "available\n");
+  std::fprintf(stderr,
+               "inferd-bench: built without CUDA: only `inferd-bench serve`, `perplexity`, `speculative` and `cpu` are "
+               "available\n");
   return 2;
 #endif
 }
