@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/backends/cpu/cpu_weights.h"
 #include "engine/backends/cpu/spin_pool.h"
+#include "engine/backends/cpu/vec_ops.h"
 #include "engine/check.h"
 #include "engine/model/kv_groups.h"
 #include "engine/model/moe_routing.h"
@@ -666,49 +667,51 @@ void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
   const float* kc = sh.k_cache[kv_groups_.slot_of[layer]].get();
   const float* vc = sh.v_cache[kv_groups_.slot_of[layer]].get();
   const std::vector<int32_t>& pages = in.kv_indices[kv_groups_.group_of[layer]];
+  // Sequences of many queries (a prompt) in blocks; every other sequence's (token, head) pairs over the team at once.
+  // (token, its sequence); the workers read this thread's list through the reference (a lambda names a
+  // thread_local variable as each thread's own).
+  thread_local std::vector<std::pair<int32_t, int32_t>> this_threads_tokens;
+  std::vector<std::pair<int32_t, int32_t>>& tokens = this_threads_tokens;
+  tokens.clear();
   for (int32_t s = 0; s < in.num_seqs(); ++s) {
     const int32_t begin = in.query_start[s], end = in.query_start[s + 1];
     if (end - begin >= kBlockedQueries) {
       BlockedAttention(in, sh, layer, s);
       continue;
     }
-    const int32_t* table = pages.data() + in.kv_indptr[s];
-    const int64_t pairs = int64_t{end - begin} * num_heads;  // (token, head), each one thread's
-    sh.pool->For(pairs, 1, [&](int64_t first_pair, int64_t last_pair) {
-      for (int64_t pair = first_pair; pair < last_pair; ++pair) {
-        const int32_t t = begin + static_cast<int32_t>(pair / num_heads);
-        const int64_t h = pair % num_heads;
-        thread_local std::vector<float> scores;
-        // Causal: this token sees positions [first, pos], first = pos - window + 1 in a sliding-window layer.
-        const int32_t n_ctx = in.positions[t] + 1;
-        const int32_t first = window > 0 ? std::max(0, n_ctx - window) : 0;
-        scores.resize(n_ctx);
-        const float* q = qkv + int64_t{t} * qkv_dim + h * D;
-        const int64_t kvh = sh.tp.LocalKvHead(cfg_, h);
-        float mx = -INFINITY;
-        for (int32_t j = first; j < n_ctx; ++j) {
-          const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
-          const float* k = kc + slot * kv_dim + kvh * D;
-          float dot = 0;
-          for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-          scores[j] = dot * scale;
-          if (cap > 0) scores[j] = cap * std::tanh(scores[j] / cap);
-          mx = std::max(mx, scores[j]);
-        }
-        float sum = 0;
-        for (int32_t j = first; j < n_ctx; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
-        float* o = out + int64_t{t} * q_dim + h * D;
-        std::fill_n(o, D, 0.0f);
-        for (int32_t j = first; j < n_ctx; ++j) {
-          const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
-          const float* v = vc + slot * kv_dim + kvh * D;
-          const float p = scores[j] / sum;
-          for (int64_t d = 0; d < D; ++d) o[d] += p * v[d];
-        }
-        work_done_.fetch_add(1, std::memory_order_relaxed);
-      }
-    });
+    for (int32_t t = begin; t < end; ++t) tokens.push_back({t, s});
   }
+  const int64_t pairs = static_cast<int64_t>(tokens.size()) * num_heads;  // (token, head), each one thread's
+  sh.pool->For(pairs, 1, [&](int64_t first_pair, int64_t last_pair) {
+    thread_local std::vector<float> scores;
+    for (int64_t pair = first_pair; pair < last_pair; ++pair) {
+      const auto [t, s] = tokens[pair / num_heads];
+      const int64_t h = pair % num_heads;
+      const int32_t* table = pages.data() + in.kv_indptr[s];
+      // Causal: this token sees positions [first, pos], first = pos - window + 1 in a sliding-window layer.
+      const int32_t n_ctx = in.positions[t] + 1;
+      const int32_t first = window > 0 ? std::max(0, n_ctx - window) : 0;
+      scores.resize(n_ctx);
+      const float* q = qkv + int64_t{t} * qkv_dim + h * D;
+      const int64_t kvh = sh.tp.LocalKvHead(cfg_, h);
+      float mx = -INFINITY;
+      for (int32_t j = first; j < n_ctx; ++j) {
+        const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
+        scores[j] = Dot(q, kc + slot * kv_dim + kvh * D, D) * scale;
+        if (cap > 0) scores[j] = cap * std::tanh(scores[j] / cap);
+        mx = std::max(mx, scores[j]);
+      }
+      float sum = 0;
+      for (int32_t j = first; j < n_ctx; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
+      float* o = out + int64_t{t} * q_dim + h * D;
+      std::fill_n(o, D, 0.0f);
+      for (int32_t j = first; j < n_ctx; ++j) {
+        const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
+        Axpy(scores[j] / sum, vc + slot * kv_dim + kvh * D, o, D);
+      }
+      work_done_.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
 }
 
 }  // namespace

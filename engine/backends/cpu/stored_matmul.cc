@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "engine/backends/cpu/quant_gemm.h"
 #include "engine/status_macros.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
@@ -34,6 +35,8 @@ constexpr int64_t kSplitWork = int64_t{1} << 15;
 // streams 288 tokens/s through the dot kernels against 233 decoded into sgemm, 32 streams 328 against 367, 64
 // streams 329 against 445 (kernels/NOTES.md).
 constexpr int64_t kGemmRows = 32;
+// X rows from which Q4_1 and Q8_0 weights go through QuantGemm's tiles (quant_gemm.h) instead of one dot per output.
+constexpr int64_t kQuantGemmRows = 2;
 // fp32 elements of W decoded per tile (4 MiB).
 constexpr int64_t kTileElements = int64_t{1} << 20;
 
@@ -113,7 +116,15 @@ void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m, S
   int64_t first = 0;                            // the part's first output column
   thread_local std::vector<uint8_t> converted;  // kept between calls, as above
   ggml_type converted_as = GGML_TYPE_COUNT;
+  thread_local QuantizedRows quantized;  // X for QuantGemm, once a call
+  bool quantized_done = false;
   for (const StoredPart& p : w.parts) {
+    if (m >= kQuantGemmRows && w.cols % 32 == 0 && QuantGemmTakes(p.ggml_type)) {
+      if (!quantized_done) QuantizeRows(x, m, w.cols, &quantized), quantized_done = true;
+      QuantGemm(p.ggml_type, p.rows.data(), static_cast<int64_t>(p.rows.size()), quantized, y + first, w.rows, pool);
+      first += static_cast<int64_t>(p.rows.size());
+      continue;
+    }
     const ggml_type_traits_cpu* traits = ggml_get_type_traits_cpu(static_cast<ggml_type>(p.ggml_type));
     const ggml_type as = traits->vec_dot_type;
     const size_t x_row_bytes = ggml_row_size(as, w.cols);
