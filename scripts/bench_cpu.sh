@@ -3,20 +3,26 @@
 # llama-bench (pp512, and one stream: tg128) and llama-batched-bench (4 and 16 streams of 128 tokens), built from the
 # pinned source scripts/fetch_ggml.sh fetches (its build tuned for this CPU, as llama.cpp builds by default); inferd
 # in process as llama-bench runs (`inferd-bench cpu`: pp512, tg128 at 1, 4 and 16 streams) with engine.cpu_weights
-# as_stored; then inferd serving the same file with as_stored and fp32, measured by `inferd-bench serve` over the
-# OpenAI API at 1, 4 and 16 concurrent streams of 128 tokens (the client on the same cores). Nothing else should run
-# meanwhile.
+# as_stored; then inferd serving the same file with as_stored and fp32, and llama.cpp's llama-server with a slot per
+# stream, each measured by `inferd-bench serve` over the OpenAI API at 1, 4 and 16 concurrent streams of 128 prompt
+# tokens and 128 generated (the client on the same cores). Nothing else should run meanwhile.
 #   bash scripts/bench_cpu.sh [GGUF] [THREADS]     (default: the bundled SmolLM2, every core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 threads=${2:-$(nproc)}
 bash scripts/fetch_ggml.sh --llama-cpp
-if [[ ! -x build-llama/bin/llama-batched-bench ]]; then
+if [[ ! -x build-llama/bin/llama-server ]]; then
   cmake -S third_party/llama.cpp -B build-llama -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
-  cmake --build build-llama --target llama-bench llama-batched-bench
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
+  cmake --build build-llama --target llama-bench llama-batched-bench llama-server
 fi
+# One served run: the OpenAI API at 127.0.0.1:$1, concurrency $2, twice that many prompts of 128 tokens, 128 out.
+serve() {
+  build/tools/inferd-bench serve --backend openai --address "127.0.0.1:$1" --max-concurrency "$2" \
+    --num-prompts $(($2 * 2)) --warmup 1 --random-input-len 128 --random-output-len 128 --random-range-ratio 0 2>&1 |
+    grep -E "Output token throughput|error" | sed "s/^/$2 streams: /"
+}
 cmake --build build --target inferd inferd-bench >/dev/null
 echo "== llama.cpp ($(cat third_party/llama.cpp/.sha256 | cut -c1-12)), $threads threads, $model"
 build-llama/bin/llama-bench -m "$model" -t "$threads" -p 512 -n 128 -r 3 2>/dev/null | grep -E "model|pp512|tg128"
@@ -37,11 +43,17 @@ YAML
   pid=$!
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
   echo "== inferd, engine.cpu_weights: $weights, $threads threads"
-  for c in 1 4 16; do
-    build/tools/inferd-bench serve --backend openai --address "127.0.0.1:$port" --max-concurrency $c \
-      --num-prompts $((c * 2)) --warmup 1 --random-input-len 16 --random-output-len 128 --random-range-ratio 0 2>&1 |
-      grep -E "Output token throughput" | sed "s/^/$c streams: /"
-  done
+  for c in 1 4 16; do serve "$port" "$c"; done
   kill $pid && wait $pid 2>/dev/null || true
   rm -f "$cfg" "$cfg.log"
+done
+# llama.cpp's llama-server with as many parallel slots (continuous batching) as streams, 512 tokens of context each.
+echo "== llama.cpp's llama-server, $threads threads, slots = streams"
+for c in 1 4 16; do
+  build-llama/bin/llama-server -m "$model" -t "$threads" -np "$c" -c $((c * 512)) --host 127.0.0.1 --port "$port" \
+    >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  serve "$port" "$c"
+  kill $pid && wait $pid 2>/dev/null || true
 done

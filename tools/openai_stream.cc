@@ -131,8 +131,17 @@ bool OpenAiModelInfo(const std::string& address, v1::ModelInfo* model, std::stri
     }
     const json& m = j["data"][0];
     model->set_name(m.value("id", ""));
-    model->set_max_model_len(m.value("max_model_len", 0));
-    model->set_vocab_size(m.value("vocab_size", 0));
+    // vLLM's fields (inferd answers them), else llama.cpp's llama-server's: meta.n_ctx (a slot's context) and
+    // meta.n_vocab.
+    const json meta = m.value("meta", json::object());
+    model->set_max_model_len(m.value("max_model_len", meta.value("n_ctx", 0)));
+    model->set_vocab_size(m.value("vocab_size", meta.value("n_vocab", 0)));
+    if (model->max_model_len() <= 0 || model->vocab_size() <= 0) {
+      *error =
+          "GET /v1/models names no context length and vocabulary (vLLM's max_model_len and vocab_size, or "
+          "llama.cpp's meta.n_ctx and meta.n_vocab): random prompts cannot be sized";
+      return false;
+    }
     return true;
   } catch (const std::exception& e) {
     *error = e.what();

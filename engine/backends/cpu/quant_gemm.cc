@@ -49,7 +49,8 @@ constexpr int64_t kQ8Bytes = 34;
 }  // namespace
 
 bool QuantGemmTakes(uint32_t ggml_type) {
-  return Available() != Isa::kNone && (ggml_type == GGML_TYPE_Q4_1 || ggml_type == GGML_TYPE_Q8_0);
+  return Available() != Isa::kNone &&
+         (ggml_type == GGML_TYPE_Q4_1 || ggml_type == GGML_TYPE_Q5_0 || ggml_type == GGML_TYPE_Q8_0);
 }
 
 void QuantizeRows(const float* x, int64_t m, int64_t k, QuantizedRows* out) {

@@ -1,5 +1,5 @@
-// The cpu backend's product of a few rows (2 to 31: decode steps of several streams) against GGUF weights in Q4_1 or
-// Q8_0 blocks, as stored. ggml's dot kernels (stored_matmul.h) take one weight row against one input row at a time,
+// The cpu backend's product of a few rows (2 to 31: decode steps of several streams) against GGUF weights in Q4_1, Q5_0
+// or Q8_0 blocks, as stored. ggml's dot kernels (stored_matmul.h) take one weight row against one input row at a time,
 // so each weight block is unpacked again for every input row and every output pays a horizontal sum; here a tile of
 // up to 4 weight rows × 4 input rows shares each unpacked block and each loaded input block, with 8-bit dot products
 // (AVX-512 VNNI where the CPU has it, else AVX2) into per-block int32 sums scaled into fp32. The inputs are quantized
@@ -31,7 +31,7 @@ struct QuantizedView {
   int64_t rows, blocks;
 };
 
-// Whether QuantGemm multiplies weights of this ggml type (GGML_TYPE_Q4_1, GGML_TYPE_Q8_0) on this CPU.
+// Whether QuantGemm multiplies weights of this ggml type (GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0) on this CPU.
 bool QuantGemmTakes(uint32_t ggml_type);
 
 // x [m, k] fp32 into *out; k a multiple of 32.

@@ -35,7 +35,7 @@ constexpr int64_t kSplitWork = int64_t{1} << 15;
 // streams 288 tokens/s through the dot kernels against 233 decoded into sgemm, 32 streams 328 against 367, 64
 // streams 329 against 445 (kernels/NOTES.md).
 constexpr int64_t kGemmRows = 32;
-// X rows from which Q4_1 and Q8_0 weights go through QuantGemm's tiles (quant_gemm.h) instead of one dot per output.
+// X rows from which Q4_1, Q5_0 and Q8_0 weights go through QuantGemm's tiles (quant_gemm.h) instead of one dot per output.
 constexpr int64_t kQuantGemmRows = 2;
 // fp32 elements of W decoded per tile (4 MiB).
 constexpr int64_t kTileElements = int64_t{1} << 20;

@@ -1,4 +1,4 @@
-// QuantGemm (engine/backends/cpu/quant_gemm.h), the cpu backend's tiles of a few input rows against Q4_1 and Q8_0
+// QuantGemm (engine/backends/cpu/quant_gemm.h), the cpu backend's tiles of a few input rows against Q4_1, Q5_0 and Q8_0
 // weights, against the fp64 product of the same numbers: the weights decoded and the inputs as QuantizeRows made
 // them (so only the kernels' fp32 sums differ: 1e-6 of Σ|x||w|), for weight row counts no tile divides, 2 to 31
 // input rows, one block to many, each instruction set this CPU runs; and QuantizeRows against the inputs within a
@@ -74,7 +74,7 @@ TEST(QuantGemm, EqualsTheProductOfTheQuantizedNumbers) {
   if (!QuantGemmTakes(GGML_TYPE_Q4_1)) GTEST_SKIP() << "this CPU lacks the kernels' instructions";
   std::mt19937 rng(11);
   for (const QuantIsa isa : {QuantIsa::kBest, QuantIsa::kAvx2}) {
-    for (const ggml_type type : {GGML_TYPE_Q4_1, GGML_TYPE_Q8_0}) {
+    for (const ggml_type type : {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0}) {
       for (const int64_t m : {2, 3, 4, 5, 7, 16, 31}) {
         for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 32}, {7, 96}, {13, 576}, {64, 1536}}) {
           const double worst = WorstShare(type, rows, cols, m, isa, rng);
