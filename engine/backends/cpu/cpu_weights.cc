@@ -10,10 +10,11 @@ namespace {
 
 // Stacks tensors with equal column counts row-wise into one matrix (vectors: end to end); as stored where asked and
 // every part can be.
-absl::StatusOr<Matrix> Stack(std::initializer_list<const TensorDesc*> parts, bool as_stored = false) {
+absl::StatusOr<Matrix> Stack(std::initializer_list<const TensorDesc*> parts, bool as_stored = false,
+                             bool products = true) {
   Matrix m;
   if (as_stored && std::all_of(parts.begin(), parts.end(), [](const TensorDesc* p) { return CanStore(*p); })) {
-    INFERD_ASSIGN_OR_RETURN(m.stored, StoreRows(parts));
+    INFERD_ASSIGN_OR_RETURN(m.stored, StoreRows(parts, products));
     m.rows = m.stored.rows;
     m.cols = m.stored.cols;
     return m;
@@ -111,7 +112,8 @@ CpuLayerWeights ShardLayer(const CpuLayerWeights& l, const ModelConfig& c, const
 absl::StatusOr<CpuWeights> BuildCpuWeights(const ModelTensors& t, bool as_stored) {
   CpuWeights w;
   const bool s = as_stored;
-  INFERD_ASSIGN_OR_RETURN(w.embed, Stack({&t.embed}, s));
+  // The embedding table is multiplied only where it is the LM head too (tied).
+  INFERD_ASSIGN_OR_RETURN(w.embed, Stack({&t.embed}, s, /*products=*/!t.lm_head.present()));
   INFERD_ASSIGN_OR_RETURN(w.final_norm, Vector({&t.final_norm}));
   if (t.lm_head.present()) {
     INFERD_ASSIGN_OR_RETURN(w.lm_head_own, Stack({&t.lm_head}, s));

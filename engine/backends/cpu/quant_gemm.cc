@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/backends/cpu/quant_gemm_layout.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
 
@@ -10,10 +11,10 @@ namespace inferd {
 
 #if defined(__x86_64__)
 // quant_gemm_avx2.cc, quant_gemm_avx512.cc.
-void QuantGemmRowsAvx2(uint32_t ggml_type, const uint8_t* const* rows, int64_t count, const QuantizedView& x, float* y,
-                       int64_t ldy, float* scratch);
-void QuantGemmRowsAvx512Vnni(uint32_t ggml_type, const uint8_t* const* rows, int64_t count, const QuantizedView& x,
-                             float* y, int64_t ldy, float* scratch);
+void InterleavedGroupsAvx2(uint32_t ggml_type, const uint8_t* records, int64_t g0, int64_t g1, const QuantizedView& x,
+                           float* y, int64_t ldy);
+void InterleavedGroupsAvx512Vnni(uint32_t ggml_type, const uint8_t* records, int64_t g0, int64_t g1,
+                                 const QuantizedView& x, float* y, int64_t ldy);
 #endif
 
 namespace {
@@ -43,25 +44,90 @@ Isa Available() {
 
 // Multiply-adds a thread's share holds at least (as stored_matmul.cc's).
 constexpr int64_t kSplitWork = int64_t{1} << 15;
-constexpr int64_t kTile = 4;  // weight rows a kernel tile takes (quant_gemm_kernel.h)
 constexpr int64_t kQ8Bytes = 34;
+
+int64_t RecordBytes(uint32_t type) {
+  switch (type) {
+    case GGML_TYPE_Q4_1:
+      return RecordLayout<GGML_TYPE_Q4_1>::kBytes;
+    case GGML_TYPE_Q5_0:
+      return RecordLayout<GGML_TYPE_Q5_0>::kBytes;
+    default:
+      return RecordLayout<GGML_TYPE_Q8_0>::kBytes;
+  }
+}
+
+// Record (g, b) of rows[8g..8g+7] (RecordLayout).
+template <uint32_t kType>
+void Fill(const uint8_t* const* rows, int64_t b, uint8_t* rec) {
+  using L = RecordLayout<kType>;
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t* block = rows[j] + b * L::kStoredBytes;
+    std::memcpy(rec + L::kScales + 2 * j, block, 2);
+    const uint8_t* q = block + L::kStoredValues;
+    if constexpr (kType == GGML_TYPE_Q8_0) {
+      for (int v = 0; v < 8; ++v) std::memcpy(rec + L::kValues + 32 * v + 4 * j, q + 4 * v, 4);
+    } else {
+      if constexpr (kType == GGML_TYPE_Q4_1) std::memcpy(rec + L::kMinima + 2 * j, block + 2, 2);
+      for (int v = 0; v < 4; ++v) std::memcpy(rec + L::kValues + 32 * v + 4 * j, q + 4 * v, 4);
+    }
+  }
+  if constexpr (kType == GGML_TYPE_Q5_0) {
+    uint32_t masks[8] = {};
+    for (int j = 0; j < 8; ++j) {
+      uint32_t qh;
+      std::memcpy(&qh, rows[j] + b * L::kStoredBytes + 2, 4);
+      for (int v = 0; v < 4; ++v) {
+        for (int h = 0; h < 2; ++h) {
+          for (int k = 0; k < 4; ++k) masks[2 * v + h] |= ((qh >> (16 * h + 4 * v + k)) & 1u) << (4 * j + k);
+        }
+      }
+    }
+    std::memcpy(rec + L::kFifthBits, masks, sizeof(masks));
+  }
+}
 
 }  // namespace
 
-bool QuantGemmTakes(uint32_t ggml_type) {
-  return Available() != Isa::kNone &&
+bool CanInterleave(uint32_t ggml_type, int64_t count, int64_t cols) {
+  return Available() != Isa::kNone && count > 0 && count % 8 == 0 && cols > 0 && cols % 32 == 0 &&
          (ggml_type == GGML_TYPE_Q4_1 || ggml_type == GGML_TYPE_Q5_0 || ggml_type == GGML_TYPE_Q8_0);
 }
 
+InterleavedRows Interleave(uint32_t ggml_type, const uint8_t* const* rows, int64_t count, int64_t cols) {
+  InterleavedRows w;
+  w.ggml_type = ggml_type;
+  w.rows = count;
+  w.blocks = cols / 32;
+  const int64_t record = RecordBytes(ggml_type);
+  w.records.resize(count / 8 * w.blocks * record);
+  for (int64_t g = 0; g < count / 8; ++g) {
+    for (int64_t b = 0; b < w.blocks; ++b) {
+      uint8_t* rec = w.records.data() + (g * w.blocks + b) * record;
+      switch (ggml_type) {
+        case GGML_TYPE_Q4_1:
+          Fill<GGML_TYPE_Q4_1>(rows + 8 * g, b, rec);
+          break;
+        case GGML_TYPE_Q5_0:
+          Fill<GGML_TYPE_Q5_0>(rows + 8 * g, b, rec);
+          break;
+        default:
+          Fill<GGML_TYPE_Q8_0>(rows + 8 * g, b, rec);
+      }
+    }
+  }
+  return w;
+}
+
 void QuantizeRows(const float* x, int64_t m, int64_t k, QuantizedRows* out) {
+  static const bool ready = (ggml_cpu_init(), true);  // ggml's CPU tables, before its first kernel
+  (void)ready;
   const int64_t blocks = k / 32;
   out->rows = m;
   out->blocks = blocks;
   out->values.resize(m * blocks * 32);
   out->scale.resize(m * blocks);
   out->scaled_sum.resize(m * blocks);
-  static const bool ready = (ggml_cpu_init(), true);  // ggml's CPU tables, before its first kernel
-  (void)ready;
   const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
   thread_local std::vector<uint8_t> row;  // one row in Q8_0 blocks: ggml's quantization, as its dot kernels take
   row.resize(blocks * kQ8Bytes);
@@ -82,20 +148,16 @@ void QuantizeRows(const float* x, int64_t m, int64_t k, QuantizedRows* out) {
   }
 }
 
-void QuantGemm(uint32_t ggml_type, const uint8_t* const* rows, int64_t count, const QuantizedRows& x, float* y,
-               int64_t ldy, SpinPool& pool, QuantIsa isa) {
+void InterleavedGemm(const InterleavedRows& w, const QuantizedRows& x, float* y, int64_t ldy, SpinPool& pool,
+                     QuantIsa isa) {
 #if defined(__x86_64__)
   const auto kernel =
-      Available() == Isa::kAvx512Vnni && isa == QuantIsa::kBest ? QuantGemmRowsAvx512Vnni : QuantGemmRowsAvx2;
-  const int64_t tiles = (count + kTile - 1) / kTile;
-  const int64_t grain = std::max<int64_t>(1, kSplitWork / (kTile * x.rows * x.blocks * 32));
+      Available() == Isa::kAvx512Vnni && isa == QuantIsa::kBest ? InterleavedGroupsAvx512Vnni : InterleavedGroupsAvx2;
   const QuantizedView view{x.values.data(), x.scale.data(), x.scaled_sum.data(), x.rows, x.blocks};
-  pool.For(tiles, grain, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scratch;  // the thread's own, kept between calls
-    scratch.resize(2 * kTile * x.blocks);
-    const int64_t r0 = begin * kTile, r1 = std::min(end * kTile, count);
-    kernel(ggml_type, rows + r0, r1 - r0, view, y + r0, ldy, scratch.data());
-  });
+  const int64_t groups = w.rows / 8;
+  const int64_t grain = std::max<int64_t>(1, kSplitWork / (8 * x.rows * x.blocks * 32));
+  pool.For(groups, grain,
+           [&](int64_t begin, int64_t end) { kernel(w.ggml_type, w.records.data(), begin, end, view, y, ldy); });
 #endif
 }
 

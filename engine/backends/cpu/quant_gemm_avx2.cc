@@ -1,14 +1,14 @@
-// QuantGemm's kernels for AVX2 (this file is compiled with -mavx2 -mfma -mf16c: CMakeLists.txt).
+// InterleavedGemm's kernels for AVX2 (compiled with -mavx2 -mfma -mf16c: CMakeLists.txt).
 #define QUANT_GEMM_VNNI 0
 #include "engine/backends/cpu/quant_gemm_kernel.h"
 
 namespace inferd {
 
-void QuantGemmRowsAvx2(uint32_t ggml_type, const uint8_t* const* rows, int64_t count, const QuantizedView& x, float* y,
-                       int64_t ldy, float* scratch) {
-  if (ggml_type == GGML_TYPE_Q4_1) return Rows<GGML_TYPE_Q4_1>(rows, count, x, y, ldy, scratch);
-  if (ggml_type == GGML_TYPE_Q5_0) return Rows<GGML_TYPE_Q5_0>(rows, count, x, y, ldy, scratch);
-  return Rows<GGML_TYPE_Q8_0>(rows, count, x, y, ldy, scratch);
+void InterleavedGroupsAvx2(uint32_t ggml_type, const uint8_t* records, int64_t g0, int64_t g1, const QuantizedView& x,
+                           float* y, int64_t ldy) {
+  if (ggml_type == GGML_TYPE_Q4_1) return Groups<GGML_TYPE_Q4_1>(records, g0, g1, x, y, ldy);
+  if (ggml_type == GGML_TYPE_Q5_0) return Groups<GGML_TYPE_Q5_0>(records, g0, g1, x, y, ldy);
+  return Groups<GGML_TYPE_Q8_0>(records, g0, g1, x, y, ldy);
 }
 
 }  // namespace inferd

@@ -1,10 +1,13 @@
 #include "engine/backends/cpu/stored_matmul.h"
 
 #include <cblas.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "engine/backends/cpu/quant_gemm.h"
@@ -35,8 +38,6 @@ constexpr int64_t kSplitWork = int64_t{1} << 15;
 // streams 288 tokens/s through the dot kernels against 233 decoded into sgemm, 32 streams 328 against 367, 64
 // streams 329 against 445 (kernels/NOTES.md).
 constexpr int64_t kGemmRows = 32;
-// X rows from which Q4_1, Q5_0 and Q8_0 weights go through QuantGemm's tiles (quant_gemm.h) instead of one dot per output.
-constexpr int64_t kQuantGemmRows = 2;
 // fp32 elements of W decoded per tile (4 MiB).
 constexpr int64_t kTileElements = int64_t{1} << 20;
 
@@ -44,6 +45,17 @@ constexpr int64_t kTileElements = int64_t{1} << 20;
 void InitOnce() {
   static std::once_flag once;
   std::call_once(once, [] { ggml_cpu_init(); });
+}
+
+// The whole pages within `bytes`, paged out (MADV_PAGEOUT: clean file pages are dropped and read again on need;
+// anonymous ones are swapped or kept, never lost); nothing where the kernel lacks it.
+void GiveBackPages(std::span<const uint8_t> bytes) {
+#if defined(MADV_PAGEOUT)
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(bytes.data()) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size()) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
+#endif
 }
 
 }  // namespace
@@ -73,7 +85,7 @@ bool CanStore(const TensorDesc& t) {
          ggml_get_type_traits_cpu(traits->vec_dot_type)->from_float != nullptr;
 }
 
-absl::StatusOr<StoredMatrix> StoreRows(std::initializer_list<const TensorDesc*> parts) {
+absl::StatusOr<StoredMatrix> StoreRows(std::initializer_list<const TensorDesc*> parts, bool products) {
   StoredMatrix m;
   m.cols = (*parts.begin())->cols;
   for (const TensorDesc* t : parts) {
@@ -86,6 +98,10 @@ absl::StatusOr<StoredMatrix> StoreRows(std::initializer_list<const TensorDesc*> 
     p.row_bytes = row_bytes;
     p.rows.resize(t->rows);
     for (int64_t r = 0; r < t->rows; ++r) p.rows[r] = t->bytes.data() + StoredRow(*t, r) * row_bytes;
+    if (products && CanInterleave(p.ggml_type, t->rows, m.cols)) {
+      p.interleaved = Interleave(p.ggml_type, p.rows.data(), t->rows, m.cols);
+      GiveBackPages(t->bytes);
+    }
     m.rows += t->rows;
   }
   return m;
@@ -93,7 +109,9 @@ absl::StatusOr<StoredMatrix> StoreRows(std::initializer_list<const TensorDesc*> 
 
 void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m, SpinPool& pool) {
   InitOnce();
-  if (m >= kGemmRows) {
+  const bool interleaved =
+      std::all_of(w.parts.begin(), w.parts.end(), [](const StoredPart& p) { return p.interleaved.rows > 0; });
+  if (m >= kGemmRows && !interleaved) {  // interleaved weights take every step (kernels/NOTES.md)
     // Tiles of W decoded to fp32 and multiplied by a one-thread sgemm (OpenBLAS runs one thread under as_stored:
     // its own pool spinning beside ours took the cores from each other), split over the pool's threads: at least
     // one tile each, of at most kTileElements and at least 64 rows.
@@ -116,12 +134,12 @@ void StoredMatMulT(const float* x, const StoredMatrix& w, float* y, int64_t m, S
   int64_t first = 0;                            // the part's first output column
   thread_local std::vector<uint8_t> converted;  // kept between calls, as above
   ggml_type converted_as = GGML_TYPE_COUNT;
-  thread_local QuantizedRows quantized;  // X for QuantGemm, once a call
+  thread_local QuantizedRows quantized;  // X for InterleavedGemm, once a call
   bool quantized_done = false;
   for (const StoredPart& p : w.parts) {
-    if (m >= kQuantGemmRows && w.cols % 32 == 0 && QuantGemmTakes(p.ggml_type)) {
+    if (p.interleaved.rows > 0) {
       if (!quantized_done) QuantizeRows(x, m, w.cols, &quantized), quantized_done = true;
-      QuantGemm(p.ggml_type, p.rows.data(), static_cast<int64_t>(p.rows.size()), quantized, y + first, w.rows, pool);
+      InterleavedGemm(p.interleaved, quantized, y + first, w.rows, pool);
       first += static_cast<int64_t>(p.rows.size());
       continue;
     }

@@ -1,8 +1,9 @@
-// QuantGemm (engine/backends/cpu/quant_gemm.h), the cpu backend's tiles of a few input rows against Q4_1, Q5_0 and Q8_0
-// weights, against the fp64 product of the same numbers: the weights decoded and the inputs as QuantizeRows made
-// them (so only the kernels' fp32 sums differ: 1e-6 of Σ|x||w|), for weight row counts no tile divides, 2 to 31
-// input rows, one block to many, each instruction set this CPU runs; and QuantizeRows against the inputs within a
-// Q8_0 step (of the fp16-rounded scale).
+// InterleavedGemm (engine/backends/cpu/quant_gemm.h), the cpu backend's products of a few input rows against Q4_1,
+// Q5_0 and Q8_0 weights interleaved eight rows to a record, against the fp64 product of the same numbers: the weights
+// decoded and the inputs as QuantizeRows made them (so only the kernels' fp32 sums differ: 1e-6 of Σ|x||w|), for 1
+// to 31 input rows (passes of 4 and every remainder), one group of rows to many, one block to many, each
+// instruction set this CPU runs; which shapes interleave; and QuantizeRows against the inputs within a Q8_0 step
+// (of the fp16-rounded scale).
 #include "engine/backends/cpu/quant_gemm.h"
 
 #include <gtest/gtest.h>
@@ -45,6 +46,7 @@ Weights Make(ggml_type type, int64_t rows, int64_t cols, std::mt19937& rng) {
 // The worst |y - want| / Σ|x||w| over every output.
 double WorstShare(ggml_type type, int64_t rows, int64_t cols, int64_t m, QuantIsa isa, std::mt19937& rng) {
   const Weights w = Make(type, rows, cols, rng);
+  const InterleavedRows interleaved = Interleave(type, w.rows.data(), rows, cols);
   std::normal_distribution<float> d(0.f, 1.f);
   std::vector<float> x(m * cols);
   for (float& v : x) v = d(rng);
@@ -53,7 +55,7 @@ double WorstShare(ggml_type type, int64_t rows, int64_t cols, int64_t m, QuantIs
   const int64_t ldy = rows + 3;  // outputs strided as a part of a wider matrix's
   std::vector<float> y(m * ldy, -1.f);
   static SpinPool pool(3);
-  QuantGemm(type, w.rows.data(), rows, q, y.data(), ldy, pool, isa);
+  InterleavedGemm(interleaved, q, y.data(), ldy, pool, isa);
   double worst = 0;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -70,13 +72,13 @@ double WorstShare(ggml_type type, int64_t rows, int64_t cols, int64_t m, QuantIs
   return worst;
 }
 
-TEST(QuantGemm, EqualsTheProductOfTheQuantizedNumbers) {
-  if (!QuantGemmTakes(GGML_TYPE_Q4_1)) GTEST_SKIP() << "this CPU lacks the kernels' instructions";
+TEST(InterleavedGemm, EqualsTheProductOfTheQuantizedNumbers) {
+  if (!CanInterleave(GGML_TYPE_Q4_1, 8, 32)) GTEST_SKIP() << "this CPU lacks the kernels' instructions";
   std::mt19937 rng(11);
   for (const QuantIsa isa : {QuantIsa::kBest, QuantIsa::kAvx2}) {
     for (const ggml_type type : {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0}) {
-      for (const int64_t m : {2, 3, 4, 5, 7, 16, 31}) {
-        for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 32}, {7, 96}, {13, 576}, {64, 1536}}) {
+      for (const int64_t m : {1, 2, 3, 4, 5, 7, 16, 31}) {
+        for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{8, 32}, {16, 96}, {24, 576}, {64, 1536}}) {
           const double worst = WorstShare(type, rows, cols, m, isa, rng);
           EXPECT_LT(worst, 1e-6) << ggml_type_name(type) << " " << rows << "x" << cols << ", " << m << " rows"
                                  << (isa == QuantIsa::kAvx2 ? ", AVX2" : "");
@@ -86,7 +88,17 @@ TEST(QuantGemm, EqualsTheProductOfTheQuantizedNumbers) {
   }
 }
 
-TEST(QuantGemm, QuantizesEachBlockByItsLargestValue) {
+TEST(InterleavedGemm, TakesGroupsOfEightRowsOfWholeBlocksInItsFormats) {
+  if (!CanInterleave(GGML_TYPE_Q4_1, 8, 32)) GTEST_SKIP() << "this CPU lacks the kernels' instructions";
+  EXPECT_TRUE(CanInterleave(GGML_TYPE_Q5_0, 576, 1536));
+  EXPECT_TRUE(CanInterleave(GGML_TYPE_Q8_0, 49152, 576));
+  EXPECT_FALSE(CanInterleave(GGML_TYPE_Q8_0, 12, 576));  // rows not a multiple of 8
+  EXPECT_FALSE(CanInterleave(GGML_TYPE_Q8_0, 16, 48));   // columns not of 32
+  EXPECT_FALSE(CanInterleave(GGML_TYPE_Q4_K, 16, 256));  // a format the kernels do not read
+  EXPECT_FALSE(CanInterleave(GGML_TYPE_F16, 16, 256));
+}
+
+TEST(QuantizeRows, QuantizesEachBlockByItsLargestValue) {
   std::mt19937 rng(5);
   std::normal_distribution<float> d(0.f, 4.f);
   const int64_t m = 3, cols = 96;
