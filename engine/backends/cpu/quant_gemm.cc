@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "engine/backends/cpu/quant_gemm_layout.h"
+#include "engine/backends/cpu/stored_matmul.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
 
@@ -23,10 +24,7 @@ enum class Isa { kNone, kAvx2, kAvx512Vnni };
 
 Isa Detect() {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c")) {
-    return Isa::kNone;
-  }
+  if (!StoredKernelsAvailable()) return Isa::kNone;  // AVX2, FMA, F16C (and BMI2, which every such CPU has)
   if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512bw")) {
     return Isa::kAvx512Vnni;

@@ -1,8 +1,8 @@
 // The cpu backend's products against GGUF weights in Q4_1, Q5_0 or Q8_0 blocks, at every step (one stream's decode,
-// many streams', a prompt's hundreds of rows). ggml's dot kernels (stored_matmul.h) take one weight row against one input row at a time:
-// every weight block is unpacked again for each input row and every output pays a horizontal sum. Here the weights
-// are interleaved once, at load, eight rows to a record per 32-value block (as ggml's repacked formats do for
-// others): lane j of each 32-byte vector holds four values of row j, so one u8 × s8 dot-product instruction
+// many streams', a prompt's hundreds of rows). ggml's dot kernels (stored_matmul.h) take one weight row against one
+// input row at a time: every weight block is unpacked again for each input row and every output pays a horizontal sum.
+// Here the weights are interleaved once, at load, eight rows to a record per 32-value block (as ggml's repacked formats
+// do for others): lane j of each 32-byte vector holds four values of row j, so one u8 × s8 dot-product instruction
 // (AVX-512 VNNI's vpdpbusd where the CPU has it, else AVX2's maddubs + madd) advances eight outputs by four values of
 // one input row, a block's int32 sums are scaled by the eight rows' scales at once, and the outputs come out as
 // eight contiguous floats without a horizontal sum. The same bytes as stored, rearranged: the record holds the eight
@@ -33,7 +33,6 @@ struct InterleavedRows {
   uint32_t ggml_type = 0;
   int64_t rows = 0, blocks = 0;  // rows a multiple of 8
   std::vector<uint8_t> records;  // groups × blocks records, a group's blocks in order
-  int64_t bytes() const { return static_cast<int64_t>(records.size()); }
 };
 
 // What the kernels read (plain pointers: the kernels' translation units, compiled for other instruction sets,

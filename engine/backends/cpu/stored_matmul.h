@@ -4,10 +4,10 @@
 // takes (8-bit blocks for the quantized formats, bf16 or fp16 for those), then each output is one dot product of
 // a stored row, in fp32. No fp32 copy of a weight is kept; the rows are read where the mapped file holds them,
 // except Q4_1, Q5_0 and Q8_0 rows, interleaved at load for quant_gemm.h's kernels, which take all their steps.
-// Other formats' steps of many rows (32 or more) decode W a tile of rows at a time into fp32 and multiply with OpenBLAS's sgemm
-// (X unrounded there), each of the backend's threads (spin_pool.h) its own tiles through a one-thread sgemm: the cpu
-// backend sets OpenBLAS to one thread under as_stored, so that only one team runs (two pools spinning on the same
-// cores slowed a 16-stream step by a quarter).
+// Other formats' steps of many rows (32 or more) decode W a tile of rows at a time into fp32 and multiply with
+// OpenBLAS's sgemm (X unrounded there), each of the backend's threads (spin_pool.h) its own tiles through a one-thread
+// sgemm: the cpu backend sets OpenBLAS to one thread under as_stored, so that only one team runs (two pools spinning on
+// the same cores slowed a 16-stream step by a quarter).
 #pragma once
 
 #include <cstdint>
