@@ -19,7 +19,7 @@ struct EngineSection {
   std::string backend = "auto";         // auto | cpu | cuda
   std::string dtype = "auto";           // cuda weights and activations: auto (bfloat16) | bfloat16 | float16
   std::string quantization = "none";    // cuda linear layers: none | fp8 (e4m3 weights and activations)
-  std::string kv_cache_dtype = "auto";  // cuda KV cache: auto (= dtype) | fp8_e4m3
+  std::string kv_cache_dtype = "auto";  // auto | float32 | float16 | bfloat16 | fp8_e4m3 (cuda: auto = dtype)
   bool cuda_graphs = true;              // cuda: decode steps replay CUDA graphs captured at start-up
   std::string plan_ahead = "auto";      // auto, on, off: plan and launch step N + 1 while step N runs
   int32_t block_size = 16;              // tokens per KV block: 1..256

@@ -170,12 +170,13 @@ std::vector<ConfigField> MakeFields() {
       "runs as fp8 on cuda whatever this says, and dequantized on cpu"));
   f.push_back(Text(
       "engine", "kv_cache_dtype", [](Config& c) -> std::string& { return c.engine.kv_cache_dtype; },
-      {"auto", "fp8_e4m3"}, "auto, fp8_e4m3",
-      "cuda: `fp8_e4m3` stores K and V as e4m3 (saturating; RoPE's kernel writes them, FlashInfer's attention "
-      "reads them), divided by each layer's `k_scale` and `v_scale` when the checkpoint has them "
-      "(compressed-tensors `kv_cache_scheme`), else by 1: a block takes half the bytes, so the pool holds twice the "
-      "tokens. Needs "
-      "`dtype` bfloat16 and head_dim 128 or 256. `auto` = `dtype`. The cpu backend refuses fp8_e4m3"));
+      {"auto", "float32", "float16", "bfloat16", "fp8_e4m3"}, "auto, float32, float16, bfloat16, fp8_e4m3",
+      "cuda: `auto` = `dtype` (a 16-bit name must equal it); `fp8_e4m3` stores K and V as e4m3 (saturating; RoPE's "
+      "kernel writes them, FlashInfer's attention reads them), divided by each layer's `k_scale` and `v_scale` when "
+      "the checkpoint has them (compressed-tensors `kv_cache_scheme`), else by 1: a block takes half the bytes, so "
+      "the pool holds twice the tokens. Needs `dtype` bfloat16 and head_dim 128 or 256. cpu: float32, float16 or "
+      "bfloat16 (rounded to nearest as written, fp32 arithmetic); `auto` = float16 with `cpu_weights: as_stored` "
+      "(half the memory, as llama.cpp's cache), float32 with `fp32` (the reference); fp8_e4m3 is refused"));
   f.push_back(Flag(
       "engine", "cuda_graphs", [](Config& c) -> bool& { return c.engine.cuda_graphs; },
       "cuda: decode steps replay CUDA graphs captured at start-up for batches of 1, 2, 4, … "

@@ -6,6 +6,7 @@ import threading
 import time
 
 import grpc
+import pytest
 
 from conftest import (SOURCE_DIR, Server, cancel_half_of_streams, evict_prefix_to_host_and_ask_again, inferd_pb2 as pb,
                       wait_until_idle)
@@ -40,8 +41,10 @@ def test_64_concurrent_requests_on_a_tiny_pool_preempt_and_still_equal_their_sol
         assert s.stop() == 0
 
 
-def test_with_swap_space_preempted_requests_resume_from_host_memory_with_the_same_outputs():
-    s = Server(engine={**TINY_POOL, "swap_space_gib": 0.01})
+# The float32 KV cache, and a float16 one, whose blocks go to host memory and back as they are.
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16"])
+def test_with_swap_space_preempted_requests_resume_from_host_memory_with_the_same_outputs(kv_cache_dtype):
+    s = Server(engine={**TINY_POOL, "swap_space_gib": 0.01, "kv_cache_dtype": kv_cache_dtype})
     try:
         requests = [greedy(f"request {i}: tell me about block {i * 7}", max_tokens=40) for i in range(64)]
         solo = [list(s.stub.Generate(r).token_ids) for r in requests]

@@ -51,10 +51,31 @@ void RmsNorm(const float* x, const Matrix& weight, float eps, float* out, int64_
   });
 }
 
-// Per-step scratch, sized once for the largest step so that the hot path does not allocate.
+// Leaves a resized vector's new elements uninitialized: a large buffer's pages then take host memory only once a
+// step writes them (the logits arena of a 262,144-token vocabulary for 128 rows is 134 MB, of which a step of 16
+// rows touches an eighth).
+template <typename T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using Scratch = std::vector<float, UninitializedAllocator<float>>;
+
+// Per-step scratch, sized once for the largest step so that the hot path does not allocate; every element is
+// written by a step before it is read.
 struct Workspace {
-  std::vector<float> x, xn, qkv, attn, gate_up, act, tmp, sum;  // [tokens, ...]; sum: tensor-parallel only
-  std::vector<float> last, last_n, logits;                      // [logits rows, ...]
+  Scratch x, xn, qkv, attn, gate_up, act, tmp, sum;  // [tokens, ...]; sum: tensor-parallel only
+  Scratch last, last_n, logits;                      // [logits rows, ...]
   // A mixture of experts: the router's logits [tokens, experts]; one expert's rows gathered, their gate/up, act and
   // output [tokens, ...]; and per expert the (row, weight) pairs routed to it.
   std::vector<float> router, expert_in, expert_gate_up, expert_act, expert_out;
@@ -77,22 +98,23 @@ struct Shard {
   TensorParallelShard tp;
   std::vector<CpuLayerWeights> layers;
   int64_t q_dim = 0, kv_dim = 0, qkv_dim = 0, inter = 0;  // its widths
-  // [KV slots][num_blocks, block_size, its KV heads, head_dim]: a layer's K is k_cache[KvGroups::slot_of[layer]],
-  // its group's blocks
-  std::vector<std::unique_ptr<float[]>> k_cache;
-  std::vector<std::unique_ptr<float[]>> v_cache;  // same layout as k_cache
-  std::unique_ptr<float[]> host;                  // [host blocks][KV slots][K, V][block_size, its KV heads, head_dim]
-  Workspace ws;                                   // x is the residual stream, equal on every rank after each sum
-  std::unique_ptr<SpinPool> pool;                 // its threads: the engine's over the shards
+  // [KV slots][num_blocks, block_size, its KV heads, head_dim] of CpuBackend::kv_ elements: a layer's K is
+  // k_cache[KvGroups::slot_of[layer]], its group's blocks
+  std::vector<std::unique_ptr<uint8_t[]>> k_cache;
+  std::vector<std::unique_ptr<uint8_t[]>> v_cache;  // same layout as k_cache
+  std::unique_ptr<uint8_t[]> host;                  // [host blocks][KV slots][K, V][block_size, its KV heads, head_dim]
+  Workspace ws;                                     // x is the residual stream, equal on every rank after each sum
+  std::unique_ptr<SpinPool> pool;                   // its threads: the engine's over the shards
 };
 
 class CpuBackend : public Backend {
  public:
-  CpuBackend(const Model& model, const EngineSection& engine, CpuWeights weights)
+  CpuBackend(const Model& model, const EngineSection& engine, CpuWeights weights, KvElement kv)
       : cfg_(model.config),
         kv_groups_(KvGroupsOf(model.config)),
         weights_(std::move(weights)),
         as_stored_(engine.cpu_weights == "as_stored"),
+        kv_(kv),
         files_(as_stored_ ? model.tensors.files : std::vector<std::shared_ptr<const void>>{}) {
     const int threads = engine.num_threads > 0 ? engine.num_threads : omp_get_max_threads();
     // As stored, the products split over OpenMP's threads, each calling a one-thread sgemm (stored_matmul.h).
@@ -135,7 +157,8 @@ class CpuBackend : public Backend {
     return {{"products", as_stored_ ? "the weights as stored (GGUF blocks, bf16, fp16) through ggml's CPU dot kernels, "
                                       "each input row quantized to the kernel's format once (engine.cpu_weights)"
                                     : "OpenBLAS sgemm in fp32 (the reference arithmetic)"},
-            {"attention", "fp32 over the paged cache, a query row at a time"},
+            {"attention", absl::StrCat("fp32 over the paged cache of ", KvElementName(kv_),
+                                       " K and V, a query row at a time (a prompt's in blocks through sgemm)")},
             {"sampling", "the host sampler chain"}};
   }
 
@@ -159,6 +182,7 @@ class CpuBackend : public Backend {
   KvGroups kv_groups_;    // which blocks and KV slot each layer's K/V live in
   CpuWeights weights_;    // the embeddings, final norm and LM head; the layers are in the shards
   const bool as_stored_;  // engine.cpu_weights: as_stored
+  const KvElement kv_;    // engine.kv_cache_dtype
   std::vector<std::shared_ptr<const void>> files_;  // the mapped checkpoint the stored weights point into
   std::vector<Shard> shards_;
   int32_t threads_per_shard_ = 1;
@@ -270,13 +294,13 @@ absl::StatusOr<MemoryPlan> CpuBackend::MeasureMemory(const StepLimits& limits) {
     }
     for (const CpuLayerWeights& l : s.layers) plan.weight_bytes += l.bytes();
     plan.activation_bytes += s.ws.bytes();
-    plan.kv_bytes_per_block += 2 * int64_t{kv_groups_.slots} * block_size_ * s.kv_dim * 4;
+    plan.kv_bytes_per_block += 2 * int64_t{kv_groups_.slots} * block_size_ * s.kv_dim * KvElementBytes(kv_);
   }
   ws_.last.resize(R * H);
   ws_.last_n.resize(R * H);
   ws_.logits.resize(R * cfg_.vocab_size);
   plan.activation_bytes += ws_.bytes();
-  plan.kv_dtype = "float32";
+  plan.kv_dtype = KvElementName(kv_);
   return plan;
 }
 
@@ -284,10 +308,10 @@ absl::Status CpuBackend::AllocateKvCache(const MemoryPlan& plan) {
   num_slots_ = int64_t{plan.num_blocks} * block_size_;
   // Not zeroed: every slot is written before it is read, and untouched pages cost nothing.
   for (Shard& s : shards_) {
-    const size_t per_layer = size_t(num_slots_) * s.kv_dim;
+    const size_t per_layer = size_t(num_slots_) * s.kv_dim * KvElementBytes(kv_);
     for (int l = 0; l < kv_groups_.slots; ++l) {
-      s.k_cache.emplace_back(new (std::nothrow) float[per_layer]);
-      s.v_cache.emplace_back(new (std::nothrow) float[per_layer]);
+      s.k_cache.emplace_back(new (std::nothrow) uint8_t[per_layer]);
+      s.v_cache.emplace_back(new (std::nothrow) uint8_t[per_layer]);
       if (!s.k_cache.back() || !s.v_cache.back()) {
         return absl::ResourceExhaustedError(
             absl::StrCat("the KV cache of ", plan.num_blocks, " blocks does not fit in host memory"));
@@ -299,8 +323,8 @@ absl::Status CpuBackend::AllocateKvCache(const MemoryPlan& plan) {
 
 absl::Status CpuBackend::AllocateHostBlocks(int32_t num_blocks) {
   for (Shard& s : shards_) {
-    const size_t block = size_t(block_size_) * s.kv_dim;
-    s.host.reset(new (std::nothrow) float[size_t(num_blocks) * kv_groups_.slots * 2 * block]);
+    const size_t block = size_t(block_size_) * s.kv_dim * KvElementBytes(kv_);
+    s.host.reset(new (std::nothrow) uint8_t[size_t(num_blocks) * kv_groups_.slots * 2 * block]);
     if (!s.host) {
       return absl::ResourceExhaustedError(absl::StrCat("a host KV pool of ", num_blocks, " blocks does not fit"));
     }
@@ -312,7 +336,7 @@ absl::Status CpuBackend::AllocateHostBlocks(int32_t num_blocks) {
 absl::Status CpuBackend::StartCopies(const CopyBatch& batch) {
   const int64_t num_blocks = num_slots_ / block_size_;
   for (Shard& s : shards_) {
-    const size_t block = size_t(block_size_) * s.kv_dim;
+    const size_t block = size_t(block_size_) * s.kv_dim * KvElementBytes(kv_);  // bytes
     auto host = [&](int32_t h, int slot, int kv) {
       return s.host.get() + ((size_t(h) * kv_groups_.slots + slot) * 2 + kv) * block;
     };
@@ -322,8 +346,8 @@ absl::Status CpuBackend::StartCopies(const CopyBatch& batch) {
             c.device_block >= 0 && c.device_block < num_blocks && c.host_block >= 0 && c.host_block < num_host_blocks_,
             "block copies name blocks of the pool and the host pool");
         for (int slot = 0; slot < kv_groups_.slots; ++slot) {
-          float* k = s.k_cache[slot].get() + size_t(c.device_block) * block;
-          float* v = s.v_cache[slot].get() + size_t(c.device_block) * block;
+          uint8_t* k = s.k_cache[slot].get() + size_t(c.device_block) * block;
+          uint8_t* v = s.v_cache[slot].get() + size_t(c.device_block) * block;
           if (copies == &batch.out) {
             std::copy_n(k, block, host(c.host_block, slot, 0));
             std::copy_n(v, block, host(c.host_block, slot, 1));
@@ -382,10 +406,10 @@ void CpuBackend::Forward(const StepInput& in) {
     for (std::thread& t : threads) t.join();
   }
   // The LM head on the first shard's residual stream (every shard holds the same).
-  const std::vector<float>& x = shards_[0].ws.x;
+  const Scratch& x = shards_[0].ws.x;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const int64_t R = static_cast<int64_t>(in.logits_indices.size());
-  std::vector<float>&last = ws_.last, &last_n = ws_.last_n;
+  Scratch &last = ws_.last, &last_n = ws_.last_n;
   for (int64_t r = 0; r < R; ++r) std::copy_n(x.data() + int64_t{in.logits_indices[r]} * H, H, last.data() + r * H);
   SpinPool& pool = *shards_[0].pool;
   RmsNorm(last.data(), weights_.final_norm, eps, last_n.data(), R, pool);
@@ -499,8 +523,9 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
       for (int64_t t = 0; t < T; ++t) {
         const float* row = w.qkv.data() + t * qkv_dim;
         const int64_t slot = in.slot_mapping[kv_groups_.group_of[layer]][t];
-        std::copy_n(row + q_dim, kv_dim, s.k_cache[kv_groups_.slot_of[layer]].get() + slot * kv_dim);
-        std::copy_n(row + q_dim + kv_dim, kv_dim, s.v_cache[kv_groups_.slot_of[layer]].get() + slot * kv_dim);
+        const int64_t at = slot * kv_dim * KvElementBytes(kv_);
+        StoreKv(row + q_dim, s.k_cache[kv_groups_.slot_of[layer]].get() + at, kv_dim, kv_);
+        StoreKv(row + q_dim + kv_dim, s.v_cache[kv_groups_.slot_of[layer]].get() + at, kv_dim, kv_);
       }
       return;
     case LayerOp::kAttention:
@@ -527,25 +552,16 @@ void CpuBackend::RunOp(LayerOp op, const StepInput& in, Shard& s, int layer) {
       MatMulT(w.xn.data(), L.gate_up, w.gate_up.data(), T, 0.0f, pool);
       return;
     case LayerOp::kSiluMul:
+    case LayerOp::kGeluTanhMul: {  // vec_ops.h
+      const Gated act = op == LayerOp::kSiluMul ? Gated::kSilu : Gated::kGeluTanh;
       pool.For(T, 1, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
           const float* g = w.gate_up.data() + t * 2 * I;
-          for (int64_t i = 0; i < I; ++i) w.act[t * I + i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
+          GatedMul(act, g, g + I, w.act.data() + t * I, I);
         }
       });
       return;
-    case LayerOp::kGeluTanhMul:  // 0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³))) · up
-      pool.For(T, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-          const float* g = w.gate_up.data() + t * 2 * I;
-          for (int64_t i = 0; i < I; ++i) {
-            const float x = g[i];
-            const float gelu = 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-            w.act[t * I + i] = gelu * g[I + i];
-          }
-        }
-      });
-      return;
+    }
     case LayerOp::kDownProj:
       MatMulT(w.act.data(), L.down, w.tmp.data(), T, 0.0f, pool);
       return;
@@ -580,7 +596,7 @@ void CpuBackend::Moe(int64_t T, Shard& s, int layer) {
     MatMulT(w.expert_in.data(), L.expert_gate_up[e], w.expert_gate_up.data(), n, 0.0f, *s.pool);
     for (int64_t r = 0; r < n; ++r) {
       const float* g = w.expert_gate_up.data() + r * 2 * I;
-      for (int64_t i = 0; i < I; ++i) w.expert_act[r * I + i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
+      GatedMul(Gated::kSilu, g, g + I, w.expert_act.data() + r * I, I);
     }
     MatMulT(w.expert_act.data(), L.expert_down[e], w.expert_out.data(), n, 0.0f, *s.pool);
     for (int64_t r = 0; r < n; ++r) {
@@ -602,8 +618,9 @@ void CpuBackend::BlockedAttention(const StepInput& in, Shard& sh, int layer, int
       cfg_.attention_scale > 0 ? static_cast<float>(cfg_.attention_scale) : 1.0f / std::sqrt(static_cast<float>(D));
   const float cap = static_cast<float>(cfg_.attn_logit_softcap);
   const int32_t window = cfg_.window(layer);
-  const float* kc = sh.k_cache[kv_groups_.slot_of[layer]].get();
-  const float* vc = sh.v_cache[kv_groups_.slot_of[layer]].get();
+  const uint8_t* kc = sh.k_cache[kv_groups_.slot_of[layer]].get();
+  const uint8_t* vc = sh.v_cache[kv_groups_.slot_of[layer]].get();
+  const int64_t eb = KvElementBytes(kv_);
   const int32_t* table = in.kv_indices[kv_groups_.group_of[layer]].data() + in.kv_indptr[seq];
   const int32_t begin = in.query_start[seq], end = in.query_start[seq + 1];
   const int64_t blocks = (end - begin + kQueryBlock - 1) / kQueryBlock;
@@ -625,8 +642,8 @@ void CpuBackend::BlockedAttention(const StepInput& in, Shard& sh, int layer, int
       scores.resize(rows * n);
       for (int32_t j = lo; j < hi; ++j) {
         const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
-        std::copy_n(kc + slot * kv_dim + kvh * D, D, k.data() + (j - lo) * D);
-        std::copy_n(vc + slot * kv_dim + kvh * D, D, v.data() + (j - lo) * D);
+        LoadKv(kc + (slot * kv_dim + kvh * D) * eb, k.data() + (j - lo) * D, D, kv_);
+        LoadKv(vc + (slot * kv_dim + kvh * D) * eb, v.data() + (j - lo) * D, D, kv_);
       }
       const float* q = sh.ws.qkv.data() + int64_t{t0} * qkv_dim + h * D;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, D, scale, q, qkv_dim, k.data(), D, 0.0f,
@@ -664,8 +681,9 @@ void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
   const int32_t window = cfg_.window(layer);
   const float* qkv = sh.ws.qkv.data();
   float* out = sh.ws.attn.data();
-  const float* kc = sh.k_cache[kv_groups_.slot_of[layer]].get();
-  const float* vc = sh.v_cache[kv_groups_.slot_of[layer]].get();
+  const uint8_t* kc = sh.k_cache[kv_groups_.slot_of[layer]].get();
+  const uint8_t* vc = sh.v_cache[kv_groups_.slot_of[layer]].get();
+  const int64_t eb = KvElementBytes(kv_);
   const std::vector<int32_t>& pages = in.kv_indices[kv_groups_.group_of[layer]];
   // Sequences of many queries (a prompt) in blocks; every other sequence's (token, head) pairs over the team at once.
   // (token, its sequence); the workers read this thread's list through the reference (a lambda names a
@@ -697,7 +715,7 @@ void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
       float mx = -INFINITY;
       for (int32_t j = first; j < n_ctx; ++j) {
         const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
-        scores[j] = Dot(q, kc + slot * kv_dim + kvh * D, D) * scale;
+        scores[j] = DotKv(q, kc + (slot * kv_dim + kvh * D) * eb, D, kv_) * scale;
         if (cap > 0) scores[j] = cap * std::tanh(scores[j] / cap);
         mx = std::max(mx, scores[j]);
       }
@@ -707,7 +725,7 @@ void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
       std::fill_n(o, D, 0.0f);
       for (int32_t j = first; j < n_ctx; ++j) {
         const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
-        Axpy(scores[j] / sum, vc + slot * kv_dim + kvh * D, o, D);
+        AxpyKv(scores[j] / sum, vc + (slot * kv_dim + kvh * D) * eb, o, D, kv_);
       }
       work_done_.fetch_add(1, std::memory_order_relaxed);
     }
@@ -721,12 +739,22 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const Model& model, co
     return absl::FailedPreconditionError(absl::StrCat("engine.quantization = '", engine.quantization,
                                                       "' needs the cuda backend; the cpu backend allows: none"));
   }
-  if (engine.kv_cache_dtype != "auto") {
-    return absl::FailedPreconditionError(absl::StrCat("engine.kv_cache_dtype = '", engine.kv_cache_dtype,
-                                                      "' needs the cuda backend; the cpu backend allows: auto"));
-  }
   INFERD_RETURN_IF_ERROR(CheckTensorParallel(model.config, engine.tensor_parallel_size));
   const bool as_stored = engine.cpu_weights == "as_stored";
+  // auto: fp32 beside the fp32 weights (the reference arithmetic), 16-bit halves beside the stored ones, as
+  // llama.cpp's cache.
+  KvElement kv = as_stored ? KvElement::kFloat16 : KvElement::kFloat32;
+  if (engine.kv_cache_dtype == "float32") {
+    kv = KvElement::kFloat32;
+  } else if (engine.kv_cache_dtype == "float16") {
+    kv = KvElement::kFloat16;
+  } else if (engine.kv_cache_dtype == "bfloat16") {
+    kv = KvElement::kBfloat16;
+  } else if (engine.kv_cache_dtype != "auto") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("engine.kv_cache_dtype = '", engine.kv_cache_dtype,
+                     "' needs the cuda backend; the cpu backend allows: auto, float32, float16, bfloat16"));
+  }
   if (as_stored && engine.tensor_parallel_size > 1) {
     return absl::FailedPreconditionError(
         absl::StrCat("engine.cpu_weights = 'as_stored' runs tensor_parallel_size 1 on "
@@ -739,7 +767,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const Model& model, co
         "lacks; allowed here: fp32");
   }
   INFERD_ASSIGN_OR_RETURN(CpuWeights weights, BuildCpuWeights(model.tensors, as_stored));
-  return std::make_unique<CpuBackend>(model, engine, std::move(weights));
+  return std::make_unique<CpuBackend>(model, engine, std::move(weights), kv);
 }
 
 }  // namespace inferd

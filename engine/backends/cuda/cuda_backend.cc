@@ -950,6 +950,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const Model& given, c
     }
   }
   const bool fp8_kv = engine.kv_cache_dtype == "fp8_e4m3";
+  if (const std::string& kv = engine.kv_cache_dtype; kv != "auto" && !fp8_kv && kv != (fp16 ? "float16" : "bfloat16")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "engine.kv_cache_dtype = '", kv, "': the cuda backend's cache holds ", fp16 ? "float16" : "bfloat16",
+        " (engine.dtype) or fp8_e4m3; allowed: auto, ", fp16 ? "float16" : "bfloat16", ", fp8_e4m3"));
+  }
   if (fp8_kv && fp16) {
     return absl::FailedPreconditionError(
         "engine.kv_cache_dtype = 'fp8_e4m3' needs engine.dtype bfloat16 (or auto); engine.dtype is float16");

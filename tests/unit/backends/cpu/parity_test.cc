@@ -149,19 +149,5 @@ TEST(CpuBackend, RefusesFp8QuantizationNamingTheKey) {
   }
 }
 
-// So is engine.kv_cache_dtype = fp8_e4m3.
-TEST(CpuBackend, RefusesAnFp8KvCacheNamingTheKey) {
-  Config config;
-  config.model.path = testing::ModelDir("llama3-tiny");
-  config.engine.backend = "cpu";
-  config.engine.kv_cache_dtype = "fp8_e4m3";
-  config.engine.cpu_kv_cache_gib = 0.05;
-  auto engine = Engine::Create(config);
-  ASSERT_FALSE(engine.ok());
-  EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(engine.status().message().find("engine.kv_cache_dtype = 'fp8_e4m3'"), std::string::npos) << engine.status();
-  EXPECT_NE(engine.status().message().find("allows: auto"), std::string::npos) << engine.status();
-}
-
 }  // namespace
 }  // namespace inferd
