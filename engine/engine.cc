@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <random>
 #include <span>
@@ -223,6 +225,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config, con
   warm.sampling.push_back(SamplingRow{.params = SamplingParams{.temperature = 0}, .position = 1});
   StepOutput warm_out;
   INFERD_RETURN_IF_ERROR(e->backend_->Step(warm, &warm_out));
+#if defined(__GLIBC__)
+  // Loading's temporaries (the checkpoint's metadata, tokenizer tables, weights reshaped) are freed by now, but
+  // glibc keeps the freed pages inside its heap: hand them back (70 MB of Gemma 3 270M's 612 MB, 2026-11-28).
+  malloc_trim(0);
+#endif
   spdlog::info("engine ready in {:.2f} s{}", absl::ToDoubleSeconds(absl::Now() - t0),
                e->plan_ahead_ ? "; each step is planned while the one before it runs" : "");
   e->PublishStats();

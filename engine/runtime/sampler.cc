@@ -61,6 +61,35 @@ void ApplyPenalties(std::span<float> logits, const SamplingRow& ctx) {
   }
 }
 
+// The first index of the largest value (std::max_element's answer; NaNs are never taken), in lanes that the
+// compiler keeps in vector registers: a greedy row of a 262,144-token vocabulary, scanned one compare at a time, had
+// taken a tenth of a 16-stream cpu step.
+int32_t ArgMax(std::span<const float> x) {
+  constexpr int kLanes = 16;
+  const int64_t n = static_cast<int64_t>(x.size());
+  float best[kLanes];
+  int32_t at[kLanes];
+  for (int l = 0; l < kLanes; ++l) best[l] = -INFINITY, at[l] = -1;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const bool more = x[i + l] > best[l];
+      best[l] = more ? x[i + l] : best[l];
+      at[l] = more ? static_cast<int32_t>(i + l) : at[l];
+    }
+  }
+  float m = -INFINITY;
+  int32_t arg = -1;
+  for (int l = 0; l < kLanes; ++l) {  // each lane holds its first largest; the lowest index among equals wins
+    if (at[l] >= 0 && (best[l] > m || (best[l] == m && at[l] < arg))) m = best[l], arg = at[l];
+  }
+  for (; i < n; ++i) {
+    if (x[i] > m) m = x[i], arg = static_cast<int32_t>(i);
+  }
+  if (arg < 0) return static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());  // all -inf or NaN
+  return arg;
+}
+
 }  // namespace
 
 void ShapeLogits(std::span<float> logits, const SamplingRow& ctx) {
@@ -79,7 +108,7 @@ Candidates CandidatesOf(std::span<const float> logits, const SamplingParams& p) 
   INFERD_CHECK(!logits.empty(), "logits are not empty");
   Candidates c;
   if (p.temperature == 0.0f) {
-    c.ids = {static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin())};
+    c.ids = {ArgMax(logits)};
     c.probs = {1.0};
     return c;
   }

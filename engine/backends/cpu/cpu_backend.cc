@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -51,15 +53,28 @@ void RmsNorm(const float* x, const Matrix& weight, float eps, float* out, int64_
   });
 }
 
-// Leaves a resized vector's new elements uninitialized: a large buffer's pages then take host memory only once a
-// step writes them (the logits arena of a 262,144-token vocabulary for 128 rows is 134 MB, of which a step of 16
-// rows touches an eighth).
+// Scratch a step writes before it reads: a resized vector's new elements are left uninitialized, and a large buffer
+// is mapped afresh from the kernel, so that its pages take host memory only once a step writes them (the logits
+// arena of a 262,144-token vocabulary for 128 rows is 134 MB, of which a step of 16 rows touches an eighth). From
+// the heap, such a buffer could land on pages that loading had already touched.
 template <typename T>
-struct UninitializedAllocator : std::allocator<T> {
+struct UninitializedAllocator {
+  using value_type = T;
+  static constexpr size_t kMapFrom = size_t{1} << 20;  // bytes
+  UninitializedAllocator() = default;
   template <typename U>
-  struct rebind {
-    using other = UninitializedAllocator<U>;
-  };
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  T* allocate(size_t n) {
+    const size_t bytes = n * sizeof(T);
+    if (bytes < kMapFrom) return std::allocator<T>().allocate(n);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    if (n * sizeof(T) < kMapFrom) return std::allocator<T>().deallocate(p, n);
+    munmap(p, n * sizeof(T));
+  }
   template <typename U>
   void construct(U* p) noexcept {
     ::new (static_cast<void*>(p)) U;
@@ -67,6 +82,10 @@ struct UninitializedAllocator : std::allocator<T> {
   template <typename U, typename... Args>
   void construct(U* p, Args&&... args) {
     ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+  template <typename U>
+  bool operator==(const UninitializedAllocator<U>&) const noexcept {
+    return true;
   }
 };
 using Scratch = std::vector<float, UninitializedAllocator<float>>;
