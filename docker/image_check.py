@@ -48,14 +48,14 @@ def main():
                                          stopping=pb.StoppingParams(max_tokens=8)), timeout=60)
     assert r.usage.completion_tokens > 0 and r.text, r
     chat = stub.Generate(pb.GenerateRequest(
-        messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="What is the capital of France?")]),
+        messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="What is the capital of Germany?")]),
         sampling=greedy, stopping=pb.StoppingParams(max_tokens=24)), timeout=60)
-    assert "Paris" in chat.text, chat.text
+    assert "Berlin" in chat.text, chat.text
     print(f"generate: {r.text!r}; chat: {chat.text!r}")
     import openai
     sdk = openai.OpenAI(base_url=http_url + "/v1", api_key="unused", max_retries=0, timeout=60)
     answer = sdk.chat.completions.create(model=sdk.models.list().data[0].id, temperature=0, max_tokens=24,
-                                         messages=[{"role": "user", "content": "What is the capital of France?"}])
+                                         messages=[{"role": "user", "content": "What is the capital of Germany?"}])
     assert answer.choices[0].message.content == chat.text, (answer, chat.text)
     print(f"OpenAI HTTP chat: {answer.choices[0].message.content!r} (the same as gRPC's)")
     check_drain(

@@ -69,9 +69,14 @@ def main():
         sys.stdout.flush()
         last = chunk
     print()
+    t = last.timing
+    # Decode speed: the tokens after the first over the time after it.
+    decode_s = t.total_s - t.time_to_first_token_s
+    n = last.usage.completion_tokens
+    rate = f", {(n - 1) / decode_s:.0f} tokens/s" if n > 1 and decode_s > 0 else ""
     print(f"[{pb.FinishReason.Name(last.finish_reason)}; {last.usage.prompt_tokens} prompt + "
-          f"{last.usage.completion_tokens} tokens; ttft {last.timing.time_to_first_token_s * 1000:.1f} ms, "
-          f"total {last.timing.total_s * 1000:.1f} ms]", file=sys.stderr)
+          f"{last.usage.completion_tokens} tokens; ttft {t.time_to_first_token_s * 1000:.1f} ms, "
+          f"total {t.total_s * 1000:.1f} ms{rate}]", file=sys.stderr)
 
 
 if __name__ == "__main__":
