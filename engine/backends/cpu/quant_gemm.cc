@@ -144,6 +144,24 @@ void QuantizeRows(const float* x, int64_t m, int64_t k, QuantizedRows* out) {
       out->scaled_sum[i * blocks + b] = scale * static_cast<float>(sum);
     }
   }
+  out->wide_rows = m / kWideRows * kWideRows;
+  out->wide_values.resize(out->wide_rows * blocks * 32);
+  out->wide_scale.resize(out->wide_rows * blocks);
+  out->wide_scaled_sum.resize(out->wide_rows * blocks);
+  for (int64_t run = 0; run < out->wide_rows / kWideRows; ++run) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t at = run * blocks + b;  // the run's block b
+      for (int64_t r = 0; r < kWideRows; ++r) {
+        const int64_t i = run * kWideRows + r;
+        for (int v = 0; v < 8; ++v) {
+          std::memcpy(out->wide_values.data() + ((at * 8 + v) * kWideRows + r) * 4,
+                      out->values.data() + (i * blocks + b) * 32 + 4 * v, 4);
+        }
+        out->wide_scale[at * kWideRows + r] = out->scale[i * blocks + b];
+        out->wide_scaled_sum[at * kWideRows + r] = out->scaled_sum[i * blocks + b];
+      }
+    }
+  }
 }
 
 void InterleavedGemm(const InterleavedRows& w, const QuantizedRows& x, float* y, int64_t ldy, SpinPool& pool,
@@ -151,7 +169,8 @@ void InterleavedGemm(const InterleavedRows& w, const QuantizedRows& x, float* y,
 #if defined(__x86_64__)
   const auto kernel =
       Available() == Isa::kAvx512Vnni && isa == QuantIsa::kBest ? InterleavedGroupsAvx512Vnni : InterleavedGroupsAvx2;
-  const QuantizedView view{x.values.data(), x.scale.data(), x.scaled_sum.data(), x.rows, x.blocks};
+  const QuantizedView view{x.values.data(),      x.scale.data(),      x.scaled_sum.data(),      x.rows,     x.blocks,
+                           x.wide_values.data(), x.wide_scale.data(), x.wide_scaled_sum.data(), x.wide_rows};
   const int64_t groups = w.rows / 8;
   const int64_t grain = std::max<int64_t>(1, kSplitWork / (8 * x.rows * x.blocks * 32));
   pool.For(groups, grain,

@@ -21,11 +21,19 @@ namespace inferd {
 
 // Rows of X quantized for InterleavedGemm: 32-value blocks, each int8 values, its scale and its scale × the values'
 // sum.
+// The first wide_rows (a multiple of kWideRows) again in runs of kWideRows rows, as the AVX-512 kernel reads them:
+// run R's block b holds, for each four values v of the block, the kWideRows rows' four (one 64-byte vector), then the
+// rows' scales and scaled sums.
+inline constexpr int64_t kWideRows = 16;
 struct QuantizedRows {
   std::vector<int8_t> values;  // [rows, blocks * 32]
   std::vector<float> scale;    // [rows, blocks]
   std::vector<float> scaled_sum;
   int64_t rows = 0, blocks = 0;
+  std::vector<int8_t> wide_values;  // [wide_rows / kWideRows, blocks, 8, kWideRows, 4]
+  std::vector<float> wide_scale;    // [wide_rows / kWideRows, blocks, kWideRows]
+  std::vector<float> wide_scaled_sum;
+  int64_t wide_rows = 0;
 };
 
 // A matrix's rows interleaved eight to a record: record (g, b) holds block b of rows 8g..8g+7.
@@ -42,6 +50,10 @@ struct QuantizedView {
   const float* scale;
   const float* scaled_sum;
   int64_t rows, blocks;
+  const int8_t* wide_values;
+  const float* wide_scale;
+  const float* wide_scaled_sum;
+  int64_t wide_rows;
 };
 
 // Whether `count` rows of `cols` values in this ggml type (GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0) can be

@@ -1,9 +1,9 @@
 // InterleavedGemm (engine/backends/cpu/quant_gemm.h), the cpu backend's products of a few input rows against Q4_1,
 // Q5_0 and Q8_0 weights interleaved eight rows to a record, against the fp64 product of the same numbers: the weights
 // decoded and the inputs as QuantizeRows made them (so only the kernels' fp32 sums differ: 1e-6 of Σ|x||w|), for 1
-// to 31 input rows (passes of 4 and every remainder), one group of rows to many, one block to many, each
-// instruction set this CPU runs; which shapes interleave; and QuantizeRows against the inputs within a Q8_0 step
-// (of the fp16-rounded scale).
+// to 48 input rows (runs of 16 with AVX-512, passes of 4 and every remainder), one group of rows to many, one block to
+// many, each instruction set this CPU runs; a row's outputs the same bits alone as beside others; which shapes
+// interleave; and QuantizeRows against the inputs within a Q8_0 step (of the fp16-rounded scale).
 #include "engine/backends/cpu/quant_gemm.h"
 
 #include <gtest/gtest.h>
@@ -77,12 +77,41 @@ TEST(InterleavedGemm, EqualsTheProductOfTheQuantizedNumbers) {
   std::mt19937 rng(11);
   for (const QuantIsa isa : {QuantIsa::kBest, QuantIsa::kAvx2}) {
     for (const ggml_type type : {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0}) {
-      for (const int64_t m : {1, 2, 3, 4, 5, 7, 16, 31}) {
-        for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{8, 32}, {16, 96}, {24, 576}, {64, 1536}}) {
+      for (const int64_t m : {1, 2, 3, 4, 5, 7, 16, 31, 48}) {  // 16 on: runs of 16 rows (AVX-512), then tiles
+        for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{8, 32}, {16, 96}, {24, 576}, {64, 1536}}) {
           const double worst = WorstShare(type, rows, cols, m, isa, rng);
           EXPECT_LT(worst, 1e-6) << ggml_type_name(type) << " " << rows << "x" << cols << ", " << m << " rows"
                                  << (isa == QuantIsa::kAvx2 ? ", AVX2" : "");
         }
+      }
+    }
+  }
+}
+
+// A row's outputs are the same bits whichever kernel took it (a run of 16 rows, a tile of 4, a remainder) and
+// whatever rows came with it: a request's tokens do not depend on the batch it ran in.
+TEST(InterleavedGemm, ARowsOutputsDoNotDependOnTheRowsBesideIt) {
+  if (!CanInterleave(GGML_TYPE_Q4_1, 8, 32)) GTEST_SKIP() << "this CPU lacks the kernels' instructions";
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0.f, 1.f);
+  static SpinPool pool(2);
+  for (const ggml_type type : {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0}) {
+    const int64_t rows = 24, cols = 320, m = 37;
+    const Weights w = Make(type, rows, cols, rng);
+    const InterleavedRows interleaved = Interleave(type, w.rows.data(), rows, cols);
+    std::vector<float> x(m * cols);
+    for (float& v : x) v = d(rng);
+    QuantizedRows all;
+    QuantizeRows(x.data(), m, cols, &all);
+    std::vector<float> y(m * rows);
+    InterleavedGemm(interleaved, all, y.data(), rows, pool);
+    for (int64_t i = 0; i < m; ++i) {
+      QuantizedRows one;
+      QuantizeRows(x.data() + i * cols, 1, cols, &one);
+      std::vector<float> alone(rows);
+      InterleavedGemm(interleaved, one, alone.data(), rows, pool);
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(y[i * rows + r], alone[r]) << ggml_type_name(type) << " row " << i << " output " << r;
       }
     }
   }
