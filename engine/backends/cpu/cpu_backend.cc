@@ -173,8 +173,10 @@ class CpuBackend : public Backend {
   uint64_t Progress() const override { return work_done_.load(std::memory_order_relaxed); }
   absl::StatusOr<DeviceCeilings> MeasureCeilings() override;
   std::vector<KernelChoice> KernelChoices() const override {
-    return {{"products", as_stored_ ? "the weights as stored (GGUF blocks, bf16, fp16) through ggml's CPU dot kernels, "
-                                      "each input row quantized to the kernel's format once (engine.cpu_weights)"
+    return {{"products", as_stored_ ? "the weights as stored (engine.cpu_weights): Q4_1, Q5_0, Q8_0 and Q4_K rows "
+                                      "interleaved eight to a record at load through int8 kernels of our own, other "
+                                      "formats (Q6_K, bf16, fp16, ...) through ggml's CPU dot kernels, each input row "
+                                      "quantized to 8 bits once"
                                     : "OpenBLAS sgemm in fp32 (the reference arithmetic)"},
             {"attention", absl::StrCat("fp32 over the paged cache of ", KvElementName(kv_),
                                        " K and V, a query row at a time (a prompt's in blocks through sgemm)")},

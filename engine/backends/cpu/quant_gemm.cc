@@ -50,8 +50,44 @@ int64_t RecordBytes(uint32_t type) {
       return RecordLayout<GGML_TYPE_Q4_1>::kBytes;
     case GGML_TYPE_Q5_0:
       return RecordLayout<GGML_TYPE_Q5_0>::kBytes;
+    case GGML_TYPE_Q4_K:
+      return RecordLayout<GGML_TYPE_Q4_K>::kBytes;
     default:
       return RecordLayout<GGML_TYPE_Q8_0>::kBytes;
+  }
+}
+
+// ggml's get_scale_min_k4: sub-block s's 6-bit scale and minimum from a Q4_K super-block's 12 packed bytes.
+void ScaleMinK4(int s, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (s < 4) {
+    *d = q[s] & 63;
+    *m = q[s + 4] & 63;
+  } else {
+    *d = (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
+    *m = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+  }
+}
+
+// Record (g, b) of Q4_K rows: block b is sub-block b % 8 of super-block b / 8 (block_q4_K: fp16 d and dmin, 12 bytes
+// of 6-bit scales and minima, then 128 bytes whose low nibbles hold sub-block 2c's values and high nibbles 2c + 1's,
+// c = 0..3, 32 bytes each).
+void FillQ4K(const uint8_t* const* rows, int64_t b, uint8_t* rec) {
+  using L = RecordLayout<GGML_TYPE_Q4_K>;
+  const int s = static_cast<int>(b % 8);
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t* block = rows[j] + b / 8 * L::kStoredBytes;
+    uint16_t h[2];
+    std::memcpy(h, block, 4);
+    uint8_t sc, mn;
+    ScaleMinK4(s, block + 4, &sc, &mn);
+    const float d = ggml_fp16_to_fp32(h[0]) * sc, minus_m = -(ggml_fp16_to_fp32(h[1]) * mn);  // as ggml rounds
+    std::memcpy(rec + L::kScales + 4 * j, &d, 4);
+    std::memcpy(rec + L::kMinima + 4 * j, &minus_m, 4);
+    const uint8_t* q = block + 16 + 32 * (s / 2);
+    uint8_t v[32], packed[16];
+    for (int l = 0; l < 32; ++l) v[l] = s % 2 == 0 ? q[l] & 0xF : q[l] >> 4;
+    for (int l = 0; l < 16; ++l) packed[l] = static_cast<uint8_t>(v[l] | v[l + 16] << 4);  // as Q4_1 packs
+    for (int k = 0; k < 4; ++k) std::memcpy(rec + L::kValues + 32 * k + 4 * j, packed + 4 * k, 4);
   }
 }
 
@@ -88,8 +124,10 @@ void Fill(const uint8_t* const* rows, int64_t b, uint8_t* rec) {
 }  // namespace
 
 bool CanInterleave(uint32_t ggml_type, int64_t count, int64_t cols) {
-  return Available() != Isa::kNone && count > 0 && count % 8 == 0 && cols > 0 && cols % 32 == 0 &&
-         (ggml_type == GGML_TYPE_Q4_1 || ggml_type == GGML_TYPE_Q5_0 || ggml_type == GGML_TYPE_Q8_0);
+  return Available() != Isa::kNone && count > 0 && count % 8 == 0 && cols > 0 &&
+         cols % (ggml_type == GGML_TYPE_Q4_K ? 256 : 32) == 0 &&
+         (ggml_type == GGML_TYPE_Q4_1 || ggml_type == GGML_TYPE_Q5_0 || ggml_type == GGML_TYPE_Q8_0 ||
+          ggml_type == GGML_TYPE_Q4_K);
 }
 
 InterleavedRows Interleave(uint32_t ggml_type, const uint8_t* const* rows, int64_t count, int64_t cols) {
@@ -108,6 +146,9 @@ InterleavedRows Interleave(uint32_t ggml_type, const uint8_t* const* rows, int64
           break;
         case GGML_TYPE_Q5_0:
           Fill<GGML_TYPE_Q5_0>(rows + 8 * g, b, rec);
+          break;
+        case GGML_TYPE_Q4_K:
+          FillQ4K(rows + 8 * g, b, rec);
           break;
         default:
           Fill<GGML_TYPE_Q8_0>(rows + 8 * g, b, rec);

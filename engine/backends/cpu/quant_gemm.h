@@ -1,12 +1,14 @@
-// The cpu backend's products against GGUF weights in Q4_1, Q5_0 or Q8_0 blocks, at every step (one stream's decode,
-// many streams', a prompt's hundreds of rows). ggml's dot kernels (stored_matmul.h) take one weight row against one
-// input row at a time: every weight block is unpacked again for each input row and every output pays a horizontal sum.
-// Here the weights are interleaved once, at load, eight rows to a record per 32-value block (as ggml's repacked formats
-// do for others): lane j of each 32-byte vector holds four values of row j, so one u8 × s8 dot-product instruction
-// (AVX-512 VNNI's vpdpbusd where the CPU has it, else AVX2's maddubs + madd) advances eight outputs by four values of
-// one input row, a block's int32 sums are scaled by the eight rows' scales at once, and the outputs come out as
-// eight contiguous floats without a horizontal sum. The same bytes as stored, rearranged: the record holds the eight
-// rows' fp16 scales (and Q4_1's minima), then their values (Q5_0's fifth bits as one 32-bit mask per vector).
+// The cpu backend's products against GGUF weights in Q4_1, Q5_0, Q8_0 or Q4_K blocks, at every step (one stream's
+// decode, many streams', a prompt's hundreds of rows). ggml's dot kernels (stored_matmul.h) take one weight row against
+// one input row at a time: every weight block is unpacked again for each input row and every output pays a horizontal
+// sum. Here the weights are interleaved once, at load, eight rows to a record per 32-value block (as ggml's repacked
+// formats do for others): lane j of each 32-byte vector holds four values of row j, so one u8 × s8 dot-product
+// instruction (AVX-512 VNNI's vpdpbusd where the CPU has it, else AVX2's maddubs + madd) advances eight outputs by four
+// values of one input row, a block's int32 sums are scaled by the eight rows' scales at once, and the outputs come out
+// as eight contiguous floats without a horizontal sum. The same bytes as stored, rearranged: the record holds the eight
+// rows' fp16 scales (and Q4_1's minima), then their values (Q5_0's fifth bits as one 32-bit mask per vector); Q4_K's
+// 256-value super-blocks as their eight 32-value sub-blocks, each row's scale and minimum the fp32 products ggml's
+// dequantization forms (a record of 6 bits a value where the stored block takes 4.5).
 // Inputs are quantized as ggml's dot kernels quantize them (Q8_0 blocks), so a product equals ggml's up to the order
 // of its fp32 sums (ggml's Q4_1 kernel rounds each input block's sum to fp16; here it stays exact). x86 only;
 // elsewhere CanInterleave is false.
@@ -56,8 +58,8 @@ struct QuantizedView {
   int64_t wide_rows;
 };
 
-// Whether `count` rows of `cols` values in this ggml type (GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0) can be
-// interleaved and multiplied on this CPU: count a multiple of 8, cols of 32.
+// Whether `count` rows of `cols` values in this ggml type (GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0,
+// GGML_TYPE_Q4_K) can be interleaved and multiplied on this CPU: count a multiple of 8, cols of 32 (Q4_K: 256).
 bool CanInterleave(uint32_t ggml_type, int64_t count, int64_t cols);
 
 // The rows (each `cols` values of ggml_type, as stored) interleaved; CanInterleave must hold.

@@ -8,6 +8,7 @@ void InterleavedGroupsAvx2(uint32_t ggml_type, const uint8_t* records, int64_t g
                            float* y, int64_t ldy) {
   if (ggml_type == GGML_TYPE_Q4_1) return Groups<GGML_TYPE_Q4_1>(records, g0, g1, x, y, ldy);
   if (ggml_type == GGML_TYPE_Q5_0) return Groups<GGML_TYPE_Q5_0>(records, g0, g1, x, y, ldy);
+  if (ggml_type == GGML_TYPE_Q4_K) return Groups<GGML_TYPE_Q4_K>(records, g0, g1, x, y, ldy);
   return Groups<GGML_TYPE_Q8_0>(records, g0, g1, x, y, ldy);
 }
 

@@ -5,7 +5,7 @@
 // QUANT_GEMM_VNNI (1: AVX-512 VNNI's u8 × s8 dot products into int32, 0: AVX2's maddubs + madd) before including it.
 //
 // A weight block's product with an input block x = d_x · q_x, per format:
-//   Q4_1: w = d · q + m, q in [0, 15]:  Σ w x = d_w d_x Σ q_w q_x + m_w · (d_x Σ q_x)
+//   Q4_1, Q4_K: w = d · q + m, q in [0, 15]:  Σ w x = d_w d_x Σ q_w q_x + m_w · (d_x Σ q_x)
 //   Q5_0: w = d · (q − 16), q in [0, 31]:  Σ w x = d_w d_x Σ q_w q_x − 16 d_w · (d_x Σ q_x)
 //   Q8_0 (VNNI: q + 128 as unsigned): Σ w x = d_w d_x Σ (q_w + 128) q_x − 128 d_w · (d_x Σ q_x)
 //   Q8_0 (AVX2: |q_w| times q_x with q_w's sign, as ggml does):  Σ w x = d_w d_x Σ |q_w| sign(q_x, q_w)
@@ -50,6 +50,19 @@ __m256i Dp(__m256i sum, __m256i w, __m256i x) {
 #endif
 }
 
+// The record's eight rows' scales d, and the constants c of the formats that store them (Q4_1's minima, Q4_K's −m).
+template <uint32_t kType>
+__m256 Scales(const uint8_t* rec) {
+  if constexpr (RecordLayout<kType>::kFp32Scales) return _mm256_loadu_ps(reinterpret_cast<const float*>(rec));
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec)));
+}
+template <uint32_t kType>
+__m256 Minima(const uint8_t* rec) {
+  const uint8_t* p = rec + RecordLayout<kType>::kMinima;
+  if constexpr (RecordLayout<kType>::kFp32Scales) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 __m256i Broadcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -66,10 +79,10 @@ void GroupTile(const uint8_t* records, const QuantizedView& x, int64_t x0, float
   for (int i = 0; i < N; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = records + b * L::kBytes;
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec)));
+    const __m256 d = Scales<kType>(rec);
     __m256 c;  // the rows' constants
-    if constexpr (kType == GGML_TYPE_Q4_1) {
-      c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + L::kMinima)));
+    if constexpr (L::kMinimum) {
+      c = Minima<kType>(rec);
     } else if constexpr (kType == GGML_TYPE_Q5_0) {
       c = _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
     } else {
@@ -134,10 +147,10 @@ void GroupWide(const uint8_t* records, const QuantizedView& x, int64_t run, floa
   alignas(32) float dw[8], cw[8];
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = records + b * L::kBytes;
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec)));
+    const __m256 d = Scales<kType>(rec);
     __m256 c;
-    if constexpr (kType == GGML_TYPE_Q4_1) {
-      c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + L::kMinima)));
+    if constexpr (L::kMinimum) {
+      c = Minima<kType>(rec);
     } else if constexpr (kType == GGML_TYPE_Q5_0) {
       c = _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
     } else {

@@ -1,8 +1,8 @@
 // InterleavedGemm (engine/backends/cpu/quant_gemm.h), the cpu backend's products of a few input rows against Q4_1,
-// Q5_0 and Q8_0 weights interleaved eight rows to a record, against the fp64 product of the same numbers: the weights
-// decoded and the inputs as QuantizeRows made them (so only the kernels' fp32 sums differ: 1e-6 of Σ|x||w|), for 1
-// to 48 input rows (runs of 16 with AVX-512, passes of 4 and every remainder), one group of rows to many, one block to
-// many, each instruction set this CPU runs; a row's outputs the same bits alone as beside others; which shapes
+// Q5_0, Q8_0 and Q4_K weights interleaved eight rows to a record, against the fp64 product of the same numbers: the
+// weights decoded and the inputs as QuantizeRows made them (so only the kernels' fp32 sums differ: 1e-6 of Σ|x||w|),
+// for 1 to 48 input rows (runs of 16 with AVX-512, passes of 4 and every remainder), one group of rows to many, one
+// block to many, each instruction set this CPU runs; a row's outputs the same bits alone as beside others; which shapes
 // interleave; and QuantizeRows against the inputs within a Q8_0 step (of the fp16-rounded scale).
 #include "engine/backends/cpu/quant_gemm.h"
 
@@ -76,9 +76,13 @@ TEST(InterleavedGemm, EqualsTheProductOfTheQuantizedNumbers) {
   if (!CanInterleave(GGML_TYPE_Q4_1, 8, 32)) GTEST_SKIP() << "this CPU lacks the kernels' instructions";
   std::mt19937 rng(11);
   for (const QuantIsa isa : {QuantIsa::kBest, QuantIsa::kAvx2}) {
-    for (const ggml_type type : {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0}) {
+    for (const ggml_type type : {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K}) {
+      // Q4_K: whole super-blocks of 256, one to several
+      const std::vector<std::pair<int64_t, int64_t>> shapes =
+          type == GGML_TYPE_Q4_K ? std::vector<std::pair<int64_t, int64_t>>{{8, 256}, {24, 768}, {64, 1536}}
+                                 : std::vector<std::pair<int64_t, int64_t>>{{8, 32}, {16, 96}, {24, 576}, {64, 1536}};
       for (const int64_t m : {1, 2, 3, 4, 5, 7, 16, 31, 48}) {  // 16 on: runs of 16 rows (AVX-512), then tiles
-        for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{8, 32}, {16, 96}, {24, 576}, {64, 1536}}) {
+        for (const auto& [rows, cols] : shapes) {
           const double worst = WorstShare(type, rows, cols, m, isa, rng);
           EXPECT_LT(worst, 1e-6) << ggml_type_name(type) << " " << rows << "x" << cols << ", " << m << " rows"
                                  << (isa == QuantIsa::kAvx2 ? ", AVX2" : "");
@@ -95,8 +99,8 @@ TEST(InterleavedGemm, ARowsOutputsDoNotDependOnTheRowsBesideIt) {
   std::mt19937 rng(3);
   std::normal_distribution<float> d(0.f, 1.f);
   static SpinPool pool(2);
-  for (const ggml_type type : {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0}) {
-    const int64_t rows = 24, cols = 320, m = 37;
+  for (const ggml_type type : {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K}) {
+    const int64_t rows = 24, cols = type == GGML_TYPE_Q4_K ? 512 : 320, m = 37;
     const Weights w = Make(type, rows, cols, rng);
     const InterleavedRows interleaved = Interleave(type, w.rows.data(), rows, cols);
     std::vector<float> x(m * cols);
@@ -123,7 +127,9 @@ TEST(InterleavedGemm, TakesGroupsOfEightRowsOfWholeBlocksInItsFormats) {
   EXPECT_TRUE(CanInterleave(GGML_TYPE_Q8_0, 49152, 576));
   EXPECT_FALSE(CanInterleave(GGML_TYPE_Q8_0, 12, 576));  // rows not a multiple of 8
   EXPECT_FALSE(CanInterleave(GGML_TYPE_Q8_0, 16, 48));   // columns not of 32
-  EXPECT_FALSE(CanInterleave(GGML_TYPE_Q4_K, 16, 256));  // a format the kernels do not read
+  EXPECT_TRUE(CanInterleave(GGML_TYPE_Q4_K, 16, 256));
+  EXPECT_FALSE(CanInterleave(GGML_TYPE_Q4_K, 16, 96));   // not whole super-blocks
+  EXPECT_FALSE(CanInterleave(GGML_TYPE_Q6_K, 16, 256));  // a format the kernels do not read
   EXPECT_FALSE(CanInterleave(GGML_TYPE_F16, 16, 256));
 }
 

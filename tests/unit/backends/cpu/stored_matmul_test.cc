@@ -144,7 +144,9 @@ TEST(StoredMatMul, TensorsThatDecodingChangesAreNotStored) {
 // top two are far enough apart, until the first near-tie that flips: 0.1 on the tiny test models (the inputs'
 // 8-bit rounding moves a logprob by a few hundredths there), 0.25 on SmolLM2-135M, whose 30 layers of 8-bit
 // inputs moved a chosen token's logprob by up to 0.145 and flipped a top two 0.127 apart (2026-11-27) — the
-// rounding llama.cpp's own kernels make on this file. Dense models only: the tiny random mixtures' routers hold
+// rounding llama.cpp's own kernels make on this file — and 0.4 on Gemma 3 270M, whose every product takes 8-bit
+// inputs (its Q4_K ones rounded per 32 values, finer than llama.cpp's per 256): up to 0.29, and a flip at 0.35
+// (2026-11-28). Dense models only: the tiny random mixtures' routers hold
 // near-ties that any change of rounding sends to other experts (their step-11 tokens flipped at margins of 0.3–0.5), as
 // on cuda, where their parity is counted as agreement rates (tests/gpu/cuda_parity_test.cc).
 class AsStored : public ::testing::TestWithParam<const char*> {};
@@ -171,7 +173,7 @@ TEST_P(AsStored, GreedyTokensAndLogprobsMatchFp32) {
                                                        : testing::ModelDir(name);
   if (!std::filesystem::exists(path))
     GTEST_SKIP() << path << " is missing (scripts/setup.sh fetches the bundled model)";
-  const double tolerance = name.starts_with("models/") ? 0.25 : 0.1;
+  const double tolerance = name.starts_with("models/gemma") ? 0.4 : name.starts_with("models/") ? 0.25 : 0.1;
   const auto prompts = testing::LcgPrompts(4, 7, 3, 13);
   // The real 4-bit model's greedy path meets near-ties within a few tokens, and which side a near-tie falls on
   // depends on the roundings of the steps a request ran in: its requests run one at a time, so every step's rows
@@ -206,7 +208,7 @@ TEST_P(AsStored, GreedyTokensAndLogprobsMatchFp32) {
 INSTANTIATE_TEST_SUITE_P(Models, AsStored,
                          ::testing::Values("llama2-tiny.gguf", "qwen2-tiny.gguf", "qwen3-tiny.gguf", "gemma3-tiny.gguf",
                                            "phi3-tiny.gguf", "llama3-tiny", "qwen3-tiny",
-                                           "models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+                                           "models/SmolLM2-135M-Instruct.Q4_1.gguf", "models/gemma-3-270m-q4_k_m.gguf"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
