@@ -5,7 +5,9 @@
 # in process as llama-bench runs (`inferd-bench cpu`: pp512, tg128 at 1, 4 and 16 streams) with engine.cpu_weights
 # as_stored; then inferd serving the same file with as_stored and fp32, and llama.cpp's llama-server with a slot per
 # stream, each measured by `inferd-bench serve` over the OpenAI API at 1, 4 and 16 concurrent streams of 128 prompt
-# tokens and 128 generated (the client on the same cores). Nothing else should run meanwhile.
+# tokens and 128 generated (the client on the same cores), and each server's peak resident memory (VmHWM) after its
+# 16 streams, inferd's KV pool holding as many tokens as llama-server's 16 slots of 512. Nothing else should run
+# meanwhile.
 #   bash scripts/bench_cpu.sh [GGUF] [THREADS]     (default: the bundled SmolLM2, every core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +38,7 @@ for weights in as_stored fp32; do
   cfg=$(mktemp --suffix=.yaml)
   cat > "$cfg" <<YAML
 model: {path: $model}
-engine: {backend: cpu, num_threads: $threads, cpu_weights: $weights}
+engine: {backend: cpu, num_threads: $threads, cpu_weights: $weights, num_blocks: $((16 * 512 / 16))}
 server: {listen: '127.0.0.1:$((port + 1))', metrics_listen: '', http_listen: '127.0.0.1:$port'}
 YAML
   build/server/inferd --config "$cfg" > "$cfg.log" 2>&1 &
@@ -44,6 +46,7 @@ YAML
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
   echo "== inferd, engine.cpu_weights: $weights, $threads threads"
   for c in 1 4 16; do serve "$port" "$c"; done
+  grep VmHWM "/proc/$pid/status"
   kill $pid && wait $pid 2>/dev/null || true
   rm -f "$cfg" "$cfg.log"
 done
@@ -55,5 +58,6 @@ for c in 1 4 16; do
   pid=$!
   for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
   serve "$port" "$c"
+  [[ $c == 16 ]] && grep VmHWM "/proc/$pid/status"
   kill $pid && wait $pid 2>/dev/null || true
 done

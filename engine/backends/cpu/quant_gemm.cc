@@ -158,6 +158,58 @@ InterleavedRows Interleave(uint32_t ggml_type, const uint8_t* const* rows, int64
   return w;
 }
 
+void InterleavedRowToFloat(const InterleavedRows& w, int64_t row, float* out) {
+  const int64_t record = RecordBytes(w.ggml_type), j = row % 8;
+  const uint8_t* group = w.records.data() + row / 8 * w.blocks * record;
+  auto half = [](const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return ggml_fp16_to_fp32(h);
+  };
+  auto single = [](const uint8_t* p) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  };
+  for (int64_t b = 0; b < w.blocks; ++b) {
+    const uint8_t* rec = group + b * record;
+    float* y = out + b * 32;
+    switch (w.ggml_type) {
+      case GGML_TYPE_Q8_0: {
+        using L = RecordLayout<GGML_TYPE_Q8_0>;
+        const float d = half(rec + L::kScales + 2 * j);
+        for (int i = 0; i < 32; ++i) y[i] = static_cast<int8_t>(rec[L::kValues + 32 * (i / 4) + 4 * j + i % 4]) * d;
+        break;
+      }
+      case GGML_TYPE_Q5_0: {
+        using L = RecordLayout<GGML_TYPE_Q5_0>;
+        const float d = half(rec + L::kScales + 2 * j);
+        uint32_t masks[8];
+        std::memcpy(masks, rec + L::kFifthBits, sizeof(masks));
+        for (int i = 0; i < 32; ++i) {  // value i = 16h + 4v + k
+          const int h = i / 16, v = i % 16 / 4, k = i % 4;
+          const uint8_t byte = rec[L::kValues + 32 * v + 4 * j + k];
+          const int q = (h ? byte >> 4 : byte & 0xF) | ((masks[2 * v + h] >> (4 * j + k)) & 1u) << 4;
+          y[i] = static_cast<float>(q - 16) * d;
+        }
+        break;
+      }
+      default: {  // Q4_1, Q4_K: d · q + c
+        const bool k4 = w.ggml_type == GGML_TYPE_Q4_K;
+        using L1 = RecordLayout<GGML_TYPE_Q4_1>;
+        using LK = RecordLayout<GGML_TYPE_Q4_K>;
+        const float d = k4 ? single(rec + LK::kScales + 4 * j) : half(rec + L1::kScales + 2 * j);
+        const float c = k4 ? single(rec + LK::kMinima + 4 * j) : half(rec + L1::kMinima + 2 * j);
+        const int64_t values = k4 ? LK::kValues : L1::kValues;
+        for (int i = 0; i < 32; ++i) {
+          const uint8_t byte = rec[values + 32 * (i % 16 / 4) + 4 * j + i % 4];
+          y[i] = static_cast<float>(i < 16 ? byte & 0xF : byte >> 4) * d + c;
+        }
+      }
+    }
+  }
+}
+
 void QuantizeRows(const float* x, int64_t m, int64_t k, QuantizedRows* out) {
   static const bool ready = (ggml_cpu_init(), true);  // ggml's CPU tables, before its first kernel
   (void)ready;

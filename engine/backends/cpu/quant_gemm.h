@@ -65,6 +65,9 @@ bool CanInterleave(uint32_t ggml_type, int64_t count, int64_t cols);
 // The rows (each `cols` values of ggml_type, as stored) interleaved; CanInterleave must hold.
 InterleavedRows Interleave(uint32_t ggml_type, const uint8_t* const* rows, int64_t count, int64_t cols);
 
+// Row `row` of w decoded to fp32 from its records, as ggml decodes the stored row (a tied embedding's lookup).
+void InterleavedRowToFloat(const InterleavedRows& w, int64_t row, float* out);
+
 // x [m, k] fp32 into *out; k a multiple of 32.
 void QuantizeRows(const float* x, int64_t m, int64_t k, QuantizedRows* out);
 

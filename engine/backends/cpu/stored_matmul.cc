@@ -173,7 +173,9 @@ void StoredRowToFloat(const StoredMatrix& w, int64_t row, float* out) {
   for (const StoredPart& p : w.parts) {
     const int64_t rows = static_cast<int64_t>(p.rows.size());
     if (row < rows) {
-      if (p.ggml_type == GGML_TYPE_F32) {  // ggml has no conversion to fp32 from fp32
+      if (p.interleaved.rows > 0) {  // from the records: the stored pages were given back
+        InterleavedRowToFloat(p.interleaved, row, out);
+      } else if (p.ggml_type == GGML_TYPE_F32) {  // ggml has no conversion to fp32 from fp32
         std::memcpy(out, p.rows[row], w.cols * sizeof(float));
       } else {
         ggml_get_type_traits(static_cast<ggml_type>(p.ggml_type))->to_float(p.rows[row], out, w.cols);

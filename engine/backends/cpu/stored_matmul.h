@@ -28,8 +28,8 @@ struct StoredPart {
   uint32_t ggml_type = 0;            // ggml's type numbering (GGUF's)
   std::vector<const uint8_t*> rows;  // each row's bytes, in the forward pass's row order
   int64_t row_bytes = 0;
-  // The rows interleaved for the products of steps under 32 rows (quant_gemm.h), where the format allows; then
-  // only the embedding lookup reads `rows`.
+  // The rows interleaved for the products (quant_gemm.h), where the format allows; then nothing reads `rows` (a
+  // tied embedding's lookups decode the records).
   InterleavedRows interleaved;
 };
 

@@ -121,6 +121,27 @@ TEST(InterleavedGemm, ARowsOutputsDoNotDependOnTheRowsBesideIt) {
   }
 }
 
+// A row decoded from the records (a tied embedding's lookup, once the stored pages are given back) is ggml's decoding
+// of the stored row, to the last place that one rounding of its products may move.
+TEST(InterleavedRowToFloat, DecodesEachRowAsGgmlDecodesTheStoredRow) {
+  if (!CanInterleave(GGML_TYPE_Q4_1, 8, 32)) GTEST_SKIP() << "this CPU lacks the kernels' instructions";
+  std::mt19937 rng(17);
+  for (const ggml_type type : {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K}) {
+    const int64_t rows = 16, cols = 512;
+    const Weights w = Make(type, rows, cols, rng);
+    const InterleavedRows interleaved = Interleave(type, w.rows.data(), rows, cols);
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      InterleavedRowToFloat(interleaved, r, row.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        const float want = w.decoded[r * cols + c];
+        EXPECT_NEAR(row[c], want, 2e-7f * std::abs(want) + 1e-30f)
+            << ggml_type_name(type) << " row " << r << " col " << c;
+      }
+    }
+  }
+}
+
 TEST(InterleavedGemm, TakesGroupsOfEightRowsOfWholeBlocksInItsFormats) {
   if (!CanInterleave(GGML_TYPE_Q4_1, 8, 32)) GTEST_SKIP() << "this CPU lacks the kernels' instructions";
   EXPECT_TRUE(CanInterleave(GGML_TYPE_Q5_0, 576, 1536));
