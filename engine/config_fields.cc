@@ -224,11 +224,11 @@ std::vector<ConfigField> MakeFields() {
       "the cpu backend's weights: fp32 (every weight decoded, OpenBLAS products: the reference arithmetic the "
       "parity tests trust), or as_stored (the checkpoint's own format in memory — GGUF's quantized blocks, bf16, "
       "fp16 — multiplied through llama.cpp's ggml CPU kernels, each input row quantized to 8 bits or rounded to 16 "
-      "bits; Q4_1, Q5_0 and Q8_0 interleaved at load, eight rows a record, for int8 kernels of our own (AVX-512 "
-      "VNNI or AVX2) at every step; other formats' steps of 32 or more rows decode tiles of the weights into "
-      "OpenBLAS's sgemm; the loops split over "
-      "`engine.num_threads` threads of a pinned team of our own; needs AVX2 on x86 and tensor_parallel_size 1; the "
-      "routers of mixtures stay fp32)"));
+      "bits; Q4_1, Q5_0, Q8_0 and Q4_K interleaved at load, eight rows a record, for int8 kernels of our own "
+      "(AVX-512 VNNI or AVX2) at every step; other formats' steps of 32 or more rows decode tiles of the weights "
+      "into OpenBLAS's sgemm; the loops split over `engine.num_threads` threads of a pinned team of our own; needs "
+      "AVX2 on x86 and tensor_parallel_size 1; the routers of mixtures stay fp32). The quick start's "
+      "configs/default.yaml sets as_stored"));
   {
     ConfigField tp = Int<int32_t>(
         "engine", "tensor_parallel_size", [](Config& c) -> int32_t& { return c.engine.tensor_parallel_size; }, 1, 8,
