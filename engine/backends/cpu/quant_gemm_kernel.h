@@ -63,6 +63,30 @@ __m256 Minima(const uint8_t* rec) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// The constants c of the eight rows' w = d · q + c: Q4_1's minima and Q4_K's −m as stored, Q5_0's −16 d, Q8_0's −128 d
+// where VNNI reads its values as unsigned (q + 128), else none (AVX2 takes them signed).
+template <uint32_t kType>
+__m256 Constants(const uint8_t* rec, __m256 d) {
+  if constexpr (RecordLayout<kType>::kMinimum) return Minima<kType>(rec);
+  if constexpr (kType == GGML_TYPE_Q5_0) return _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
+  return _mm256_mul_ps(d, _mm256_set1_ps(QUANT_GEMM_VNNI ? -128.0f : 0.0f));
+}
+
+// Vector v (of 4) of a nibble format's record as two vectors of values: lo (values 4v..4v+3 of each row) and hi
+// (16 + 4v..), Q5_0's fifth bits added.
+template <uint32_t kType>
+void Nibbles(const uint8_t* rec, int v, __m256i* lo, __m256i* hi) {
+  using L = RecordLayout<kType>;
+  const __m256i low = _mm256_set1_epi8(0x0f);
+  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + L::kValues + 32 * v));
+  *lo = _mm256_and_si256(packed, low);
+  *hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+  if constexpr (kType == GGML_TYPE_Q5_0) {
+    *lo = _mm256_or_si256(*lo, FifthBits(rec + L::kFifthBits + 8 * v));
+    *hi = _mm256_or_si256(*hi, FifthBits(rec + L::kFifthBits + 8 * v + 4));
+  }
+}
+
 __m256i Broadcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -80,14 +104,7 @@ void GroupTile(const uint8_t* records, const QuantizedView& x, int64_t x0, float
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = records + b * L::kBytes;
     const __m256 d = Scales<kType>(rec);
-    __m256 c;  // the rows' constants
-    if constexpr (L::kMinimum) {
-      c = Minima<kType>(rec);
-    } else if constexpr (kType == GGML_TYPE_Q5_0) {
-      c = _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
-    } else {
-      c = _mm256_mul_ps(d, _mm256_set1_ps(QUANT_GEMM_VNNI ? -128.0f : 0.0f));
-    }
+    const __m256 c = Constants<kType>(rec, d);
     const int8_t* xb[N];
     __m256i sum[N];
 #pragma GCC unroll 4
@@ -102,15 +119,10 @@ void GroupTile(const uint8_t* records, const QuantizedView& x, int64_t x0, float
         for (int i = 0; i < N; ++i) sum[i] = Dp<kType>(sum[i], w, Broadcast4(xb[i] + 4 * v));
       }
     } else {
-      const __m256i low = _mm256_set1_epi8(0x0f);
 #pragma GCC unroll 4
       for (int v = 0; v < 4; ++v) {
-        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * v));
-        __m256i lo = _mm256_and_si256(packed, low), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-        if constexpr (kType == GGML_TYPE_Q5_0) {
-          lo = _mm256_or_si256(lo, FifthBits(rec + L::kFifthBits + 8 * v));
-          hi = _mm256_or_si256(hi, FifthBits(rec + L::kFifthBits + 8 * v + 4));
-        }
+        __m256i lo, hi;
+        Nibbles<kType>(rec, v, &lo, &hi);
 #pragma GCC unroll 4
         for (int i = 0; i < N; ++i) {
           sum[i] = Dp<kType>(sum[i], lo, Broadcast4(xb[i] + 4 * v));
@@ -148,14 +160,7 @@ void GroupWide(const uint8_t* records, const QuantizedView& x, int64_t run, floa
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = records + b * L::kBytes;
     const __m256 d = Scales<kType>(rec);
-    __m256 c;
-    if constexpr (L::kMinimum) {
-      c = Minima<kType>(rec);
-    } else if constexpr (kType == GGML_TYPE_Q5_0) {
-      c = _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
-    } else {
-      c = _mm256_mul_ps(d, _mm256_set1_ps(-128.0f));
-    }
+    const __m256 c = Constants<kType>(rec, d);
     _mm256_store_ps(dw, d);
     _mm256_store_ps(cw, c);
     const uint8_t* q = rec + L::kValues;
@@ -167,15 +172,10 @@ void GroupWide(const uint8_t* records, const QuantizedView& x, int64_t run, floa
                            _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80))));
       }
     } else {
-      const __m256i low = _mm256_set1_epi8(0x0f);
 #pragma GCC unroll 4
       for (int v = 0; v < 4; ++v) {
-        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * v));
-        __m256i lo = _mm256_and_si256(packed, low), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-        if constexpr (kType == GGML_TYPE_Q5_0) {
-          lo = _mm256_or_si256(lo, FifthBits(rec + L::kFifthBits + 8 * v));
-          hi = _mm256_or_si256(hi, FifthBits(rec + L::kFifthBits + 8 * v + 4));
-        }
+        __m256i lo, hi;
+        Nibbles<kType>(rec, v, &lo, &hi);
         _mm256_store_si256(reinterpret_cast<__m256i*>(quads[v]), lo);      // values 4v..4v+3
         _mm256_store_si256(reinterpret_cast<__m256i*>(quads[4 + v]), hi);  // values 16 + 4v..
       }
