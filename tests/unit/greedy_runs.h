@@ -29,7 +29,7 @@ inline std::vector<std::vector<int32_t>> LcgPrompts(int n, uint32_t seed, int fi
 
 struct GreedyRun {
   std::vector<std::vector<int32_t>> tokens;
-  std::vector<std::vector<TokenLogprob>> logprobs;  // the chosen token's and the top 2
+  std::vector<std::vector<TokenLogprob>> logprobs;  // the chosen token's and the top 2 (RunGreedy's top_logprobs)
   MemoryPlan plan;
   EngineStats stats;  // as the run ended
 };
@@ -37,7 +37,7 @@ struct GreedyRun {
 // Each prompt's greedy continuation of max_tokens (eos ignored), all submitted at once, on the backend `factory`
 // makes (the config's without one); every block is back after.
 inline GreedyRun RunGreedy(const Config& config, const std::vector<std::vector<int32_t>>& prompts, int32_t max_tokens,
-                           const Engine::BackendFactory& factory = nullptr) {
+                           const Engine::BackendFactory& factory = nullptr, int32_t top_logprobs = 2) {
   GreedyRun run;
   auto engine = factory ? Engine::Create(config, factory) : Engine::Create(config);
   EXPECT_TRUE(engine.ok()) << engine.status();
@@ -50,7 +50,7 @@ inline GreedyRun RunGreedy(const Config& config, const std::vector<std::vector<i
     r.sampling.temperature = 0;
     r.stopping.max_tokens = max_tokens;
     r.stopping.ignore_eos = true;
-    r.top_logprobs = 2;
+    r.top_logprobs = top_logprobs;
     sinks.push_back(std::make_shared<CollectingSink>());
     r.sink = sinks.back();
     EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
