@@ -720,76 +720,35 @@ void CpuBackend::Attention(const StepInput& in, Shard& sh, int layer) {
     }
     for (int32_t t = begin; t < end; ++t) tokens.push_back({t, s});
   }
-  // The query heads that read each of this shard's KV heads (grouped-query attention), in order: a task takes a
-  // token's heads of one KV head together, so that each K and V row is read and widened once for all of them — or,
-  // where that leaves too few tasks to share among the threads (one stream of a model with one KV head), one head.
-  const int64_t kv_heads = static_cast<int64_t>(sh.tp.kv_heads.size());
-  thread_local std::vector<std::vector<int32_t>> this_threads_groups;
-  std::vector<std::vector<int32_t>>& heads_of = this_threads_groups;
-  heads_of.assign(kv_heads, {});
-  for (int64_t h = 0; h < num_heads; ++h) heads_of[sh.tp.LocalKvHead(cfg_, h)].push_back(static_cast<int32_t>(h));
-  const bool grouped = static_cast<int64_t>(tokens.size()) * kv_heads >= 4 * sh.pool->threads();
-  struct Task {
-    int32_t token, kv_head, first, count;  // heads_of[kv_head][first, first + count) of tokens[token]
-  };
-  thread_local std::vector<Task> this_threads_tasks;
-  std::vector<Task>& tasks = this_threads_tasks;
-  tasks.clear();
-  for (int32_t i = 0; i < static_cast<int32_t>(tokens.size()); ++i) {
-    for (int32_t g = 0; g < kv_heads; ++g) {
-      const int32_t n = static_cast<int32_t>(heads_of[g].size());
-      if (grouped) {
-        tasks.push_back({i, g, 0, n});
-      } else {
-        for (int32_t k = 0; k < n; ++k) tasks.push_back({i, g, k, 1});
-      }
-    }
-  }
-  sh.pool->For(static_cast<int64_t>(tasks.size()), 1, [&](int64_t first_task, int64_t last_task) {
-    thread_local std::vector<float> scores;  // [heads, positions]
-    constexpr int kMaxHeads = 64;
-    const float* q[kMaxHeads];
-    float* o[kMaxHeads];
-    float dots[kMaxHeads], mx[kMaxHeads], sum[kMaxHeads], weight[kMaxHeads];
-    for (int64_t at = first_task; at < last_task; ++at) {
-      const Task& task = tasks[at];
-      const auto [t, s] = tokens[task.token];
-      const int64_t kvh = task.kv_head;
-      const int G = task.count;
-      INFERD_CHECK(G <= kMaxHeads, "a KV head's query heads fit the attention task's arrays");
+  const int64_t pairs = static_cast<int64_t>(tokens.size()) * num_heads;  // (token, head), each one thread's
+  sh.pool->For(pairs, 1, [&](int64_t first_pair, int64_t last_pair) {
+    thread_local std::vector<float> scores;
+    for (int64_t pair = first_pair; pair < last_pair; ++pair) {
+      const auto [t, s] = tokens[pair / num_heads];
+      const int64_t h = pair % num_heads;
       const int32_t* table = pages.data() + in.kv_indptr[s];
       // Causal: this token sees positions [first, pos], first = pos - window + 1 in a sliding-window layer.
       const int32_t n_ctx = in.positions[t] + 1;
       const int32_t first = window > 0 ? std::max(0, n_ctx - window) : 0;
-      scores.resize(int64_t{G} * n_ctx);
-      for (int g = 0; g < G; ++g) {
-        const int64_t h = heads_of[kvh][task.first + g];
-        q[g] = qkv + int64_t{t} * qkv_dim + h * D;
-        o[g] = out + int64_t{t} * q_dim + h * D;
-        mx[g] = -INFINITY;
-      }
+      scores.resize(n_ctx);
+      const float* q = qkv + int64_t{t} * qkv_dim + h * D;
+      const int64_t kvh = sh.tp.LocalKvHead(cfg_, h);
+      float mx = -INFINITY;
       for (int32_t j = first; j < n_ctx; ++j) {
         const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
-        DotKvHeads(q, G, kc + (slot * kv_dim + kvh * D) * eb, D, kv_, dots);
-        for (int g = 0; g < G; ++g) {
-          float x = dots[g] * scale;
-          if (cap > 0) x = cap * std::tanh(x / cap);
-          scores[int64_t{g} * n_ctx + j] = x;
-          mx[g] = std::max(mx[g], x);
-        }
+        scores[j] = DotKv(q, kc + (slot * kv_dim + kvh * D) * eb, D, kv_) * scale;
+        if (cap > 0) scores[j] = cap * std::tanh(scores[j] / cap);
+        mx = std::max(mx, scores[j]);
       }
-      for (int g = 0; g < G; ++g) {
-        float* row = scores.data() + int64_t{g} * n_ctx;
-        sum[g] = 0;
-        for (int32_t j = first; j < n_ctx; ++j) sum[g] += (row[j] = std::exp(row[j] - mx[g]));
-        std::fill_n(o[g], D, 0.0f);
-      }
+      float sum = 0;
+      for (int32_t j = first; j < n_ctx; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
+      float* o = out + int64_t{t} * q_dim + h * D;
+      std::fill_n(o, D, 0.0f);
       for (int32_t j = first; j < n_ctx; ++j) {
         const int64_t slot = int64_t{table[j / block_size_]} * block_size_ + j % block_size_;
-        for (int g = 0; g < G; ++g) weight[g] = scores[int64_t{g} * n_ctx + j] / sum[g];
-        AxpyKvHeads(weight, G, vc + (slot * kv_dim + kvh * D) * eb, o, D, kv_);
+        AxpyKv(scores[j] / sum, vc + (slot * kv_dim + kvh * D) * eb, o, D, kv_);
       }
-      work_done_.fetch_add(G, std::memory_order_relaxed);
+      work_done_.fetch_add(1, std::memory_order_relaxed);
     }
   });
 }

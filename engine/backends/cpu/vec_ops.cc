@@ -158,91 +158,6 @@ __attribute__((target("avx2,fma,f16c"))) void AxpyKvAvx2(float alpha, const uint
     y[i] += alpha * w;
   }
 }
-
-// Eight values of a KV row of type kE from element i, as fp32.
-template <KvElement kE>
-__attribute__((target("avx2,fma,f16c"))) __m256 Row8(const void* row, int64_t i) {
-  if constexpr (kE == KvElement::kFloat32) return _mm256_loadu_ps(static_cast<const float*>(row) + i);
-  return Widen8<kE>(static_cast<const uint16_t*>(row) + i);
-}
-
-// kG heads' dot products with one row, each with DotAvx2's / DotKvAvx2's accumulators and order.
-template <KvElement kE, int kG>
-__attribute__((target("avx2,fma,f16c"))) void DotHeadsAvx2(const float* const* q, const void* k, int64_t n,
-                                                           float* out) {
-  __m256 s0[kG], s1[kG];
-  for (int g = 0; g < kG; ++g) s0[g] = _mm256_setzero_ps(), s1[g] = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
-    const __m256 k0 = Row8<kE>(k, i), k1 = Row8<kE>(k, i + kLanes);
-    for (int g = 0; g < kG; ++g) {
-      s0[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + i), k0, s0[g]);
-      s1[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + i + kLanes), k1, s1[g]);
-    }
-  }
-  for (; i + kLanes <= n; i += kLanes) {
-    const __m256 k0 = Row8<kE>(k, i);
-    for (int g = 0; g < kG; ++g) s0[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + i), k0, s0[g]);
-  }
-  for (int g = 0; g < kG; ++g) {
-    const __m256 sum = _mm256_add_ps(s0[g], s1[g]);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    out[g] = _mm_cvtss_f32(h);
-  }
-  for (; i < n; ++i) {
-    float w;
-    LoadKv(static_cast<const uint8_t*>(k) + i * KvElementBytes(kE), &w, 1, kE);
-    for (int g = 0; g < kG; ++g) out[g] += q[g][i] * w;
-  }
-}
-
-// kG heads' y += alpha · v with one row, each as AxpyAvx2 / AxpyKvAvx2 computes it.
-template <KvElement kE, int kG>
-__attribute__((target("avx2,fma,f16c"))) void AxpyHeadsAvx2(const float* alpha, const void* v, float* const* y,
-                                                            int64_t n) {
-  __m256 a[kG];
-  for (int g = 0; g < kG; ++g) a[g] = _mm256_set1_ps(alpha[g]);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const __m256 v8 = Row8<kE>(v, i);
-    for (int g = 0; g < kG; ++g) _mm256_storeu_ps(y[g] + i, _mm256_fmadd_ps(a[g], v8, _mm256_loadu_ps(y[g] + i)));
-  }
-  for (; i < n; ++i) {
-    float w;
-    LoadKv(static_cast<const uint8_t*>(v) + i * KvElementBytes(kE), &w, 1, kE);
-    for (int g = 0; g < kG; ++g) y[g][i] += alpha[g] * w;
-  }
-}
-
-// Heads in fours, then the rest.
-template <KvElement kE>
-void DotHeads(const float* const* q, int heads, const void* k, int64_t n, float* out) {
-  int g = 0;
-  for (; g + 4 <= heads; g += 4) DotHeadsAvx2<kE, 4>(q + g, k, n, out + g);
-  switch (heads - g) {
-    case 3:
-      return DotHeadsAvx2<kE, 3>(q + g, k, n, out + g);
-    case 2:
-      return DotHeadsAvx2<kE, 2>(q + g, k, n, out + g);
-    case 1:
-      return DotHeadsAvx2<kE, 1>(q + g, k, n, out + g);
-  }
-}
-template <KvElement kE>
-void AxpyHeads(const float* alpha, int heads, const void* v, float* const* y, int64_t n) {
-  int g = 0;
-  for (; g + 4 <= heads; g += 4) AxpyHeadsAvx2<kE, 4>(alpha + g, v, y + g, n);
-  switch (heads - g) {
-    case 3:
-      return AxpyHeadsAvx2<kE, 3>(alpha + g, v, y + g, n);
-    case 2:
-      return AxpyHeadsAvx2<kE, 2>(alpha + g, v, y + g, n);
-    case 1:
-      return AxpyHeadsAvx2<kE, 1>(alpha + g, v, y + g, n);
-  }
-}
 #endif
 
 float DotPlain(const float* a, const float* b, int64_t n) {
@@ -356,38 +271,6 @@ void GatedMul(Gated act, const float* gate, const float* up, float* out, int64_t
   if (HasAvx2Fma()) return GatedMulAvx2(act, gate, up, out, n);
 #endif
   GatedMulPlain(act, gate, up, out, n);
-}
-
-void DotKvHeads(const float* const* q, int heads, const void* k, int64_t n, KvElement e, float* out) {
-#if defined(__x86_64__)
-  if (HasF16c()) {
-    switch (e) {
-      case KvElement::kFloat32:
-        return DotHeads<KvElement::kFloat32>(q, heads, k, n, out);
-      case KvElement::kFloat16:
-        return DotHeads<KvElement::kFloat16>(q, heads, k, n, out);
-      case KvElement::kBfloat16:
-        return DotHeads<KvElement::kBfloat16>(q, heads, k, n, out);
-    }
-  }
-#endif
-  for (int g = 0; g < heads; ++g) out[g] = DotKv(q[g], k, n, e);
-}
-
-void AxpyKvHeads(const float* alpha, int heads, const void* v, float* const* y, int64_t n, KvElement e) {
-#if defined(__x86_64__)
-  if (HasF16c()) {
-    switch (e) {
-      case KvElement::kFloat32:
-        return AxpyHeads<KvElement::kFloat32>(alpha, heads, v, y, n);
-      case KvElement::kFloat16:
-        return AxpyHeads<KvElement::kFloat16>(alpha, heads, v, y, n);
-      case KvElement::kBfloat16:
-        return AxpyHeads<KvElement::kBfloat16>(alpha, heads, v, y, n);
-    }
-  }
-#endif
-  for (int g = 0; g < heads; ++g) AxpyKv(alpha[g], v, y[g], n, e);
 }
 
 float Dot(const float* a, const float* b, int64_t n) {

@@ -32,12 +32,6 @@ void GatedMul(Gated act, const float* gate, const float* up, float* out, int64_t
 float DotKv(const float* q, const void* k, int64_t n, KvElement e);
 void AxpyKv(float alpha, const void* v, float* y, int64_t n, KvElement e);
 
-// The same for the query heads that share one KV head (grouped-query attention), each K or V row read and widened
-// once: out[g] = Σ q[g][i]·k[i], and y[g][i] += alpha[g] · v[i], for g < heads (any number). Each head's sum is
-// DotKv's / AxpyKv's, in the same order.
-void DotKvHeads(const float* const* q, int heads, const void* k, int64_t n, KvElement e, float* out);
-void AxpyKvHeads(const float* alpha, int heads, const void* v, float* const* y, int64_t n, KvElement e);
-
 // n values into (StoreKv) or out of (LoadKv) a KV row of type e.
 void StoreKv(const float* x, void* row, int64_t n, KvElement e);
 void LoadKv(const void* row, float* y, int64_t n, KvElement e);

@@ -2,8 +2,7 @@
 // as they are written, widened exactly as attention reads them): the row kernels against the fp32 arithmetic of the
 // rounded values on odd lengths; whole models' greedy runs against the float32 cache (the same fp32 weights) through
 // the real engine — prompts prefilled in blocks (BlockedAttention) and in chunks beside decodes, which read the cache
-// a row at a time — with tokens equal until a near-tie and chosen logprobs close; half the bytes a block; a KV
-// head's query heads read at once equal to each alone.
+// a row at a time — with tokens equal until a near-tie and chosen logprobs close; half the bytes a block.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -63,43 +62,6 @@ TEST_P(KvRows, RoundToNearestAndDotAndAxpyReadTheRoundedValues) {
   StoreKv(exact.data(), row.data(), static_cast<int64_t>(exact.size()), e);
   LoadKv(row.data(), back.data(), static_cast<int64_t>(exact.size()), e);
   EXPECT_EQ(back, exact) << KvElementName(e);
-}
-
-// The heads of one KV head at once (grouped-query attention) give each head's DotKv and AxpyKv bits exactly, for
-// any number of heads (fours and the rest) and odd row lengths, fp32 rows too.
-TEST(KvRowsHeads, EqualEachHeadAlone) {
-  std::mt19937 rng(23);
-  std::normal_distribution<float> d(0.f, 1.f);
-  for (const KvElement e : {KvElement::kFloat32, KvElement::kFloat16, KvElement::kBfloat16}) {
-    for (const int64_t n : {7, 16, 64, 131}) {
-      std::vector<float> x(n);
-      for (float& v : x) v = d(rng);
-      std::vector<uint8_t> row(n * KvElementBytes(e));
-      StoreKv(x.data(), row.data(), n, e);
-      for (const int heads : {1, 3, 4, 7, 9}) {
-        std::vector<std::vector<float>> q(heads, std::vector<float>(n)), y(heads, std::vector<float>(n));
-        std::vector<const float*> qp;
-        std::vector<float*> yp;
-        std::vector<float> alpha(heads), dots(heads);
-        for (int g = 0; g < heads; ++g) {
-          for (float& v : q[g]) v = d(rng);
-          for (float& v : y[g]) v = d(rng);
-          qp.push_back(q[g].data());
-          yp.push_back(y[g].data());
-          alpha[g] = d(rng);
-        }
-        const std::vector<std::vector<float>> y0 = y;
-        DotKvHeads(qp.data(), heads, row.data(), n, e, dots.data());
-        AxpyKvHeads(alpha.data(), heads, row.data(), yp.data(), n, e);
-        for (int g = 0; g < heads; ++g) {
-          EXPECT_EQ(dots[g], DotKv(q[g].data(), row.data(), n, e)) << KvElementName(e) << " n " << n << " head " << g;
-          std::vector<float> alone = y0[g];
-          AxpyKv(alpha[g], row.data(), alone.data(), n, e);
-          EXPECT_EQ(y[g], alone) << KvElementName(e) << " n " << n << " head " << g;
-        }
-      }
-    }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, KvRows, ::testing::Values(KvElement::kFloat16, KvElement::kBfloat16),
