@@ -27,7 +27,7 @@ namespace {
 constexpr int kTileX = 4;  // input rows a pass over a group's records takes
 
 // 0x10 in byte n where bit n of the 32 bits at p is set.
-__m256i FifthBits(const uint8_t* p) {
+__attribute__((always_inline)) inline __m256i FifthBits(const uint8_t* p) {
   uint32_t bits;
   std::memcpy(&bits, p, 4);
   // Byte n takes the bits' byte n / 8, then keeps bit n % 8 of it.
@@ -66,7 +66,7 @@ __m256 Minima(const uint8_t* rec) {
 // The constants c of the eight rows' w = d · q + c: Q4_1's minima and Q4_K's −m as stored, Q5_0's −16 d, Q8_0's −128 d
 // where VNNI reads its values as unsigned (q + 128), else none (AVX2 takes them signed).
 template <uint32_t kType>
-__m256 Constants(const uint8_t* rec, __m256 d) {
+__attribute__((always_inline)) inline __m256 Constants(const uint8_t* rec, __m256 d) {
   if constexpr (RecordLayout<kType>::kMinimum) return Minima<kType>(rec);
   if constexpr (kType == GGML_TYPE_Q5_0) return _mm256_mul_ps(d, _mm256_set1_ps(-16.0f));
   return _mm256_mul_ps(d, _mm256_set1_ps(QUANT_GEMM_VNNI ? -128.0f : 0.0f));
@@ -75,7 +75,7 @@ __m256 Constants(const uint8_t* rec, __m256 d) {
 // Vector v (of 4) of a nibble format's record as two vectors of values: lo (values 4v..4v+3 of each row) and hi
 // (16 + 4v..), Q5_0's fifth bits added.
 template <uint32_t kType>
-void Nibbles(const uint8_t* rec, int v, __m256i* lo, __m256i* hi) {
+__attribute__((always_inline)) inline void Nibbles(const uint8_t* rec, int v, __m256i* lo, __m256i* hi) {
   using L = RecordLayout<kType>;
   const __m256i low = _mm256_set1_epi8(0x0f);
   const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + L::kValues + 32 * v));
