@@ -237,7 +237,8 @@ void QuantizeRows(const float* x, int64_t m, int64_t k, QuantizedRows* out) {
       out->scaled_sum[i * blocks + b] = scale * static_cast<float>(sum);
     }
   }
-  out->wide_rows = m / kWideRows * kWideRows;
+  // The runs of 16 only where their kernel runs (AVX-512 VNNI); the AVX2 kernels read the rows as above.
+  out->wide_rows = Available() == Isa::kAvx512Vnni ? m / kWideRows * kWideRows : 0;
   out->wide_values.resize(out->wide_rows * blocks * 32);
   out->wide_scale.resize(out->wide_rows * blocks);
   out->wide_scaled_sum.resize(out->wide_rows * blocks);

@@ -23,9 +23,9 @@ namespace inferd {
 
 // Rows of X quantized for InterleavedGemm: 32-value blocks, each int8 values, its scale and its scale × the values'
 // sum.
-// The first wide_rows (a multiple of kWideRows) again in runs of kWideRows rows, as the AVX-512 kernel reads them:
-// run R's block b holds, for each four values v of the block, the kWideRows rows' four (one 64-byte vector), then the
-// rows' scales and scaled sums.
+// On CPUs with AVX-512 VNNI, the first wide_rows (a multiple of kWideRows) again in runs of kWideRows rows, as its
+// kernel reads them: run R's block b holds, for each four values v of the block, the kWideRows rows' four (one
+// 64-byte vector), then the rows' scales and scaled sums.
 inline constexpr int64_t kWideRows = 16;
 struct QuantizedRows {
   std::vector<int8_t> values;  // [rows, blocks * 32]
