@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "kernels/cp_async.cuh"
 #include "kernels/decode_attention.h"
 #include "kernels/dependent_launch.cuh"
 #include "kernels/float_convert.cuh"
@@ -32,19 +33,6 @@ struct Smem {
   static constexpr size_t kO = kQ;
   static constexpr size_t kBytes = kKv + kQ + kP + kO + 2 * kDecodeAttentionMaxGroup * sizeof(float);
 };
-
-__device__ __forceinline__ void CopyAsync16(void* shared, const void* global, bool valid) {
-  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(global), "r"(valid ? 16 : 0)
-               : "memory");  // src-size 0: zeros, nothing read
-}
-__device__ __forceinline__ void CommitCopies() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void WaitCopies() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
 
 __device__ __forceinline__ float WarpMax(float v) {
 #pragma unroll

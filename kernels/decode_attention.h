@@ -8,6 +8,8 @@
 // of T (not fp8) and no sliding window.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,5 +35,17 @@ cudaError_t RunDecodeAttention(const T* q, int64_t q_row_stride, const T* k_cach
                                T* out, int32_t num_rows, int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim,
                                int32_t page_size, float sm_scale, bool early_launch, cudaStream_t stream,
                                float soft_cap = 0.f);
+
+// The same result for decode rows over an fp8 e4m3 cache (bf16 queries; K / k_scale and V / v_scale as the cache
+// holds them, read with sm_scale = k_scale / √head_dim and v_scale, as RunPagedAttention), for steps of many rows:
+// a block per (row, KV head) whose four warps share the row's tokens and score them on the tensor cores, K and V
+// converted to f16 exactly (kernels/decode_attention_fp8.cu). No plan, no workspace, no split of a row's tokens
+// over blocks, so it suits steps whose (row, KV head) pairs fill the GPU (DecodeKvUnsplit).
+bool DecodeAttentionFp8Supports(int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim);
+cudaError_t RunDecodeAttentionFp8(const __nv_bfloat16* q, int64_t q_row_stride, const __nv_fp8_e4m3* k_cache,
+                                  const __nv_fp8_e4m3* v_cache, const int32_t* kv_indptr, const int32_t* kv_indices,
+                                  const int32_t* kv_last_page_len, __nv_bfloat16* out, int32_t num_rows,
+                                  int32_t num_qo_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_size,
+                                  float sm_scale, float v_scale, bool early_launch, cudaStream_t stream);
 
 }  // namespace inferd::kernels

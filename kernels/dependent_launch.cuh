@@ -26,21 +26,30 @@ __device__ __forceinline__ void WaitForPrerequisites() {
 #endif
 }
 
+// Host: launches kernel with smem_bytes of dynamic shared memory, as a programmatic dependent of the kernel before
+// it on `stream` where `early` and DependentLaunchAllowed (else in plain stream order).
+template <typename... Params, typename... Args>
+cudaError_t LaunchMaybeDependent(bool early, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                                 cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = early && DependentLaunchAllowed() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 // Host: launches kernel as a programmatic dependent of the kernel before it on `stream` where DependentLaunchAllowed
 // (else in plain stream order); the kernel must call WaitForPrerequisites() before it touches memory that kernel
 // reads or writes.
 template <typename... Params, typename... Args>
 cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.stream = stream;
-  cudaLaunchAttribute early;
-  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  early.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &early;
-  config.numAttrs = DependentLaunchAllowed() ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  return LaunchMaybeDependent(true, kernel, grid, block, 0, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace inferd::kernels

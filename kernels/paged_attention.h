@@ -33,6 +33,9 @@ enum class AttentionKernel : int32_t { kAmpere = 0, kHopper = 1 };
 struct AttentionPlan {
   int64_t words[15] = {};
   AttentionKernel kernel = AttentionKernel::kAmpere;
+  // A decode graph's plan with unsplit KV (one query row a sequence): over an fp8 cache RunPagedAttention runs
+  // RunDecodeAttentionFp8 (kernels/decode_attention.h) instead, where it serves the shape.
+  bool decode_unsplit = false;
 };
 
 // Whether the Hopper prefill kernel can run on `device` from this build (sm_90a code on a 9.0 GPU).

@@ -90,6 +90,7 @@ cudaError_t PlanPagedAttention(void* float_workspace, void* int_workspace, void*
     if (err != cudaSuccess) return err;
     const std::vector<int64_t> words = info.ToVector();
     for (size_t i = 0; i < words.size() && i < 15; ++i) plan->words[i] = words[i];
+    plan->decode_unsplit = decode_graph && unsplit_kv && num_tokens == num_seqs;
     return cudaSuccess;
   } catch (...) {
     return cudaErrorInvalidConfiguration;  // FlashInfer reports some planning failures by throwing

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/decode_attention.h"
 #include "kernels/dependent_launch.cuh"
 #include "kernels/paged_attention.h"
 
@@ -178,6 +179,14 @@ cudaError_t RunPagedAttention(const AttentionPlan& plan, void* float_workspace, 
                               head_dim, page_size, sm_scale, stream);
     }
     return cudaErrorInvalidValue;
+  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && std::is_same_v<C, __nv_fp8_e4m3>) {
+    if (plan.decode_unsplit && window_left < 0 && logits_soft_cap == 0.f &&
+        DecodeAttentionFp8Supports(num_qo_heads, num_kv_heads, head_dim)) {
+      return RunDecodeAttentionFp8(q, q_row_stride, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out,
+                                   num_seqs, num_qo_heads, num_kv_heads, head_dim, page_size, sm_scale, v_scale,
+                                   early_launch, stream);
+    }
   }
   if (logits_soft_cap > 0.f) {
     if constexpr (std::is_same_v<T, C>) {

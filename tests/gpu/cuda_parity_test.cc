@@ -815,10 +815,12 @@ INSTANTIATE_TEST_SUITE_P(Models, Fp8Sharp,
 std::vector<std::shared_ptr<testing::CollectingSink>> DecodeMany(const std::string& model_dir, bool cuda_graphs,
                                                                  int32_t n, int32_t steps,
                                                                  const std::string& plan_ahead = "auto",
-                                                                 const std::string& backend = "cuda") {
+                                                                 const std::string& backend = "cuda",
+                                                                 const std::string& kv_cache_dtype = "auto") {
   Config config;
   config.model.path = model_dir;
   config.engine.backend = backend;
+  config.engine.kv_cache_dtype = kv_cache_dtype;
   config.engine.cuda_graphs = cuda_graphs;
   config.engine.plan_ahead = plan_ahead;
   config.engine.gpu_memory_utilization = 0.3;
@@ -847,18 +849,23 @@ std::vector<std::shared_ptr<testing::CollectingSink>> DecodeMany(const std::stri
 
 // 80 rows of 2 KV heads fill 132 SMs with like-length contexts: their decode steps replay the bucket's graph with
 // unsplit KV attention, which must pick the tokens the kernels launched one by one pick (FlashInfer's own split).
+// Over an fp8 cache the graphs run kernels/decode_attention.h's tensor-core kernel, whose probabilities are f16
+// where FlashInfer's are bf16: the two part at near-ties (H200: 8 of 80 requests, at eager top-2 margins of
+// 0.0004–0.063), so there the comparison stops at a margin of 0.1, the parity tests' threshold.
 TEST(CudaBackend, DecodeGraphsWithUnsplitKvAttentionPickTheTokensOfEagerSteps) {
   const char* dir = std::getenv("INFERD_GPU_MODELS");
   if (!dir) GTEST_SKIP() << "INFERD_GPU_MODELS is not set (scripts/gpu_run.sh sets it)";
-  const std::string model_dir = std::string(dir) + "/qwen2-hd128";  // 2 KV heads
+  const std::string model_dir = std::string(dir) + "/qwen2-hd128";  // 2 KV heads, bf16
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   const int32_t n = 80;
   if (n * 2 < sms) GTEST_SKIP() << n << " rows of 2 KV heads do not fill " << sms << " SMs";
-  const auto graphs = DecodeMany(model_dir, true, n, 12);
-  const auto eager = DecodeMany(model_dir, false, n, 12);
-  EXPECT_GT(testing::SameTokensUntilANearTie(graphs, eager, 0.05), n * 10 / 2)
-      << "most positions are compared, not skipped";
+  for (const std::string kv : {"auto", "fp8_e4m3"}) {
+    const auto graphs = DecodeMany(model_dir, true, n, 12, "auto", "cuda", kv);
+    const auto eager = DecodeMany(model_dir, false, n, 12, "auto", "cuda", kv);
+    EXPECT_GT(testing::SameTokensUntilANearTie(graphs, eager, kv == "auto" ? 0.05 : 0.1), n * 10 / 2)
+        << "most positions are compared, not skipped (KV cache " << kv << ")";
+  }
 }
 
 // Planned ahead, each decode step reads the tokens the step before it sampled on the device (the embedding

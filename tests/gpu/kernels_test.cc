@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 #include <tuple>
 
@@ -477,6 +478,27 @@ TEST_P(PagedAttentionTest, MatchesCausalReferenceOnShuffledPages) {
   const std::vector<double> ref = testing::PagedAttentionReference(
       q, q_stride, k, v, c.seqs, qo_indptr, kv_indptr, pages, bs, c.heads, c.kv_heads, D, scale, c.window, c.soft_cap);
   EXPECT_LT(RelError(FromBf16(out.Host()), ref), 1e-2);
+  // The decode graph's unsplit plan over an fp8 cache runs the tensor-core decode kernel (above); that kernel alone
+  // on every case of decode rows over an fp8 cache too.
+  EXPECT_EQ(plan.decode_unsplit, c.decode_graph && c.unsplit_kv && T == S);
+  if (T == S && c.fp8_kv && kernels::DecodeAttentionFp8Supports(c.heads, c.kv_heads, D)) {
+    Dev<bf16> fp8_out(T * int64_t{c.heads} * D);
+    CUDA_OK(kernels::RunDecodeAttentionFp8(dq.get(), q_stride, dk8.get(), dv8.get(), d_kv.get(), d_pages.get(),
+                                           d_last.get(), fp8_out.get(), S, c.heads, c.kv_heads, D, bs,
+                                           scale * c.k_scale, c.v_scale, /*early_launch=*/false, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<float> got = FromBf16(fp8_out.Host());
+    EXPECT_LT(RelError(got, ref), 1e-2) << "the fp8 decode kernel";
+    // Row by row too: one row's error (a token left out or counted twice) hides in the whole step's norm.
+    const int64_t row = int64_t{c.heads} * D;
+    double worst = 0;
+    for (int32_t r = 0; r < T; ++r) {
+      worst = std::max(worst, RelError(std::vector<float>(got.begin() + r * row, got.begin() + (r + 1) * row),
+                                       std::vector<double>(ref.begin() + r * row, ref.begin() + (r + 1) * row)));
+    }
+    EXPECT_LT(worst, 1e-2) << "the fp8 decode kernel's worst row";
+    std::printf("[ fp8 decode ] %d rows, worst row's relative error %.2e\n", T, worst);
+  }
   // Rows of one query token over a bf16 cache without a window: the one-launch decode kernel too, in bf16 and fp16.
   const bool decode_rows = T == S && !c.fp8_kv && c.window == 0;
   if (decode_rows && kernels::DecodeAttentionSupports(c.heads, c.kv_heads, D)) {
@@ -576,9 +598,16 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{128, 32, 8, 16, ManyDecodeRows(67), true, true, true},
         AttentionCase{128, 16, 4, 16, ManyDecodeRows(200), false, false, true},
         AttentionCase{128, 32, 4, 16, {{5000, 1}, {33, 1}}, false, false, true},
+        // decode rows over an fp8 cache for the tensor-core decode kernel: groups 1, 7 and 8 (head_dim 256, odd
+        // pages), pages of one token, a context of one run's tokens and one past it, many rows under the unsplit plan
+        AttentionCase{128, 8, 8, 1, {{1, 1}, {17, 1}, {97, 1}}, false, false, true},
+        AttentionCase{128, 14, 2, 16, {{700, 1}, {1, 1}, {16, 1}, {33, 1}}, false, false, true},
+        AttentionCase{256, 16, 2, 8, {{640, 1}, {1152, 1}, {5, 1}}, true, true, true},
+        AttentionCase{128, 32, 8, 16, ManyDecodeRows(300), true, true, true},
         // an fp8 cache with the checkpoint's scales: prefill chunks and decodes; the decode graph's split plan
         AttentionCase{128, 8, 2, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}, false, false, true, 0.05f, 3.f},
         AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true, false, true, 2.5f, 0.02f},
+        AttentionCase{128, 6, 2, 16, {{3001, 1}, {1, 1}, {250, 1}, {17, 1}, {16, 1}}, true, true, true, 0.05f, 3.f},
         // sliding windows (a cache of bf16), planned with the window: prefill chunks longer than the window and
         // decodes, head_dim 256 with one KV head (Gemma 3 270M), the decode graph's split and unsplit plans, a
         // window of one token, and long contexts whose KV the plan splits in chunks sized by the window (one and two
