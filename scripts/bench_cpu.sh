@@ -14,10 +14,11 @@ cd "$(dirname "$0")/.."
 model=${1:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 threads=${2:-$(nproc)}
 bash scripts/fetch_ggml.sh --llama-cpp
-if [[ ! -x build-llama/bin/llama-server ]]; then
+# Also llama-quantize and llama-perplexity, for the README's 8-bit comparisons (not run here).
+if [[ ! -x build-llama/bin/llama-server || ! -x build-llama/bin/llama-perplexity ]]; then
   cmake -S third_party/llama.cpp -B build-llama -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
-  cmake --build build-llama --target llama-bench llama-batched-bench llama-server
+  cmake --build build-llama --target llama-bench llama-batched-bench llama-server llama-quantize llama-perplexity
 fi
 # One served run: the OpenAI API at 127.0.0.1:$1, concurrency $2, twice that many prompts of 128 tokens, 128 out.
 serve() {
