@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 model=${1:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 threads=${2:-$(nproc)}
 bash scripts/fetch_ggml.sh --llama-cpp
-# Also llama-quantize and llama-perplexity, for the README's 8-bit comparisons (not run here).
+# Also llama-quantize and llama-perplexity, for the README's 8-bit comparison (this script does not run them).
 if [[ ! -x build-llama/bin/llama-server || ! -x build-llama/bin/llama-perplexity ]]; then
   cmake -S third_party/llama.cpp -B build-llama -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
