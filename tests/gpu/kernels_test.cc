@@ -604,7 +604,8 @@ INSTANTIATE_TEST_SUITE_P(
         AttentionCase{128, 14, 2, 16, {{700, 1}, {1, 1}, {16, 1}, {33, 1}}, false, false, true},
         AttentionCase{256, 16, 2, 8, {{640, 1}, {1152, 1}, {5, 1}}, true, true, true},
         AttentionCase{128, 32, 8, 16, ManyDecodeRows(300), true, true, true},
-        // an fp8 cache with the checkpoint's scales: prefill chunks and decodes; the decode graph's split plan
+        // an fp8 cache with the checkpoint's scales: prefill chunks and decodes; the decode graph's split and
+        // unsplit plans
         AttentionCase{128, 8, 2, 16, {{300, 300}, {97, 1}, {120, 17}, {1, 1}}, false, false, true, 0.05f, 3.f},
         AttentionCase{128, 32, 8, 16, {{1, 1}, {300, 1}, {2048, 1}, {17, 1}}, true, false, true, 2.5f, 0.02f},
         AttentionCase{128, 6, 2, 16, {{3001, 1}, {1, 1}, {250, 1}, {17, 1}, {16, 1}}, true, true, true, 0.05f, 3.f},
