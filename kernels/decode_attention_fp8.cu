@@ -26,6 +26,7 @@
 #include "kernels/dependent_launch.cuh"
 #include "kernels/float_convert.cuh"
 #include "kernels/fp8.h"
+#include "kernels/gemv_tiles.cuh"  // Fp8PairToHalf2
 
 namespace inferd::kernels {
 namespace {
@@ -49,18 +50,13 @@ struct RunSmem {
   static_assert(kWarps * (kMmaRows * D + 2 * kMmaRows) * 4 <= kBytes);
 };
 
-// Two e4m3 values (the low 16 bits of `pair`, the first in the low byte) as an f16 pair, exactly.
-__device__ __forceinline__ uint32_t E4m3PairToHalf2(uint32_t pair) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-  return uint32_t{h.x} | uint32_t{h.y} << 16;
-}
-
 __device__ __forceinline__ uint32_t Half2Bits(__half2 h) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 // d (rows g of the tile) += A · B, m16n8k16 with f16 operands and fp32 sums; A's rows 8–15 are zero, so their sums
-// are dropped. a0, a2: A's k 2t..2t+1 and 2t+8..2t+9 of row g; b0, b1: B's fragment.
+// are dropped (gemv_tiles.cuh's Mma16816 keeps them: 32 more registers a lane at head dim 128). a0, a2:
+// A's k 2t..2t+1 and 2t+8..2t+9 of row g; b0, b1: B's fragment.
 __device__ __forceinline__ void MmaTopRows(float (&d)[2], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   float dropped[2] = {0.f, 0.f};
@@ -200,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 3 : 2)
       LoadMatrices<false>(r, ks + b * 16);
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
-        MmaTopRows(s[x & 1], qa[b + x / 2][0], qa[b + x / 2][1], E4m3PairToHalf2(r[x]), E4m3PairToHalf2(r[x] >> 16));
+        MmaTopRows(s[x & 1], qa[b + x / 2][0], qa[b + x / 2][1], Fp8PairToHalf2(r[x], 0), Fp8PairToHalf2(r[x], 1));
       }
     }
     const int32_t t0 = (warp + i * kWarps) * kRun;
@@ -244,10 +240,10 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 3 : 2)
 #pragma unroll
       for (int y = 0; y < 2; ++y) {
         const uint32_t lo = r[2 * y], hi = r[2 * y + 1];  // bytes: (token 2t: dim 2g, 2g+1), (token 2t+1: same)
-        MmaTopRows(o[b + y][0], pa0, pa2, E4m3PairToHalf2(__byte_perm(lo, 0, 0x0020)),
-                   E4m3PairToHalf2(__byte_perm(hi, 0, 0x0020)));
-        MmaTopRows(o[b + y][1], pa0, pa2, E4m3PairToHalf2(__byte_perm(lo, 0, 0x0031)),
-                   E4m3PairToHalf2(__byte_perm(hi, 0, 0x0031)));
+        MmaTopRows(o[b + y][0], pa0, pa2, Fp8PairToHalf2(__byte_perm(lo, 0, 0x0020), 0),
+                   Fp8PairToHalf2(__byte_perm(hi, 0, 0x0020), 0));
+        MmaTopRows(o[b + y][1], pa0, pa2, Fp8PairToHalf2(__byte_perm(lo, 0, 0x0031), 0),
+                   Fp8PairToHalf2(__byte_perm(hi, 0, 0x0031), 0));
       }
     }
     __syncwarp();  // every lane is done with the stage the next run's copies overwrite
