@@ -45,7 +45,7 @@ constexpr int64_t kPeerCallBytes = (2 + kPeerMaxRanks) * sizeof(uint32_t);
 constexpr int64_t kNcclBytesPerPeer = int64_t{867} << 20;
 
 // The experts' grouped GEMM (moe_grouped_gemm.h): its groups' shapes, pointers and strides and CUTLASS's own
-// workspace, a bound (the real size, MoeGroupedGemmWorkspaceBytes, was 35–75 KB for 8–512 experts on 132–170
+// workspace, a bound (the real size, MoeGroupedGemmWorkspaceBytes, is 86–140 KB for 8–512 experts on 132–170
 // multiprocessors; the backend checks it at start-up and leaves the grouped GEMM unused where it would not fit).
 constexpr int64_t kMoeGroupedGemmWorkspaceBytes = int64_t{1} << 20;
 

@@ -28,7 +28,8 @@ namespace k = kernels;
 // for long runs) or MoeGroupedGemm (CUTLASS's grouped GEMM, Hopper).
 enum class Kernel { kGemv, kTiles, kGrouped };
 
-// short_runs: the grouped GEMM told the step's slots (its schedule for runs under 128 rows on average).
+// short_runs: the grouped GEMM told the step's slots (its tiles then chosen by the runs' average length; else
+// prefill's).
 template <typename T>
 void Check(const std::vector<int32_t>& counts, int64_t n, int64_t kdim, Kernel kernel = Kernel::kGemv,
            bool short_runs = false) {
@@ -130,17 +131,21 @@ TEST(MoeExpertGemm, EachExpertsLongRunTimesItsOwnWeights) {
 }
 
 // The same long runs through CUTLASS's grouped GEMM, where the GPU has it (sm_90a): runs of 0, 1, a tile (128) and
-// a row, many tiles; widths of a tile and not (96, 200), k of one step (64) to many, and no slots at all; both
-// schedules (pairs along M, and along N for short runs).
+// a row, many tiles; widths of a tile and not (96, 200), k of one step (64) to many, and no slots at all; every
+// tier of kernels/moe_grouped_gemm.cu (slots 0: the long runs' tiles; 629 slots: 78 rows an expert; a decode step's
+// 28 slots: 3.5).
 TEST(MoeGroupedGemm, EachExpertsLongRunTimesItsOwnWeights) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   if (!k::MoeGroupedGemmAvailable(0)) GTEST_SKIP() << "not a Hopper GPU (sm_90a)";
   const std::vector<int32_t> counts = {0, 1, 128, 129, 0, 300, 7, 64};  // 629 slots: under 128 an expert
+  const std::vector<int32_t> few = {0, 1, 2, 13, 0, 3, 8, 1};           // 28 slots: under 32 an expert
   for (auto [n, kdim] : {std::pair<int64_t, int64_t>{96, 64}, {200, 72}, {512, 1024}, {768, 2048}}) {
     for (bool short_runs : {false, true}) {
       Check<__nv_bfloat16>(counts, n, kdim, Kernel::kGrouped, short_runs);
       Check<__half>(counts, n, kdim, Kernel::kGrouped, short_runs);
     }
+    Check<__nv_bfloat16>(few, n, kdim, Kernel::kGrouped, /*short_runs=*/true);
+    Check<__half>(few, n, kdim, Kernel::kGrouped, /*short_runs=*/true);
   }
   Check<__nv_bfloat16>(std::vector<int32_t>(128, 0), 64, 64, Kernel::kGrouped);
   alignas(16) static __nv_bfloat16 host[64];
