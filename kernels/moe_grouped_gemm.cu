@@ -25,20 +25,15 @@ using CutlassOf =
                        std::conditional_t<std::is_same_v<T, __half>, cutlass::half_t,
                                           std::conditional_t<std::is_same_v<T, Fp8>, cutlass::float_e4m3_t, float>>>;
 
-// How a step's runs are tiled, by their average length (measured per tier: kernels/NOTES.md).
-//   kFew (under 32 rows an expert: decode batches): one M tile a run, so CTA pairs go along N (two weight tiles of
-//     one expert sharing its rows' tile); the tiles stored from registers.
-//   kSome (32-127 rows: short prompts): the same pairs, the tiles stored through shared memory by TMA (the
-//     epilogue's own per-group descriptors).
-//   kMany (128 or more: prefill): pairs along M sharing each weight tile, as FlashInfer's SM90 segment GEMM takes
-//     them, tiles twice as wide (128 x 256), stored by TMA.
-enum class Runs { kFew, kSome, kMany };
-
-// One GEMM type per input and output element and tier: 128-row tiles, k of 64 (128 for e4m3 inputs: the same bytes
-// a stage), the cooperative warp-specialised schedule (two consumer warp groups on one tile). e4m3 inputs take
-// CUTLASS's fast-accumulation FP8 main loop (the tensor cores' own accumulation, as the dense fp8 products:
-// kernels/fp8_gemm_kernel.cuh).
-template <typename In, typename Out, Runs kRuns>
+// One GEMM type per input and output element and run length: 128-row tiles, k of 64 (128 for e4m3 inputs: the same
+// bytes a stage), the cooperative warp-specialised schedule (two consumer warp groups on one tile), CTA pairs along
+// N (two weight tiles of one expert sharing its rows' tile; pairs along M, FlashInfer's choice for its segment GEMM,
+// measured 2% slower at prefill's runs of ~256 rows). kFew, a step's runs under 32 rows an expert on average (decode
+// batches): 128 x 128 tiles stored straight from registers. Else 128 x 256 tiles stored through shared memory by
+// TMA (the epilogue's own per-group descriptors), which win from 32 rows an expert and lose a little below it
+// (kernels/NOTES.md). e4m3 inputs take CUTLASS's fast-accumulation FP8 main loop (the tensor cores' own
+// accumulation, as the dense fp8 products: kernels/fp8_gemm_kernel.cuh).
+template <typename In, typename Out, bool kFew>
 struct Grouped {
   using ElementIn = CutlassOf<In>;
   using ElementOut = CutlassOf<Out>;
@@ -49,13 +44,13 @@ struct Grouped {
   static constexpr int kAlignIn = 128 / cutlass::sizeof_bits<ElementIn>::value;
   static constexpr int kAlignOut = 128 / cutlass::sizeof_bits<ElementOut>::value;
   using TileK = std::conditional_t<sizeof(In) == 1, _128, _64>;
-  using TileShape = Shape<_128, std::conditional_t<kRuns == Runs::kMany, _256, _128>, TileK>;
-  using ClusterShape = std::conditional_t<kRuns == Runs::kMany, Shape<_2, _1, _1>, Shape<_1, _2, _1>>;
+  using TileShape = Shape<_128, std::conditional_t<kFew, _128, _256>, TileK>;
+  using ClusterShape = Shape<_1, _2, _1>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementOut, LayoutD*, kAlignOut, ElementOut,
       LayoutD*, kAlignOut,
-      std::conditional_t<kRuns == Runs::kFew, cutlass::epilogue::PtrArrayNoSmemWarpSpecialized,
+      std::conditional_t<kFew, cutlass::epilogue::PtrArrayNoSmemWarpSpecialized,
                          cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementIn, LayoutA*, kAlignIn, ElementIn, LayoutB*, kAlignIn,
@@ -79,9 +74,9 @@ struct Regions {
 constexpr size_t Align(size_t v) {
   return (v + 255) / 256 * 256;
 }
-template <typename In, typename Out, Runs kRuns>
+template <typename In, typename Out, bool kFew>
 Regions RegionsOf(int32_t experts) {
-  using G = Grouped<In, Out, kRuns>;
+  using G = Grouped<In, Out, kFew>;
   Regions r{};
   size_t at = 0;
   const auto take = [&](size_t bytes) {
@@ -101,10 +96,10 @@ Regions RegionsOf(int32_t experts) {
   return r;
 }
 
-template <typename In, typename Out, Runs kRuns>
-typename Grouped<In, Out, kRuns>::Gemm::Arguments ArgumentsOf(unsigned char* base, const Regions& r, int32_t experts,
-                                                              int sm_count) {
-  using G = Grouped<In, Out, kRuns>;
+template <typename In, typename Out, bool kFew>
+typename Grouped<In, Out, kFew>::Gemm::Arguments ArgumentsOf(unsigned char* base, const Regions& r, int32_t experts,
+                                                             int sm_count) {
+  using G = Grouped<In, Out, kFew>;
   using E = typename G::ElementIn;
   using D = typename G::ElementOut;
   cutlass::KernelHardwareInfo hw;
@@ -127,10 +122,10 @@ typename Grouped<In, Out, kRuns>::Gemm::Arguments ArgumentsOf(unsigned char* bas
 }
 
 // A thread an expert: its group's shape (its run's rows, n, k), operands and strides.
-template <typename In, typename Out, Runs kRuns>
+template <typename In, typename Out, bool kFew>
 __global__ void GroupsKernel(const In* __restrict__ x, const In* __restrict__ w, const int32_t* __restrict__ offsets,
                              int32_t experts, Out* y, int64_t n, int64_t k, unsigned char* base, Regions r) {
-  using G = Grouped<In, Out, kRuns>;
+  using G = Grouped<In, Out, kFew>;
   WaitForPrerequisites();  // the offsets are MoeRoute's, the rows the gather's
   for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
     const int32_t begin = offsets[e], rows = offsets[e + 1] - begin;
@@ -151,14 +146,14 @@ __global__ void GroupsKernel(const In* __restrict__ x, const In* __restrict__ w,
   }
 }
 
-template <typename In, typename Out, Runs kRuns>
+template <typename In, typename Out, bool kFew>
 size_t WorkspaceBytes(int32_t experts, int sm_count) {
-  const Regions r = RegionsOf<In, Out, kRuns>(experts);
-  auto args = ArgumentsOf<In, Out, kRuns>(nullptr, r, experts, sm_count);
-  return r.end + Align(Grouped<In, Out, kRuns>::Gemm::get_workspace_size(args));
+  const Regions r = RegionsOf<In, Out, kFew>(experts);
+  auto args = ArgumentsOf<In, Out, kFew>(nullptr, r, experts, sm_count);
+  return r.end + Align(Grouped<In, Out, kFew>::Gemm::get_workspace_size(args));
 }
 
-template <typename In, typename Out, Runs kRuns>
+template <typename In, typename Out, bool kFew>
 cudaError_t Run(const In* x, const In* w, const int32_t* offsets, int32_t experts, Out* y, int64_t n, int64_t k,
                 void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
@@ -166,18 +161,18 @@ cudaError_t Run(const In* x, const In* w, const int32_t* offsets, int32_t expert
   if (experts < 1 || experts > 1024 || n < kOutAlign || k < kInAlign || n % kOutAlign != 0 || n % 8 != 0 ||
       k % kInAlign != 0 || n > INT32_MAX || k > INT32_MAX || !aligned(x) || !aligned(w) || !aligned(y) ||
       reinterpret_cast<uintptr_t>(workspace) % 256 != 0 ||
-      workspace_bytes < WorkspaceBytes<In, Out, kRuns>(experts, sm_count)) {
+      workspace_bytes < WorkspaceBytes<In, Out, kFew>(experts, sm_count)) {
     return cudaErrorInvalidValue;
   }
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || !MoeGroupedGemmAvailable(device)) return cudaErrorNotSupported;
-  using G = Grouped<In, Out, kRuns>;
+  using G = Grouped<In, Out, kFew>;
   auto* base = static_cast<unsigned char*>(workspace);
-  const Regions r = RegionsOf<In, Out, kRuns>(experts);
+  const Regions r = RegionsOf<In, Out, kFew>(experts);
   cudaError_t err =
-      LaunchDependent(GroupsKernel<In, Out, kRuns>, 1, 256, stream, x, w, offsets, experts, y, n, k, base, r);
+      LaunchDependent(GroupsKernel<In, Out, kFew>, 1, 256, stream, x, w, offsets, experts, y, n, k, base, r);
   if (err != cudaSuccess) return err;
-  auto args = ArgumentsOf<In, Out, kRuns>(base, r, experts, sm_count);
+  auto args = ArgumentsOf<In, Out, kFew>(base, r, experts, sm_count);
   typename G::Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
   if (gemm.initialize(args, base + r.cutlass, stream) != cutlass::Status::kSuccess) return cudaErrorUnknown;
@@ -188,32 +183,22 @@ cudaError_t Run(const In* x, const In* w, const int32_t* offsets, int32_t expert
   return cudaSuccess;
 }
 
-// The tier of a step of `slots` rows over `experts` (slots 0: prefill's long runs).
-Runs RunsOf(int64_t slots, int32_t experts) {
-  if (slots <= 0 || slots >= 128 * int64_t{experts}) return Runs::kMany;
-  return slots < 32 * int64_t{experts} ? Runs::kFew : Runs::kSome;
-}
-
-// Run<In, Out, tier> for the step's tier.
-template <typename In, typename Out>
-cudaError_t RunTier(const In* x, const In* w, const int32_t* offsets, int32_t experts, Out* y, int64_t n, int64_t k,
-                    void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream, int64_t slots) {
-  switch (RunsOf(slots, experts)) {
-    case Runs::kFew:
-      return Run<In, Out, Runs::kFew>(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream);
-    case Runs::kSome:
-      return Run<In, Out, Runs::kSome>(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream);
-    case Runs::kMany:
-      break;
-  }
-  return Run<In, Out, Runs::kMany>(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream);
+// Under 32 rows an expert on average (slots 0: prefill's long runs).
+bool FewRows(int64_t slots, int32_t experts) {
+  return slots > 0 && slots < 32 * int64_t{experts};
 }
 
 template <typename In, typename Out>
-size_t TiersWorkspaceBytes(int32_t experts, int sm_count) {
-  return std::max({WorkspaceBytes<In, Out, Runs::kFew>(experts, sm_count),
-                   WorkspaceBytes<In, Out, Runs::kSome>(experts, sm_count),
-                   WorkspaceBytes<In, Out, Runs::kMany>(experts, sm_count)});
+cudaError_t RunFor(const In* x, const In* w, const int32_t* offsets, int32_t experts, Out* y, int64_t n, int64_t k,
+                   void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream, int64_t slots) {
+  return FewRows(slots, experts)
+             ? Run<In, Out, true>(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream)
+             : Run<In, Out, false>(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream);
+}
+
+template <typename In, typename Out>
+size_t BothWorkspaceBytes(int32_t experts, int sm_count) {
+  return std::max(WorkspaceBytes<In, Out, true>(experts, sm_count), WorkspaceBytes<In, Out, false>(experts, sm_count));
 }
 
 }  // namespace
@@ -223,21 +208,21 @@ bool MoeGroupedGemmAvailable(int device) {
 }
 
 size_t MoeGroupedGemmWorkspaceBytes(int32_t experts, int sm_count) {
-  return std::max({TiersWorkspaceBytes<__nv_bfloat16, __nv_bfloat16>(experts, sm_count),
-                   TiersWorkspaceBytes<__half, __half>(experts, sm_count),
-                   TiersWorkspaceBytes<Fp8, __nv_bfloat16>(experts, sm_count)});
+  return std::max({BothWorkspaceBytes<__nv_bfloat16, __nv_bfloat16>(experts, sm_count),
+                   BothWorkspaceBytes<__half, __half>(experts, sm_count),
+                   BothWorkspaceBytes<Fp8, __nv_bfloat16>(experts, sm_count)});
 }
 
 template <typename T>
 cudaError_t MoeGroupedGemm(const T* x, const T* w, const int32_t* offsets, int32_t experts, T* y, int64_t n, int64_t k,
                            void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream, int64_t slots) {
-  return RunTier(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream, slots);
+  return RunFor(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream, slots);
 }
 
 cudaError_t MoeGroupedGemmFp8(const Fp8* x, const Fp8* w, const int32_t* offsets, int32_t experts, __nv_bfloat16* y,
                               int64_t n, int64_t k, void* workspace, size_t workspace_bytes, int sm_count,
                               cudaStream_t stream, int64_t slots) {
-  return RunTier(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream, slots);
+  return RunFor(x, w, offsets, experts, y, n, k, workspace, workspace_bytes, sm_count, stream, slots);
 }
 
 template cudaError_t MoeGroupedGemm(const __nv_bfloat16*, const __nv_bfloat16*, const int32_t*, int32_t, __nv_bfloat16*,

@@ -27,8 +27,7 @@ size_t MoeGroupedGemmWorkspaceBytes(int32_t experts, int sm_count);
 // k multiples of 8, x, w and y 16-byte aligned; workspace of MoeGroupedGemmWorkspaceBytes(experts, sm_count), 256-byte
 // aligned. cudaErrorNotSupported where MoeGroupedGemmAvailable is false.
 // slots: the rows of all runs (the step's rows × k), which picks the tiles by the runs' average length: under 32
-// rows an expert, CTA pairs along N storing from registers; under 128, the same pairs storing by TMA; else (and 0)
-// pairs along M, tiles 256 wide.
+// rows an expert, 128 x 128 tiles stored from registers; else (and 0) 128 x 256 tiles stored by TMA.
 template <typename T>
 cudaError_t MoeGroupedGemm(const T* x, const T* w, const int32_t* offsets, int32_t experts, T* y, int64_t n, int64_t k,
                            void* workspace, size_t workspace_bytes, int sm_count, cudaStream_t stream,

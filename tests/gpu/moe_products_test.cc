@@ -131,9 +131,9 @@ TEST(MoeExpertGemm, EachExpertsLongRunTimesItsOwnWeights) {
 }
 
 // The same long runs through CUTLASS's grouped GEMM, where the GPU has it (sm_90a): runs of 0, 1, a tile (128) and
-// a row, many tiles; widths of a tile and not (96, 200), k of one step (64) to many, and no slots at all; every
-// tier of kernels/moe_grouped_gemm.cu (slots 0: the long runs' tiles; 629 slots: 78 rows an expert; a decode step's
-// 28 slots: 3.5).
+// a row, many tiles; widths of a tile and not (96, 200), k of one step (64) to many, and no slots at all; both
+// tilings of kernels/moe_grouped_gemm.cu (slots 0 and 629 slots, 78 rows an expert: the wide tiles stored by TMA; a
+// decode step's 28 slots, 3.5 an expert: the narrow ones stored from registers).
 TEST(MoeGroupedGemm, EachExpertsLongRunTimesItsOwnWeights) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU";
   if (!k::MoeGroupedGemmAvailable(0)) GTEST_SKIP() << "not a Hopper GPU (sm_90a)";
