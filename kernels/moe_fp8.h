@@ -1,8 +1,8 @@
 // The steps around the experts' fp8 grouped products (`engine.quantization: fp8`, steps whose runs go through
 // MoeGroupedGemmFp8: kernels/moe_grouped_gemm.h). Weights are e4m3 with a scale per output row of each expert, as
 // the dense products' (kernels/fp8.h); a product's input rows are e4m3 with a scale per row, and its output holds
-// the unscaled sums (rounded to bf16: their range holds any sum of e4m3 products), which the step
-// after it scales: sum · row scale · weight row's scale, rounded to T as a product's output is.
+// the unscaled sums (rounded to bf16: their range holds any sum of e4m3 products), which the step after it scales:
+// sum · row scale · weight row's scale, rounded to T as a product's output is.
 //   MoeGatherFp8: each slot of the grouped order gets its row (x[sorted_slots[i] / k]) quantized: q [slots, n],
 //     scales [slots].
 //   MoeActivateMulFp8: per slot i of expert e = topk_ids[sorted_slots[i]]: gate_j and up_j from the sums

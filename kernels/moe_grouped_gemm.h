@@ -34,8 +34,8 @@ cudaError_t MoeGroupedGemm(const T* x, const T* w, const int32_t* offsets, int32
                            int64_t slots = 0);
 
 // The same with e4m3 rows and weights (`engine.quantization: fp8`), y the unscaled sums (the tensor cores' fast
-// accumulation, as the dense fp8 products) rounded to bf16, whose range holds any sum of e4m3 products (kernels/moe_fp8.h scales them): n a multiple of 8, k
-// of 16.
+// accumulation, as the dense fp8 products) rounded to bf16, whose range holds any sum of e4m3 products
+// (kernels/moe_fp8.h scales them): n a multiple of 8, k of 16.
 cudaError_t MoeGroupedGemmFp8(const Fp8* x, const Fp8* w, const int32_t* offsets, int32_t experts, __nv_bfloat16* y,
                               int64_t n, int64_t k, void* workspace, size_t workspace_bytes, int sm_count,
                               cudaStream_t stream, int64_t slots = 0);
