@@ -432,7 +432,9 @@ void RunReferencePrompts(const Config& config, const nlohmann::json& ref,
     sinks->push_back(std::make_shared<testing::CollectingSink>());
     r.sink = sinks->back();
     ASSERT_TRUE((*engine)->Submit(std::move(r)).ok());
-    if (arrival == Arrival::kOneAtATime) ASSERT_TRUE(sinks->back()->WaitFor(absl::Seconds(300)));
+    if (arrival == Arrival::kOneAtATime) {
+      ASSERT_TRUE(sinks->back()->WaitFor(absl::Seconds(300)));
+    }
   }
   for (auto& sink : *sinks) {
     ASSERT_TRUE(sink->WaitFor(absl::Seconds(300)));
@@ -796,7 +798,9 @@ TEST_P(Fp8Sharp, TeacherForcedTheFp8RunFollowsTheFp8ReferenceFarCloserThanBf16) 
   // half of Mixtral's output), so there it is held to less than bf16's alone. Measured on an H200 (2026-11-27):
   // mixtral-hd128 fp8 162 of 193, RMS 3.21 (bf16 140, 3.81); qwen3-moe-hd128 191 of 213, 0.89 (184, 1.52).
   const bool mixture = model.find("moe") != std::string::npos || model.starts_with("mixtral");
-  if (!mixture) EXPECT_LT(fp8.rms(), 1.25) << model;
+  if (!mixture) {
+    EXPECT_LT(fp8.rms(), 1.25) << model;
+  }
   EXPECT_LT(fp8.rms(), (mixture ? 1.0 : 0.75) * bf16.rms()) << model;
 }
 

@@ -133,9 +133,13 @@ TEST(DeviceSampler, MaskedRowsPickAllowedTokensAsTheHostSamplerDoes) {
     SamplingRow hr{.params = ps[i], .uniform = (i + 0.5) / rows};
     if (i != 1) hr.allowed = std::span<const uint32_t>(r.allowed.data() + int64_t{i} * words, words);
     const SampleResult want = Sample(row, hr);
-    if (ps[i].temperature == 0) EXPECT_EQ(got.tokens[i], want.token) << "row " << i;  // greedy: the same token
-    if (i != 1) EXPECT_EQ((got.tokens[i] - i) % 7, 0) << "row " << i << " picked a masked-out token";
-    if (i != 1) EXPECT_EQ((want.token - i) % 7, 0) << "row " << i << " (host) picked a masked-out token";
+    if (ps[i].temperature == 0) {  // greedy: the same token
+      EXPECT_EQ(got.tokens[i], want.token) << "row " << i;
+    }
+    if (i != 1) {
+      EXPECT_EQ((got.tokens[i] - i) % 7, 0) << "row " << i << " picked a masked-out token";
+      EXPECT_EQ((want.token - i) % 7, 0) << "row " << i << " (host) picked a masked-out token";
+    }
   }
   EXPECT_EQ(got.tokens[4], 4) << "the only allowed token";
 }

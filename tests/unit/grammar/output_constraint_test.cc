@@ -329,7 +329,9 @@ TEST(ConstraintBatch, FillsEachRowsOwnMask) {
       for (int32_t t = 0; t < kVocab; ++t) {
         if (t != s.eos && (mask[t / 32] >> (t % 32) & 1u)) allowed.push_back(t);
       }
-      if (!allowed.empty()) ASSERT_TRUE(states[i].Accept(allowed[rng() % allowed.size()]));
+      if (!allowed.empty()) {
+        ASSERT_TRUE(states[i].Accept(allowed[rng() % allowed.size()]));
+      }
     }
   }
   std::vector<std::vector<uint32_t>> one(6, mask), together(6, std::vector<uint32_t>(mask.size(), 0x5A5A5A5Au));

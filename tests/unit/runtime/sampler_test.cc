@@ -234,7 +234,9 @@ TEST(Sampler, NoValidParametersProduceNanOrAnImpossibleToken) {
     ASSERT_TRUE(std::isfinite(r.logprob.logprob) && r.logprob.logprob <= 1e-6f) << what;
     for (size_t k = 0; k < r.logprob.top.size(); ++k) {
       ASSERT_TRUE(std::isfinite(r.logprob.top[k].logprob)) << what;
-      if (k > 0) ASSERT_LE(r.logprob.top[k].logprob, r.logprob.top[k - 1].logprob) << what;
+      if (k > 0) {
+        ASSERT_LE(r.logprob.top[k].logprob, r.logprob.top[k - 1].logprob) << what;
+      }
     }
   }
 }

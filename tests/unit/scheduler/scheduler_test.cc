@@ -680,7 +680,9 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
     for (const auto& [name, seq] : h.seqs_) {
       if (seq->num_tokens() >= target[name] && seq->num_computed == seq->num_tokens() - 1) {
         // A scoring sequence scored every prompt position once it sampled.
-        if (seq->request.prompt_logprobs) ASSERT_EQ(seq->num_scored, seq->num_prompt_tokens - 1) << name;
+        if (seq->request.prompt_logprobs) {
+          ASSERT_EQ(seq->num_scored, seq->num_prompt_tokens - 1) << name;
+        }
         done.push_back(name);
       } else if (rng() % 200 == 0)
         done.push_back(name);  // aborts at random
@@ -692,7 +694,9 @@ TEST_P(RandomizedScheduler, ArrivalsAndFinishesNeverLeakAndAlwaysProgress) {
   }
   EXPECT_GE(finished, 200);
   EXPECT_GT(preemptions, 0) << "the pool is small enough that the run exercises preemption";
-  if (std::get<1>(GetParam())) EXPECT_GT(swapped, 0) << "and swapping";
+  if (std::get<1>(GetParam())) {
+    EXPECT_GT(swapped, 0) << "and swapping";
+  }
   if (host_tier) {
     EXPECT_GT(h.scheduler_.counters().offloaded_blocks, 0) << "evicted prefix blocks go to the host tier";
     EXPECT_GT(h.scheduler_.counters().restored_blocks, 0) << "and come back";
@@ -835,7 +839,9 @@ TEST_P(RandomizedScheduler, DraftsCheckedInOneStepNeitherLeakBlocksNorLeaveUnver
   EXPECT_GT(accepted, 0);
   EXPECT_LT(accepted, drafted);
   EXPECT_GT(h.scheduler_.counters().preemptions, 0);
-  if (limits.prefix_caching) EXPECT_GT(h.scheduler_.counters().prefix_hit_tokens, 0);
+  if (limits.prefix_caching) {
+    EXPECT_GT(h.scheduler_.counters().prefix_hit_tokens, 0);
+  }
   for (auto it = h.seqs_.begin(); it != h.seqs_.end();) h.Finish((it++)->first);
   h.scheduler_.CopiesCompleted(h.scheduler_.copies_in_flight());
   EXPECT_EQ(h.pool_.num_free(), h.pool_.num_total());

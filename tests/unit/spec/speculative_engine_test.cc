@@ -146,7 +146,9 @@ TEST(SpeculativePlannedAhead, AStepThatCheckedDraftsIsCollectedBeforeTheNextIsPl
       EXPECT_TRUE(sink->error.ok()) << sink->error;
       tokens.push_back(sink->tokens);
     }
-    if (method != "off") EXPECT_GT((*engine)->Stats().spec_draft_tokens, 0);
+    if (method != "off") {
+      EXPECT_GT((*engine)->Stats().spec_draft_tokens, 0);
+    }
     return tokens;
   };
   EXPECT_EQ(run("ngram"), run("off"));

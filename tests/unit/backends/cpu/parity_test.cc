@@ -97,7 +97,9 @@ TEST_P(Parity, GreedyTokensAndLogprobsMatchTransformers) {
   }
   EXPECT_GT(compared, 100) << "most positions are compared, not skipped";
   const EngineStats stats = (*engine)->Stats();
-  if (pc.twice) EXPECT_GT(stats.prefix_hit_tokens, 0) << "the second round reused the first's blocks";
+  if (pc.twice) {
+    EXPECT_GT(stats.prefix_hit_tokens, 0) << "the second round reused the first's blocks";
+  }
   EXPECT_EQ(stats.free_blocks, stats.total_blocks) << "every block is back once all requests finished";
 }
 

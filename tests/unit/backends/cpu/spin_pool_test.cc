@@ -25,7 +25,9 @@ void CheckLoop(SpinPool& pool, int64_t n, int64_t grain) {
   EXPECT_EQ(wrong, 0) << "n " << n << ", grain " << grain;
   EXPECT_EQ(short_parts.load(), 0) << "n " << n << ", grain " << grain;
   EXPECT_LE(parts.load(), pool.threads());
-  if (n >= grain * pool.threads()) EXPECT_EQ(parts.load(), pool.threads()) << "n " << n;
+  if (n >= grain * pool.threads()) {
+    EXPECT_EQ(parts.load(), pool.threads()) << "n " << n;
+  }
 }
 
 TEST(SpinPool, RunsEveryIndexOnceInPartsOfAtLeastTheGrain) {

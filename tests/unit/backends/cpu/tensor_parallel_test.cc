@@ -96,7 +96,9 @@ TEST(TensorParallelConfig, VocabularyRunsCoverTheVocabularyInOrderEachStartingOn
         SCOPED_TRACE(std::to_string(vocab) + " ids, rank " + std::to_string(r) + " of " + std::to_string(n));
         EXPECT_EQ(v.begin, next);
         EXPECT_GE(v.size(), 0);
-        if (v.size() > 0) EXPECT_EQ(v.begin % 64, 0);        // an empty run lies at the end
+        if (v.size() > 0) {  // an empty run lies at the end
+          EXPECT_EQ(v.begin % 64, 0);
+        }
         EXPECT_LE(v.size(), ShardOf(c, n, 0).vocab.size());  // rank 0's run is the longest
         next = v.end;
       }

@@ -186,7 +186,9 @@ TEST(StepPacking, MasksNowAreReadyAndMasksLaterAreWaitedFor) {
     EXPECT_EQ(*At<uint32_t>(arena, layout.inputs.masks_ready), later ? 0u : 1u);
     EXPECT_EQ(packed.masked_rows, later ? 0 : 2) << "rows [0, masked_rows) are copied at launch";
     EXPECT_LE(layout.inputs.masks_ready.offset + 4, packed.head_bytes) << "the ready word goes up with every step";
-    if (!later) EXPECT_EQ(At<uint32_t>(arena, layout.inputs.allowed)[layout.inputs.mask_words], 0x5u);
+    if (!later) {
+      EXPECT_EQ(At<uint32_t>(arena, layout.inputs.allowed)[layout.inputs.mask_words], 0x5u);
+    }
   }
 }
 
