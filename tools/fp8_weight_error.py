@@ -18,28 +18,19 @@ import sys
 import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
-
-E4M3_MAX = 448.0
-
-
-def round_e4m3(x):
-    """Round to the nearest e4m3 value (ties to even), saturating at ±448; subnormals below 2^-6."""
-    a = np.abs(x)
-    exponent = np.maximum(np.floor(np.log2(np.maximum(a, 1e-300))), -6.0)
-    quantum = np.exp2(exponent - 3)
-    return np.sign(x) * np.minimum(np.round(a / quantum) * quantum, E4M3_MAX)
+from make_fp8_checkpoint import VALUES, quantize
 
 
 def e4m3_blocks(w, block):
-    """w [rows, k] rounded to e4m3 with a scale per `block` weights of a row (None: the whole row)."""
+    """w [rows, k] as `engine.quantization: fp8` rounds it (bf16, then e4m3: make_fp8_checkpoint.quantize), with a
+    scale per `block` weights of a row (None: the whole row)."""
     rows, k = w.shape
     block = block or k
     if k % block:
         raise ValueError(f"row length {k} is not a multiple of the block {block}")
-    b = w.reshape(rows, k // block, block)
-    scale = np.abs(b).max(axis=-1, keepdims=True) / E4M3_MAX
-    scale[scale == 0] = 1
-    return (round_e4m3(b / scale) * scale).reshape(rows, k)
+    codes, scale = quantize(w.reshape(-1, block).astype(np.float32), per_channel=True)
+    values = VALUES[codes & 0x7F] * np.where(codes & 0x80, -1.0, 1.0)
+    return (values * scale).reshape(rows, k)
 
 
 def q8_0(w):
@@ -80,7 +71,7 @@ def main():
                 acc[name][0] += float(((fmt(x) - x) ** 2).sum())
                 acc[name][1] += float((x**2).sum())
     if weights == 0:
-        sys.exit(f"{args.gguf}: no 2-D weights with rows a multiple of 128")
+        sys.exit(f"{args.gguf}: no 2-D weights whose rows hold a multiple of 128 weights")
     print(f"{weights:,} weights of {args.gguf}")
     print(f"{'format':30s} {'this model':>11s} {'Gaussian':>9s}")
     for name in FORMATS:
