@@ -110,8 +110,6 @@ __global__ void ActivateMulVec8Kernel(const T* __restrict__ gate_up, T* __restri
   *reinterpret_cast<uint4*>(out + r * inter + i) = ov;
 }
 
-// One block per (token, q or k head): thread j rotates pair j of that head; a k head's block then writes K and V
-// of its kv head into the token's slot.
 // A value of the activation dtype T as the cache stores it: itself, or divided by the cache's scale and rounded to
 // e4m3 (saturating).
 template <typename C, typename T>
@@ -123,46 +121,47 @@ __device__ __forceinline__ C ToCache(T v, float scale) {
   }
 }
 
-// The sum of every thread's v, returned to all threads of a block of up to 1024 threads (a multiple of 32).
-__device__ __forceinline__ float SmallBlockSum(float v) {
-  __shared__ float partial[32];
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffff, v, offset);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
-  __syncthreads();
-  float total = 0.f;
-  for (unsigned w = 0; w < blockDim.x / 32; ++w) total += partial[w];
-  return total;
-}
+// One warp per (token, q or k head), kRopeWarps heads a block: lane j rotates pairs j, j + 32, ... of that head; a k
+// head's warp then writes K and V of its kv head into the token's slot. Where the family has per-head norms, the sum
+// of squares associates as a block of `block_threads` threads took it (lane l adds what thread l + 32w did, each group
+// of 32 is reduced, the groups' totals added in order), so every value is bit for bit that of the block-a-head kernel
+// this replaced (checked on every option; kernels/NOTES.md) and, without norms, GemvQkvRope's.
+constexpr int kRopeWarps = 4;
 
 template <typename T, typename C>
-__global__ void RopeWriteKvKernel(T* __restrict__ qkv, const int32_t* __restrict__ positions,
-                                  const int32_t* __restrict__ slots, const float* __restrict__ inv_freq,
-                                  C* __restrict__ k_cache, C* __restrict__ v_cache, int32_t num_heads,
-                                  int32_t num_kv_heads, int32_t head_dim, float k_scale, float v_scale,
-                                  RotaryOptions options) {
+__global__ void __launch_bounds__(kRopeWarps * 32)
+    RopeWriteKvKernel(T* __restrict__ qkv, const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
+                      const float* __restrict__ inv_freq, C* __restrict__ k_cache, C* __restrict__ v_cache,
+                      int64_t num_tokens, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+                      int32_t block_threads, float k_scale, float v_scale, RotaryOptions options) {
   AllowDependentsToLaunch();  // attention (a programmatic dependent) waits for this kernel before it reads q or K/V
   WaitForPrerequisites();
-  const int64_t t = blockIdx.x;
-  const int32_t h = blockIdx.y;  // q heads, then k heads
+  const int32_t heads = num_heads + num_kv_heads, lane = static_cast<int32_t>(threadIdx.x % 32);
+  const int64_t g = int64_t{blockIdx.x} * kRopeWarps + threadIdx.x / 32;
+  if (g >= num_tokens * heads) return;  // a whole warp
+  const int64_t t = g / heads;
+  const int32_t h = static_cast<int32_t>(g % heads);  // q heads, then k heads
   const int32_t rotary = options.rotary_dim > 0 ? options.rotary_dim : head_dim, half = rotary / 2;
   const int64_t kv_dim = int64_t{num_kv_heads} * head_dim;
-  T* row = qkv + t * (int64_t{num_heads} * head_dim + 2 * kv_dim);
-  T* head = row + int64_t{h} * head_dim;
+  T* head = qkv + t * (int64_t{num_heads} * head_dim + 2 * kv_dim) + int64_t{h} * head_dim;
   const float pos = static_cast<float>(positions[t]);
   const float* freq = options.inv_freq_long && positions[t] >= options.long_from ? options.inv_freq_long : inv_freq;
   const bool is_k = h >= num_heads;
-  const int64_t slot = is_k ? slots[t] : 0;
-  const int64_t kv_off = slot * kv_dim + int64_t{h - num_heads} * head_dim;
-  // The head's values as the rotation reads them: normalized first where the family has per-head norms.
+  const int64_t kv_off = (is_k ? int64_t{slots[t]} : 0) * kv_dim + int64_t{h - num_heads} * head_dim;
   const T* norm = static_cast<const T*>(is_k ? options.k_norm : options.q_norm);
   float inv = 0.f;
-  if (norm) {
-    float ss = 0.f;
-    for (int32_t j = threadIdx.x; j < head_dim; j += blockDim.x) ss += F(head[j]) * F(head[j]);
-    inv = rsqrtf(SmallBlockSum(ss) / static_cast<float>(head_dim) + options.norm_eps);
+  if (norm) {  // each group of 32 virtual threads reduced, lane 0's total taken (as a block's partial), in order
+    float total = 0.f;
+    for (int32_t w = 0; w * 32 < block_threads; ++w) {
+      float ss = 0.f;
+      for (int32_t j = w * 32 + lane; j < head_dim; j += block_threads) ss += F(head[j]) * F(head[j]);
+      for (int offset = 16; offset > 0; offset /= 2) ss += __shfl_xor_sync(0xffffffff, ss, offset);
+      total += __shfl_sync(0xffffffff, ss, 0);
+    }
+    inv = rsqrtf(total / static_cast<float>(head_dim) + options.norm_eps);
   }
   const auto value = [&](int32_t j) { return norm ? Round<T>(F(norm[j]) * Round<T>(F(head[j]) * inv)) : F(head[j]); };
-  for (int32_t j = threadIdx.x; j < half; j += blockDim.x) {
+  for (int32_t j = lane; j < half; j += 32) {
     const float angle = pos * freq[j];
     const float c = Round<T>(cosf(angle) * options.mscale), s = Round<T>(sinf(angle) * options.mscale);
     const float a = value(j), b = value(j + half);
@@ -174,14 +173,14 @@ __global__ void RopeWriteKvKernel(T* __restrict__ qkv, const int32_t* __restrict
       k_cache[kv_off + j + half] = ToCache<C>(rb, k_scale);
     }
   }
-  for (int32_t j = rotary + threadIdx.x; j < head_dim; j += blockDim.x) {  // the dimensions past the rotary ones
+  for (int32_t j = rotary + lane; j < head_dim; j += 32) {  // the dimensions past the rotary ones
     const T v = To<T>(value(j));
     head[j] = v;
     if (is_k) k_cache[kv_off + j] = ToCache<C>(v, k_scale);
   }
   if (!is_k) return;
   const T* v = head + kv_dim;  // the same kv head's V
-  for (int32_t j = threadIdx.x; j < head_dim; j += blockDim.x) v_cache[kv_off + j] = ToCache<C>(v[j], v_scale);
+  for (int32_t j = lane; j < head_dim; j += 32) v_cache[kv_off + j] = ToCache<C>(v[j], v_scale);
 }
 
 }  // namespace
@@ -262,10 +261,12 @@ cudaError_t RopeWriteKv(T* qkv, const int32_t* positions, const int32_t* slots, 
     return cudaErrorInvalidValue;
   }
   if (cudaError_t e = Check(num_tokens); e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(num_heads + num_kv_heads));
-  const int32_t threads = std::min((head_dim / 2 + 31) / 32 * 32, 128);  // whole warps (the norm's block sum)
-  return LaunchDependent(RopeWriteKvKernel<T, C>, grid, threads, stream, qkv, positions, slots, inv_freq, k_cache,
-                         v_cache, num_heads, num_kv_heads, head_dim, k_scale, v_scale, options);
+  const int32_t block_threads = std::min((head_dim / 2 + 31) / 32 * 32, 128);  // the norm's summation order
+  const int64_t blocks = (num_tokens * (num_heads + num_kv_heads) + kRopeWarps - 1) / kRopeWarps;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  return LaunchDependent(RopeWriteKvKernel<T, C>, static_cast<unsigned>(blocks), kRopeWarps * 32, stream, qkv,
+                         positions, slots, inv_freq, k_cache, v_cache, num_tokens, num_heads, num_kv_heads, head_dim,
+                         block_threads, k_scale, v_scale, options);
 }
 
 namespace {

@@ -81,7 +81,6 @@ template <typename T, int kThreads, int kVecs>
 __device__ __forceinline__ void QuantizeNormedRow(float (&v)[kVecs][8], float inv, const T* __restrict__ weight,
                                                   Fp8* __restrict__ q_row, float* __restrict__ scale, int64_t n) {
   const int64_t nv = n / 8;
-  uint2* o = reinterpret_cast<uint2*>(q_row);
   const uint4* w = reinterpret_cast<const uint4*>(weight);
   float amax = 0.f;
 #pragma unroll
@@ -97,16 +96,7 @@ __device__ __forceinline__ void QuantizeNormedRow(float (&v)[kVecs][8], float in
     }
   }
   const float s = ScaleFor(BlockMax<kThreads>(amax));
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const int64_t i = threadIdx.x + int64_t{j} * kThreads;
-    if (i >= nv) break;
-    uint2 ov;
-    Fp8* oe = reinterpret_cast<Fp8*>(&ov);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) oe[e] = Quantize(v[j][e], s);
-    o[i] = ov;
-  }
+  StoreQuantizedVecs(v, s, threadIdx.x, kThreads, nv, q_row);
   if (threadIdx.x == 0) *scale = s;
 }
 

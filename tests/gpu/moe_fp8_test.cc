@@ -254,6 +254,23 @@ void RunGrouped(const Case& c, bool short_runs, bool in_graph = false) {
       for (int64_t j = 0; j < c.hidden; ++j) wrong += want[j].__x != got_q[i * c.hidden + j].__x;
     }
     EXPECT_EQ(wrong, 0) << c.rows << " rows: the gathered rows' e4m3 values and scales";
+    // SiLU·mul's values read once (rows of whole vectors of 8 up to 1,024, aligned) against the same sums one element
+    // off alignment (each value computed twice): bit for bit.
+    Dev<__nv_bfloat16> moved(S * 2 * c.inter + 1);
+    CUDA_OK(cudaMemcpy(moved.get() + 1, gate_up_sums.get(), S * 2 * c.inter * sizeof(__nv_bfloat16),
+                       cudaMemcpyDeviceToDevice));
+    Dev<Fp8> act_q_moved(S * c.inter);
+    Dev<float> act_scales_moved(S);
+    CUDA_OK(k::MoeActivateMulFp8<__nv_bfloat16>(moved.get() + 1, x_scales.get(), gu_scale.get(), rt.ids.get(),
+                                                rt.sorted.get(), S, c.inter, k::GatedActivation::kSilu,
+                                                act_q_moved.get(), act_scales_moved.get(), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<Fp8> act_a = act_q.Host(), act_b = act_q_moved.Host();
+    const std::vector<float> scale_a = act_scales.Host(), scale_b = act_scales_moved.Host();
+    int64_t differ = 0;
+    for (size_t i = 0; i < act_a.size(); ++i) differ += act_a[i].__x != act_b[i].__x;
+    for (int64_t i = 0; i < S; ++i) differ += std::memcmp(&scale_a[i], &scale_b[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0) << c.rows << " rows: SiLU·mul's quantized rows, aligned against one element off";
   } else {
     cudaStream_t st = nullptr;
     cudaGraph_t graph = nullptr;
@@ -291,6 +308,7 @@ const Case kCases[] = {
     {300, 16, 4, true, 512, 160},  // runs of ~75 rows: several of CUTLASS's 128-row tiles among them
     {3, 16, 4, true, 2064, 208},   // rows of 129 e4m3 chunks: several batches of loads and a partial one
     {1100, 16, 4, true, 64, 48},   // 4,400 slots: prefill's SiLU·mul pass, a warp a slot
+    {1100, 16, 4, true, 64, 784},  // the same with 98 vectors of 8 a row: lanes of 3 and of 4 in registers
 };
 
 TEST(MoeFp8, StreamedExpertsMatchTheCpu) {

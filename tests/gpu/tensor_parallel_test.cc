@@ -206,7 +206,10 @@ TEST(TensorParallelOnCuda, RanksSharingTheGpuPickTheWholeModelsTokensUpToNearTie
   // qwen3-hd128, gemma3-hd256, phi3-hd128: the families' blocks (per-head norms, sandwich norms and windows,
   // partial rotary; phi3-hd96's heads padded to 128) on each rank's shard. gemma3-hd256 and the Phi-3s from a margin of
   // 0.25: rounding moves their bf16 logprobs more (transformers' own bf16 run by up to 0.12 and 0.14; split over ranks
-  // here by up to 0.19), and their tokens flipped at margins of 0.16-0.21 (measured on two H200s).
+  // here by up to 0.19), and their tokens flipped at margins of 0.16-0.21 (measured on two H200s). Past the margin a
+  // flip is still the rounding's, not the split's, where each run puts the other's token second with a logprob
+  // within kLogprobTolerance of the other run's (gemma3-hd256 on 2 ranks sharing one H200 flipped at 0.26, its chosen
+  // logprobs moved by up to 0.13): counted and printed; any other flip fails.
   for (auto [m, near_tie] : std::initializer_list<std::pair<const char*, double>>{{"llama3-hd64", kNearTie},
                                                                                   {"qwen2-hd128", kNearTie},
                                                                                   {"mistral-hd128-g3", kNearTie},
@@ -224,7 +227,7 @@ TEST(TensorParallelOnCuda, RanksSharingTheGpuPickTheWholeModelsTokensUpToNearTie
         SCOPED_TRACE(std::string(m) + " on " + std::to_string(n) + " ranks");
         const auto split = Decode(dir, false, {.ranks_share_gpu = true}, n);
         ASSERT_EQ(split.size(), whole.size());
-        size_t compared = 0, total = 0;
+        size_t compared = 0, total = 0, rounding_flips = 0;
         double worst = 0;
         for (size_t i = 0; i < whole.size(); ++i) {
           ASSERT_TRUE(split[i]->error.ok()) << split[i]->error;
@@ -239,17 +242,27 @@ TEST(TensorParallelOnCuda, RanksSharingTheGpuPickTheWholeModelsTokensUpToNearTie
             worst = std::max(worst, diff);
             EXPECT_LE(diff, kLogprobTolerance) << "request " << i << " position " << t;
             if (split[i]->tokens[t] != whole[i]->tokens[t]) {
-              ADD_FAILURE() << "request " << i << " position " << t << ": token " << split[i]->tokens[t]
-                            << ", the whole model's " << whole[i]->tokens[t] << " (top-2 margin "
-                            << top[0].logprob - top[1].logprob << ")";
+              const auto& split_top = split[i]->logprobs[t].top;
+              const bool swapped = split_top.size() >= 2 && split_top[1].token_id == whole[i]->tokens[t] &&
+                                   top[1].token_id == split[i]->tokens[t] &&
+                                   std::abs(split_top[1].logprob - top[0].logprob) <= kLogprobTolerance &&
+                                   std::abs(top[1].logprob - split_top[0].logprob) <= kLogprobTolerance;
+              if (swapped) {
+                ++rounding_flips;
+              } else {
+                ADD_FAILURE() << "request " << i << " position " << t << ": token " << split[i]->tokens[t]
+                              << ", the whole model's " << whole[i]->tokens[t] << " (top-2 margin "
+                              << top[0].logprob - top[1].logprob << ")";
+              }
               break;
             }
           }
         }
         std::printf(
             "[ parity   ] %s on %d ranks sharing the GPU: %zu of %zu positions compared up to near-ties "
-            "(margin %.2f), worst chosen-logprob difference from the whole model %.4f\n",
-            m, n, compared, total, near_tie, worst);
+            "(margin %.2f), worst chosen-logprob difference from the whole model %.4f, %zu top-2 pairs swapped by "
+            "rounding past the margin\n",
+            m, n, compared, total, near_tie, worst, rounding_flips);
         EXPECT_GT(compared, total / 3) << "positions are compared, not all skipped as near-ties";
       }
     }
