@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ inline std::vector<std::vector<int32_t>> LcgPrompts(int n, uint32_t seed, int fi
 struct GreedyRun {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<TokenLogprob>> logprobs;  // the chosen token's and the top 2 (RunGreedy's top_logprobs)
+  std::vector<std::vector<TokenLogprob>> prompt_logprobs;  // each prompt's, where RunGreedy was asked for them
   MemoryPlan plan;
   EngineStats stats;  // as the run ended
 };
@@ -37,7 +39,8 @@ struct GreedyRun {
 // Each prompt's greedy continuation of max_tokens (eos ignored), all submitted at once, on the backend `factory`
 // makes (the config's without one); every block is back after.
 inline GreedyRun RunGreedy(const Config& config, const std::vector<std::vector<int32_t>>& prompts, int32_t max_tokens,
-                           const Engine::BackendFactory& factory = nullptr, int32_t top_logprobs = 2) {
+                           const Engine::BackendFactory& factory = nullptr, int32_t top_logprobs = 2,
+                           std::optional<int32_t> prompt_logprobs = std::nullopt) {
   GreedyRun run;
   auto engine = factory ? Engine::Create(config, factory) : Engine::Create(config);
   EXPECT_TRUE(engine.ok()) << engine.status();
@@ -51,6 +54,7 @@ inline GreedyRun RunGreedy(const Config& config, const std::vector<std::vector<i
     r.stopping.max_tokens = max_tokens;
     r.stopping.ignore_eos = true;
     r.top_logprobs = top_logprobs;
+    r.prompt_logprobs = prompt_logprobs;
     sinks.push_back(std::make_shared<CollectingSink>());
     r.sink = sinks.back();
     EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
@@ -60,6 +64,7 @@ inline GreedyRun RunGreedy(const Config& config, const std::vector<std::vector<i
     EXPECT_EQ(s->finish, FinishReason::kLength) << s->error;
     run.tokens.push_back(s->tokens);
     run.logprobs.push_back(s->logprobs);
+    run.prompt_logprobs.push_back(s->prompt_logprobs);
   }
   run.plan = (*engine)->memory_plan();
   const EngineStats stats = (*engine)->Stats();

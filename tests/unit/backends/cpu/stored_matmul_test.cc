@@ -172,35 +172,6 @@ testing::GreedyRun Generate(const std::string& path, const std::string& weights,
   return testing::RunGreedy(CpuConfig(path, weights, max_num_seqs), prompts, 12);
 }
 
-struct Scored {
-  std::vector<std::vector<TokenLogprob>> prompt_logprobs;  // each prompt's, top 2
-  int64_t weight_bytes = 0;
-};
-
-// Each of `prompts` scored (its prompt logprobs) by the engine as configured, one request at a time.
-Scored Score(const std::string& path, const std::string& weights, const std::vector<std::vector<int32_t>>& prompts) {
-  Scored scored;
-  auto engine = Engine::Create(CpuConfig(path, weights, 1));
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  if (!engine.ok()) return scored;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    Request r;
-    r.id = "score-" + std::to_string(i);
-    r.prompt = prompts[i];
-    r.sampling.temperature = 0;
-    r.stopping.max_tokens = 1;
-    r.prompt_logprobs = 2;
-    auto sink = std::make_shared<testing::CollectingSink>();
-    r.sink = sink;
-    EXPECT_TRUE((*engine)->Submit(std::move(r)).ok());
-    sink->Wait();
-    EXPECT_TRUE(sink->error.ok()) << sink->error;
-    scored.prompt_logprobs.push_back(sink->prompt_logprobs);
-  }
-  scored.weight_bytes = (*engine)->memory_plan().weight_bytes;
-  return scored;
-}
-
 // The real 4-bit models teacher-forced along fp32's own greedy continuations: at every position of the continuation
 // where fp32's top two are 0.1 or more apart, as_stored picks fp32's token at 90% of them or more and scores the
 // forced tokens within an RMS of fp32's logprobs: 0.1 on SmolLM2-135M, 0.25 on Gemma 3 270M, whose every product takes
@@ -218,7 +189,11 @@ std::pair<int64_t, int64_t> ExpectTeacherForcedAgreement(const std::string& name
   for (size_t i = 0; i < forced.size() && i < greedy.tokens.size(); ++i) {
     forced[i].insert(forced[i].end(), greedy.tokens[i].begin(), greedy.tokens[i].end());
   }
-  const Scored fp32 = Score(path, "fp32", forced), stored = Score(path, "as_stored", forced);
+  // Scored (prompt logprobs, top 2) one request at a time, so every step's rows are the same in both runs.
+  const auto score = [&](const std::string& weights) {
+    return testing::RunGreedy(CpuConfig(path, weights, 1), forced, 1, nullptr, 2, /*prompt_logprobs=*/2);
+  };
+  const testing::GreedyRun fp32 = score("fp32"), stored = score("as_stored");
   EXPECT_EQ(fp32.prompt_logprobs.size(), forced.size());
   EXPECT_EQ(stored.prompt_logprobs.size(), forced.size());
   int clear = 0, agree = 0;
@@ -247,7 +222,7 @@ std::pair<int64_t, int64_t> ExpectTeacherForcedAgreement(const std::string& name
   EXPECT_GT(clear, 30) << name << ": positions compared";
   EXPECT_GE(agree, 0.9 * clear) << name << ": fp32's token where its top two are 0.1 or more apart";
   EXPECT_LT(rms, name.starts_with("models/gemma") ? 0.25 : 0.1) << name << ": the forced tokens' logprobs";
-  return {fp32.weight_bytes, stored.weight_bytes};
+  return {fp32.plan.weight_bytes, stored.plan.weight_bytes};
 }
 
 TEST_P(AsStored, GreedyTokensAndLogprobsMatchFp32) {
